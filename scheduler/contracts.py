@@ -1,0 +1,328 @@
+"""The contracts every wstrain process shares: JobSpec, JobState, Plan, Job, events, nodes,
+Redis key names.
+
+This module imports only pydantic (and the standard library): the API service, the scheduler
+agent and the worker all import it, and it must stay importable on a GPU host without
+fastapi or redis. Nothing here performs I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+GIB = 1024**3
+
+
+class JobState(str, enum.Enum):
+    queued = "queued"
+    planning = "planning"
+    running = "running"
+    cancelling = "cancelling"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+TERMINAL_STATES = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled})
+
+# Every allowed edge of the job state machine. A terminal state changes only through an
+# explicit resume (failed|cancelled -> queued), which starts a new attempt of the same job.
+ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.queued: frozenset({JobState.planning, JobState.cancelled}),
+    # planning|running -> queued: the agent gave the job back (agent shut down), so another
+    # attempt starts from the last checkpoint.
+    JobState.planning: frozenset(
+        {JobState.running, JobState.failed, JobState.cancelled, JobState.queued}),
+    JobState.running: frozenset(
+        {JobState.succeeded, JobState.failed, JobState.cancelling, JobState.cancelled,
+         JobState.queued}),
+    JobState.cancelling: frozenset({JobState.cancelled, JobState.failed, JobState.succeeded}),
+    JobState.succeeded: frozenset(),
+    JobState.failed: frozenset({JobState.queued}),
+    JobState.cancelled: frozenset({JobState.queued}),
+}
+
+
+def can_transition(src: JobState, dst: JobState) -> bool:
+    return dst in ALLOWED_TRANSITIONS[src]
+
+
+class _Strict(BaseModel):
+    """Unknown fields are refused everywhere a user writes JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- model / data specs
+
+
+class HFModelConfig(_Strict):
+    """The subset of a Hugging Face Llama `config.json` wstrain understands."""
+
+    model_config = ConfigDict(extra="ignore")  # real config.json files carry many extras
+
+    vocab_size: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int | None = Field(default=None, gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
+    rms_norm_eps: float = Field(default=1e-5, gt=0)
+    rope_theta: float = Field(default=10000.0, gt=0)
+    max_position_embeddings: int = Field(default=8192, gt=0)
+    tie_word_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> HFModelConfig:
+        kv = self.num_key_value_heads or self.num_attention_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={kv}"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                f"{self.num_attention_heads}; set head_dim explicitly"
+            )
+        if self.tie_word_embeddings:
+            raise ValueError("tie_word_embeddings=true is not supported: wstrain trains an untied LM head")
+        return self
+
+
+class PresetModel(_Strict):
+    preset: str
+
+
+class HFConfigModel(_Strict):
+    hf_config: HFModelConfig
+
+
+class PathModel(_Strict):
+    path: str
+
+
+ModelRef = PresetModel | HFConfigModel | PathModel
+
+
+class SyntheticData(_Strict):
+    kind: Literal["synthetic"]
+
+
+class TokenData(_Strict):
+    kind: Literal["tokens"]
+    path: str
+    dtype: Literal["uint16", "uint32"] = "uint32"
+
+
+class TextData(_Strict):
+    kind: Literal["text"]
+    path: str
+    tokenizer: str = Field(
+        default="byte",
+        description='"byte" (UTF-8 bytes, vocab 256) or a path to a tokenizers tokenizer.json',
+    )
+
+
+DataRef = Annotated[SyntheticData | TokenData | TextData, Field(discriminator="kind")]
+
+
+class OptimizerSpec(_Strict):
+    lr: float = Field(default=3e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    schedule: Literal["constant", "cosine"] = "cosine"
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"betas={list(v)} must each lie in [0, 1)")
+        return v
+
+
+class Budget(_Strict):
+    device_gib: float = Field(gt=0, description="hard device-memory budget in GiB")
+    host_gib: float = Field(gt=0, description="hard host-memory budget in GiB")
+
+    @property
+    def device_bytes(self) -> int:
+        return int(self.device_gib * GIB)
+
+    @property
+    def host_bytes(self) -> int:
+        return int(self.host_gib * GIB)
+
+
+class PlanOverrides(_Strict):
+    """Manual plan choices; each one wins over the planner's and is validated."""
+
+    runtime: Literal["resident"] | None = None
+    micro_batch: int | None = Field(default=None, gt=0)
+    device: Literal["cpu", "cuda"] | None = None
+
+
+class JobSpec(_Strict):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    model: ModelRef
+    data: DataRef
+    seq_len: int = Field(gt=0, le=1 << 20)
+    global_batch: int = Field(gt=0, description="sequences per optimizer step")
+    steps: int = Field(gt=0)
+    optimizer: OptimizerSpec = OptimizerSpec()
+    precision: Literal["bf16", "mixed", "fp32"] = "bf16"
+    budget: Budget
+    checkpoint_every: int = Field(default=0, ge=0, description="0: only at the end and at cancel")
+    seed: int = Field(default=0, ge=0)
+    priority: int = Field(default=0, ge=-100, le=100)
+    overrides: PlanOverrides = PlanOverrides()
+
+
+# ---------------------------------------------------------------- plan
+
+
+class Predicted(BaseModel):
+    step_seconds: float
+    peak_device_bytes: int
+    peak_host_bytes: int
+
+
+class Plan(BaseModel):
+    runtime: Literal["resident"] = "resident"
+    device: Literal["cpu", "cuda"]
+    micro_batch: int
+    rounds: int
+    window: int = Field(description="layers resident on the device at once")
+    layers: int
+    params: int
+    predicted: Predicted
+    reasons: dict[str, str]
+
+
+class MinBudget(BaseModel):
+    device_gib: float
+    host_gib: float
+
+
+# ---------------------------------------------------------------- jobs, events, nodes
+
+
+class Job(BaseModel):
+    id: str
+    name: str
+    owner: str
+    state: JobState
+    attempt: int
+    step: int
+    steps: int
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    step_seconds: float | None = None
+    eta_s: float | None = None
+    error: str | None = None
+    node: str | None = None
+    worker_pid: int | None = None
+    last_checkpoint: str | None = None
+    created_at: float
+    updated_at: float
+    plan: Plan | None = None
+    spec: JobSpec
+
+
+class JobList(BaseModel):
+    jobs: list[Job]
+    total: int
+    offset: int
+    limit: int
+
+
+class Event(BaseModel):
+    id: str
+    ts: float
+    kind: str
+    message: str
+    data: dict[str, Any] = {}
+
+
+class GPUInfo(BaseModel):
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+
+
+class Node(BaseModel):
+    name: str
+    device: Literal["cpu", "cuda"]
+    gpus: list[GPUInfo]
+    host_total_bytes: int
+    host_free_bytes: int
+    slots: int
+    running: list[str]
+    profile: dict[str, float]
+    heartbeat_at: float
+
+
+class WorkerMessage(BaseModel):
+    """One JSON line a worker writes on stdout for its agent."""
+
+    kind: Literal["started", "step", "checkpoint", "log", "error"]
+    step: int | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    step_seconds: float | None = None
+    path: str | None = None
+    message: str | None = None
+    metrics: dict[str, float] = {}
+
+
+class WorkerExit(int, enum.Enum):
+    succeeded = 0
+    failed = 1
+    cancelled = 3
+
+
+# ---------------------------------------------------------------- redis keys
+
+
+class Keys:
+    """Every Redis key wstrain uses, under one prefix so a shared Redis stays tidy."""
+
+    def __init__(self, prefix: str = "wstrain") -> None:
+        self.prefix = prefix
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}"
+
+    def events(self, job_id: str) -> str:
+        return f"{self.prefix}:events:{job_id}"
+
+    @property
+    def jobs(self) -> str:  # sorted set: id by created_at
+        return f"{self.prefix}:jobs"
+
+    @property
+    def queue(self) -> str:  # sorted set: id by (-priority, created_at)
+        return f"{self.prefix}:queue"
+
+    @property
+    def nodes(self) -> str:  # set of node names
+        return f"{self.prefix}:nodes"
+
+    def node(self, name: str) -> str:  # string (Node JSON) with a TTL = heartbeat
+        return f"{self.prefix}:node:{name}"
+
+
+def job_dir(state_dir: str | Path, job_id: str) -> Path:
+    return Path(state_dir) / "jobs" / job_id

@@ -1,0 +1,43 @@
+"""wstrain's one small exception hierarchy. The API translates it to HTTP in one place
+(service/app.py); the CLI prints the message. Every message says what failed, the
+offending value, and what to change.
+"""
+
+from __future__ import annotations
+
+
+class WstrainError(Exception):
+    """Base class: `status` is the HTTP status the API answers with."""
+
+    status = 400
+
+    def __init__(self, message: str, **detail: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+class InvalidSpec(WstrainError):
+    """The JobSpec is well-formed JSON but names something that cannot work."""
+
+    status = 422
+
+
+class InfeasibleBudget(WstrainError):
+    """The budgets are too small for the model; `detail['min_budget']` says what works."""
+
+    status = 422
+
+
+class NotFound(WstrainError):
+    status = 404
+
+
+class Conflict(WstrainError):
+    """The request is valid but the job's state does not allow it (cancel a finished job)."""
+
+    status = 409
+
+
+class Unauthorized(WstrainError):
+    status = 401

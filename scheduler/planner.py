@@ -1,0 +1,145 @@
+"""The planner: (JobSpec, model dims, node profile) -> Plan, or the smallest budgets that work.
+
+This is the resident-runtime planner (the baseline; the autoconfigurator issue replaces the
+memory model with the working-set one). It is torch-free so the API can dry-run plans.
+
+    python -c "from scheduler.planner import *"   # imported by service/ and scheduler/agent.py
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler.contracts import GIB, JobSpec, MinBudget, Plan, Predicted
+from scheduler.errors import InfeasibleBudget, InvalidSpec
+from scheduler.model_dims import ModelDims
+
+# Bytes of training state per parameter: weights + grads + two AdamW moments (+ fp32 master).
+STATE_BYTES_PER_PARAM = {"bf16": 2 + 2 + 2 + 2, "mixed": 2 + 4 + 4 + 4 + 4, "fp32": 4 * 4}
+ELEMENT_BYTES = {"bf16": 2, "mixed": 2, "fp32": 4}
+# Fixed device reserve: kernel workspaces, allocator fragmentation, RNG/loss scalars.
+DEVICE_RESERVE_BYTES = 256 * 1024**2
+# Host memory a worker process needs before any model state: interpreter, torch, CUDA/MKL
+# runtimes, data loader buffers.
+HOST_PROCESS_BYTES = 768 * 1024**2
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """What the planner needs to know about the node a job runs on."""
+
+    device: str  # "cpu" | "cuda"
+    matmul_flops: float  # practical dense-matmul FLOP/s at the job's precision
+    optimizer_params_per_s: float  # AdamW parameter updates per second
+    device_total_bytes: int
+    host_total_bytes: int
+
+    @classmethod
+    def from_profile(cls, device: str, profile: dict[str, float], device_total_bytes: int,
+                     host_total_bytes: int) -> NodeProfile:
+        return cls(device, profile.get("matmul_flops", 1e10),
+                   profile.get("optimizer_params_per_s", 1e8), device_total_bytes,
+                   host_total_bytes)
+
+
+# A conservative profile for dry runs when no agent has registered yet.
+DEFAULT_PROFILE = NodeProfile("cpu", 2e10, 5e7, 16 * GIB, 16 * GIB)
+
+
+def activation_bytes_per_token(dims: ModelDims, precision: str) -> int:
+    """Bytes autograd saves per token per layer in the resident model: inputs, norm outputs,
+    q/k/v, attention output, residual, SwiGLU gate/up/silu/product, fp32 norm copies."""
+    e = ELEMENT_BYTES[precision]
+    d, kv = dims.hidden_size, dims.num_kv_heads * dims.head_dim
+    q = dims.num_heads * dims.head_dim
+    return e * (4 * d + 2 * q + 2 * kv + 4 * dims.intermediate_size) + 8 * d
+
+
+def logits_bytes_per_token(dims: ModelDims, precision: str) -> int:
+    # logits at working precision plus the fp32 log-softmax kept for backward
+    return dims.vocab_size * (ELEMENT_BYTES[precision] + 4)
+
+
+def device_peak_bytes(dims: ModelDims, precision: str, seq_len: int, micro_batch: int) -> int:
+    tokens = seq_len * micro_batch
+    state = dims.params * STATE_BYTES_PER_PARAM[precision]
+    acts = tokens * dims.num_layers * activation_bytes_per_token(dims, precision)
+    return state + acts + tokens * logits_bytes_per_token(dims, precision) + DEVICE_RESERVE_BYTES
+
+
+def host_peak_bytes(dims: ModelDims) -> int:
+    # A checkpoint stages one copy of the weights in host memory; on a CPU node the
+    # training state itself is counted against the device budget.
+    staged = dims.params * 4
+    return HOST_PROCESS_BYTES + staged
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def min_budget(spec: JobSpec, dims: ModelDims) -> MinBudget:
+    dev = device_peak_bytes(dims, spec.precision, spec.seq_len, 1)
+    host = host_peak_bytes(dims)
+    round_up = lambda b: round(b / GIB + 0.005, 2)  # noqa: E731 - GiB, rounded up to 0.01
+    return MinBudget(device_gib=round_up(dev), host_gib=round_up(host))
+
+
+def make_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
+    """The fastest resident plan under the spec's budgets; InfeasibleBudget if none fits."""
+    if spec.seq_len > dims.max_position_embeddings:
+        raise InvalidSpec(
+            f"seq_len={spec.seq_len} exceeds the model's max_position_embeddings="
+            f"{dims.max_position_embeddings}; lower seq_len"
+        )
+    dev_budget, host_budget = spec.budget.device_bytes, spec.budget.host_bytes
+    host = host_peak_bytes(dims)
+    candidates = _divisors(spec.global_batch)
+    if spec.overrides.micro_batch is not None:
+        if spec.global_batch % spec.overrides.micro_batch:
+            raise InvalidSpec(
+                f"overrides.micro_batch={spec.overrides.micro_batch} must divide "
+                f"global_batch={spec.global_batch}"
+            )
+        candidates = [spec.overrides.micro_batch]
+    fitting = [mb for mb in candidates
+               if device_peak_bytes(dims, spec.precision, spec.seq_len, mb) <= dev_budget]
+    if not fitting or host > host_budget:
+        need = min_budget(spec, dims)
+        raise InfeasibleBudget(
+            f"budget device_gib={spec.budget.device_gib}, host_gib={spec.budget.host_gib} "
+            f"cannot hold {dims.params / 1e6:.1f}M parameters at seq_len={spec.seq_len}; "
+            f"raise the budget to at least device_gib={need.device_gib}, "
+            f"host_gib={need.host_gib}",
+            min_budget=need.model_dump(),
+        )
+    micro_batch = max(fitting)
+    rounds = spec.global_batch // micro_batch
+    tokens = spec.global_batch * spec.seq_len
+    compute_s = dims.flops_per_token(spec.seq_len) * tokens / node.matmul_flops
+    optimizer_s = dims.params / node.optimizer_params_per_s
+    peak_dev = device_peak_bytes(dims, spec.precision, spec.seq_len, micro_batch)
+    device = spec.overrides.device or node.device
+    return Plan(
+        runtime="resident",
+        device=device,
+        micro_batch=micro_batch,
+        rounds=rounds,
+        window=dims.num_layers,
+        layers=dims.num_layers,
+        params=dims.params,
+        predicted=Predicted(step_seconds=compute_s + optimizer_s, peak_device_bytes=peak_dev,
+                            peak_host_bytes=host),
+        reasons={
+            "runtime": "resident: every layer, its state and its activations stay on the device",
+            "micro_batch": (f"{micro_batch} of {spec.global_batch} sequences: the largest "
+                            f"divisor of global_batch whose predicted peak "
+                            f"{peak_dev / GIB:.2f} GiB fits device_gib={spec.budget.device_gib}"),
+            "rounds": f"{rounds} = global_batch {spec.global_batch} / micro_batch {micro_batch}",
+            "window": f"all {dims.num_layers} layers resident",
+            "device": f"{device}: the node's accelerator"
+                      + (" (override)" if spec.overrides.device else ""),
+            "step_seconds": (f"{compute_s:.3g} s compute at {node.matmul_flops / 1e12:.3g} "
+                             f"TFLOP/s + {optimizer_s:.3g} s optimizer"),
+        },
+    )

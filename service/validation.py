@@ -1,0 +1,87 @@
+"""Submission-time checks a JobSpec must pass beyond its schema: the model resolves, data
+files exist under the configured data roots and fit the model, the budgets fit some node,
+and a plan exists. Each failure raises InvalidSpec/InfeasibleBudget with the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from scheduler.contracts import GIB, JobSpec, Node, PathModel, Plan, TextData, TokenData
+from scheduler.errors import InvalidSpec
+from scheduler.model_dims import ModelDims, resolve_dims
+from scheduler.planner import DEFAULT_PROFILE, NodeProfile, make_plan
+
+_TOKEN_BYTES = {"uint16": 2, "uint32": 4}
+
+
+def _inside_roots(path: str, field: str, data_roots: list[str]) -> Path:
+    real = Path(os.path.realpath(path))
+    roots = [Path(os.path.realpath(r)) for r in data_roots]
+    if not any(real == r or r in real.parents for r in roots):
+        raise InvalidSpec(f"{field}={path!r} lies outside the data roots {data_roots}; move "
+                          "the file under one of them or add its directory to WSTRAIN_DATA_ROOTS")
+    return real
+
+
+def _check_data(spec: JobSpec, dims: ModelDims, data_roots: list[str]) -> None:
+    data = spec.data
+    if isinstance(data, (TokenData, TextData)):
+        path = _inside_roots(data.path, "data.path", data_roots)
+        if not path.is_file():
+            raise InvalidSpec(f"data.path={data.path!r} does not exist or is not a file")
+    if isinstance(data, TokenData):
+        size = path.stat().st_size
+        width = _TOKEN_BYTES[data.dtype]
+        if size % width:
+            raise InvalidSpec(f"data.path={data.path!r} has {size} bytes, not a multiple of "
+                              f"{width}; is data.dtype={data.dtype!r} right?")
+        if size // width < spec.seq_len + 1:
+            raise InvalidSpec(f"data.path={data.path!r} holds {size // width} tokens, fewer "
+                              f"than one sequence of seq_len+1={spec.seq_len + 1}")
+    if isinstance(data, TextData):
+        vocab = 256
+        if data.tokenizer != "byte":
+            tok = _inside_roots(data.tokenizer, "data.tokenizer", data_roots)
+            if not tok.is_file():
+                raise InvalidSpec(f"data.tokenizer={data.tokenizer!r} does not exist; give a "
+                                  'tokenizer.json or "byte"')
+            try:
+                vocab = len(json.loads(tok.read_text())["model"]["vocab"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise InvalidSpec(f"data.tokenizer={data.tokenizer!r} is not a tokenizers "
+                                  f"tokenizer.json: {exc}") from exc
+        if vocab > dims.vocab_size:
+            raise InvalidSpec(f"the tokenizer has {vocab} tokens but the model's vocab_size is "
+                              f"{dims.vocab_size}; use a model with vocab_size >= {vocab}")
+
+
+def pick_node(spec: JobSpec, nodes: list[Node]) -> NodeProfile:
+    """The node profile to plan with: the largest node that could hold the budgets."""
+    if not nodes:
+        return DEFAULT_PROFILE
+    profiles = [NodeProfile.from_profile(
+        n.device, n.profile,
+        max((g.total_bytes for g in n.gpus), default=n.host_total_bytes),
+        n.host_total_bytes) for n in nodes]
+    fits = [p for p in profiles
+            if p.device_total_bytes >= spec.budget.device_bytes
+            and p.host_total_bytes >= spec.budget.host_bytes]
+    if not fits:
+        dev = max(p.device_total_bytes for p in profiles) / GIB
+        host = max(p.host_total_bytes for p in profiles) / GIB
+        raise InvalidSpec(
+            f"budget device_gib={spec.budget.device_gib}, host_gib={spec.budget.host_gib} is "
+            f"larger than any node has (largest device {dev:.1f} GiB, largest host "
+            f"{host:.1f} GiB); lower the budgets")
+    return max(fits, key=lambda p: p.matmul_flops)
+
+
+def validate_and_plan(spec: JobSpec, nodes: list[Node], data_roots: list[str]) -> Plan:
+    if isinstance(spec.model, PathModel):
+        _inside_roots(spec.model.path, "model.path", data_roots)
+    dims = resolve_dims(spec.model)
+    _check_data(spec, dims, data_roots)
+    return make_plan(spec, dims, pick_node(spec, nodes))

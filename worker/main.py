@@ -1,0 +1,140 @@
+"""The worker process: runs one attempt of one job, started by the scheduler agent.
+
+    python -m worker.main --job-dir STATE/jobs/ID --device cpu --peak-flops 1e12
+
+It reads `spec.json` and `plan.json` from the job dir, resumes from the latest checkpoint
+there, trains, and reports to its agent as JSON lines on stdout (contracts.WorkerMessage);
+logs go to stderr. SIGTERM asks it to stop at the next step boundary with a checkpoint.
+The exit code is contracts.WorkerExit: 0 succeeded, 3 cancelled, 1 failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from scheduler.contracts import JobSpec, Plan, WorkerExit, WorkerMessage
+from scheduler.model_dims import resolve_dims
+from worker import checkpoint
+from worker.data import TokenStream
+from worker.resident import ResidentRuntime, RuntimeConfig
+
+log = logging.getLogger("worker")
+# Step reports are throttled so a fast CPU job does not flood its agent.
+REPORT_INTERVAL_S = 0.2
+
+
+class Worker:
+    def __init__(self, job_dir: Path, peak_flops: float) -> None:
+        self.job_dir, self.peak_flops = job_dir, peak_flops
+        self.spec = JobSpec.model_validate_json((job_dir / "spec.json").read_text())
+        self.plan = Plan.model_validate_json((job_dir / "plan.json").read_text())
+        self.job_id = job_dir.name
+        self.cancel_requested = False
+
+    def emit(self, msg: WorkerMessage) -> None:
+        sys.stdout.write(msg.model_dump_json(exclude_none=True) + "\n")
+        sys.stdout.flush()
+
+    def _request_cancel(self, signum: int, _frame: object) -> None:
+        log.info("job %s: signal %d, stopping at the next step boundary", self.job_id, signum)
+        self.cancel_requested = True
+
+    def _enforce_device_budget(self) -> None:
+        if self.plan.device != "cuda":
+            return
+        total = torch.cuda.get_device_properties(0).total_memory
+        fraction = min(1.0, self.spec.budget.device_bytes / total)
+        torch.cuda.set_per_process_memory_fraction(fraction, 0)
+        log.info("job %s: device budget %.2f GiB = %.3f of the GPU", self.job_id,
+                 self.spec.budget.device_gib, fraction)
+
+    def _memory_metrics(self) -> dict[str, float]:
+        rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        out = {"host_rss_peak_bytes": float(rss_peak)}
+        if self.plan.device == "cuda":
+            out["device_peak_bytes"] = float(torch.cuda.max_memory_allocated())
+        return out
+
+    def run(self) -> WorkerExit:
+        signal.signal(signal.SIGTERM, self._request_cancel)
+        torch.manual_seed(self.spec.seed)
+        self._enforce_device_budget()
+        dims = resolve_dims(self.spec.model)
+        cfg = RuntimeConfig(self.spec.precision, self.plan.device, self.plan.micro_batch,
+                            self.plan.rounds, self.spec.steps, self.spec.seed)
+        runtime = ResidentRuntime(dims, cfg, self.spec.optimizer)
+        data = TokenStream.open(self.spec.data, dims.vocab_size, self.spec.seq_len,
+                                self.spec.seed)
+        root = self.job_dir / "checkpoints"
+        start = 0
+        if (ckpt := checkpoint.latest(root)) is not None:
+            start = checkpoint.load(ckpt, runtime.model, runtime.optimizer,
+                                    runtime.schedule).step
+            log.info("job %s: resumed from %s at step %d", self.job_id, ckpt, start)
+        self.emit(WorkerMessage(kind="started", step=start,
+                                message=f"pid {os.getpid()} on {self.plan.device}"))
+        hf_config = dims.to_hf_config()
+
+        def save(step: int) -> None:
+            path = checkpoint.save(root, checkpoint.TrainerState(step, step), runtime.model,
+                                   runtime.optimizer, runtime.schedule, hf_config)
+            self.emit(WorkerMessage(kind="checkpoint", step=step, path=str(path)))
+
+        flops_per_token = dims.flops_per_token(self.spec.seq_len)
+        last_report = 0.0
+        for step in range(start, self.spec.steps):
+            if self.cancel_requested:
+                save(step)
+                return WorkerExit.cancelled
+            res = runtime.train_step(data, step)
+            tokens_per_s = res.tokens / res.step_seconds
+            now = time.monotonic()
+            if now - last_report >= REPORT_INTERVAL_S or res.step == self.spec.steps:
+                last_report = now
+                self.emit(WorkerMessage(
+                    kind="step", step=res.step, loss=res.loss, step_seconds=res.step_seconds,
+                    tokens_per_s=tokens_per_s, mfu=flops_per_token * tokens_per_s / self.peak_flops,
+                    metrics={"lr": res.lr, **self._memory_metrics()}))
+            every = self.spec.checkpoint_every
+            if every and res.step % every == 0 and res.step < self.spec.steps:
+                save(res.step)
+        save(self.spec.steps)
+        return WorkerExit.succeeded
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job-dir", type=Path, required=True)
+    parser.add_argument("--peak-flops", type=float, default=989e12,
+                        help="peak FLOP/s the MFU is measured against")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    worker = Worker(args.job_dir, args.peak_flops)
+    try:
+        return int(worker.run())
+    except torch.cuda.OutOfMemoryError as exc:
+        msg = (f"device memory budget {worker.spec.budget.device_gib} GiB exceeded: {exc}; "
+               "this is a planner bug, please report it with the plan")
+    except Exception as exc:  # every failure becomes a reported error with its reason
+        msg = f"{type(exc).__name__}: {exc}"
+    log.error("job %s: failed: %s\n%s", worker.job_id, msg, traceback.format_exc())
+    worker.emit(WorkerMessage(kind="error", message=msg))
+    return int(WorkerExit.failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

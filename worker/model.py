@@ -1,0 +1,134 @@
+"""A Llama-style decoder (RMSNorm, RoPE, GQA attention through SDPA, SwiGLU MLP, untied LM
+head) whose parameter names are exactly Hugging Face `LlamaForCausalLM`'s, so checkpoints
+load in `transformers` and tests compare against it.
+
+    from worker.model import LlamaModel; m = LlamaModel(PRESETS["tiny-llama"])
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scheduler.model_dims import ModelDims
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, S, D)
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_tables(dims: ModelDims, seq_len: int, device: torch.device,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (S, head_dim), computed in fp32 as Hugging Face does."""
+    half = torch.arange(0, dims.head_dim, 2, dtype=torch.int64, device=device).float()
+    inv_freq = 1.0 / (dims.rope_theta ** (half / dims.head_dim))  # (head_dim/2,)
+    pos = torch.arange(seq_len, device=device).float()
+    freqs = torch.outer(pos, inv_freq)  # (S, head_dim/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (S, head_dim)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin  # x: (B, H, S, hd), cos/sin: (S, hd)
+
+
+class Attention(nn.Module):
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        d, hd = dims.hidden_size, dims.head_dim
+        self.n_heads, self.n_kv, self.head_dim = dims.num_heads, dims.num_kv_heads, hd
+        self.q_proj = nn.Linear(d, dims.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, dims.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, dims.num_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(dims.num_heads * hd, d, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, H, S, hd)
+        rep = self.n_heads // self.n_kv
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, S, hd)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        d, f = dims.hidden_size, dims.intermediate_size
+        self.gate_proj = nn.Linear(d, f, bias=False)
+        self.up_proj = nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.self_attn = Attention(dims)
+        self.post_attention_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.mlp = MLP(dims)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(dims.vocab_size, dims.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(dims) for _ in range(dims.num_layers))
+        self.norm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+
+
+class LlamaModel(nn.Module):
+    """Parameter names match `LlamaForCausalLM.state_dict()` exactly."""
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        self.dims = dims
+        self.model = Backbone(dims)
+        self.lm_head = nn.Linear(dims.hidden_size, dims.vocab_size, bias=False)
+
+    def init_weights(self, seed: int, std: float = 0.02) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, S) -> logits (B, S, V)
+        x = self.model.embed_tokens(tokens)  # (B, S, D)
+        cos, sin = rope_tables(self.dims, tokens.shape[1], x.device, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.model.norm(x))
+
+
+def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy in fp32; targets are already shifted. (B, S, V), (B, S)"""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

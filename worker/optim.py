@@ -1,0 +1,34 @@
+"""AdamW with decoupled weight decay, linear warm-up and cosine decay, as a JobSpec's
+`optimizer` describes it. The LR multiplier is a pure function of the step so every runtime
+(and a resumed run) uses the same schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+from scheduler.contracts import OptimizerSpec
+
+
+def lr_multiplier(step: int, spec: OptimizerSpec, total_steps: int) -> float:
+    """Multiplier of spec.lr for 0-based optimizer step `step`."""
+    if spec.warmup_steps and step < spec.warmup_steps:
+        return (step + 1) / spec.warmup_steps
+    if spec.schedule == "constant":
+        return 1.0
+    decay_steps = max(1, total_steps - spec.warmup_steps)
+    progress = min(1.0, (step - spec.warmup_steps) / decay_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * cosine
+
+
+def make_adamw(params: Iterable[torch.nn.Parameter], spec: OptimizerSpec, total_steps: int,
+               fused: bool = False) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    opt = torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, eps=spec.eps,
+                            weight_decay=spec.weight_decay, fused=fused or None)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: lr_multiplier(step, spec, total_steps))
+    return opt, schedule

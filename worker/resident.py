@@ -1,0 +1,78 @@
+"""The resident runtime: the whole model, its optimizer state and its activations live on
+the device. It is the baseline the working-set runtime is measured against
+(`runtime: resident` in a Plan). It never touches Redis: it takes dims, a plan-derived
+config and data, and returns per-step results.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from scheduler.contracts import OptimizerSpec
+from scheduler.model_dims import ModelDims
+from worker.data import TokenStream
+from worker.model import LlamaModel, causal_lm_loss
+from worker.optim import make_adamw
+
+PARAM_DTYPE = {"bf16": torch.bfloat16, "mixed": torch.float32, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    precision: str  # "bf16" | "mixed" | "fp32"
+    device: str  # "cpu" | "cuda"
+    micro_batch: int
+    rounds: int
+    steps: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int  # 1-based count of completed optimizer steps
+    loss: float
+    step_seconds: float
+    tokens: int
+    lr: float
+
+
+class ResidentRuntime:
+    def __init__(self, dims: ModelDims, cfg: RuntimeConfig, opt: OptimizerSpec) -> None:
+        self.dims, self.cfg, self.opt_spec = dims, cfg, opt
+        self.device = torch.device(cfg.device)
+        model = LlamaModel(dims)
+        model.init_weights(cfg.seed)
+        self.model = model.to(device=self.device, dtype=PARAM_DTYPE[cfg.precision])
+        self.optimizer, self.schedule = make_adamw(self.model.parameters(), opt, cfg.steps)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def train_step(self, data: TokenStream, step: int) -> StepResult:
+        """One optimizer step (0-based `step`) over cfg.rounds micro-batches."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for r in range(cfg.rounds):
+            inputs, targets = data.batch(step, r, cfg.micro_batch)
+            inputs, targets = inputs.to(self.device), targets.to(self.device)
+            with torch.autocast(self.device.type, torch.bfloat16,
+                                enabled=cfg.precision == "mixed"):
+                logits = self.model(inputs)  # (B, S, V)
+            loss = causal_lm_loss(logits, targets) / cfg.rounds
+            loss.backward()
+            total += loss.detach()
+        if self.opt_spec.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opt_spec.grad_clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.schedule.step()
+        loss_value = float(total.item())  # .item() synchronises the device
+        self._sync()
+        return StepResult(step + 1, loss_value, time.perf_counter() - start,
+                          cfg.rounds * cfg.micro_batch * data.seq_len, lr)
