@@ -28,6 +28,7 @@ class WorkerHandle:
     device_bytes: int  # budgets reserved on this node while the worker lives
     host_bytes: int
     gpu: int | None
+    started: bool = False  # the worker reported `started`: its SIGTERM handler is in place
     cancel_sent: bool = False
     shutting_down: bool = False
     error: str | None = None
@@ -69,6 +70,7 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
         h.error = msg.message
         await store.add_event(jid, "error", msg.message or "worker error")
     else:
+        h.started = h.started or msg.kind == "started"
         await store.add_event(jid, msg.kind, msg.message or msg.kind)
 
 
@@ -98,7 +100,7 @@ async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
                                    "agent shut down; requeued from the last checkpoint",
                                    sources=frozenset({JobState.running}),
                                    attempt=h.job.attempt + 1, node=None, worker_pid=None)
-        elif code == WorkerExit.cancelled:
+        elif code == WorkerExit.cancelled or (h.cancel_sent and code == -signal.SIGTERM):
             await store.transition(jid, JobState.cancelled,
                                    f"cancelled at step {h.last_step}; checkpoint written",
                                    sources=frozenset({JobState.running, JobState.cancelling}))
@@ -122,7 +124,7 @@ def _describe_exit(code: int) -> str:
 
 async def forward_cancel(store: JobStore, h: WorkerHandle) -> None:
     """SIGTERM the worker once its job is `cancelling`: it checkpoints and exits 3."""
-    if h.cancel_sent or h.proc.returncode is not None:
+    if h.cancel_sent or not h.started or h.proc.returncode is not None:
         return
     state = await store.redis.hget(store.keys.job(h.job.id), "state")
     if state == JobState.cancelling.value:

@@ -59,17 +59,22 @@ def _call(client: httpx.Client, method: str, path: str, **kw: Any) -> Any:
     return resp.json()
 
 
+def _spec_error(message: str) -> SystemExit:
+    print(f"wstrain: {message}", file=sys.stderr)
+    return SystemExit(2)
+
+
 def _load_spec(path: str) -> dict[str, Any]:
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise SystemExit(f"wstrain: cannot read spec {path}: {exc}") from exc
+        raise _spec_error(f"cannot read spec {path}: {exc}") from exc
     try:
         spec = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SystemExit(f"wstrain: {path} is not valid YAML/JSON: {exc}") from exc
+        raise _spec_error(f"{path} is not valid YAML/JSON: {exc}") from exc
     if not isinstance(spec, dict):
-        raise SystemExit(f"wstrain: {path} must hold a mapping (a JobSpec), not {type(spec).__name__}")
+        raise _spec_error(f"{path} must hold a mapping (a JobSpec), not {type(spec).__name__}")
     return spec
 
 

@@ -1,0 +1,159 @@
+"""Shared fixtures: a private real redis-server, a real uvicorn API and a real scheduler agent
+(which launches real worker processes), all on loopback.
+
+    pytest -m "not slow"     # skip the end-to-end tests that train real jobs
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from service.serve import free_port, start_redis
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "examples" / "data" / "python-docs.txt"
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed; run scripts/test.sh, which installs it")
+    port = free_port()
+    proc = start_redis(tmp_path_factory.mktemp("redis"), port)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer in {timeout_s} s")
+
+
+@dataclass
+class Stack:
+    """A running wstrain: API at `url`, optional agent, shared Redis, one key prefix."""
+
+    url: str
+    env: dict[str, str]
+    state_dir: Path
+    api: subprocess.Popen[bytes]
+    agent: subprocess.Popen[bytes] | None
+    port: int
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+    def start_api(self) -> None:
+        self.api = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--factory", "service.app:create_app",
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+            env=self.env, cwd=REPO)
+        _wait_http(f"{self.url}/healthz", self.api)
+
+    def stop(self) -> None:
+        for proc in (self.agent, self.api):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def make_stack(redis_url: str, tmp: Path, prefix: str, with_agent: bool) -> Stack:
+    port = free_port()
+    env = dict(os.environ)
+    env.update(WSTRAIN_REDIS_URL=redis_url, WSTRAIN_KEY_PREFIX=prefix,
+               WSTRAIN_STATE_DIR=str(tmp / "state"), WSTRAIN_CPU_SLOTS="2",
+               WSTRAIN_WORKER_THREADS="1", WSTRAIN_NODE_NAME=f"node-{prefix}",
+               WSTRAIN_DATA_ROOTS=json.dumps([str(REPO), str(tmp)]),
+               WSTRAIN_HEARTBEAT_S="0.5", PYTHONPATH=str(REPO))
+    stack = Stack(f"http://127.0.0.1:{port}", env, tmp / "state", None, None, port)  # type: ignore[arg-type]
+    stack.start_api()
+    if with_agent:
+        stack.agent = subprocess.Popen([sys.executable, "-m", "scheduler.agent"], env=env,
+                                       cwd=REPO)
+        deadline = time.monotonic() + 60
+        with stack.client() as c:
+            while not c.get("/v1/nodes").json()["nodes"]:
+                assert stack.agent.poll() is None, "agent exited during start-up"
+                assert time.monotonic() < deadline, "agent did not register in 60 s"
+                time.sleep(0.2)
+    return stack
+
+
+@pytest.fixture(scope="session")
+def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """API + agent: submitted jobs really train."""
+    s = make_stack(redis_url, tmp_path_factory.mktemp("full"), "full", with_agent=True)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def api_only(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """API with no agent: submitted jobs stay queued, so queue-side behaviour is testable."""
+    s = make_stack(redis_url, tmp_path_factory.mktemp("apionly"), "apionly", with_agent=False)
+    with s.client() as c:  # budgets are checked against registered nodes: register one
+        r = redis.Redis.from_url(redis_url)
+        node = {"name": "fake-capacity", "device": "cpu", "gpus": [],
+                "host_total_bytes": 16 << 30, "host_free_bytes": 16 << 30, "slots": 1,
+                "running": [], "profile": {"matmul_flops": 1e10}, "heartbeat_at": time.time()}
+        # A node record as an agent writes it (no agent runs here, so jobs stay queued).
+        r.set("apionly:node:fake-capacity", json.dumps(node))
+        r.sadd("apionly:nodes", "fake-capacity")
+        assert c.get("/v1/nodes").json()["nodes"]
+    yield s
+    s.stop()
+
+
+def tiny_spec(name: str, **over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name, "model": {"preset": "micro-llama"},
+        "data": {"kind": "text", "path": str(CORPUS), "tokenizer": "byte"},
+        "seq_len": 32, "global_batch": 4, "steps": 40,
+        "optimizer": {"lr": 3e-3, "warmup_steps": 5},
+        "precision": "fp32", "budget": {"device_gib": 1, "host_gib": 2},
+        "checkpoint_every": 0, "seed": 1,
+    }
+    spec.update(over)
+    return spec
+
+
+def wait_job(c: httpx.Client, job_id: str, pred: Any, timeout_s: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = c.get(f"/v1/jobs/{job_id}").json()
+        if pred(job):
+            return job
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} never met the condition; last: {job}")
+        time.sleep(0.05)
+
+
+def wait_terminal(c: httpx.Client, job_id: str, timeout_s: float = 180) -> dict[str, Any]:
+    return wait_job(c, job_id, lambda j: j["state"] in TERMINAL, timeout_s)

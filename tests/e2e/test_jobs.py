@@ -1,0 +1,139 @@
+"""End to end: real uvicorn + real agent + real worker processes on a real Redis. Jobs train
+to completion, cancel and resume over HTTP bit-identically, survive an API restart, and a
+SIGKILLed worker fails its job with the reason while the agent keeps serving."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.conftest import REPO, Stack, tiny_spec, wait_job, wait_terminal
+
+pytestmark = pytest.mark.slow
+
+
+def _weights(job: dict) -> dict:  # type: ignore[type-arg]
+    return load_file(Path(job["last_checkpoint"]) / "model.safetensors")
+
+
+def test_job_trains_to_completion_with_falling_loss(stack: Stack) -> None:
+    with stack.client() as c:
+        spec = tiny_spec("e2e-train", steps=150, checkpoint_every=50)
+        job = c.post("/v1/jobs", json=spec).json()
+        seen_running = wait_job(c, job["id"], lambda j: j["state"] in ("running", "succeeded"))
+        metrics_seen = False
+        while (cur := c.get(f"/v1/jobs/{job['id']}").json())["state"] == "running":
+            if cur["loss"] is not None and not metrics_seen:
+                text = c.get("/metrics").text
+                metrics_seen = f'wstrain_loss{{job="{job["id"]}"}}' in text
+            time.sleep(0.05)
+        done = wait_terminal(c, job["id"])
+        assert done["state"] == "succeeded", done["error"]
+        assert done["step"] == 150 and done["tokens_per_s"] > 0 and done["mfu"] > 0
+        assert seen_running["node"] == "node-full"
+        events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+        states = [e["data"]["state"] for e in events if e["kind"] == "state"]
+        assert states == ["queued", "planning", "running", "succeeded"]
+        losses = [e["data"]["loss"] for e in events if e["kind"] == "progress"]
+        assert len(losses) >= 2 and losses[-1] < losses[0] - 1.0, losses
+        ckpts = [e["data"]["step"] for e in events if e["kind"] == "checkpoint"]
+        assert ckpts == [50, 100, 150]
+        assert Path(done["last_checkpoint"]).name == "step-00000150"
+        assert metrics_seen or done["step"] == 150  # fast jobs may finish between scrapes
+
+
+def test_cancel_then_resume_is_bit_identical(stack: Stack) -> None:
+    spec = dict(steps=600, seed=7)
+    with stack.client() as c:
+        straight = c.post("/v1/jobs", json=tiny_spec("e2e-straight", **spec)).json()
+        job = c.post("/v1/jobs", json=tiny_spec("e2e-cancelled", **spec)).json()
+        wait_job(c, job["id"], lambda j: j["step"] >= 20)
+        r = c.post(f"/v1/jobs/{job['id']}/cancel")
+        assert r.status_code == 202 and r.json()["state"] in ("cancelling", "cancelled")
+        cancelled = wait_terminal(c, job["id"])
+        assert cancelled["state"] == "cancelled", cancelled
+        stopped_at = int(Path(cancelled["last_checkpoint"]).name.split("-")[1])
+        assert 20 <= stopped_at < 600, "the cancel must land mid-run for this test to mean much"
+        r = c.post(f"/v1/jobs/{job['id']}/cancel")
+        assert r.status_code == 409
+        assert c.post(f"/v1/jobs/{job['id']}/resume").json()["attempt"] == 2
+        resumed = wait_terminal(c, job["id"])
+        assert resumed["state"] == "succeeded", resumed["error"]
+        assert wait_terminal(c, straight["id"])["state"] == "succeeded"
+        a, b = _weights(resumed), _weights(c.get(f"/v1/jobs/{straight['id']}").json())
+        assert a.keys() == b.keys()
+        for name in a:
+            assert a[name].equal(b[name]), f"{name} differs after cancel+resume"
+        states = [e["data"]["state"] for e in c.get(f"/v1/jobs/{job['id']}/events",
+                                                    params={"limit": 1000}).json()
+                  if e["kind"] == "state"]
+        assert states == ["queued", "planning", "running", "cancelling", "cancelled",
+                          "queued", "planning", "running", "succeeded"]
+
+
+def test_sigkilled_worker_fails_job_and_agent_keeps_serving(stack: Stack) -> None:
+    with stack.client() as c:
+        job = c.post("/v1/jobs", json=tiny_spec("e2e-kill", steps=3000,
+                                                checkpoint_every=20)).json()
+        running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
+        os.kill(running["worker_pid"], signal.SIGKILL)
+        failed = wait_terminal(c, job["id"])
+        assert failed["state"] == "failed" and "SIGKILL" in failed["error"]
+        other = c.post("/v1/jobs", json=tiny_spec("e2e-after-kill", steps=20)).json()
+        assert wait_terminal(c, other["id"])["state"] == "succeeded"
+        resumed = c.post(f"/v1/jobs/{job['id']}/resume").json()
+        assert resumed["state"] == "queued"
+        wait_job(c, job["id"], lambda j: j["state"] == "running")
+        r = c.post(f"/v1/jobs/{job['id']}/resume")
+        assert r.status_code == 409 and "only cancelled or failed" in r.text
+        events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+        started = [e["message"] for e in events if e["kind"] == "started"]
+        c.post(f"/v1/jobs/{job['id']}/cancel")
+        assert wait_terminal(c, job["id"])["state"] == "cancelled"
+    assert len(started) >= 1
+
+
+def test_api_restart_mid_job_loses_nothing(stack: Stack) -> None:
+    with stack.client() as c:
+        job = c.post("/v1/jobs", json=tiny_spec("e2e-api-restart", steps=400)).json()
+        wait_job(c, job["id"], lambda j: j["step"] >= 10)
+    stack.api.terminate()
+    stack.api.wait(30)
+    stack.start_api()
+    with stack.client() as c:
+        done = wait_terminal(c, job["id"])
+        assert done["state"] == "succeeded" and done["step"] == 400
+
+
+def test_cli_against_the_running_service(stack: Stack, tmp_path: Path) -> None:
+    import yaml
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "service.cli", "--server", stack.url,
+                               *args], capture_output=True, text=True, cwd=REPO, timeout=300)
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(tiny_spec("e2e-cli", steps=30)))
+    plan = cli("plan", str(spec_file))
+    assert plan.returncode == 0 and "micro_batch" in plan.stdout, plan.stderr
+    sub = cli("submit", str(spec_file), "--follow")
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.splitlines()[0]
+    assert "succeeded" in sub.stdout or "training finished" in sub.stdout
+    st = cli("status", job_id)
+    assert st.returncode == 0 and "succeeded" in st.stdout
+    assert job_id in cli("ls").stdout
+    bad = cli("cancel", job_id)
+    assert bad.returncode == 1 and "already succeeded" in bad.stderr
+    spec_file.write_text(yaml.safe_dump(tiny_spec("e2e-cli", seq_len=0)))
+    bad = cli("submit", str(spec_file))
+    assert bad.returncode == 1 and "seq_len" in bad.stderr
+    spec_file.write_text("[unclosed")
+    assert cli("submit", str(spec_file)).returncode == 2

@@ -1,0 +1,113 @@
+"""The job store on a real Redis: the state machine is enforced atomically, and concurrent
+claimers never take one job twice."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from scheduler.contracts import ALLOWED_TRANSITIONS, JobSpec, JobState
+from scheduler.errors import Conflict, NotFound
+from scheduler.model_dims import PRESETS
+from scheduler.planner import DEFAULT_PROFILE, make_plan
+from scheduler.store import JobStore
+from tests.conftest import tiny_spec
+
+
+def _spec(name: str) -> JobSpec:
+    return JobSpec.model_validate(tiny_spec(name, data={"kind": "synthetic"}))
+
+
+async def _store(redis_url: str) -> JobStore:
+    return JobStore.from_url(redis_url, prefix=f"t{uuid.uuid4().hex[:8]}")
+
+
+async def _new_job(store: JobStore, name: str = "j") -> str:
+    spec = _spec(name)
+    plan = make_plan(spec, PRESETS["micro-llama"], DEFAULT_PROFILE)
+    return (await store.create(spec, "tester", plan)).id
+
+
+async def _force(store: JobStore, job_id: str, state: JobState) -> None:
+    """Walk a fresh job along allowed edges to `state`."""
+    path = {
+        JobState.queued: [],
+        JobState.planning: [JobState.planning],
+        JobState.running: [JobState.planning, JobState.running],
+        JobState.cancelling: [JobState.planning, JobState.running, JobState.cancelling],
+        JobState.succeeded: [JobState.planning, JobState.running, JobState.succeeded],
+        JobState.failed: [JobState.planning, JobState.failed],
+        JobState.cancelled: [JobState.cancelled],
+    }[state]
+    for s in path:
+        await store.transition(job_id, s, f"to {s.value}")
+
+
+@pytest.mark.parametrize("src", list(JobState))
+def test_every_edge_of_the_state_machine(redis_url: str, src: JobState) -> None:
+    async def run() -> None:
+        store = await _store(redis_url)
+        for dst in JobState:
+            job_id = await _new_job(store)
+            await _force(store, job_id, src)
+            if dst in ALLOWED_TRANSITIONS[src]:
+                assert await store.transition(job_id, dst, "t") == src
+                assert (await store.get(job_id)).state == dst
+            else:
+                with pytest.raises(Conflict):
+                    await store.transition(job_id, dst, "t")
+                assert (await store.get(job_id)).state == src  # nothing changed
+        counts = await store.counts_by_state()
+        assert sum(counts.values()) == len(JobState)
+        with pytest.raises(NotFound):
+            await store.transition("missing", JobState.planning, "t")
+        await store.close()
+
+    asyncio.run(run())
+
+
+def test_terminal_succeeded_never_changes(redis_url: str) -> None:
+    assert ALLOWED_TRANSITIONS[JobState.succeeded] == frozenset()
+
+
+def test_concurrent_claims_take_each_job_once(redis_url: str) -> None:
+    async def run() -> None:
+        store = await _store(redis_url)
+        ids = {await _new_job(store, f"c{i}") for i in range(30)}
+        claimers = [JobStore.from_url(redis_url, store.keys.prefix) for _ in range(8)]
+
+        async def drain(s: JobStore, node: str) -> list[str]:
+            got = []
+            while (jid := await s.claim(node, 1 << 40, 1 << 40)) is not None:
+                got.append(jid)
+            return got
+
+        results = await asyncio.gather(*(drain(s, f"n{i}") for i, s in enumerate(claimers)))
+        claimed = [j for r in results for j in r]
+        assert sorted(claimed) == sorted(ids)  # every job once, none twice
+        for i, got in enumerate(results):
+            for jid in got:
+                job = await store.get(jid)
+                assert job.state == JobState.planning and job.node == f"n{i}"
+        assert await store.queue_depth() == 0
+        for s in claimers + [store]:
+            await s.close()
+
+    asyncio.run(run())
+
+
+def test_claim_respects_budgets_and_priority(redis_url: str) -> None:
+    async def run() -> None:
+        store = await _store(redis_url)
+        low = await _new_job(store, "low")
+        spec = _spec("high").model_copy(update={"priority": 5})
+        high = (await store.create(spec, "t", make_plan(spec, PRESETS["micro-llama"],
+                                                        DEFAULT_PROFILE))).id
+        assert await store.claim("n", 1 << 20, 1 << 40) is None  # 1 MiB fits no 1 GiB job
+        assert await store.claim("n", 1 << 40, 1 << 40) == high
+        assert await store.claim("n", 1 << 40, 1 << 40) == low
+        await store.close()
+
+    asyncio.run(run())

@@ -1,0 +1,169 @@
+"""The REST API against a real uvicorn and a real Redis: every endpoint, bad input, and the
+queue-side state transitions (an API with no agent keeps jobs queued)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, Stack, tiny_spec
+
+
+def _total(c: httpx.Client) -> int:
+    return c.get("/v1/jobs", params={"limit": 1}).json()["total"]
+
+
+def test_health_ready_docs(api_only: Stack) -> None:
+    with api_only.client() as c:
+        assert c.get("/healthz").json() == {"status": "ok"}
+        assert c.get("/readyz").json() == {"status": "ready"}
+        assert c.get("/docs").status_code == 200
+        paths = c.get("/openapi.json").json()["paths"]
+        for p in ("/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/plan",
+                  "/v1/jobs/{job_id}/events", "/v1/jobs/{job_id}/cancel",
+                  "/v1/jobs/{job_id}/resume", "/v1/plans", "/v1/nodes"):
+            assert p in paths
+
+
+def test_submit_returns_queued_job_with_plan(api_only: Stack) -> None:
+    with api_only.client() as c:
+        r = c.post("/v1/jobs", json=tiny_spec("submit-ok"), headers={"X-Wstrain-Owner": "ann"})
+        assert r.status_code == 201, r.text
+        job = r.json()
+        assert job["state"] == "queued" and job["owner"] == "ann" and job["attempt"] == 1
+        assert job["step"] == 0 and job["steps"] == 40 and job["loss"] is None
+        plan = c.get(f"/v1/jobs/{job['id']}/plan").json()
+        assert plan["micro_batch"] * plan["rounds"] == 4
+        assert plan["predicted"]["peak_device_bytes"] <= 1 << 30
+        assert set(plan["reasons"]) >= {"micro_batch", "rounds", "window"}
+        events = c.get(f"/v1/jobs/{job['id']}/events").json()
+        assert [e["kind"] for e in events] == ["state"] and "queued" in events[0]["message"]
+
+
+def test_dry_run_plan_queues_nothing(api_only: Stack) -> None:
+    with api_only.client() as c:
+        before = _total(c)
+        r = c.post("/v1/plans", json=tiny_spec("dry", global_batch=8))
+        assert r.status_code == 200
+        assert r.json()["micro_batch"] * r.json()["rounds"] == 8
+        assert _total(c) == before
+
+
+def _bad(**over: Any) -> dict[str, Any]:
+    return tiny_spec("bad", **over)
+
+
+BAD_SPECS = {
+    "unknown top-level field": ({**tiny_spec("bad"), "learning_rate": 1}, "learning_rate"),
+    "unknown nested field": (_bad(budget={"device_gib": 1, "host_gib": 1, "gpu": 1}), "gpu"),
+    "zero device budget": (_bad(budget={"device_gib": 0, "host_gib": 1}), "device_gib"),
+    "negative host budget": (_bad(budget={"device_gib": 1, "host_gib": -2}), "host_gib"),
+    "seq_len zero": (_bad(seq_len=0), "seq_len"),
+    "negative steps": (_bad(steps=-1), "steps"),
+    "unknown preset": (_bad(model={"preset": "gpt-17"}), "gpt-17"),
+    "missing data file": (_bad(data={"kind": "text", "path": str(REPO / "nope.txt")}),
+                          "does not exist"),
+    "data outside roots": (_bad(data={"kind": "text", "path": "/etc/hostname"}),
+                           "outside the data roots"),
+    "seq_len over model max": (_bad(seq_len=4096), "max_position_embeddings"),
+    "micro_batch override not dividing": (_bad(overrides={"micro_batch": 3}), "divide"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_bad_specs_get_422_and_leave_nothing(api_only: Stack, case: str) -> None:
+    spec, needle = BAD_SPECS[case]
+    with api_only.client() as c:
+        before = _total(c)
+        for path in ("/v1/jobs", "/v1/plans"):
+            r = c.post(path, json=spec)
+            assert r.status_code == 422, (case, r.text)
+            assert needle in r.text, (case, r.text)
+        assert _total(c) == before
+
+
+def test_infeasible_budget_names_the_minimum(api_only: Stack) -> None:
+    spec = tiny_spec("big", model={"preset": "tiny-llama"}, seq_len=1024, global_batch=8,
+                     budget={"device_gib": 0.01, "host_gib": 8})
+    with api_only.client() as c:
+        before = _total(c)
+        r = c.post("/v1/jobs", json=spec)
+        assert r.status_code == 422
+        need = r.json()["min_budget"]
+        assert need["device_gib"] > 0.01 and need["host_gib"] > 0
+        assert "raise the budget" in r.json()["detail"]
+        assert _total(c) == before
+        # The minimum it names really works, and a little less does not.
+        spec["budget"] = dict(need)
+        assert c.post("/v1/plans", json=spec).status_code == 200
+        spec["budget"] = {"device_gib": need["device_gib"] - 0.02, "host_gib": need["host_gib"]}
+        assert c.post("/v1/plans", json=spec).status_code == 422
+
+
+def test_budget_larger_than_any_node(api_only: Stack) -> None:
+    with api_only.client() as c:
+        r = c.post("/v1/jobs", json=_bad(budget={"device_gib": 4096, "host_gib": 1}))
+        assert r.status_code == 422 and "larger than any node" in r.text
+
+
+def test_unknown_job_is_404(api_only: Stack) -> None:
+    with api_only.client() as c:
+        for method, path in (("GET", "/v1/jobs/nope"), ("GET", "/v1/jobs/nope/plan"),
+                             ("GET", "/v1/jobs/nope/events"), ("POST", "/v1/jobs/nope/cancel"),
+                             ("POST", "/v1/jobs/nope/resume")):
+            r = c.request(method, path)
+            assert r.status_code == 404 and "does not exist" in r.text
+
+
+def test_queued_cancel_resume_cycle(api_only: Stack) -> None:
+    with api_only.client() as c:
+        job = c.post("/v1/jobs", json=tiny_spec("cycle")).json()
+        jid = job["id"]
+        r = c.post(f"/v1/jobs/{jid}/resume")
+        assert r.status_code == 409 and "only cancelled or failed" in r.text
+        r = c.post(f"/v1/jobs/{jid}/cancel")
+        assert r.status_code == 202 and r.json()["state"] == "cancelled"
+        r = c.post(f"/v1/jobs/{jid}/cancel")
+        assert r.status_code == 409 and "already cancelled" in r.text
+        r = c.post(f"/v1/jobs/{jid}/resume")
+        assert r.status_code == 202
+        assert r.json()["state"] == "queued" and r.json()["attempt"] == 2
+        states = [e["data"].get("state") for e in c.get(f"/v1/jobs/{jid}/events").json()]
+        assert states == ["queued", "cancelled", "queued"]
+
+
+def test_list_filters_and_pages(api_only: Stack) -> None:
+    with api_only.client() as c:
+        ids = [c.post("/v1/jobs", json=tiny_spec(f"page{i}"),
+                      headers={"X-Wstrain-Owner": "pager"}).json()["id"] for i in range(3)]
+        c.post(f"/v1/jobs/{ids[0]}/cancel")
+        mine = c.get("/v1/jobs", params={"owner": "pager"}).json()
+        assert mine["total"] == 3 and [j["id"] for j in mine["jobs"]] == ids[::-1]
+        page = c.get("/v1/jobs", params={"owner": "pager", "limit": 2, "offset": 2}).json()
+        assert [j["id"] for j in page["jobs"]] == [ids[0]]
+        cancelled = c.get("/v1/jobs", params={"state": "cancelled"}).json()["jobs"]
+        assert ids[0] in [j["id"] for j in cancelled]
+        assert c.get("/v1/jobs", params={"state": "bogus"}).status_code == 422
+
+
+def test_api_restart_loses_nothing(api_only: Stack) -> None:
+    with api_only.client() as c:
+        job = c.post("/v1/jobs", json=tiny_spec("restart")).json()
+    api_only.api.terminate()
+    api_only.api.wait(30)
+    api_only.start_api()
+    with api_only.client() as c:
+        again = c.get(f"/v1/jobs/{job['id']}").json()
+        assert again["state"] == "queued" and again["spec"] == job["spec"]
+
+
+def test_metrics_expose_queue_and_jobs(api_only: Stack) -> None:
+    with api_only.client() as c:
+        c.post("/v1/jobs", json=tiny_spec("metric"))
+        text = c.get("/metrics").text
+    assert 'wstrain_jobs{state="queued"}' in text
+    depth = [ln for ln in text.splitlines() if ln.startswith("wstrain_queue_depth ")]
+    assert depth and float(depth[0].split()[1]) >= 1
+    assert "wstrain_api_request_duration_seconds_bucket" in text
