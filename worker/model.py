@@ -21,9 +21,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, S, D)
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's LlamaRMSNorm: normalise in fp32, scale in the input dtype. (B, S, D)"""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
 
 
 def rope_tables(dims: ModelDims, seq_len: int, device: torch.device,
@@ -57,17 +62,31 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(dims.num_heads * hd, d, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, H, S, hd)
-        rep = self.n_heads // self.n_kv
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, S, hd)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        return attention(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
+                         self.o_proj.weight, cos, sin, self.n_heads, self.n_kv)
+
+
+def attention(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
+              wo: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
+              n_kv: int) -> torch.Tensor:
+    """Causal GQA self-attention with RoPE through SDPA. x: (B, S, D) -> (B, S, D)"""
+    b, s, _ = x.shape
+    hd = cos.shape[-1]
+    q = F.linear(x, wq).view(b, s, n_heads, hd).transpose(1, 2)  # (B, H, S, hd)
+    k = F.linear(x, wk).view(b, s, n_kv, hd).transpose(1, 2)  # (B, KV, S, hd)
+    v = F.linear(x, wv).view(b, s, n_kv, hd).transpose(1, 2)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if n_heads > n_kv:
+        k = k.repeat_interleave(n_heads // n_kv, dim=1)
+        v = v.repeat_interleave(n_heads // n_kv, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, S, hd)
+    return F.linear(out.transpose(1, 2).reshape(b, s, -1), wo)
+
+
+def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+           w_down: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)). x: (B, S, D) -> (B, S, D)"""
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
 
 
 class MLP(nn.Module):
@@ -79,7 +98,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(f, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return swiglu(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):

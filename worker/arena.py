@@ -1,0 +1,123 @@
+"""The host arena: every large host buffer of the working-set runtime, accounted in one place.
+
+Training state lives here in layer-contiguous flat tiles (one DMA per layer): weights,
+gradients and the two AdamW moments of each decoder layer, plus the embedding and the
+head group (final norm + LM head). Tiles are allocated at exact size and, on a CUDA host,
+page-locked with cudaHostRegister — not `pin_memory()`, whose caching allocator rounds up
+to powers of two and can double host use.
+
+    layout = LayerLayout.decoder(dims); arena = HostArena(pin=torch.cuda.is_available())
+    tile = arena.alloc("layer3.weights", layout.numel, torch.bfloat16)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from scheduler.model_dims import ModelDims
+
+log = logging.getLogger(__name__)
+
+ALIGN_ELEMS = 128  # every tensor view starts 256-byte aligned (bf16) inside a tile
+
+
+@dataclass(frozen=True)
+class Slice:
+    name: str  # Hugging Face name relative to the group, e.g. "self_attn.q_proj.weight"
+    offset: int  # elements from the tile start
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """Where each parameter of a group sits inside its flat tile."""
+
+    slices: tuple[Slice, ...]
+    numel: int  # tile length in elements, alignment padding included
+
+    @classmethod
+    def of(cls, shapes: list[tuple[str, tuple[int, ...]]]) -> LayerLayout:
+        slices, offset = [], 0
+        for name, shape in shapes:
+            s = Slice(name, offset, shape)
+            slices.append(s)
+            offset += -(-s.numel // ALIGN_ELEMS) * ALIGN_ELEMS
+        return cls(tuple(slices), offset)
+
+    @classmethod
+    def decoder(cls, dims: ModelDims) -> LayerLayout:
+        d, f, hd = dims.hidden_size, dims.intermediate_size, dims.head_dim
+        q, kv = dims.num_heads * hd, dims.num_kv_heads * hd
+        return cls.of([
+            ("input_layernorm.weight", (d,)),
+            ("self_attn.q_proj.weight", (q, d)),
+            ("self_attn.k_proj.weight", (kv, d)),
+            ("self_attn.v_proj.weight", (kv, d)),
+            ("self_attn.o_proj.weight", (d, q)),
+            ("post_attention_layernorm.weight", (d,)),
+            ("mlp.gate_proj.weight", (f, d)),
+            ("mlp.up_proj.weight", (f, d)),
+            ("mlp.down_proj.weight", (d, f)),
+        ])
+
+    @classmethod
+    def embedding(cls, dims: ModelDims) -> LayerLayout:
+        return cls.of([("model.embed_tokens.weight", (dims.vocab_size, dims.hidden_size))])
+
+    @classmethod
+    def head(cls, dims: ModelDims) -> LayerLayout:
+        return cls.of([("model.norm.weight", (dims.hidden_size,)),
+                       ("lm_head.weight", (dims.vocab_size, dims.hidden_size))])
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Named views into one flat tile (host or device) laid out by this layout."""
+        return {s.name: flat[s.offset:s.offset + s.numel].view(s.shape) for s in self.slices}
+
+
+class HostArena:
+    """Exact-size host allocations, optionally page-locked, with a byte count per purpose."""
+
+    def __init__(self, pin: bool) -> None:
+        self.pin = pin
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.bytes_by_kind: dict[str, int] = {}
+        self._registered: list[int] = []
+
+    def alloc(self, name: str, numel: int, dtype: torch.dtype, kind: str) -> torch.Tensor:
+        assert name not in self.tensors, f"arena tile {name} allocated twice"
+        t = torch.zeros(numel, dtype=dtype)
+        if self.pin and numel:
+            cudart = torch.cuda.cudart()
+            rc = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+            if int(rc) != 0:
+                raise RuntimeError(f"cudaHostRegister of {name} ({t.nbytes} bytes) failed: {rc}")
+            self._registered.append(t.data_ptr())
+        self.tensors[name] = t
+        self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + t.nbytes
+        return t
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes_by_kind.values())
+
+    @property
+    def pinned_bytes(self) -> int:
+        return self.total_bytes if self.pin else 0
+
+    def close(self) -> None:
+        if self.pin:
+            cudart = torch.cuda.cudart()
+            for ptr in self._registered:
+                cudart.cudaHostUnregister(ptr)
+        self._registered.clear()
+        self.tensors.clear()

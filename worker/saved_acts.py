@@ -1,0 +1,118 @@
+"""Where a layer's saved activations live between its forward and its backward.
+
+The runtime runs each decoder layer's forward under `saved_tensors_hooks` made here, so
+every tensor autograd saves is either
+- a weight (it lives in a device weight slot): saved as a reference and re-bound in backward
+  to whichever slot then holds that layer — layer modules are stateless templates;
+- a resident constant (RoPE tables): kept as is;
+- an activation: kept on the device (the window of last layers) or sent home into the host
+  activation store and fetched back when backward unpacks it.
+
+    store = HostActivationStore(arena); hooks = SavedTensorPolicy(...).hooks(home=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from worker.arena import HostArena
+from worker.rings import Streams
+
+CHUNK_BYTES = 64 * 1024**2
+
+
+class HostActivationStore:
+    """Bump allocator over arena chunks, reset every round: host activation memory grows to
+    the largest round's need and is then reused (and accounted in the arena)."""
+
+    def __init__(self, arena: HostArena) -> None:
+        self.arena = arena
+        self.chunks: list[torch.Tensor] = []  # uint8 tiles
+        self.cursor = (0, 0)  # (chunk index, byte offset)
+
+    def reset(self) -> None:
+        self.cursor = (0, 0)
+
+    def take(self, like: torch.Tensor) -> torch.Tensor:
+        nbytes = -(-like.numel() * like.element_size() // 256) * 256
+        idx, off = self.cursor
+        while idx < len(self.chunks) and off + nbytes > self.chunks[idx].numel():
+            idx, off = idx + 1, 0
+        if idx == len(self.chunks):
+            size = max(CHUNK_BYTES, nbytes)
+            self.chunks.append(self.arena.alloc(f"acts{idx}", size, torch.uint8, "activations"))
+        self.cursor = (idx, off + nbytes)
+        raw = self.chunks[idx][off:off + like.numel() * like.element_size()]
+        return raw.view(like.dtype).view(like.shape)
+
+
+@dataclass(frozen=True)
+class _WeightRef:
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+@dataclass
+class _HostCopy:
+    host: torch.Tensor
+    done: torch.cuda.Event | None
+
+
+class SavedTensorPolicy:
+    """Pack/unpack hooks for one (layer, chunk) forward."""
+
+    def __init__(self, streams: Streams, store: HostActivationStore,
+                 weight_storage: Callable[[], torch.Tensor],
+                 resident: list[torch.Tensor], counters: dict[str, int]) -> None:
+        self.streams, self.store = streams, store
+        self.weight_storage = weight_storage  # the slot holding this layer *now*
+        self.resident_ptrs = {t.untyped_storage().data_ptr() for t in resident}
+        self.counters = counters
+
+    def hooks(self, home: bool) -> torch.autograd.graph.saved_tensors_hooks:
+        forward_slot = self.weight_storage()
+        slot_ptr = forward_slot.untyped_storage().data_ptr()
+
+        def pack(t: torch.Tensor) -> object:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr == slot_ptr:
+                return _WeightRef(t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+            if ptr in self.resident_ptrs or not home:
+                return t
+            return self._send_home(t)
+
+        def unpack(obj: object) -> torch.Tensor:
+            if isinstance(obj, _WeightRef):
+                return torch.as_strided(self.weight_storage(), obj.size, obj.stride, obj.offset)
+            if isinstance(obj, _HostCopy):
+                return self._fetch(obj)
+            assert isinstance(obj, torch.Tensor)
+            return obj
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def _send_home(self, t: torch.Tensor) -> _HostCopy:
+        host = self.store.take(t)
+        s = self.streams
+        ready = s.record("comp")
+        s.wait("outbound", ready)
+        with s.on("outbound"):
+            host.copy_(t, non_blocking=True)
+            # the device tensor must outlive the copy: keep the caching allocator from
+            # reusing its memory until the outbound stream is past it
+            if s.cuda:
+                t.record_stream(s.outbound)
+        self.counters["d2h_bytes"] += t.nbytes
+        return _HostCopy(host, s.record("outbound"))
+
+    def _fetch(self, copy: _HostCopy) -> torch.Tensor:
+        s = self.streams
+        s.compute_waits("activations", copy.done)
+        out = torch.empty_like(copy.host, device=s.device)
+        out.copy_(copy.host, non_blocking=True)
+        self.counters["h2d_bytes"] += copy.host.nbytes
+        return out

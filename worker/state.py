@@ -1,0 +1,112 @@
+"""The host-side training state of the working-set runtime: per-layer flat tiles of weights,
+gradients and AdamW moments in one accounted `HostArena`, plus the embedding and the head
+group, and the CPU AdamW that updates them tile by tile.
+
+    host = HostState.create(dims, "bf16", pin=torch.cuda.is_available())
+    host.load_state_dict(hf_named_tensors); ...; host.optimizer_step(step, spec, total_steps)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from scheduler.contracts import OptimizerSpec
+from scheduler.model_dims import ModelDims
+from worker.arena import HostArena, LayerLayout
+from worker.optim import lr_multiplier
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+class HostState:
+    def __init__(self, dims: ModelDims, precision: str, arena: HostArena) -> None:
+        self.dims, self.precision, self.arena = dims, precision, arena
+        self.layout = LayerLayout.decoder(dims)
+        self.embed_layout = LayerLayout.embedding(dims)
+        self.head_layout = LayerLayout.head(dims)
+        dtype = DTYPES[precision]
+        L = dims.num_layers
+
+        def tiles(kind: str, layout: LayerLayout, prefix: str, n: int) -> list[torch.Tensor]:
+            return [arena.alloc(f"{prefix}{i}.{kind}", layout.numel, dtype, kind)
+                    for i in range(n)]
+
+        self.weights = tiles("weights", self.layout, "layer", L)
+        self.grads = tiles("gradients", self.layout, "layer", L)
+        self.embed_w, self.embed_g, self.head_w, self.head_g = (
+            tiles(kind, layout, name, 1)[0]
+            for kind, layout, name in (("weights", self.embed_layout, "embed"),
+                                       ("gradients", self.embed_layout, "embed"),
+                                       ("weights", self.head_layout, "head"),
+                                       ("gradients", self.head_layout, "head")))
+        groups = [*zip(self.weights, self.grads), (self.embed_w, self.embed_g),
+                  (self.head_w, self.head_g)]
+        self.params: list[torch.nn.Parameter] = []
+        self.optimizers: list[torch.optim.AdamW] = []
+        for i, (w, g) in enumerate(groups):
+            p = torch.nn.Parameter(w, requires_grad=True)  # shares the tile's storage
+            p.grad = g
+            opt = torch.optim.AdamW([p])
+            # AdamW's moments live in the arena too, not in torch's own allocations.
+            opt.state[p] = {"step": torch.tensor(0.0),
+                            "exp_avg": arena.alloc(f"group{i}.m", w.numel(), dtype, "moments"),
+                            "exp_avg_sq": arena.alloc(f"group{i}.v", w.numel(), dtype, "moments")}
+            self.params.append(p)
+            self.optimizers.append(opt)
+
+    @classmethod
+    def create(cls, dims: ModelDims, precision: str, pin: bool) -> HostState:
+        return cls(dims, precision, HostArena(pin))
+
+    # ------------------------------------------------------------ named tensors (HF names)
+
+    def _named_views(self, grads: bool = False) -> dict[str, torch.Tensor]:
+        layers, embed, head = ((self.grads, self.embed_g, self.head_g) if grads
+                               else (self.weights, self.embed_w, self.head_w))
+        out = {}
+        for k, w in enumerate(layers):
+            for n, v in self.layout.views(w).items():
+                out[f"model.layers.{k}.{n}"] = v
+        out.update(self.embed_layout.views(embed))
+        out.update(self.head_layout.views(head))
+        return out
+
+    def named_grads(self) -> dict[str, torch.Tensor]:
+        """Gradient views under Hugging Face parameter names (no copies)."""
+        return self._named_views(grads=True)
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        views = self._named_views()
+        missing = sorted(set(views) - set(tensors))
+        if missing:
+            raise KeyError(f"state dict lacks {missing[:4]}{'...' if len(missing) > 4 else ''}")
+        with torch.no_grad():
+            for n, v in views.items():
+                v.copy_(tensors[n])
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {n: v.clone() for n, v in self._named_views().items()}
+
+    # ------------------------------------------------------------ optimizer
+
+    def grad_norm(self) -> float:
+        sq = sum(float(g.float().pow(2).sum()) for g in [*self.grads, self.embed_g, self.head_g])
+        return math.sqrt(sq)
+
+    def optimizer_step(self, step: int, spec: OptimizerSpec, total_steps: int) -> float:
+        """Clip by global norm, then AdamW on every tile. Returns the pre-clip norm."""
+        norm = self.grad_norm()
+        if spec.grad_clip is not None:
+            coef = spec.grad_clip / (norm + 1e-6)
+            if coef < 1.0:
+                for p in self.params:
+                    p.grad.mul_(coef)
+        lr = spec.lr * lr_multiplier(step, spec, total_steps)
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group.update(lr=lr, betas=spec.betas, eps=spec.eps,
+                             weight_decay=spec.weight_decay)
+            opt.step()
+        return norm

@@ -1,0 +1,100 @@
+"""Streaming host tiles through a device `SlotRing`: just-in-time prefetch of the layers the
+schedule visits next (weights, and accumulated gradients after the first round), and
+gradients sent home on the outbound stream. Per-slot events order copies and compute.
+
+    weights = SlotStreamer.for_tiles(3, host_tiles, streams, device, "weights", counters)
+    slot = weights.consume(k, upcoming); ...compute...; weights.release(slot)
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from worker.rings import Slot, SlotRing, Streams
+
+
+class SlotStreamer:
+    def __init__(self, ring: SlotRing, tiles: list[torch.Tensor], streams: Streams,
+                 dependency: str, counters: dict[str, int]) -> None:
+        self.ring, self.tiles, self.streams = ring, tiles, streams
+        self.dependency, self.counters = dependency, counters
+
+    @classmethod
+    def for_tiles(cls, count: int, tiles: list[torch.Tensor], streams: Streams,
+                  device: torch.device, dependency: str,
+                  counters: dict[str, int]) -> SlotStreamer:
+        ring = SlotRing.allocate(count, tiles[0].numel(), tiles[0].dtype, device)
+        return cls(ring, tiles, streams, dependency, counters)
+
+    def storage_of(self, layer: int) -> torch.Tensor:
+        slot = self.ring.find(layer)
+        assert slot is not None, f"layer {layer} is not on the device"
+        return slot.flat
+
+    def _load(self, layer: int, keep: set[int]) -> Slot:
+        slot = self.ring.victim(keep)
+        s = self.streams
+        start = time.perf_counter()
+        s.wait("inbound", slot.free)
+        with s.on("inbound"):
+            slot.flat.copy_(self.tiles[layer], non_blocking=True)
+        slot.ready, slot.layer = s.record("inbound"), layer
+        s.time_host(self.dependency, start)
+        self.counters["h2d_bytes"] += slot.flat.nbytes
+        return slot
+
+    def _prefetch(self, current: int, upcoming: list[int]) -> None:
+        """Load the next distinct layers of `upcoming` into the remaining slots."""
+        wanted: list[int] = []
+        for layer in upcoming:
+            if len(wanted) == len(self.ring.slots) - 1:
+                break
+            if layer != current and layer not in wanted:
+                wanted.append(layer)
+        keep = {current, *wanted}
+        for layer in wanted:
+            if self.ring.find(layer) is None:
+                self._load(layer, keep)
+
+    def consume(self, layer: int, upcoming: list[int]) -> Slot:
+        slot = self.ring.find(layer) or self._load(layer, {layer})
+        self._prefetch(layer, upcoming)
+        self.streams.compute_waits(self.dependency, slot.ready)
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        slot.free = self.streams.record("comp")
+
+    def invalidate(self) -> None:
+        """Host tiles changed (optimizer step): no slot's contents are current any more."""
+        for slot in self.ring.slots:
+            slot.layer = -1
+
+    # ------------------------------------------------------------ gradient accumulation
+
+    def consume_for_accumulate(self, layer: int, upcoming: list[int], zero: bool) -> Slot:
+        """A slot holding layer's accumulated gradient: zeros in the first round, else the
+        host tile's contents (prefetched when possible)."""
+        if not zero:
+            return self.consume(layer, upcoming)
+        slot = self.ring.find(layer) or self.ring.victim({layer})
+        self.streams.compute_waits(self.dependency, slot.free)
+        slot.flat.zero_()
+        slot.layer, slot.ready = layer, None
+        return slot
+
+    def send_home(self, slot: Slot) -> None:
+        s = self.streams
+        done = s.record("comp")
+        s.wait("outbound", done)
+        with s.on("outbound"):
+            self.tiles[slot.layer].copy_(slot.flat, non_blocking=True)
+        slot.free = s.record("outbound")
+        self.counters["d2h_bytes"] += slot.flat.nbytes
+
+    def flush(self) -> None:
+        """Wait until every gradient sent home has arrived."""
+        if self.streams.cuda:
+            self.streams.outbound.synchronize()

@@ -1,0 +1,291 @@
+"""The working-set runtime: only a window of decoder layers lives on the device; host memory
+holds the whole training state. The step reads like AdaWS Algorithms 1-2:
+
+    for each round (a group of `chunks`, micro_batch sequences in all):
+      forward:  for k = 0..L-1: consume W_k from the weight ring (prefetching the next);
+                for each chunk c: T[c] = fwd(W_k, T[c]), saving (layer, chunk)'s
+                activations at its level, on device (last `window` layers) or sent home
+      head:     chunked LM-head loss per chunk; T[c] = dLoss/dx_L
+      backward: for k = L-1..0: consume W_k and dW_k (accumulated grads, prefetched);
+                for each chunk c (reverse): T[c] = bwd(W_k, T[c]), grads into dW_k;
+                send dW_k home
+    optimizer:  global-norm clip, then AdamW per layer tile on the host (CPU)
+
+Saved-activation levels per (layer, chunk): 0 inputs only (recompute the whole layer),
+1 + attention graph (recompute the MLP), 2 + MLP graph (recompute attention), 3 everything.
+It never touches Redis; on CPU streams are no-ops and the same schedule runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from scheduler.contracts import OptimizerSpec
+from scheduler.model_dims import ModelDims
+from worker.model import attention, rms_norm, rope_tables, swiglu
+from worker.rings import Slot, Streams
+from worker.saved_acts import HostActivationStore, SavedTensorPolicy
+from worker.state import DTYPES, HostState
+from worker.streamer import SlotStreamer
+
+LEVELS = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class WorkingSetConfig:
+    precision: str  # "bf16" (pure 16-bit state) | "fp32"
+    device: str
+    micro_batch: int  # sequences per round
+    chunk: int  # sequences per chunk; divides micro_batch
+    rounds: int
+    steps: int
+    seed: int
+    seq_len: int
+    r_param: int = 3  # weight slots on the device
+    r_grad: int = 2  # gradient slots on the device
+    window: int = 2  # last layers whose saved activations stay on the device
+    levels: tuple[tuple[int, ...], ...] = ()  # [layer][chunk]; () = all level 0
+    loss_tokens: int = 4096  # LM-head token block: logits never materialise whole
+
+    @property
+    def chunks(self) -> int:
+        return self.micro_batch // self.chunk
+
+    def level(self, layer: int, chunk: int) -> int:
+        return self.levels[layer][chunk] if self.levels else 0
+
+
+@dataclass
+class _Graph:
+    """What one (layer, chunk) forward left for its backward."""
+
+    x: torch.Tensor | object  # layer input (device tensor or host copy)
+    attn: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
+    mlp: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
+    h: torch.Tensor | object | None = None  # attention-block output, for level 1
+
+
+@dataclass
+class StepStats:
+    loss: float
+    step_seconds: float
+    tokens: int
+    stall_s: dict[str, float] = field(default_factory=dict)
+    h2d_bytes: int = 0
+    d2h_bytes: int = 0
+
+
+def _leaves(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {n: v.detach().requires_grad_() for n, v in views.items()}
+
+
+def attn_block(x: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
+               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    a = attention(rms_norm(x, w["input_layernorm.weight"], dims.rms_norm_eps),
+                  w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
+                  w["self_attn.v_proj.weight"], w["self_attn.o_proj.weight"], cos, sin,
+                  dims.num_heads, dims.num_kv_heads)
+    return x + a  # (B, S, D)
+
+
+def mlp_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims) -> torch.Tensor:
+    m = swiglu(rms_norm(h, w["post_attention_layernorm.weight"], dims.rms_norm_eps),
+               w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"])
+    return h + m  # (B, S, D)
+
+
+class WorkingSetRuntime:
+    def __init__(self, dims: ModelDims, cfg: WorkingSetConfig, opt: OptimizerSpec,
+                 host: HostState) -> None:
+        assert cfg.micro_batch % cfg.chunk == 0, "chunk must divide micro_batch"
+        assert 2 <= cfg.r_param and 1 <= cfg.r_grad and 0 <= cfg.window <= dims.num_layers
+        assert all(lv in LEVELS for row in cfg.levels for lv in row)
+        self.dims, self.cfg, self.opt_spec, self.host = dims, cfg, opt, host
+        self.device = torch.device(cfg.device)
+        self.streams = Streams(self.device)
+        self.counters = {"h2d_bytes": 0, "d2h_bytes": 0}
+        dtype = DTYPES[cfg.precision]
+        L = dims.num_layers
+        assert host.precision == cfg.precision
+        self.weights = SlotStreamer.for_tiles(cfg.r_param, host.weights, self.streams,
+                                              self.device, "weights", self.counters)
+        self.grads = SlotStreamer.for_tiles(cfg.r_grad, host.grads, self.streams,
+                                            self.device, "gradients", self.counters)
+        # Embedding and head group stay resident on the device for the whole step.
+        self.embed = host.embed_w.to(self.device)
+        self.head = host.head_w.to(self.device)
+        self.embed_grad = torch.zeros_like(self.embed)
+        self.head_grad = torch.zeros_like(self.head)
+        self.acts = HostActivationStore(host.arena)
+        self.cos, self.sin = rope_tables(dims, cfg.seq_len, self.device, dtype)
+        self._fwd_order = list(range(L))
+        self._bwd_order = list(range(L - 1, -1, -1))
+
+    # ---------------------------------------------------------------- forward
+
+    def _policy(self, layer: int) -> SavedTensorPolicy:
+        return SavedTensorPolicy(self.streams, self.acts, lambda: self.weights.storage_of(layer),
+                                 [self.cos, self.sin], self.counters)
+
+    def _stash(self, t: torch.Tensor, home: bool, policy: SavedTensorPolicy) -> object:
+        return policy._send_home(t) if home else t
+
+    def _unstash(self, obj: object, policy: SavedTensorPolicy) -> torch.Tensor:
+        return obj if isinstance(obj, torch.Tensor) else policy._fetch(obj)  # type: ignore[arg-type]
+
+    def _forward_layer(self, k: int, c: int, x: torch.Tensor, slot: Slot) -> tuple[torch.Tensor, _Graph]:
+        dims, level = self.dims, self.cfg.level(k, c)
+        home = k < self.dims.num_layers - self.cfg.window
+        policy = self._policy(k)
+        w = self.host.layout.views(slot.flat)
+        g = _Graph(x=self._stash(x, home, policy))
+        with policy.hooks(home):
+            if level in (1, 3):
+                xa, wa = x.detach().requires_grad_(), _leaves(w)
+                h = attn_block(xa, wa, dims, self.cos, self.sin)
+                g.attn = (xa, h, wa)
+            else:
+                with torch.no_grad():
+                    h = attn_block(x, w, dims, self.cos, self.sin)
+            if level in (2, 3):
+                hm, wm = h.detach().requires_grad_(), _leaves(w)
+                y = mlp_block(hm, wm, dims)
+                g.mlp = (hm, y, wm)
+            else:
+                if level == 1:
+                    g.h = self._stash(h.detach(), home, policy)
+                with torch.no_grad():
+                    y = mlp_block(h, w, dims)
+        return y.detach(), g
+
+    # ---------------------------------------------------------------- backward
+
+    def _backward_layer(self, k: int, g: _Graph, dy: torch.Tensor, slot: Slot,
+                        dw: dict[str, torch.Tensor]) -> torch.Tensor:
+        dims = self.dims
+        policy = self._policy(k)
+        w = self.host.layout.views(slot.flat)
+        recomputed_attn = None
+        if g.mlp is None:  # need h: saved (level 1) or recomputed with the attention graph
+            if g.h is not None:
+                h = self._unstash(g.h, policy)
+            else:
+                xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), _leaves(w)
+                h = attn_block(xa, wa, dims, self.cos, self.sin)
+                recomputed_attn = (xa, h, wa)
+            hm, wm = h.detach().requires_grad_(), _leaves(w)
+            g.mlp = (hm, mlp_block(hm, wm, dims), wm)
+        hm, y, wm = g.mlp
+        torch.autograd.backward(y, dy)
+        _accumulate(dw, wm)
+        attn = g.attn or recomputed_attn
+        if attn is None:
+            xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), _leaves(w)
+            attn = (xa, attn_block(xa, wa, dims, self.cos, self.sin), wa)
+        xa, h, wa = attn
+        torch.autograd.backward(h, hm.grad)
+        _accumulate(dw, wa)
+        return xa.grad
+
+    # ---------------------------------------------------------------- head and loss
+
+    def _head_loss(self, x: torch.Tensor, targets: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss sum and dLoss/dx for one chunk, in token blocks. x: (B, S, D), targets (B, S)"""
+        dims = self.dims
+        views = self.host.head_layout.views(self.head)
+        gviews = self.host.head_layout.views(self.head_grad)
+        xf, tf = x.reshape(-1, dims.hidden_size), targets.reshape(-1)
+        dx = torch.empty_like(xf)
+        total = torch.zeros((), device=self.device, dtype=torch.float32)
+        step = self.cfg.loss_tokens
+        for i in range(0, xf.shape[0], step):
+            xb = xf[i:i + step].detach().requires_grad_()
+            w = _leaves(views)
+            logits = F.linear(rms_norm(xb, w["model.norm.weight"], dims.rms_norm_eps),
+                              w["lm_head.weight"])  # (T, V)
+            loss = F.cross_entropy(logits.float(), tf[i:i + step], reduction="sum")
+            (loss * scale).backward()
+            dx[i:i + step] = xb.grad
+            for n, leaf in w.items():
+                gviews[n].add_(leaf.grad)
+            total += loss.detach()
+        return total, dx.view_as(x)
+
+    # ---------------------------------------------------------------- one step
+
+    def _round(self, tokens: torch.Tensor, targets: torch.Tensor, first: bool,
+               scale: float) -> torch.Tensor:
+        """Forward, head and backward of one round. tokens/targets: (micro_batch, S)"""
+        cfg, L = self.cfg, self.dims.num_layers
+        self.acts.reset()
+        chunks_in = tokens.split(cfg.chunk)
+        table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
+        T = [F.embedding(t, table) for t in chunks_in]  # transition table, (b, S, D) each
+        graphs: list[list[_Graph]] = [[] for _ in range(L)]
+        for k in self._fwd_order:
+            slot = self.weights.consume(k, self._fwd_order[k + 1:] + self._bwd_order)
+            for c in range(cfg.chunks):
+                T[c], g = self._forward_layer(k, c, T[c], slot)
+                graphs[k].append(g)
+            self.weights.release(slot)
+        loss = torch.zeros((), device=self.device, dtype=torch.float32)
+        for c, tgt in enumerate(targets.split(cfg.chunk)):
+            part, T[c] = self._head_loss(T[c], tgt, scale)
+            loss += part
+        for i, k in enumerate(self._bwd_order):
+            slot = self.weights.consume(k, self._bwd_order[i + 1:] + self._fwd_order)
+            gslot = self.grads.consume_for_accumulate(k, self._bwd_order[i + 1:], zero=first)
+            dw = self.host.layout.views(gslot.flat)
+            for c in reversed(range(cfg.chunks)):
+                T[c] = self._backward_layer(k, graphs[k][c], T[c], slot, dw)
+                graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
+            self.weights.release(slot)
+            self.grads.send_home(gslot)
+        dtable = self.host.embed_layout.views(self.embed_grad)["model.embed_tokens.weight"]
+        for t, dx in zip(chunks_in, T):
+            dtable.index_add_(0, t.reshape(-1), dx.reshape(-1, dx.shape[-1]).to(dtable.dtype))
+        return loss
+
+    def forward_backward(self, data, step: int) -> float:  # type: ignore[no-untyped-def]
+        """All rounds of step `step`: the mean loss; gradients end up in the host tiles."""
+        cfg = self.cfg
+        self.embed_grad.zero_()
+        self.head_grad.zero_()
+        scale = 1.0 / (cfg.rounds * cfg.micro_batch * cfg.seq_len)
+        loss = torch.zeros((), device=self.device, dtype=torch.float32)
+        for r in range(cfg.rounds):
+            tokens, targets = data.batch(step, r, cfg.micro_batch)
+            loss += self._round(tokens.to(self.device), targets.to(self.device), r == 0, scale)
+        self.grads.flush()
+        self.host.embed_g.copy_(self.embed_grad)
+        self.host.head_g.copy_(self.head_grad)
+        return float(loss.item()) * scale
+
+    def train_step(self, data, step: int) -> StepStats:  # type: ignore[no-untyped-def]
+        """One optimizer step (0-based `step`) over cfg.rounds rounds."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        self.counters.update(h2d_bytes=0, d2h_bytes=0)
+        loss = self.forward_backward(data, step)
+        t_opt = time.perf_counter()
+        self.host.optimizer_step(step, self.opt_spec, cfg.steps)
+        opt_s = time.perf_counter() - t_opt
+        self.weights.invalidate()
+        self.grads.invalidate()
+        self.embed.copy_(self.host.embed_w)
+        self.head.copy_(self.host.head_w)
+        stalls = self.streams.collect_stalls()
+        stalls["optimizer"] = stalls.get("optimizer", 0.0) + opt_s
+        return StepStats(loss, time.perf_counter() - start,
+                         cfg.rounds * cfg.micro_batch * cfg.seq_len, stalls,
+                         self.counters["h2d_bytes"], self.counters["d2h_bytes"])
+
+
+def _accumulate(dw: dict[str, torch.Tensor], leaves: dict[str, torch.Tensor]) -> None:
+    for n, leaf in leaves.items():
+        if leaf.grad is not None:
+            dw[n].add_(leaf.grad)
