@@ -163,12 +163,21 @@ class Budget(_Strict):
         return int(self.host_gib * GIB)
 
 
+Runtime = Literal["resident", "working_set"]
+
+
 class PlanOverrides(_Strict):
     """Manual plan choices; each one wins over the planner's and is validated."""
 
-    runtime: Literal["resident"] | None = None
+    runtime: Runtime | None = None
     micro_batch: int | None = Field(default=None, gt=0)
     device: Literal["cpu", "cuda"] | None = None
+    window: int | None = Field(default=None, ge=0, description="working set: layers whose "
+                               "saved activations stay on the device")
+    r_param: int | None = Field(default=None, ge=2, description="working set: weight slots")
+    r_grad: int | None = Field(default=None, ge=1, description="working set: gradient slots")
+    level: int | None = Field(default=None, ge=0, le=3, description="working set: saved-"
+                              "activation level of every (layer, chunk)")
 
 
 class JobSpec(_Strict):
@@ -196,8 +205,18 @@ class Predicted(BaseModel):
     peak_host_bytes: int
 
 
+class WorkingSetPlan(BaseModel):
+    """What the working-set runtime needs beyond micro_batch/rounds/window."""
+
+    chunk: int = Field(description="sequences per chunk")
+    r_param: int
+    r_grad: int
+    levels: list[list[int]] = Field(description="saved-activation level per [layer][chunk]")
+    loss_tokens: int
+
+
 class Plan(BaseModel):
-    runtime: Literal["resident"] = "resident"
+    runtime: Runtime = "resident"
     device: Literal["cpu", "cuda"]
     micro_batch: int
     rounds: int
@@ -206,6 +225,7 @@ class Plan(BaseModel):
     params: int
     predicted: Predicted
     reasons: dict[str, str]
+    working_set: WorkingSetPlan | None = None
 
 
 class MinBudget(BaseModel):

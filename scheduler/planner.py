@@ -86,6 +86,27 @@ def min_budget(spec: JobSpec, dims: ModelDims) -> MinBudget:
 
 
 def make_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
+    """The resident plan when the model fits the budgets (fastest), else a working-set plan;
+    `overrides.runtime` forces either. InfeasibleBudget names the smallest budgets."""
+    from scheduler.ws_planner import make_ws_plan  # it builds on this module's terms
+
+    if spec.overrides.runtime == "working_set":
+        return make_ws_plan(spec, dims, node)
+    try:
+        return make_resident_plan(spec, dims, node)
+    except InfeasibleBudget as resident_exc:
+        if spec.overrides.runtime == "resident" or spec.precision == "mixed":
+            raise
+        try:
+            return make_ws_plan(spec, dims, node)
+        except InfeasibleBudget as ws_exc:
+            # Name whichever runtime's minimum asks for less device memory.
+            resident_dev = resident_exc.detail["min_budget"]["device_gib"]  # type: ignore[index]
+            ws_dev = ws_exc.detail["min_budget"]["device_gib"]  # type: ignore[index]
+            raise (resident_exc if resident_dev <= ws_dev else ws_exc) from None
+
+
+def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     """The fastest resident plan under the spec's budgets; InfeasibleBudget if none fits."""
     if spec.seq_len > dims.max_position_embeddings:
         raise InvalidSpec(

@@ -19,9 +19,9 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 
-from service.serve import free_port, start_redis
+# Service-side imports (redis, uvicorn) happen inside the fixtures, so GPU-only tests run
+# on a machine that has torch but not the service's dependencies.
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "examples" / "data" / "python-docs.txt"
@@ -30,6 +30,8 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from service.serve import free_port, start_redis
+
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is not installed; run scripts/test.sh, which installs it")
     port = free_port()
@@ -85,6 +87,8 @@ class Stack:
 
 
 def make_stack(redis_url: str, tmp: Path, prefix: str, with_agent: bool) -> Stack:
+    from service.serve import free_port
+
     port = free_port()
     env = dict(os.environ)
     env.update(WSTRAIN_REDIS_URL=redis_url, WSTRAIN_KEY_PREFIX=prefix,
@@ -118,6 +122,8 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def api_only(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """API with no agent: submitted jobs stay queued, so queue-side behaviour is testable."""
     s = make_stack(redis_url, tmp_path_factory.mktemp("apionly"), "apionly", with_agent=False)
+    import redis
+
     with s.client() as c:  # budgets are checked against registered nodes: register one
         r = redis.Redis.from_url(redis_url)
         node = {"name": "fake-capacity", "device": "cpu", "gpus": [],

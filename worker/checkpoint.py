@@ -3,7 +3,8 @@
 data position and RNG state. Written atomically: into a temp dir, fsynced, renamed, then
 the `latest` pointer replaced.
 
-    ckpt = latest(job_dir / "checkpoints");  state = load(ckpt, model, optimizer, schedule)
+    path = save(root, TrainerState(step, step), runtime.state_tensors(), runtime.optimizer_state(), cfg)
+    state, tensors, extra = load(latest(root))
 """
 
 from __future__ import annotations
@@ -38,20 +39,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save(root: Path, state: TrainerState, model: torch.nn.Module,
-         optimizer: torch.optim.Optimizer, schedule: torch.optim.lr_scheduler.LRScheduler,
-         hf_config: dict[str, object]) -> Path:
+def save(root: Path, state: TrainerState, tensors: dict[str, torch.Tensor],
+         extra: dict[str, object], hf_config: dict[str, object]) -> Path:
+    """tensors: weights under Hugging Face names; extra: the runtime's optimizer state."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{state.step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    weights = {k: v.detach().contiguous() for k, v in tensors.items()}
     save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(hf_config, indent=1))
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save({"optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
-                "rng": rng}, tmp / "optimizer.pt")
+    torch.save({**extra, "rng": rng}, tmp / "optimizer.pt")
     (tmp / "trainer.json").write_text(json.dumps(state.__dict__))
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
@@ -75,14 +75,12 @@ def latest(root: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
-def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         schedule: torch.optim.lr_scheduler.LRScheduler) -> TrainerState:
+def load(path: Path) -> tuple[TrainerState, dict[str, torch.Tensor], dict[str, object]]:
+    """(trainer state, weights by Hugging Face name, the runtime's optimizer state)."""
     weights = load_file(path / "model.safetensors")
-    model.load_state_dict(weights, strict=True)
     extra = torch.load(path / "optimizer.pt", weights_only=False)
-    optimizer.load_state_dict(extra["optimizer"])
-    schedule.load_state_dict(extra["schedule"])
-    torch.set_rng_state(extra["rng"]["torch"])
-    if "cuda" in extra["rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(extra["rng"]["cuda"])
-    return TrainerState(**json.loads((path / "trainer.json").read_text()))
+    rng = extra.pop("rng")
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return TrainerState(**json.loads((path / "trainer.json").read_text())), weights, extra

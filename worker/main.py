@@ -26,11 +26,37 @@ from scheduler.contracts import JobSpec, Plan, WorkerExit, WorkerMessage
 from scheduler.model_dims import resolve_dims
 from worker import checkpoint
 from worker.data import TokenStream
+from worker.model import LlamaModel
 from worker.resident import ResidentRuntime, RuntimeConfig
+from worker.state import HostState
+from worker.working_set import WorkingSetConfig, WorkingSetRuntime
 
 log = logging.getLogger("worker")
 # Step reports are throttled so a fast CPU job does not flood its agent.
 REPORT_INTERVAL_S = 0.2
+
+
+def build_runtime(spec: JobSpec, plan: Plan) -> ResidentRuntime | WorkingSetRuntime:
+    """The runtime the plan names, initialised from the spec's seed."""
+    dims = resolve_dims(spec.model)
+    if plan.runtime == "resident":
+        cfg = RuntimeConfig(spec.precision, plan.device, plan.micro_batch, plan.rounds,
+                            spec.steps, spec.seed)
+        return ResidentRuntime(dims, cfg, spec.optimizer)
+    ws = plan.working_set
+    assert ws is not None, "a working_set plan carries its working_set section"
+    cuda = plan.device == "cuda"
+    host = HostState.create(dims, spec.precision, pin=cuda, fused_adamw=cuda)
+    init = LlamaModel(dims)  # same initial weights as the resident runtime for this seed
+    init.init_weights(spec.seed)
+    host.load_state_dict(init.state_dict())
+    del init
+    cfg = WorkingSetConfig(
+        precision=spec.precision, device=plan.device, micro_batch=plan.micro_batch,
+        chunk=ws.chunk, rounds=plan.rounds, steps=spec.steps, seed=spec.seed,
+        seq_len=spec.seq_len, r_param=ws.r_param, r_grad=ws.r_grad, window=plan.window,
+        levels=tuple(tuple(row) for row in ws.levels), loss_tokens=ws.loss_tokens)
+    return WorkingSetRuntime(dims, cfg, spec.optimizer, host)
 
 
 class Worker:
@@ -70,24 +96,23 @@ class Worker:
         torch.manual_seed(self.spec.seed)
         self._enforce_device_budget()
         dims = resolve_dims(self.spec.model)
-        cfg = RuntimeConfig(self.spec.precision, self.plan.device, self.plan.micro_batch,
-                            self.plan.rounds, self.spec.steps, self.spec.seed)
-        runtime = ResidentRuntime(dims, cfg, self.spec.optimizer)
+        runtime = build_runtime(self.spec, self.plan)
         data = TokenStream.open(self.spec.data, dims.vocab_size, self.spec.seq_len,
                                 self.spec.seed)
         root = self.job_dir / "checkpoints"
         start = 0
         if (ckpt := checkpoint.latest(root)) is not None:
-            start = checkpoint.load(ckpt, runtime.model, runtime.optimizer,
-                                    runtime.schedule).step
+            state, tensors, extra = checkpoint.load(ckpt)
+            runtime.load_state(tensors, extra)
+            start = state.step
             log.info("job %s: resumed from %s at step %d", self.job_id, ckpt, start)
         self.emit(WorkerMessage(kind="started", step=start,
                                 message=f"pid {os.getpid()} on {self.plan.device}"))
         hf_config = dims.to_hf_config()
 
         def save(step: int) -> None:
-            path = checkpoint.save(root, checkpoint.TrainerState(step, step), runtime.model,
-                                   runtime.optimizer, runtime.schedule, hf_config)
+            path = checkpoint.save(root, checkpoint.TrainerState(step, step),
+                                   runtime.state_tensors(), runtime.optimizer_state(), hf_config)
             self.emit(WorkerMessage(kind="checkpoint", step=step, path=str(path)))
 
         flops_per_token = dims.flops_per_token(self.spec.seq_len)
@@ -97,17 +122,20 @@ class Worker:
                 save(step)
                 return WorkerExit.cancelled
             res = runtime.train_step(data, step)
+            done = step + 1
             tokens_per_s = res.tokens / res.step_seconds
             now = time.monotonic()
-            if now - last_report >= REPORT_INTERVAL_S or res.step == self.spec.steps:
+            if now - last_report >= REPORT_INTERVAL_S or done == self.spec.steps:
                 last_report = now
+                stalls = {f"stall_{k}_seconds": v for k, v in res.stall_s.items()}
                 self.emit(WorkerMessage(
-                    kind="step", step=res.step, loss=res.loss, step_seconds=res.step_seconds,
+                    kind="step", step=done, loss=res.loss, step_seconds=res.step_seconds,
                     tokens_per_s=tokens_per_s, mfu=flops_per_token * tokens_per_s / self.peak_flops,
-                    metrics={"lr": res.lr, **self._memory_metrics()}))
+                    metrics={"h2d_bytes": float(res.h2d_bytes), "d2h_bytes": float(res.d2h_bytes),
+                             **stalls, **self._memory_metrics()}))
             every = self.spec.checkpoint_every
-            if every and res.step % every == 0 and res.step < self.spec.steps:
-                save(res.step)
+            if every and done % every == 0 and done < self.spec.steps:
+                save(done)
         save(self.spec.steps)
         return WorkerExit.succeeded
 

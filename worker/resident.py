@@ -16,6 +16,7 @@ from scheduler.model_dims import ModelDims
 from worker.data import TokenStream
 from worker.model import LlamaModel, causal_lm_loss
 from worker.optim import make_adamw
+from worker.stats import StepStats
 
 PARAM_DTYPE = {"bf16": torch.bfloat16, "mixed": torch.float32, "fp32": torch.float32}
 
@@ -30,15 +31,6 @@ class RuntimeConfig:
     seed: int
 
 
-@dataclass(frozen=True)
-class StepResult:
-    step: int  # 1-based count of completed optimizer steps
-    loss: float
-    step_seconds: float
-    tokens: int
-    lr: float
-
-
 class ResidentRuntime:
     def __init__(self, dims: ModelDims, cfg: RuntimeConfig, opt: OptimizerSpec) -> None:
         self.dims, self.cfg, self.opt_spec = dims, cfg, opt
@@ -48,11 +40,22 @@ class ResidentRuntime:
         self.model = model.to(device=self.device, dtype=PARAM_DTYPE[cfg.precision])
         self.optimizer, self.schedule = make_adamw(self.model.parameters(), opt, cfg.steps)
 
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def optimizer_state(self) -> dict[str, object]:
+        return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict()}
+
+    def load_state(self, tensors: dict[str, torch.Tensor], extra: dict[str, object]) -> None:
+        self.model.load_state_dict(tensors, strict=True)
+        self.optimizer.load_state_dict(extra["optimizer"])  # type: ignore[arg-type]
+        self.schedule.load_state_dict(extra["schedule"])  # type: ignore[arg-type]
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def train_step(self, data: TokenStream, step: int) -> StepResult:
+    def train_step(self, data: TokenStream, step: int) -> StepStats:
         """One optimizer step (0-based `step`) over cfg.rounds micro-batches."""
         cfg = self.cfg
         start = time.perf_counter()
@@ -69,10 +72,9 @@ class ResidentRuntime:
             total += loss.detach()
         if self.opt_spec.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opt_spec.grad_clip)
-        lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.schedule.step()
         loss_value = float(total.item())  # .item() synchronises the device
         self._sync()
-        return StepResult(step + 1, loss_value, time.perf_counter() - start,
-                          cfg.rounds * cfg.micro_batch * data.seq_len, lr)
+        return StepStats(loss_value, time.perf_counter() - start,
+                         cfg.rounds * cfg.micro_batch * data.seq_len)

@@ -92,6 +92,17 @@ class HostState:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: v.clone() for n, v in self._named_views().items()}
 
+    def optimizer_state(self) -> dict[str, object]:
+        return {"adamw": [{k: v.clone() if k == "step" else v for k, v in o.state[p].items()}
+                          for o, p in zip(self.optimizers, self.params)]}
+
+    def load_optimizer_state(self, extra: dict[str, object]) -> None:
+        for o, p, saved in zip(self.optimizers, self.params, extra["adamw"]):  # type: ignore[call-overload]
+            state = o.state[p]
+            state["step"].copy_(saved["step"])
+            state["exp_avg"].copy_(saved["exp_avg"])
+            state["exp_avg_sq"].copy_(saved["exp_avg_sq"])
+
     # ------------------------------------------------------------ optimizer
 
     def grad_norm(self) -> float:

@@ -19,7 +19,7 @@ It never touches Redis; on CPU streams are no-ops and the same schedule runs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,7 @@ from worker.model import attention, rms_norm, rope_tables, swiglu
 from worker.rings import Slot, Streams
 from worker.saved_acts import HostActivationStore, SavedTensorPolicy
 from worker.state import DTYPES, HostState
+from worker.stats import StepStats
 from worker.streamer import SlotStreamer
 
 LEVELS = (0, 1, 2, 3)
@@ -67,16 +68,6 @@ class _Graph:
     attn: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
     mlp: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
     h: torch.Tensor | object | None = None  # attention-block output, for level 1
-
-
-@dataclass
-class StepStats:
-    loss: float
-    step_seconds: float
-    tokens: int
-    stall_s: dict[str, float] = field(default_factory=dict)
-    h2d_bytes: int = 0
-    d2h_bytes: int = 0
 
 
 def _leaves(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -124,6 +115,22 @@ class WorkingSetRuntime:
         self.cos, self.sin = rope_tables(dims, cfg.seq_len, self.device, dtype)
         self._fwd_order = list(range(L))
         self._bwd_order = list(range(L - 1, -1, -1))
+
+    # ---------------------------------------------------------------- state for checkpoints
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return self.host.state_dict()
+
+    def optimizer_state(self) -> dict[str, object]:
+        return self.host.optimizer_state()
+
+    def load_state(self, tensors: dict[str, torch.Tensor], extra: dict[str, object]) -> None:
+        self.host.load_state_dict(tensors)
+        self.host.load_optimizer_state(extra)
+        self.weights.invalidate()
+        self.grads.invalidate()
+        self.embed.copy_(self.host.embed_w)
+        self.head.copy_(self.host.head_w)
 
     # ---------------------------------------------------------------- forward
 

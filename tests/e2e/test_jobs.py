@@ -49,18 +49,25 @@ def test_job_trains_to_completion_with_falling_loss(stack: Stack) -> None:
         assert metrics_seen or done["step"] == 150  # fast jobs may finish between scrapes
 
 
-def test_cancel_then_resume_is_bit_identical(stack: Stack) -> None:
-    spec = dict(steps=600, seed=7)
+WS_OVERRIDES = {"runtime": "working_set", "micro_batch": 2, "window": 1, "r_param": 2,
+                "r_grad": 1, "level": 1}
+
+
+@pytest.mark.parametrize("runtime", ["resident", "working_set"])
+def test_cancel_then_resume_is_bit_identical(stack: Stack, runtime: str) -> None:
+    spec = dict(steps=400, seed=7,
+                overrides=WS_OVERRIDES if runtime == "working_set" else {"runtime": "resident"})
     with stack.client() as c:
-        straight = c.post("/v1/jobs", json=tiny_spec("e2e-straight", **spec)).json()
-        job = c.post("/v1/jobs", json=tiny_spec("e2e-cancelled", **spec)).json()
+        straight = c.post("/v1/jobs", json=tiny_spec(f"e2e-straight-{runtime}", **spec)).json()
+        assert straight["plan"]["runtime"] == runtime
+        job = c.post("/v1/jobs", json=tiny_spec(f"e2e-cancelled-{runtime}", **spec)).json()
         wait_job(c, job["id"], lambda j: j["step"] >= 20)
         r = c.post(f"/v1/jobs/{job['id']}/cancel")
         assert r.status_code == 202 and r.json()["state"] in ("cancelling", "cancelled")
         cancelled = wait_terminal(c, job["id"])
         assert cancelled["state"] == "cancelled", cancelled
         stopped_at = int(Path(cancelled["last_checkpoint"]).name.split("-")[1])
-        assert 20 <= stopped_at < 600, "the cancel must land mid-run for this test to mean much"
+        assert 20 <= stopped_at < 400, "the cancel must land mid-run for this test to mean much"
         r = c.post(f"/v1/jobs/{job['id']}/cancel")
         assert r.status_code == 409
         assert c.post(f"/v1/jobs/{job['id']}/resume").json()["attempt"] == 2

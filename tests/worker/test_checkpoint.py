@@ -31,7 +31,8 @@ def _trained(dims, steps: int):  # type: ignore[no-untyped-def]
 def test_transformers_loads_worker_checkpoint(tmp_path: Path) -> None:
     dims = PRESETS["micro-llama"]
     model, opt, sched = _trained(dims, 2)
-    path = checkpoint.save(tmp_path, checkpoint.TrainerState(2, 2), model, opt, sched,
+    extra = {"optimizer": opt.state_dict(), "schedule": sched.state_dict()}
+    path = checkpoint.save(tmp_path, checkpoint.TrainerState(2, 2), model.state_dict(), extra,
                            dims.to_hf_config())
     assert checkpoint.latest(tmp_path) == path
     ref = LlamaForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
@@ -45,11 +46,15 @@ def test_transformers_loads_worker_checkpoint(tmp_path: Path) -> None:
 def test_load_restores_everything(tmp_path: Path) -> None:
     dims = PRESETS["micro-llama"]
     model, opt, sched = _trained(dims, 3)
-    path = checkpoint.save(tmp_path, checkpoint.TrainerState(3, 3), model, opt, sched,
+    extra = {"optimizer": opt.state_dict(), "schedule": sched.state_dict()}
+    path = checkpoint.save(tmp_path, checkpoint.TrainerState(3, 3), model.state_dict(), extra,
                            dims.to_hf_config())
     fresh = LlamaModel(dims)
     fopt, fsched = make_adamw(fresh.parameters(), OptimizerSpec(lr=1e-2), 10)
-    state = checkpoint.load(path, fresh, fopt, fsched)
+    state, tensors, loaded = checkpoint.load(path)
+    fresh.load_state_dict(tensors)
+    fopt.load_state_dict(loaded["optimizer"])
+    fsched.load_state_dict(loaded["schedule"])
     assert state == checkpoint.TrainerState(3, 3)
     for (n, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), n

@@ -142,8 +142,7 @@ def test_result_never_depends_on_the_plan(mb_chunk: tuple[int, int], rounds: int
 @pytest.mark.parametrize("window", [0, 2])
 def test_cuda_streams_match_transformers(level: int, window: int) -> None:
     """The same schedule with real streams, events and pinned host tiles on a GPU."""
-    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
-    ref = ref.cuda()
+    ref = reference(DIMS).cuda()
     gpu_data = Batches(DIMS.vocab_size)
     gpu_data.pool = gpu_data.pool.cuda()
     levels = tuple((level,) * 2 for _ in range(DIMS.num_layers))
