@@ -45,17 +45,19 @@ class Row:
     plan: dict[str, object]
     commit: str
     gpu: str
+    measured_step_seconds: float
+    predicted_step_seconds: float | None
+    predicted_peak_device_gib: float | None
+    predicted_peak_host_gib: float | None
 
 
-# Hand-made working-set plans per device budget (the autoconfigurator issue replaces these).
-WS_PLANS: dict[str, dict[str, object]] = {
-    "ws-40": {"budget": 40, "micro_batch": 8, "r_param": 3, "r_grad": 2, "window": 16,
-              "level_last": 2, "levels_last_layers": 2, "loss_tokens": 2048},
-    "ws-20": {"budget": 20, "micro_batch": 8, "r_param": 3, "r_grad": 2, "window": 8,
-              "level_last": 0, "levels_last_layers": 0, "loss_tokens": 2048},
-    "ws-12": {"budget": 12, "micro_batch": 4, "r_param": 2, "r_grad": 1, "window": 4,
-              "level_last": 0, "levels_last_layers": 0, "loss_tokens": 1024},
+# Working-set rows: (device budget GiB, layers or None for --layers). Plans come from the
+# planner (scheduler/ws_planner.py), so the rows also check its predictions.
+WS_ROWS: dict[str, tuple[float, int | None]] = {
+    "ws-40": (40, None), "ws-20": (20, None), "ws-12": (12, None), "ws-24-32l": (24, 32),
 }
+HOST_BUDGET_GIB = 100
+H200_PROFILE = {"matmul_flops": 5.2e14, "optimizer_params_per_s": 1.1e9}  # measured here
 
 
 def _rss_peak_gib() -> float:
@@ -137,17 +139,39 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
             "plan": {"micro_batch": mb, "rounds": rounds, "checkpointing": ckpt}}
 
 
+def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    import torch
+
+    from scheduler.contracts import JobSpec
+    from scheduler.planner import NodeProfile, make_plan
+
+    budget, layers = WS_ROWS[name]
+    dims = _dims(layers or args.layers)
+    spec = JobSpec.model_validate({
+        "name": name, "model": {"hf_config": {
+            "vocab_size": dims.vocab_size, "hidden_size": dims.hidden_size,
+            "intermediate_size": dims.intermediate_size, "num_hidden_layers": dims.num_layers,
+            "num_attention_heads": dims.num_heads, "num_key_value_heads": dims.num_kv_heads,
+            "rope_theta": dims.rope_theta, "max_position_embeddings": 131072}},
+        "data": {"kind": "synthetic"}, "seq_len": args.seq, "global_batch": args.global_batch,
+        "steps": args.steps, "precision": "bf16", "optimizer": {"lr": 1e-4},
+        "budget": {"device_gib": budget, "host_gib": HOST_BUDGET_GIB},
+        "overrides": {"runtime": "working_set"}})
+    total = torch.cuda.get_device_properties(0).total_memory
+    node = NodeProfile.from_profile("cuda", H200_PROFILE, total, 128 * GIB)
+    return spec, dims, make_plan(spec, dims, node)
+
+
 def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
     import torch
 
-    from scheduler.contracts import OptimizerSpec
+    from worker.main import ws_config
     from worker.state import HostState
-    from worker.working_set import WorkingSetConfig, WorkingSetRuntime
+    from worker.working_set import WorkingSetRuntime
 
-    p = WS_PLANS[name]
-    dims = _dims(args.layers)
+    spec, dims, plan = plan_for(name, args)
     total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, p["budget"] * GIB / total), 0)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, spec.budget.device_bytes / total), 0)
     t0 = time.perf_counter()
     host = HostState.create(dims, "bf16", pin=True, fused_adamw=True)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -159,15 +183,7 @@ def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
                 v.fill_(1.0)
     log.info("host state %.1f GiB ready in %.1f s", host.arena.total_bytes / GIB,
              time.perf_counter() - t0)
-    L, mb = dims.num_layers, int(p["micro_batch"])
-    levels = tuple(((int(p["level_last"]),) if k >= L - int(p["levels_last_layers"]) else (0,))
-                   * mb for k in range(L))
-    cfg = WorkingSetConfig(precision="bf16", device="cuda", micro_batch=mb, chunk=1,
-                           rounds=args.global_batch // mb, steps=args.steps, seed=0,
-                           seq_len=args.seq, r_param=int(p["r_param"]),
-                           r_grad=int(p["r_grad"]), window=int(p["window"]), levels=levels,
-                           loss_tokens=int(p["loss_tokens"]))
-    rt = WorkingSetRuntime(dims, cfg, OptimizerSpec(lr=1e-4), host)
+    rt = WorkingSetRuntime(dims, ws_config(spec, plan), spec.optimizer, host)
     data = RandomTokens(dims.vocab_size, args.seq, "cuda")
     stalls: dict[str, float] = {}
 
@@ -181,23 +197,26 @@ def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
                  {k: round(v, 3) for k, v in stats.stall_s.items()})
 
     times = _time_steps(step, args.steps)
-    plan = {k: v for k, v in asdict(cfg).items() if k != "levels"}
-    plan["levels"] = [row[0] for row in levels]
+    summary = plan.model_dump(exclude={"reasons"})
+    summary["working_set"]["levels"] = sorted({lv for row in plan.working_set.levels for lv in row})
     return {"times": times, "stalls": stalls, "arena_gib": host.arena.total_bytes / GIB,
-            "plan": plan}
+            "plan": summary, "layers": dims.num_layers,
+            "predicted_step_seconds": plan.predicted.step_seconds,
+            "predicted_peak_device_gib": plan.predicted.peak_device_bytes / GIB,
+            "predicted_peak_host_gib": plan.predicted.peak_host_bytes / GIB}
 
 
 def run_row(args: argparse.Namespace) -> Row:
     import torch
 
     name = args.row
-    dims = _dims(args.layers)
     if name.startswith("resident"):
         res = run_resident(args, ckpt=name == "resident-ckpt")
         budget = None
     else:
         res = run_working_set(args, name)
-        budget = float(WS_PLANS[name]["budget"])
+        budget = float(WS_ROWS[name][0])
+    dims = _dims(int(res.get("layers") or args.layers))
     timed = res["times"][1:]  # the first step is warm-up
     step_s = sum(timed) / len(timed)
     tokens_per_s = args.global_batch * args.seq / step_s
@@ -205,7 +224,7 @@ def run_row(args: argparse.Namespace) -> Row:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or os.environ.get("BENCH_COMMIT", "?")
     return Row(name=name, runtime="resident" if budget is None else "working_set",
-               layers=args.layers, seq_len=args.seq, device_budget_gib=budget,
+               layers=dims.num_layers, seq_len=args.seq, device_budget_gib=budget,
                global_batch=args.global_batch, tokens_per_s=tokens_per_s,
                mfu=dims.flops_per_token(args.seq) * tokens_per_s / PEAK_FLOPS,
                peak_device_gib=torch.cuda.max_memory_allocated() / GIB,
@@ -214,12 +233,16 @@ def run_row(args: argparse.Namespace) -> Row:
                stall_share=None if budget is None else stall_total / step_s,
                stalls_s={k: v / len(timed) for k, v in res["stalls"].items()},
                step_seconds=res["times"], plan=res["plan"], commit=commit,
-               gpu=torch.cuda.get_device_name(0))
+               gpu=torch.cuda.get_device_name(0),
+               measured_step_seconds=step_s,
+               predicted_step_seconds=res.get("predicted_step_seconds"),
+               predicted_peak_device_gib=res.get("predicted_peak_device_gib"),
+               predicted_peak_host_gib=res.get("predicted_peak_host_gib"))
 
 
 def _table(rows: list[dict[str, object]]) -> str:
-    head = (f"{'row':<14}{'batch':>6}{'tok/s':>9}{'MFU':>7}{'dev GiB':>9}{'rsv GiB':>9}"
-            f"{'RSS GiB':>9}{'arena':>7}{'stall':>7}")
+    head = (f"{'row':<14}{'L':>3}{'batch':>6}{'tok/s':>9}{'MFU':>7}{'dev GiB':>9}{'rsv GiB':>9}"
+            f"{'pred':>7}{'RSS GiB':>9}{'arena':>7}{'stall':>7}{'step s':>8}{'pred s':>8}")
     lines = [head]
     for r in rows:
         if "error" in r:
@@ -227,9 +250,12 @@ def _table(rows: list[dict[str, object]]) -> str:
             continue
         arena = f"{r['arena_gib']:.1f}" if r["arena_gib"] else "-"
         stall = f"{r['stall_share']:.1%}" if r["stall_share"] is not None else "-"
-        lines.append(f"{r['name']:<14}{r['global_batch']:>6}{r['tokens_per_s']:>9.0f}"
-                     f"{r['mfu']:>7.1%}{r['peak_device_gib']:>9.1f}{r['peak_reserved_gib']:>9.1f}"
-                     f"{r['peak_rss_gib']:>9.1f}{arena:>7}{stall:>7}")
+        pred = f"{r['predicted_peak_device_gib']:.1f}" if r["predicted_peak_device_gib"] else "-"
+        pred_s = f"{r['predicted_step_seconds']:.1f}" if r["predicted_step_seconds"] else "-"
+        lines.append(f"{r['name']:<14}{r['layers']:>3}{r['global_batch']:>6}"
+                     f"{r['tokens_per_s']:>9.0f}{r['mfu']:>7.1%}{r['peak_device_gib']:>9.1f}"
+                     f"{r['peak_reserved_gib']:>9.1f}{pred:>7}{r['peak_rss_gib']:>9.1f}{arena:>7}"
+                     f"{stall:>7}{r['measured_step_seconds']:>8.2f}{pred_s:>8}")
     return "\n".join(lines)
 
 
@@ -240,7 +266,7 @@ def main() -> None:
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--resident-micro-batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=3, help="1 warm-up + timed steps")
-    p.add_argument("--rows", default="resident,resident-ckpt,ws-40,ws-20,ws-12")
+    p.add_argument("--rows", default="resident,resident-ckpt,ws-40,ws-20,ws-12,ws-24-32l")
     p.add_argument("--row", help=argparse.SUPPRESS)  # child mode: run one row
     p.add_argument("--out")
     args = p.parse_args()

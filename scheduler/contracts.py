@@ -213,6 +213,9 @@ class WorkingSetPlan(BaseModel):
     r_grad: int
     levels: list[list[int]] = Field(description="saved-activation level per [layer][chunk]")
     loss_tokens: int
+    optimizer: Literal["host", "device"] = Field(
+        default="host", description="host: CPU AdamW after backward; device: AdamW on the "
+        "device over streamed moments, deferred into the next forward")
 
 
 class Plan(BaseModel):

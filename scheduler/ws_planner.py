@@ -33,19 +33,17 @@ class WsChoice:
     r_param: int
     r_grad: int
     level: int
-
-
-def _loss_tokens(spec: JobSpec) -> int:
-    return min(2048, spec.seq_len)
+    device_optimizer: bool = False  # two moment slots each for m and v on the device
+    loss_tokens: int = 2048  # LM-head token block
 
 
 def device_bytes(dims: ModelDims, spec: JobSpec, c: WsChoice) -> int:
     e = ELEMENT_BYTES[spec.precision]
     S, D = spec.seq_len, dims.hidden_size
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
-    rings = (c.r_param + c.r_grad) * dims.layer_params * e
+    rings = (c.r_param + c.r_grad + 4 * c.device_optimizer) * dims.layer_params * e
     transition = c.micro_batch * S * D * e
-    loss = _loss_tokens(spec) * dims.vocab_size * (e + 8)  # logits + fp32 copy + fp32 grad
+    loss = min(c.loss_tokens, spec.seq_len) * dims.vocab_size * (e + 8)  # logits + fp32 copy + fp32 grad
     per_token = activation_bytes_per_token(dims, spec.precision)
     workspace = int(1.3 * per_token * S)  # one sequence's layer fwd+bwd while recomputing
     window = c.window * c.micro_batch * S * (D * e + LEVEL_FRACTION[c.level] * per_token)
@@ -70,9 +68,12 @@ def _candidates(spec: JobSpec, dims: ModelDims) -> list[WsChoice]:
     windows = [o.window] if o.window is not None else list(range(dims.num_layers, -1, -1))
     rings = [(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad) else [(3, 2), (2, 1)]
     level = o.level or 0
-    # Rings before window: a single gradient slot stalls every later round (measured).
-    return [WsChoice(m, min(w, dims.num_layers), rp, rg, level)
-            for m in mbs for rp, rg in rings for w in windows]
+    # Device optimizer first (the CPU one costs seconds a step on the critical path), then
+    # rings before window: a single gradient slot stalls every later round (both measured).
+    # A smaller LM-head block costs little time and frees memory for a larger micro-batch.
+    return [WsChoice(m, min(w, dims.num_layers), rp, rg, level, dev_opt, lt)
+            for m in mbs for dev_opt in (True, False) for rp, rg in rings
+            for lt in (2048, 1024, 512) for w in windows]
 
 
 def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
@@ -88,7 +89,7 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
         dev, host = device_bytes(dims, spec, c), host_bytes(dims, spec, c, device)
         if dev <= spec.budget.device_bytes and host <= spec.budget.host_bytes:
             return _plan(spec, dims, node, c, dev, host, device)
-    smallest = WsChoice(1, 0, 2, 1, 0)
+    smallest = WsChoice(1, 0, 2, 1, 0, False, 512)
     need = MinBudget(device_gib=round(device_bytes(dims, spec, smallest) / GIB + 0.005, 2),
                      host_gib=round(host_bytes(dims, spec, smallest, device) / GIB + 0.005, 2))
     raise InfeasibleBudget(
@@ -105,7 +106,7 @@ def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: WsChoice, dev: i
     tokens = spec.global_batch * spec.seq_len
     recompute = 1.0 + (1 / 3) * (1 - LEVEL_FRACTION[c.level])  # level 0 re-runs the forward
     compute_s = dims.flops_per_token(spec.seq_len) * tokens * recompute / node.matmul_flops
-    optimizer_s = dims.params / node.optimizer_params_per_s
+    optimizer_s = 0.0 if c.device_optimizer else dims.params / node.optimizer_params_per_s
     return Plan(
         runtime="working_set", device=device, micro_batch=c.micro_batch, rounds=rounds,
         window=c.window, layers=L, params=dims.params,
@@ -113,7 +114,8 @@ def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: WsChoice, dev: i
                             peak_host_bytes=host),
         working_set=WorkingSetPlan(chunk=1, r_param=c.r_param, r_grad=c.r_grad,
                                    levels=[[c.level] * c.micro_batch for _ in range(L)],
-                                   loss_tokens=_loss_tokens(spec)),
+                                   loss_tokens=min(c.loss_tokens, spec.seq_len),
+                                   optimizer="device" if c.device_optimizer else "host"),
         reasons={
             "runtime": "working_set: the resident model does not fit the device budget"
                        if not spec.overrides.runtime else "working_set (override)",
@@ -125,9 +127,12 @@ def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: WsChoice, dev: i
                       "the rest send their inputs home",
             "device": f"{device}", "r_param": f"{c.r_param} weight slots",
             "levels": f"level {c.level} everywhere (0: inputs only, recompute the layer)",
+            "optimizer": "device: AdamW over streamed moments, hidden in the next forward"
+                         if c.device_optimizer else "host: CPU AdamW after backward (the "
+                         "device optimizer's four moment slots do not fit)",
             "step_seconds": f"{compute_s:.3g} s compute (x{recompute:.2f} recompute) at "
                             f"{node.matmul_flops / 1e12:.3g} TFLOP/s + {optimizer_s:.3g} s "
-                            "CPU optimizer",
+                            "exposed optimizer",
             "peak_device": f"{dev / GIB:.2f} GiB <= device_gib={spec.budget.device_gib}",
             "peak_host": f"{host / GIB:.2f} GiB <= host_gib={spec.budget.host_gib}",
         })

@@ -43,20 +43,25 @@ def build_runtime(spec: JobSpec, plan: Plan) -> ResidentRuntime | WorkingSetRunt
         cfg = RuntimeConfig(spec.precision, plan.device, plan.micro_batch, plan.rounds,
                             spec.steps, spec.seed)
         return ResidentRuntime(dims, cfg, spec.optimizer)
-    ws = plan.working_set
-    assert ws is not None, "a working_set plan carries its working_set section"
     cuda = plan.device == "cuda"
     host = HostState.create(dims, spec.precision, pin=cuda, fused_adamw=cuda)
     init = LlamaModel(dims)  # same initial weights as the resident runtime for this seed
     init.init_weights(spec.seed)
     host.load_state_dict(init.state_dict())
     del init
-    cfg = WorkingSetConfig(
+    return WorkingSetRuntime(dims, ws_config(spec, plan), spec.optimizer, host)
+
+
+def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
+    """The working-set runtime's configuration for a working_set plan."""
+    ws = plan.working_set
+    assert ws is not None, "a working_set plan carries its working_set section"
+    return WorkingSetConfig(
         precision=spec.precision, device=plan.device, micro_batch=plan.micro_batch,
         chunk=ws.chunk, rounds=plan.rounds, steps=spec.steps, seed=spec.seed,
         seq_len=spec.seq_len, r_param=ws.r_param, r_grad=ws.r_grad, window=plan.window,
-        levels=tuple(tuple(row) for row in ws.levels), loss_tokens=ws.loss_tokens)
-    return WorkingSetRuntime(dims, cfg, spec.optimizer, host)
+        levels=tuple(tuple(row) for row in ws.levels), loss_tokens=ws.loss_tokens,
+        gpu_optimizer=ws.optimizer == "device")
 
 
 class Worker:

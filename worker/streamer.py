@@ -20,6 +20,8 @@ class SlotStreamer:
                  dependency: str, counters: dict[str, int]) -> None:
         self.ring, self.tiles, self.streams = ring, tiles, streams
         self.dependency, self.counters = dependency, counters
+        # per layer: the outbound copy that last wrote its host tile; loads wait for it
+        self.home_ready: dict[int, torch.cuda.Event | None] = {}
 
     @classmethod
     def for_tiles(cls, count: int, tiles: list[torch.Tensor], streams: Streams,
@@ -38,6 +40,7 @@ class SlotStreamer:
         s = self.streams
         start = time.perf_counter()
         s.wait("inbound", slot.free)
+        s.wait("inbound", self.home_ready.get(layer))
         with s.on("inbound"):
             slot.flat.copy_(self.tiles[layer], non_blocking=True)
         slot.ready, slot.layer = s.record("inbound"), layer
@@ -92,6 +95,7 @@ class SlotStreamer:
         with s.on("outbound"):
             self.tiles[slot.layer].copy_(slot.flat, non_blocking=True)
         slot.free = s.record("outbound")
+        self.home_ready[slot.layer] = slot.free
         self.counters["d2h_bytes"] += slot.flat.nbytes
 
     def flush(self) -> None:

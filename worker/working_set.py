@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
 from worker.model import attention, rms_norm, rope_tables, swiglu
+from worker.device_optim import DeviceOptimizer
 from worker.rings import Slot, Streams
 from worker.saved_acts import HostActivationStore, SavedTensorPolicy
 from worker.state import DTYPES, HostState
@@ -51,6 +52,7 @@ class WorkingSetConfig:
     window: int = 2  # last layers whose saved activations stay on the device
     levels: tuple[tuple[int, ...], ...] = ()  # [layer][chunk]; () = all level 0
     loss_tokens: int = 4096  # LM-head token block: logits never materialise whole
+    gpu_optimizer: bool = False  # AdamW on the device over streamed moments (device_optim)
 
     @property
     def chunks(self) -> int:
@@ -112,19 +114,30 @@ class WorkingSetRuntime:
         self.embed_grad = torch.zeros_like(self.embed)
         self.head_grad = torch.zeros_like(self.head)
         self.acts = HostActivationStore(host.arena)
+        self.dopt = (DeviceOptimizer(host, opt, cfg.steps, self.streams, self.device,
+                                     self.grads, self.counters) if cfg.gpu_optimizer else None)
         self.cos, self.sin = rope_tables(dims, cfg.seq_len, self.device, dtype)
         self._fwd_order = list(range(L))
         self._bwd_order = list(range(L - 1, -1, -1))
 
     # ---------------------------------------------------------------- state for checkpoints
 
+    def _apply_pending(self) -> None:
+        if self.dopt is not None and self.dopt.todo:
+            self.dopt.flush(self.weights)
+            self.weights.invalidate()
+
     def state_tensors(self) -> dict[str, torch.Tensor]:
+        self._apply_pending()
         return self.host.state_dict()
 
     def optimizer_state(self) -> dict[str, object]:
+        self._apply_pending()
         return self.host.optimizer_state()
 
     def load_state(self, tensors: dict[str, torch.Tensor], extra: dict[str, object]) -> None:
+        if self.dopt is not None:
+            self.dopt.todo.clear()
         self.host.load_state_dict(tensors)
         self.host.load_optimizer_state(extra)
         self.weights.invalidate()
@@ -224,7 +237,7 @@ class WorkingSetRuntime:
 
     # ---------------------------------------------------------------- one step
 
-    def _round(self, tokens: torch.Tensor, targets: torch.Tensor, first: bool,
+    def _round(self, tokens: torch.Tensor, targets: torch.Tensor, first: bool, last: bool,
                scale: float) -> torch.Tensor:
         """Forward, head and backward of one round. tokens/targets: (micro_batch, S)"""
         cfg, L = self.cfg, self.dims.num_layers
@@ -235,6 +248,8 @@ class WorkingSetRuntime:
         graphs: list[list[_Graph]] = [[] for _ in range(L)]
         for k in self._fwd_order:
             slot = self.weights.consume(k, self._fwd_order[k + 1:] + self._bwd_order)
+            if self.dopt is not None and self.dopt.needs(k):  # last step's update, deferred
+                self.dopt.apply(k, slot, self.weights, self._fwd_order[k + 1:])
             for c in range(cfg.chunks):
                 T[c], g = self._forward_layer(k, c, T[c], slot)
                 graphs[k].append(g)
@@ -251,6 +266,8 @@ class WorkingSetRuntime:
                 T[c] = self._backward_layer(k, graphs[k][c], T[c], slot, dw)
                 graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
             self.weights.release(slot)
+            if last and self.dopt is not None:
+                self.dopt.add_grad_norm(gslot.flat)
             self.grads.send_home(gslot)
         dtable = self.host.embed_layout.views(self.embed_grad)["model.embed_tokens.weight"]
         for t, dx in zip(chunks_in, T):
@@ -266,7 +283,8 @@ class WorkingSetRuntime:
         loss = torch.zeros((), device=self.device, dtype=torch.float32)
         for r in range(cfg.rounds):
             tokens, targets = data.batch(step, r, cfg.micro_batch)
-            loss += self._round(tokens.to(self.device), targets.to(self.device), r == 0, scale)
+            loss += self._round(tokens.to(self.device), targets.to(self.device), r == 0,
+                                r == cfg.rounds - 1, scale)
         self.grads.flush()
         self.host.embed_g.copy_(self.embed_grad)
         self.host.head_g.copy_(self.head_grad)
@@ -279,12 +297,17 @@ class WorkingSetRuntime:
         self.counters.update(h2d_bytes=0, d2h_bytes=0)
         loss = self.forward_backward(data, step)
         t_opt = time.perf_counter()
-        self.host.optimizer_step(step, self.opt_spec, cfg.steps)
+        L = self.dims.num_layers
+        if self.dopt is not None:  # layers update in the next forward; embedding/head now
+            self.dopt.finish_step(step, [(self.embed, self.embed_grad, L),
+                                         (self.head, self.head_grad, L + 1)])
+        else:
+            self.host.optimizer_step(step, self.opt_spec, cfg.steps)
+            self.embed.copy_(self.host.embed_w)
+            self.head.copy_(self.host.head_w)
         opt_s = time.perf_counter() - t_opt
         self.weights.invalidate()
         self.grads.invalidate()
-        self.embed.copy_(self.host.embed_w)
-        self.head.copy_(self.host.head_w)
         stalls = self.streams.collect_stalls()
         stalls["optimizer"] = stalls.get("optimizer", 0.0) + opt_s
         return StepStats(loss, time.perf_counter() - start,

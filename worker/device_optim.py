@@ -1,0 +1,139 @@
+"""AdamW on the device over streamed moments, deferred into the next step's forward.
+
+At the end of step t the global gradient norm is known (summed on the device as gradients
+go home) but no layer is updated yet. In step t+1's first forward pass, layer k's update
+runs right where its weights arrive: its gradient and moments stream in beside the weights
+(prefetched on the inbound stream), one fused AdamW kernel updates the slot in place, and
+the new weights and moments stream home on the outbound stream while the layer computes.
+The CPU optimizer (HostState.optimizer_step) then never sits on the critical path.
+Embedding and head groups (resident on the device) update at the end of step t in slices
+staged through the moment slots. `flush()` applies whatever is pending (checkpoints).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.optim.adamw import adamw as functional_adamw
+
+from scheduler.contracts import OptimizerSpec
+from worker.optim import lr_multiplier
+from worker.rings import Slot, Streams
+from worker.state import HostState
+from worker.streamer import SlotStreamer
+
+
+@dataclass(frozen=True)
+class PendingUpdate:
+    step: int  # 0-based optimizer step whose gradients are in the host tiles
+    lr: float
+    clip_coef: float  # global-norm clipping factor (1.0: none)
+
+
+class DeviceOptimizer:
+    def __init__(self, host: HostState, spec: OptimizerSpec, total_steps: int,
+                 streams: Streams, device: torch.device, grads: SlotStreamer,
+                 counters: dict[str, int]) -> None:
+        self.host, self.spec, self.total_steps = host, spec, total_steps
+        self.streams, self.device, self.grads = streams, device, grads
+        L = host.dims.num_layers
+        states = [o.state[p] for o, p in zip(host.optimizers, host.params)]
+        self.steps = [s["step"] for s in states]  # host float tensors, one per group
+        self.m = SlotStreamer.for_tiles(2, [s["exp_avg"] for s in states[:L]], streams,
+                                        device, "optimizer", counters)
+        self.v = SlotStreamer.for_tiles(2, [s["exp_avg_sq"] for s in states[:L]], streams,
+                                        device, "optimizer", counters)
+        self.pending: PendingUpdate | None = None
+        self.todo: set[int] = set()
+        self.sq_norm = torch.zeros((), device=device, dtype=torch.float32)
+
+    # ------------------------------------------------------------ bookkeeping
+
+    def add_grad_norm(self, flat: torch.Tensor) -> None:
+        """Called on each final gradient before it goes home: accumulate its squared norm."""
+        self.sq_norm += flat.float().pow(2).sum()
+
+    def finish_step(self, step: int, resident: list[tuple[torch.Tensor, torch.Tensor, int]]) -> float:
+        """Gradients of `step` are complete: fix lr and clipping, update the resident groups
+        now and leave the layers pending. resident: (device weights, device grads, group)."""
+        for _, g, _ in resident:
+            self.add_grad_norm(g)
+        norm = float(self.sq_norm.sqrt())
+        self.sq_norm.zero_()
+        coef = 1.0
+        if self.spec.grad_clip is not None:
+            coef = min(1.0, self.spec.grad_clip / (norm + 1e-6))
+        lr = self.spec.lr * lr_multiplier(step, self.spec, self.total_steps)
+        self.pending = PendingUpdate(step, lr, coef)
+        self.todo = set(range(self.host.dims.num_layers))
+        for w, g, group in resident:
+            self._update_staged(w, g, group)
+        return norm
+
+    def _adamw(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+               group: int) -> None:
+        assert self.pending is not None
+        if self.pending.clip_coef < 1.0:
+            g.mul_(self.pending.clip_coef)
+        # the functional AdamW increments the step tensor it is given: give it a copy
+        step_t = self.steps[group].clone().to(self.device)
+        functional_adamw(
+            [w], [g], [m], [v], [], [step_t], foreach=False,
+            fused=self.device.type == "cuda", amsgrad=False, beta1=self.spec.betas[0],
+            beta2=self.spec.betas[1], lr=self.pending.lr, weight_decay=self.spec.weight_decay,
+            eps=self.spec.eps, maximize=False)
+        self.steps[group] += 1
+
+    # ------------------------------------------------------------ layers, in the forward
+
+    def needs(self, layer: int) -> bool:
+        return layer in self.todo
+
+    def apply(self, layer: int, wslot: Slot, weights: SlotStreamer, upcoming: list[int]) -> None:
+        """Update layer's weights in `wslot` and send weights and moments home."""
+        ahead = [k for k in upcoming if k in self.todo]
+        g = self.grads.consume(layer, ahead)
+        m, v = self.m.consume(layer, ahead), self.v.consume(layer, ahead)
+        self._adamw(wslot.flat, g.flat, m.flat, v.flat, layer)
+        g.layer = -1  # its contents were scaled by the clip factor: no longer the host's
+        for streamer, slot in ((weights, wslot), (self.m, m), (self.v, v)):
+            streamer.send_home(slot)
+        self.grads.release(g)
+        self.todo.discard(layer)
+
+    def flush(self, weights: SlotStreamer) -> None:
+        """Apply every pending layer update now (before a checkpoint or the last step ends)."""
+        order = sorted(self.todo)
+        for i, k in enumerate(order):
+            slot = weights.consume(k, order[i + 1:])
+            self.apply(k, slot, weights, order[i + 1:])
+            weights.release(slot)
+        weights.flush()
+        self.m.flush()
+
+    # ------------------------------------------------------------ resident groups
+
+    def _update_staged(self, w: torch.Tensor, g: torch.Tensor, group: int) -> None:
+        """AdamW over a resident group in slices staged through the moment slots."""
+        st = self.host.optimizers[group].state[self.host.params[group]]
+        m_host, v_host = st["exp_avg"], st["exp_avg_sq"]
+        w_host = self.host.params[group].data
+        m_buf, v_buf = self.m.ring.slots[0].flat, self.v.ring.slots[0].flat
+        for slot in (self.m.ring.slots[0], self.v.ring.slots[0]):
+            self.streams.compute_waits("optimizer", slot.free)
+            slot.layer = -1
+        n = m_buf.numel()
+        first_step = self.steps[group].clone()
+        for a in range(0, w.numel(), n):
+            b = min(a + n, w.numel())
+            m, v = m_buf[:b - a], v_buf[:b - a]
+            m.copy_(m_host[a:b], non_blocking=True)
+            v.copy_(v_host[a:b], non_blocking=True)
+            self.steps[group].copy_(first_step)  # every slice is the same optimizer step
+            self._adamw(w[a:b], g[a:b], m, v, group)
+            m_host[a:b].copy_(m, non_blocking=True)
+            v_host[a:b].copy_(v, non_blocking=True)
+            w_host[a:b].copy_(w[a:b], non_blocking=True)
+        if self.streams.cuda:
+            torch.cuda.current_stream(self.device).synchronize()  # staging reused next slice
