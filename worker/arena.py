@@ -13,6 +13,7 @@ to powers of two and can double host use.
 from __future__ import annotations
 
 import logging
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -85,17 +86,26 @@ class LayerLayout:
 
 
 class HostArena:
-    """Exact-size host allocations, optionally page-locked, with a byte count per purpose."""
+    """Exact-size host allocations, optionally page-locked, with a byte count per purpose.
+
+    Each tile is its own anonymous mapping (page-aligned, zero-filled, rounded up to a page
+    only), so page-locking one tile never touches memory another allocation shares, and
+    freeing the arena leaves no registered pages behind for the allocator to hand out."""
 
     def __init__(self, pin: bool) -> None:
         self.pin = pin
         self.tensors: dict[str, torch.Tensor] = {}
         self.bytes_by_kind: dict[str, int] = {}
         self._registered: list[int] = []
+        self._maps: list[mmap.mmap] = []
 
     def alloc(self, name: str, numel: int, dtype: torch.dtype, kind: str) -> torch.Tensor:
         assert name not in self.tensors, f"arena tile {name} allocated twice"
-        t = torch.zeros(numel, dtype=dtype)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        pages = max(1, -(-numel * itemsize // mmap.PAGESIZE))
+        region = mmap.mmap(-1, pages * mmap.PAGESIZE)
+        self._maps.append(region)
+        t = torch.frombuffer(region, dtype=dtype, count=numel) if numel else torch.zeros(0, dtype=dtype)
         if self.pin and numel:
             cudart = torch.cuda.cudart()
             rc = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
@@ -115,9 +125,12 @@ class HostArena:
         return self.total_bytes if self.pin else 0
 
     def close(self) -> None:
-        if self.pin:
+        """Unpin every tile; the memory itself goes when the last tensor view is dropped."""
+        if self._registered:
             cudart = torch.cuda.cudart()
             for ptr in self._registered:
                 cudart.cudaHostUnregister(ptr)
         self._registered.clear()
-        self.tensors.clear()
+
+    def __del__(self) -> None:
+        self.close()
