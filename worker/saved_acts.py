@@ -81,7 +81,8 @@ class SavedTensorPolicy:
             ptr = t.untyped_storage().data_ptr()
             if ptr == slot_ptr:
                 return _WeightRef(t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-            if ptr in self.resident_ptrs or not home:
+            # CPU scalars (SDPA's RNG seed/offset) and resident constants stay where they are
+            if ptr in self.resident_ptrs or not home or t.device != self.streams.device:
                 return t
             return self._send_home(t)
 
