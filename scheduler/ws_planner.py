@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from scheduler.contracts import GIB, JobSpec, MinBudget, Plan, Predicted, WorkingSetPlan
 from scheduler.errors import InfeasibleBudget, InvalidSpec
 from scheduler.model_dims import ModelDims
-from scheduler.planner import ELEMENT_BYTES, NodeProfile, activation_bytes_per_token
+from scheduler.planner import (ALLOCATOR_SLACK, ELEMENT_BYTES, NodeProfile,
+                               activation_bytes_per_token)
 
 # Fraction of a layer's full saved set kept per level (0 inputs only .. 3 everything).
 LEVEL_FRACTION = (0.0, 0.35, 0.7, 1.0)
-ALLOCATOR_SLACK = 1.18  # caching-allocator fragmentation over allocated bytes (measured)
 DEVICE_RESERVE_BYTES = GIB // 2
 # Interpreter, torch, CUDA context and runtime libraries next to the arena (measured 5.2 GiB
 # on the H200 host; a CPU worker needs far less).
