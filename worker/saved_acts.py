@@ -84,19 +84,19 @@ class SavedTensorPolicy:
             # CPU scalars (SDPA's RNG seed/offset) and resident constants stay where they are
             if ptr in self.resident_ptrs or not home or t.device != self.streams.device:
                 return t
-            return self._send_home(t)
+            return self.send_home(t)
 
         def unpack(obj: object) -> torch.Tensor:
             if isinstance(obj, _WeightRef):
                 return torch.as_strided(self.weight_storage(), obj.size, obj.stride, obj.offset)
             if isinstance(obj, _HostCopy):
-                return self._fetch(obj)
+                return self.fetch(obj)
             assert isinstance(obj, torch.Tensor)
             return obj
 
         return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
-    def _send_home(self, t: torch.Tensor) -> _HostCopy:
+    def send_home(self, t: torch.Tensor) -> _HostCopy:
         host = self.store.take(t)
         s = self.streams
         ready = s.record("comp")
@@ -110,7 +110,7 @@ class SavedTensorPolicy:
         self.counters["d2h_bytes"] += t.nbytes
         return _HostCopy(host, s.record("outbound"))
 
-    def _fetch(self, copy: _HostCopy) -> torch.Tensor:
+    def fetch(self, copy: _HostCopy) -> torch.Tensor:
         s = self.streams
         s.compute_waits("activations", copy.done)
         out = torch.empty_like(copy.host, device=s.device)

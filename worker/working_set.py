@@ -152,10 +152,10 @@ class WorkingSetRuntime:
                                  [self.cos, self.sin], self.counters)
 
     def _stash(self, t: torch.Tensor, home: bool, policy: SavedTensorPolicy) -> object:
-        return policy._send_home(t) if home else t
+        return policy.send_home(t) if home else t
 
     def _unstash(self, obj: object, policy: SavedTensorPolicy) -> torch.Tensor:
-        return obj if isinstance(obj, torch.Tensor) else policy._fetch(obj)  # type: ignore[arg-type]
+        return obj if isinstance(obj, torch.Tensor) else policy.fetch(obj)  # type: ignore[arg-type]
 
     def _forward_layer(self, k: int, c: int, x: torch.Tensor, slot: Slot) -> tuple[torch.Tensor, _Graph]:
         dims, level = self.dims, self.cfg.level(k, c)

@@ -15,7 +15,9 @@ from worker.model import LlamaModel, causal_lm_loss
 from worker.optim import make_adamw
 
 
-def _trained(dims, steps: int):  # type: ignore[no-untyped-def]
+def _trained_and_saved(root: Path, steps: int):  # type: ignore[no-untyped-def]
+    """A micro model trained `steps` steps, and the checkpoint written of it."""
+    dims = PRESETS["micro-llama"]
     model = LlamaModel(dims)
     model.init_weights(seed=0)
     opt, sched = make_adamw(model.parameters(), OptimizerSpec(lr=1e-2), 10)
@@ -25,15 +27,14 @@ def _trained(dims, steps: int):  # type: ignore[no-untyped-def]
         opt.step()
         sched.step()
         opt.zero_grad()
-    return model, opt, sched
+    extra = {"optimizer": opt.state_dict(), "schedule": sched.state_dict()}
+    path = checkpoint.save(root, checkpoint.TrainerState(steps, steps), model.state_dict(),
+                           extra, dims.to_hf_config())
+    return dims, model, opt, sched, path
 
 
 def test_transformers_loads_worker_checkpoint(tmp_path: Path) -> None:
-    dims = PRESETS["micro-llama"]
-    model, opt, sched = _trained(dims, 2)
-    extra = {"optimizer": opt.state_dict(), "schedule": sched.state_dict()}
-    path = checkpoint.save(tmp_path, checkpoint.TrainerState(2, 2), model.state_dict(), extra,
-                           dims.to_hf_config())
+    dims, model, _, _, path = _trained_and_saved(tmp_path, 2)
     assert checkpoint.latest(tmp_path) == path
     ref = LlamaForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
     tokens = torch.randint(0, dims.vocab_size, (2, 12))
@@ -44,11 +45,7 @@ def test_transformers_loads_worker_checkpoint(tmp_path: Path) -> None:
 
 
 def test_load_restores_everything(tmp_path: Path) -> None:
-    dims = PRESETS["micro-llama"]
-    model, opt, sched = _trained(dims, 3)
-    extra = {"optimizer": opt.state_dict(), "schedule": sched.state_dict()}
-    path = checkpoint.save(tmp_path, checkpoint.TrainerState(3, 3), model.state_dict(), extra,
-                           dims.to_hf_config())
+    dims, model, opt, sched, path = _trained_and_saved(tmp_path, 3)
     fresh = LlamaModel(dims)
     fopt, fsched = make_adamw(fresh.parameters(), OptimizerSpec(lr=1e-2), 10)
     state, tensors, loaded = checkpoint.load(path)
