@@ -260,6 +260,9 @@ class Job(BaseModel):
     updated_at: float
     plan: Plan | None = None
     spec: JobSpec
+    telemetry: dict[str, float] = Field(
+        default={}, description="the worker's latest runtime telemetry: stall seconds by "
+        "dependency, transfer bytes and bandwidth, host RSS/arena/pinned, device peaks")
 
 
 class JobList(BaseModel):

@@ -221,6 +221,7 @@ def _job_from_hash(raw: dict[str, str]) -> Job:
         "spec": JobSpec.model_validate_json(raw["spec"]),
         "plan": Plan.model_validate_json(raw["plan"]) if raw.get("plan") else None,
         "worker_pid": int(raw["worker_pid"]) if raw.get("worker_pid") else None,
+        "telemetry": json.loads(raw.get("telemetry") or "{}"),
     }
     for k in _OPTIONAL_FLOATS:
         data[k] = float(raw[k]) if raw.get(k) else None

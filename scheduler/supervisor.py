@@ -59,9 +59,11 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
         remaining = h.job.steps - msg.step
         eta = remaining * msg.step_seconds if msg.step_seconds else None
         await store.update(jid, step=msg.step, loss=msg.loss, tokens_per_s=msg.tokens_per_s,
-                           mfu=msg.mfu, step_seconds=msg.step_seconds, eta_s=eta)
+                           mfu=msg.mfu, step_seconds=msg.step_seconds, eta_s=eta,
+                           telemetry=msg.metrics)
         await store.add_event(jid, "progress", f"step {msg.step}/{h.job.steps} loss "
-                              f"{msg.loss:.4f}", msg.model_dump(exclude_none=True))
+                              f"{msg.loss:.4f}", msg.model_dump(exclude_none=True,
+                                                                exclude={"metrics"}))
     elif msg.kind == "checkpoint":
         await store.update(jid, last_checkpoint=msg.path)
         await store.add_event(jid, "checkpoint", f"checkpoint at step {msg.step}: {msg.path}",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from scheduler.contracts import Job, JobState
@@ -56,6 +56,33 @@ class _Snapshot(Collector):
             budget.add_metric([job.id, "host"], job.spec.budget.host_bytes)
         yield pred
         yield budget
+        yield from self._telemetry()
+
+    def _telemetry(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The runtime telemetry workers report (worker/stats.py Telemetry keys)."""
+        stall = CounterMetricFamily("wstrain_stall_seconds", "Seconds the compute stream "
+                                    "waited, by dependency.", labels=["job", "dependency"])
+        moved = CounterMetricFamily("wstrain_transfer_bytes", "Bytes copied between host and "
+                                    "device.", labels=["job", "direction"])
+        bw = GaugeMetricFamily("wstrain_transfer_bandwidth_bytes_per_second", "Achieved "
+                               "transfer bandwidth over the last step.", labels=["job", "direction"])
+        dev = GaugeMetricFamily("wstrain_device_memory_bytes", "Peak device memory of the "
+                                "worker, allocated and reserved.", labels=["job", "kind"])
+        host = {name: GaugeMetricFamily(f"wstrain_{name}", text, labels=["job"]) for name, text in (
+            ("host_rss_bytes", "Resident set size of the worker process."),
+            ("host_pinned_bytes", "Page-locked host bytes of the worker's arena."),
+            ("host_arena_bytes", "Host bytes accounted in the worker's arena."))}
+        by_prefix = {"stall_seconds_total": stall, "transfer_bytes_total": moved,
+                     "transfer_bandwidth": bw, "device_memory": dev}
+        for job in self.live:
+            for key, value in job.telemetry.items():
+                name, _, label = key.partition(".")
+                if name in by_prefix and label:
+                    by_prefix[name].add_metric([job.id, label], value)
+                elif name in host:
+                    host[name].add_metric([job.id], value)
+        yield from by_prefix.values()
+        yield from host.values()
 
 
 class ApiMetrics:

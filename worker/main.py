@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import resource
 import signal
 import sys
 import time
@@ -29,6 +28,7 @@ from worker.data import TokenStream
 from worker.model import LlamaModel
 from worker.resident import ResidentRuntime, RuntimeConfig
 from worker.state import HostState
+from worker.stats import StepStats, Telemetry
 from worker.working_set import WorkingSetConfig, WorkingSetRuntime
 
 log = logging.getLogger("worker")
@@ -89,12 +89,14 @@ class Worker:
         log.info("job %s: device budget %.2f GiB = %.3f of the GPU", self.job_id,
                  self.spec.budget.device_gib, fraction)
 
-    def _memory_metrics(self) -> dict[str, float]:
-        rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        out = {"host_rss_peak_bytes": float(rss_peak)}
+    def _telemetry(self, telemetry: Telemetry, last: StepStats,
+                   runtime: ResidentRuntime | WorkingSetRuntime) -> dict[str, float]:
+        arena = runtime.host.arena if isinstance(runtime, WorkingSetRuntime) else None
+        device_peak = None
         if self.plan.device == "cuda":
-            out["device_peak_bytes"] = float(torch.cuda.max_memory_allocated())
-        return out
+            device_peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+        return telemetry.snapshot(last, arena.total_bytes if arena else 0,
+                                  arena.pinned_bytes if arena else 0, device_peak)
 
     def run(self) -> WorkerExit:
         signal.signal(signal.SIGTERM, self._request_cancel)
@@ -122,22 +124,22 @@ class Worker:
 
         flops_per_token = dims.flops_per_token(self.spec.seq_len)
         last_report = 0.0
+        telemetry = Telemetry()
         for step in range(start, self.spec.steps):
             if self.cancel_requested:
                 save(step)
                 return WorkerExit.cancelled
             res = runtime.train_step(data, step)
+            telemetry.add(res)
             done = step + 1
             tokens_per_s = res.tokens / res.step_seconds
             now = time.monotonic()
             if now - last_report >= REPORT_INTERVAL_S or done == self.spec.steps:
                 last_report = now
-                stalls = {f"stall_{k}_seconds": v for k, v in res.stall_s.items()}
                 self.emit(WorkerMessage(
                     kind="step", step=done, loss=res.loss, step_seconds=res.step_seconds,
                     tokens_per_s=tokens_per_s, mfu=flops_per_token * tokens_per_s / self.peak_flops,
-                    metrics={"h2d_bytes": float(res.h2d_bytes), "d2h_bytes": float(res.d2h_bytes),
-                             **stalls, **self._memory_metrics()}))
+                    metrics=self._telemetry(telemetry, res, runtime)))
             every = self.spec.checkpoint_every
             if every and done % every == 0 and done < self.spec.steps:
                 save(done)

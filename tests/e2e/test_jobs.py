@@ -144,3 +144,22 @@ def test_cli_against_the_running_service(stack: Stack, tmp_path: Path) -> None:
     assert bad.returncode == 1 and "seq_len" in bad.stderr
     spec_file.write_text("[unclosed")
     assert cli("submit", str(spec_file)).returncode == 2
+
+
+def test_working_set_telemetry_reaches_metrics(stack: Stack) -> None:
+    spec = tiny_spec("e2e-telemetry", steps=3000, overrides=WS_OVERRIDES)
+    with stack.client() as c:
+        job = c.post("/v1/jobs", json=spec).json()
+        live = wait_job(c, job["id"], lambda j: j["telemetry"].get("transfer_bytes_total.h2d"))
+        tel = live["telemetry"]
+        assert tel["host_arena_bytes"] > 0 and tel["host_rss_bytes"] > 0
+        assert tel["transfer_bytes_total.d2h"] > 0 and "stall_seconds_total.optimizer" in tel
+        text = c.get("/metrics").text
+        jid = job["id"]
+        for line in (f'wstrain_transfer_bytes_total{{direction="h2d",job="{jid}"}}',
+                     f'wstrain_host_arena_bytes{{job="{jid}"}}',
+                     f'wstrain_stall_seconds_total{{dependency="optimizer",job="{jid}"}}'):
+            assert line in text, line
+        c.post(f"/v1/jobs/{jid}/cancel")
+        assert wait_terminal(c, jid)["state"] == "cancelled"
+        assert f'job="{jid}"' not in c.get("/metrics").text  # finished jobs drop out
