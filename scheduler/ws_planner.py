@@ -13,17 +13,20 @@ from dataclasses import dataclass
 
 from scheduler.contracts import GIB, JobSpec, MinBudget, Plan, Predicted, WorkingSetPlan
 from scheduler.errors import InfeasibleBudget, InvalidSpec
+from scheduler import levels as level_rules
 from scheduler.model_dims import ModelDims
 from scheduler.planner import (ALLOCATOR_SLACK, ELEMENT_BYTES, NodeProfile,
                                activation_bytes_per_token)
 
-# Fraction of a layer's full saved set kept per level (0 inputs only .. 3 everything).
-LEVEL_FRACTION = (0.0, 0.35, 0.7, 1.0)
+# Fraction of a layer's full saved set kept per level (0 inputs only, 1 attention graph,
+# 2 the MLP's lean set, 3 both), for a uniform level override.
+LEVEL_FRACTION = (0.0, 0.35, 0.33, 0.68)
 DEVICE_RESERVE_BYTES = GIB // 2
 # Interpreter, torch, CUDA context and runtime libraries next to the arena (measured 5.2 GiB
 # on the H200 host; a CPU worker needs far less).
 PROCESS_BYTES = {"cuda": int(5.5 * GIB), "cpu": int(0.75 * GIB)}
 MAX_MICRO_BATCH = 8
+WINDOW_MARGIN = 1.3
 
 
 @dataclass(frozen=True)
@@ -99,21 +102,41 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
         f"host_gib={need.host_gib}", min_budget=need.model_dump())
 
 
+def _levels(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: WsChoice, dev: int,
+            host: int) -> level_rules.Levels:
+    if spec.overrides.level is not None:
+        return level_rules.uniform(dims, c.micro_batch, c.level)
+    # Spare device memory is counted against 1.3x the prediction: at 40 GiB the reserved peak
+    # ran 27% over it (bench/RESULTS.md), and a budget is a contract.
+    spare_dev = int((spec.budget.device_bytes - WINDOW_MARGIN * dev) / ALLOCATOR_SLACK)
+    return level_rules.assign(dims, spec, ELEMENT_BYTES[spec.precision], c.micro_batch,
+                              c.window, node.d2h_bytes_per_s, node.matmul_flops,
+                              max(0, spare_dev), max(0, spec.budget.host_bytes - host))
+
+
 def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: WsChoice, dev: int,
           host: int, device: str) -> Plan:
     L = dims.num_layers
     rounds = spec.global_batch // c.micro_batch
+    lv = _levels(spec, dims, node, c, dev, host)
+    dev += int(lv.device_bytes * ALLOCATOR_SLACK)
+    host += lv.host_bytes
     tokens = spec.global_batch * spec.seq_len
-    recompute = 1.0 + (1 / 3) * (1 - LEVEL_FRACTION[c.level])  # level 0 re-runs the forward
+    # fwd+bwd is three layer forwards; recompute adds lv.recompute_forwards per round
+    recompute = 1.0 + lv.recompute_forwards / (3.0 * L * c.micro_batch)
     compute_s = dims.flops_per_token(spec.seq_len) * tokens * recompute / node.matmul_flops
-    optimizer_s = 0.0 if c.device_optimizer else dims.params / node.optimizer_params_per_s
+    # The device optimizer hides behind the next forward only on a GPU; on a CPU node the
+    # "device" is the CPU and the update is as exposed as the host one.
+    hidden = c.device_optimizer and device == "cuda"
+    optimizer_s = 0.0 if hidden else dims.params / node.optimizer_params_per_s
+    n2 = sum(row.count(2) for row in lv.levels)
     return Plan(
         runtime="working_set", device=device, micro_batch=c.micro_batch, rounds=rounds,
         window=c.window, layers=L, params=dims.params,
         predicted=Predicted(step_seconds=compute_s + optimizer_s, peak_device_bytes=dev,
                             peak_host_bytes=host),
         working_set=WorkingSetPlan(chunk=1, r_param=c.r_param, r_grad=c.r_grad,
-                                   levels=[[c.level] * c.micro_batch for _ in range(L)],
+                                   levels=lv.levels,
                                    loss_tokens=min(c.loss_tokens, spec.seq_len),
                                    optimizer="device" if c.device_optimizer else "host"),
         reasons={
@@ -124,9 +147,13 @@ def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: WsChoice, dev: i
                            "per round)",
             "rounds": f"{rounds} = global_batch {spec.global_batch} / micro_batch {c.micro_batch}",
             "window": f"last {c.window} of {L} layers keep saved activations on the device; "
-                      "the rest send their inputs home",
+                      "the rest send them home",
             "device": f"{device}", "r_param": f"{c.r_param} weight slots",
-            "levels": f"level {c.level} everywhere (0: inputs only, recompute the layer)",
+            "levels": (f"level {c.level} everywhere (override)" if spec.overrides.level
+                       is not None else f"{n2} of {L * c.micro_batch} (layer, chunk) pairs "
+                       "keep the MLP's lean set (level 2): as many as the D2H link carries "
+                       "during each home layer's forward and spare device memory holds in the "
+                       "window; the rest recompute the layer (level 0)"),
             "optimizer": "device: AdamW over streamed moments, hidden in the next forward"
                          if c.device_optimizer else "host: CPU AdamW after backward (the "
                          "device optimizer's four moment slots do not fit)",

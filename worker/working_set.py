@@ -12,7 +12,8 @@ holds the whole training state. The step reads like AdaWS Algorithms 1-2:
     optimizer:  global-norm clip, then AdamW per layer tile on the host (CPU)
 
 Saved-activation levels per (layer, chunk): 0 inputs only (recompute the whole layer),
-1 + attention graph (recompute the MLP), 2 + MLP graph (recompute attention), 3 everything.
+1 + attention graph (recompute the MLP), 2 + the MLP's lean set (h, gate, up: recompute
+attention and the MLP's elementwise ops, worker/lean_mlp.py), 3 both.
 It never touches Redis; on CPU streams are no-ops and the same schedule runs.
 """
 
@@ -28,6 +29,7 @@ from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
 from worker.model import attention, rms_norm, rope_tables, swiglu
 from worker.device_optim import DeviceOptimizer
+from worker.lean_mlp import lean_mlp_block
 from worker.rings import Slot, Streams
 from worker.saved_acts import HostActivationStore, SavedTensorPolicy
 from worker.state import DTYPES, HostState
@@ -173,7 +175,7 @@ class WorkingSetRuntime:
                     h = attn_block(x, w, dims, self.cos, self.sin)
             if level in (2, 3):
                 hm, wm = h.detach().requires_grad_(), _leaves(w)
-                y = mlp_block(hm, wm, dims)
+                y = lean_mlp_block(hm, wm, dims.rms_norm_eps)
                 g.mlp = (hm, y, wm)
             else:
                 if level == 1:
