@@ -20,6 +20,8 @@ from scheduler.model_dims import ModelDims
 # Forward passes of one layer recomputed in backward, by level (measured shares of an
 # 8B layer's forward at 8K: MLP ~0.7, attention block ~0.3).
 RECOMPUTE_FORWARDS = (1.0, 0.7, 0.3, 0.02)
+# Plan the link to 80% of its measured rate: gradients and prefetches share it.
+LINK_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -52,12 +54,15 @@ def uniform(dims: ModelDims, chunks: int, level: int) -> Levels:
 
 def assign(dims: ModelDims, spec: JobSpec, element_bytes: int, chunks: int, window: int,
            d2h_bytes_per_s: float, matmul_flops: float, spare_device: int,
-           spare_host: int) -> Levels:
+           spare_host: int, other_home_bytes: int = 0) -> Levels:
+    """other_home_bytes: what else crosses the D2H link during a layer's forward."""
     L = dims.num_layers
     lean = lean_bytes_per_seq(dims, spec, element_bytes)
     inputs = spec.seq_len * dims.hidden_size * element_bytes
-    link = d2h_bytes_per_s * layer_forward_seconds(dims, spec.seq_len, matmul_flops) * chunks
-    per_home_layer = max(0, min(chunks, int((link - chunks * inputs) // lean)))
+    link = (LINK_SHARE * d2h_bytes_per_s * chunks
+            * layer_forward_seconds(dims, spec.seq_len, matmul_flops))
+    free = link - chunks * inputs - other_home_bytes
+    per_home_layer = max(0, min(chunks, int(free // lean)))
     home_layers = L - window
     while per_home_layer and home_layers * per_home_layer * lean > spare_host:
         per_home_layer -= 1

@@ -27,6 +27,7 @@ DEVICE_RESERVE_BYTES = GIB // 2
 PROCESS_BYTES = {"cuda": int(5.5 * GIB), "cpu": int(0.75 * GIB)}
 MAX_MICRO_BATCH = 8
 WINDOW_MARGIN = 1.3
+WRITE_BUFFER_BYTES = GIB  # worker/saved_acts.py's default bound on copies in flight home
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ def device_bytes(dims: ModelDims, spec: JobSpec, c: WsChoice) -> int:
     per_token = activation_bytes_per_token(dims, spec.precision)
     workspace = int(1.3 * per_token * S)  # one sequence's layer fwd+bwd while recomputing
     window = c.window * c.micro_batch * S * (D * e + LEVEL_FRACTION[c.level] * per_token)
-    total = groups + rings + transition + loss + workspace + window + DEVICE_RESERVE_BYTES
+    home = WRITE_BUFFER_BYTES if c.window < dims.num_layers else 0
+    total = groups + rings + transition + loss + workspace + window + home + DEVICE_RESERVE_BYTES
     return int(total * ALLOCATOR_SLACK)
 
 
@@ -109,9 +111,13 @@ def _levels(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: WsChoice, dev:
     # Spare device memory is counted against 1.3x the prediction: at 40 GiB the reserved peak
     # ran 27% over it (bench/RESULTS.md), and a budget is a contract.
     spare_dev = int((spec.budget.device_bytes - WINDOW_MARGIN * dev) / ALLOCATOR_SLACK)
+    # The device optimizer sends weights and both moments of every layer home in round 0's
+    # forward: the link carries that before any activation.
+    optimizer_home = 3 * dims.layer_params * ELEMENT_BYTES[spec.precision] if c.device_optimizer else 0
     return level_rules.assign(dims, spec, ELEMENT_BYTES[spec.precision], c.micro_batch,
                               c.window, node.d2h_bytes_per_s, node.matmul_flops,
-                              max(0, spare_dev), max(0, spec.budget.host_bytes - host))
+                              max(0, spare_dev), max(0, spec.budget.host_bytes - host),
+                              optimizer_home)
 
 
 def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: WsChoice, dev: int,

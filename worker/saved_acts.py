@@ -13,6 +13,8 @@ every tensor autograd saves is either
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,12 +28,34 @@ CHUNK_BYTES = 64 * 1024**2
 
 class HostActivationStore:
     """Bump allocator over arena chunks, reset every round: host activation memory grows to
-    the largest round's need and is then reused (and accounted in the arena)."""
+    the largest round's need and is then reused (and accounted in the arena).
 
-    def __init__(self, arena: HostArena) -> None:
+    It also bounds the write buffer: device tensors on their way home stay allocated until
+    their copy finishes, so when more than `write_buffer_bytes` are in flight the host waits
+    for the oldest copy (a `write_buffer` stall) instead of letting the forward run ahead of
+    the link and the device budget."""
+
+    def __init__(self, arena: HostArena, write_buffer_bytes: int = 1 << 30) -> None:
         self.arena = arena
         self.chunks: list[torch.Tensor] = []  # uint8 tiles
         self.cursor = (0, 0)  # (chunk index, byte offset)
+        self.write_buffer_bytes = write_buffer_bytes
+        self.in_flight: deque[tuple[torch.cuda.Event, int]] = deque()
+        self.in_flight_bytes = 0
+
+    def admit(self, nbytes: int, stall_s: dict[str, float]) -> None:
+        """Make room for a copy of `nbytes` in the write buffer (CUDA only)."""
+        while self.in_flight and (self.in_flight[0][0].query()
+                                  or self.in_flight_bytes + nbytes > self.write_buffer_bytes):
+            event, size = self.in_flight.popleft()
+            start = time.perf_counter()
+            event.synchronize()
+            stall_s["write_buffer"] = stall_s.get("write_buffer", 0.0) + time.perf_counter() - start
+            self.in_flight_bytes -= size
+
+    def track(self, event: torch.cuda.Event, nbytes: int) -> None:
+        self.in_flight.append((event, nbytes))
+        self.in_flight_bytes += nbytes
 
     def reset(self) -> None:
         self.cursor = (0, 0)
@@ -99,6 +123,8 @@ class SavedTensorPolicy:
     def send_home(self, t: torch.Tensor) -> _HostCopy:
         host = self.store.take(t)
         s = self.streams
+        if s.cuda:
+            self.store.admit(t.nbytes, s.stall_s)
         ready = s.record("comp")
         s.wait("outbound", ready)
         with s.on("outbound"):
@@ -108,7 +134,10 @@ class SavedTensorPolicy:
             if s.cuda:
                 t.record_stream(s.outbound)
         self.counters["d2h_bytes"] += t.nbytes
-        return _HostCopy(host, s.record("outbound"))
+        done = s.record("outbound")
+        if s.cuda:
+            self.store.track(done, t.nbytes)
+        return _HostCopy(host, done)
 
     def fetch(self, copy: _HostCopy) -> torch.Tensor:
         s = self.streams

@@ -55,6 +55,7 @@ class WorkingSetConfig:
     levels: tuple[tuple[int, ...], ...] = ()  # [layer][chunk]; () = all level 0
     loss_tokens: int = 4096  # LM-head token block: logits never materialise whole
     gpu_optimizer: bool = False  # AdamW on the device over streamed moments (device_optim)
+    write_buffer_bytes: int = 1 << 30  # saved activations in flight to the host, at most
 
     @property
     def chunks(self) -> int:
@@ -115,7 +116,7 @@ class WorkingSetRuntime:
         self.head = host.head_w.to(self.device)
         self.embed_grad = torch.zeros_like(self.embed)
         self.head_grad = torch.zeros_like(self.head)
-        self.acts = HostActivationStore(host.arena)
+        self.acts = HostActivationStore(host.arena, cfg.write_buffer_bytes)
         self.dopt = (DeviceOptimizer(host, opt, cfg.steps, self.streams, self.device,
                                      self.grads, self.counters) if cfg.gpu_optimizer else None)
         self.cos, self.sin = rope_tables(dims, cfg.seq_len, self.device, dtype)
