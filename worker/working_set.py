@@ -29,7 +29,7 @@ from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
 from worker.model import attention, rms_norm, rope_tables, swiglu
 from worker.device_optim import DeviceOptimizer
-from worker.lean_mlp import lean_mlp_block
+from worker.lean_mlp import lean_backward, lean_forward
 from worker.rings import Slot, Streams
 from worker.saved_acts import HostActivationStore, SavedTensorPolicy
 from worker.state import DTYPES, HostState
@@ -71,7 +71,7 @@ class _Graph:
 
     x: torch.Tensor | object  # layer input (device tensor or host copy)
     attn: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
-    mlp: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
+    lean: tuple[object, object, object] | None = None  # MLP's (h, gate, up), levels 2-3
     h: torch.Tensor | object | None = None  # attention-block output, for level 1
 
 
@@ -175,9 +175,8 @@ class WorkingSetRuntime:
                 with torch.no_grad():
                     h = attn_block(x, w, dims, self.cos, self.sin)
             if level in (2, 3):
-                hm, wm = h.detach().requires_grad_(), _leaves(w)
-                y = lean_mlp_block(hm, wm, dims.rms_norm_eps)
-                g.mlp = (hm, y, wm)
+                y, gate, up = lean_forward(h.detach(), w, dims.rms_norm_eps)
+                g.lean = tuple(self._stash(t, home, policy) for t in (h.detach(), gate, up))
             else:
                 if level == 1:
                     g.h = self._stash(h.detach(), home, policy)
@@ -193,7 +192,12 @@ class WorkingSetRuntime:
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
         recomputed_attn = None
-        if g.mlp is None:  # need h: saved (level 1) or recomputed with the attention graph
+        if g.lean is not None:  # levels 2-3: the MLP's lean set, no GEMM recomputed
+            h, gate, up = (self._unstash(t, policy) for t in g.lean)
+            dh, dws = lean_backward(dy, h, gate, up, w, dims.rms_norm_eps)
+            for n, grad in dws.items():
+                dw[n].add_(grad)
+        else:  # need h: saved (level 1) or recomputed with the attention graph
             if g.h is not None:
                 h = self._unstash(g.h, policy)
             else:
@@ -201,16 +205,15 @@ class WorkingSetRuntime:
                 h = attn_block(xa, wa, dims, self.cos, self.sin)
                 recomputed_attn = (xa, h, wa)
             hm, wm = h.detach().requires_grad_(), _leaves(w)
-            g.mlp = (hm, mlp_block(hm, wm, dims), wm)
-        hm, y, wm = g.mlp
-        torch.autograd.backward(y, dy)
-        _accumulate(dw, wm)
+            torch.autograd.backward(mlp_block(hm, wm, dims), dy)
+            _accumulate(dw, wm)
+            dh = hm.grad
         attn = g.attn or recomputed_attn
         if attn is None:
             xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), _leaves(w)
             attn = (xa, attn_block(xa, wa, dims, self.cos, self.sin), wa)
         xa, h, wa = attn
-        torch.autograd.backward(h, hm.grad)
+        torch.autograd.backward(h, dh)
         _accumulate(dw, wa)
         return xa.grad
 
