@@ -20,8 +20,9 @@ from scheduler.model_dims import ModelDims
 # Forward passes of one layer recomputed in backward, by level (measured shares of an
 # 8B layer's forward at 8K: MLP ~0.7, attention block ~0.3).
 RECOMPUTE_FORWARDS = (1.0, 0.7, 0.3, 0.02)
-# Plan the link to 80% of its measured rate: gradients and prefetches share it.
-LINK_SHARE = 0.8
+# Plan the link to half its measured rate: gradients, prefetches and the device optimizer
+# share it, and at 80% the write buffer stalled 1.6-3.3 s a step (bench/RESULTS.md).
+LINK_SHARE = 0.5
 
 
 @dataclass(frozen=True)
