@@ -51,7 +51,10 @@ def device_bytes(dims: ModelDims, spec: JobSpec, c: WsChoice) -> int:
     per_token = activation_bytes_per_token(dims, spec.precision)
     workspace = int(1.3 * per_token * S)  # one sequence's layer fwd+bwd while recomputing
     window = c.window * c.micro_batch * S * (D * e + LEVEL_FRACTION[c.level] * per_token)
-    home = WRITE_BUFFER_BYTES if c.window < dims.num_layers else 0
+    # copies in flight home: bounded by the write buffer, and by all a round sends home
+    sent = (dims.num_layers - c.window) * c.micro_batch * S * (D * e + LEVEL_FRACTION[c.level]
+                                                               * per_token)
+    home = min(WRITE_BUFFER_BYTES, int(sent))
     total = groups + rings + transition + loss + workspace + window + home + DEVICE_RESERVE_BYTES
     return int(total * ALLOCATOR_SLACK)
 
