@@ -139,8 +139,10 @@ class WorkingSetRuntime:
         return self.host.optimizer_state()
 
     def load_state(self, tensors: dict[str, torch.Tensor], extra: dict[str, object]) -> None:
-        if self.dopt is not None:
+        if self.dopt is not None:  # nothing pending, and no moment slot is current
             self.dopt.todo.clear()
+            self.dopt.m.invalidate()
+            self.dopt.v.invalidate()
         self.host.load_state_dict(tensors)
         self.host.load_optimizer_state(extra)
         self.weights.invalidate()
