@@ -176,7 +176,8 @@ def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
     host = HostState.create(dims, "bf16", pin=True, fused_adamw=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     for tile in [*host.weights, host.embed_w, host.head_w]:  # init on the GPU, copy home
-        tile.copy_(torch.randn(tile.numel(), device="cuda", generator=g, dtype=torch.bfloat16) * 0.02)
+        noise = torch.randn(tile.numel(), device="cuda", generator=g, dtype=torch.bfloat16)
+        tile.copy_(noise * 0.02)
     for k in range(dims.num_layers):  # RMSNorm weights start at one
         for n, v in host.layout.views(host.weights[k]).items():
             if n.endswith("layernorm.weight"):

@@ -91,7 +91,8 @@ class HFModelConfig(_Strict):
                 f"{self.num_attention_heads}; set head_dim explicitly"
             )
         if self.tie_word_embeddings:
-            raise ValueError("tie_word_embeddings=true is not supported: wstrain trains an untied LM head")
+            raise ValueError("tie_word_embeddings=true is not supported: wstrain trains an "
+                             "untied LM head")
         return self
 
 

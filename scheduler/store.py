@@ -43,7 +43,8 @@ return {1, cur}
 # Scan the queue in priority order and claim the first job whose budgets fit the node.
 _CLAIM_LUA = """
 local queue = KEYS[1]
-local prefix, node, free_dev, free_host, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local prefix, node, now = ARGV[1], ARGV[2], ARGV[5]
+local free_dev, free_host = tonumber(ARGV[3]), tonumber(ARGV[4])
 for _, id in ipairs(redis.call('ZRANGE', queue, 0, 99)) do
   local job = prefix .. ':job:' .. id
   local f = redis.call('HMGET', job, 'state', 'device_bytes', 'host_bytes')

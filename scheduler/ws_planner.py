@@ -47,7 +47,8 @@ def device_bytes(dims: ModelDims, spec: JobSpec, c: WsChoice) -> int:
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
     rings = (c.r_param + c.r_grad + 4 * c.device_optimizer) * dims.layer_params * e
     transition = c.micro_batch * S * D * e
-    loss = min(c.loss_tokens, spec.seq_len) * dims.vocab_size * (e + 8)  # logits + fp32 copy + fp32 grad
+    # LM-head block: logits + their fp32 copy + fp32 grad
+    loss = min(c.loss_tokens, spec.seq_len) * dims.vocab_size * (e + 8)
     per_token = activation_bytes_per_token(dims, spec.precision)
     workspace = int(1.3 * per_token * S)  # one sequence's layer fwd+bwd while recomputing
     window = c.window * c.micro_batch * S * (D * e + LEVEL_FRACTION[c.level] * per_token)
@@ -116,7 +117,8 @@ def _levels(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: WsChoice, dev:
     spare_dev = int((spec.budget.device_bytes - WINDOW_MARGIN * dev) / ALLOCATOR_SLACK)
     # The device optimizer sends weights and both moments of every layer home in round 0's
     # forward: the link carries that before any activation.
-    optimizer_home = 3 * dims.layer_params * ELEMENT_BYTES[spec.precision] if c.device_optimizer else 0
+    optimizer_home = (3 * dims.layer_params * ELEMENT_BYTES[spec.precision]
+                      if c.device_optimizer else 0)
     return level_rules.assign(dims, spec, ELEMENT_BYTES[spec.precision], c.micro_batch,
                               c.window, node.d2h_bytes_per_s, node.matmul_flops,
                               max(0, spare_dev), max(0, spec.budget.host_bytes - host),

@@ -64,8 +64,9 @@ class _Snapshot(Collector):
                                     "waited, by dependency.", labels=["job", "dependency"])
         moved = CounterMetricFamily("wstrain_transfer_bytes", "Bytes copied between host and "
                                     "device.", labels=["job", "direction"])
-        bw = GaugeMetricFamily("wstrain_transfer_bandwidth_bytes_per_second", "Achieved "
-                               "transfer bandwidth over the last step.", labels=["job", "direction"])
+        bw = GaugeMetricFamily("wstrain_transfer_bandwidth_bytes_per_second",
+                               "Achieved transfer bandwidth over the last step.",
+                               labels=["job", "direction"])
         dev = GaugeMetricFamily("wstrain_device_memory_bytes", "Peak device memory of the "
                                 "worker, allocated and reserved.", labels=["job", "kind"])
         host = {name: GaugeMetricFamily(f"wstrain_{name}", text, labels=["job"]) for name, text in (

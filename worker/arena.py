@@ -105,7 +105,8 @@ class HostArena:
         pages = max(1, -(-numel * itemsize // mmap.PAGESIZE))
         region = mmap.mmap(-1, pages * mmap.PAGESIZE)
         self._maps.append(region)
-        t = torch.frombuffer(region, dtype=dtype, count=numel) if numel else torch.zeros(0, dtype=dtype)
+        t = (torch.frombuffer(region, dtype=dtype, count=numel) if numel
+             else torch.zeros(0, dtype=dtype))
         if self.pin and numel:
             cudart = torch.cuda.cudart()
             rc = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)

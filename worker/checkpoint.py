@@ -3,7 +3,7 @@
 data position and RNG state. Written atomically: into a temp dir, fsynced, renamed, then
 the `latest` pointer replaced.
 
-    path = save(root, TrainerState(step, step), runtime.state_tensors(), runtime.optimizer_state(), cfg)
+    save(root, TrainerState(step, step), runtime.state_tensors(), runtime.optimizer_state(), cfg)
     state, tensors, extra = load(latest(root))
 """
 

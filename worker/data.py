@@ -47,7 +47,8 @@ class TokenStream:
                              f"of seq_len+1={seq_len + 1}")
         return cls(tokens, seq_len, seed)
 
-    def batch(self, step: int, round_idx: int, micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, step: int, round_idx: int,
+              micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets, each (micro_batch, seq_len) int64."""
         rng = np.random.default_rng([self.seed, step, round_idx])
         starts = rng.integers(0, len(self.tokens) - self.seq_len - 1, size=micro_batch)

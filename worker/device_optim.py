@@ -54,7 +54,8 @@ class DeviceOptimizer:
         """Called on each final gradient before it goes home: accumulate its squared norm."""
         self.sq_norm += flat.float().pow(2).sum()
 
-    def finish_step(self, step: int, resident: list[tuple[torch.Tensor, torch.Tensor, int]]) -> float:
+    def finish_step(self, step: int,
+                    resident: list[tuple[torch.Tensor, torch.Tensor, int]]) -> float:
         """Gradients of `step` are complete: fix lr and clipping, update the resident groups
         now and leave the layers pending. resident: (device weights, device grads, group)."""
         for _, g, _ in resident:

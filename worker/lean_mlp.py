@@ -35,7 +35,8 @@ def lean_forward(h: torch.Tensor, w: dict[str, torch.Tensor],
 
 
 def lean_backward(dy: torch.Tensor, h: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
-                  w: dict[str, torch.Tensor], eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                  w: dict[str, torch.Tensor],
+                  eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """dL/dh and the four weight gradients, from dy = dL/dy. (B, S, D) in and out."""
     w_norm, w_gate, w_up, w_down = (w[n] for n in NAMES)
     with torch.enable_grad():

@@ -75,7 +75,8 @@ class Streams:
     def time_host(self, dependency: str, start: float) -> None:
         """CPU path: count host-side copy time as the stall it would be on a GPU."""
         if not self.cuda:
-            self.stall_s[dependency] = self.stall_s.get(dependency, 0.0) + time.perf_counter() - start
+            waited = time.perf_counter() - start
+            self.stall_s[dependency] = self.stall_s.get(dependency, 0.0) + waited
 
 
 @dataclass

@@ -162,7 +162,8 @@ class WorkingSetRuntime:
     def _unstash(self, obj: object, policy: SavedTensorPolicy) -> torch.Tensor:
         return obj if isinstance(obj, torch.Tensor) else policy.fetch(obj)  # type: ignore[arg-type]
 
-    def _forward_layer(self, k: int, c: int, x: torch.Tensor, slot: Slot) -> tuple[torch.Tensor, _Graph]:
+    def _forward_layer(self, k: int, c: int, x: torch.Tensor,
+                       slot: Slot) -> tuple[torch.Tensor, _Graph]:
         dims, level = self.dims, self.cfg.level(k, c)
         home = k < self.dims.num_layers - self.cfg.window
         policy = self._policy(k)
@@ -221,7 +222,8 @@ class WorkingSetRuntime:
 
     # ---------------------------------------------------------------- head and loss
 
-    def _head_loss(self, x: torch.Tensor, targets: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _head_loss(self, x: torch.Tensor, targets: torch.Tensor,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss sum and dLoss/dx for one chunk, in token blocks. x: (B, S, D), targets (B, S)"""
         dims = self.dims
         views = self.host.head_layout.views(self.head)
