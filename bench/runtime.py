@@ -60,14 +60,6 @@ HOST_BUDGET_GIB = 100
 H200_PROFILE = {"matmul_flops": 5.2e14, "optimizer_params_per_s": 1.1e9}  # measured here
 
 
-def _rss_peak_gib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024 / GIB
-    return 0.0
-
-
 def _dims(layers: int):  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
@@ -210,6 +202,8 @@ def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
 def run_row(args: argparse.Namespace) -> Row:
     import torch
 
+    from worker.stats import proc_status_bytes
+
     name = args.row
     if name.startswith("resident"):
         res = run_resident(args, ckpt=name == "resident-ckpt")
@@ -230,7 +224,7 @@ def run_row(args: argparse.Namespace) -> Row:
                mfu=dims.flops_per_token(args.seq) * tokens_per_s / PEAK_FLOPS,
                peak_device_gib=torch.cuda.max_memory_allocated() / GIB,
                peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
-               peak_rss_gib=_rss_peak_gib(), arena_gib=res["arena_gib"],
+               peak_rss_gib=proc_status_bytes("VmHWM") / GIB, arena_gib=res["arena_gib"],
                stall_share=None if budget is None else stall_total / step_s,
                stalls_s={k: v / len(timed) for k, v in res["stalls"].items()},
                step_seconds=res["times"], plan=res["plan"], commit=commit,

@@ -17,13 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
 
 from scheduler.contracts import GIB, GPUInfo, Job, JobState, Node, job_dir
 from scheduler.errors import Conflict, WstrainError
 from scheduler.model_dims import resolve_dims
 from scheduler.planner import NodeProfile, make_plan
+from scheduler.settings import RedisSettings
 from scheduler.store import JobStore
 from scheduler.supervisor import WorkerHandle, forward_cancel, pump, spawn
 
@@ -32,12 +32,7 @@ log = logging.getLogger(__name__)
 _LIVE = (JobState.planning, JobState.running, JobState.cancelling)
 
 
-class AgentSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="WSTRAIN_", extra="ignore", populate_by_name=True)
-
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0",
-                           validation_alias=AliasChoices("WSTRAIN_REDIS_URL", "REDIS_URL"))
-    key_prefix: str = "wstrain"
+class AgentSettings(RedisSettings):
     state_dir: Path = Path("wstrain-state")
     node_name: str = Field(default_factory=socket.gethostname)
     cpu_slots: int = Field(default=1, ge=1, description="concurrent jobs on a CPU-only node")

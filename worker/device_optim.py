@@ -18,7 +18,7 @@ import torch
 from torch.optim.adamw import adamw as functional_adamw
 
 from scheduler.contracts import OptimizerSpec
-from worker.optim import lr_multiplier
+from worker.optim import clip_coefficient, learning_rate
 from worker.rings import Slot, Streams
 from worker.state import HostState
 from worker.streamer import SlotStreamer
@@ -62,11 +62,8 @@ class DeviceOptimizer:
             self.add_grad_norm(g)
         norm = float(self.sq_norm.sqrt())
         self.sq_norm.zero_()
-        coef = 1.0
-        if self.spec.grad_clip is not None:
-            coef = min(1.0, self.spec.grad_clip / (norm + 1e-6))
-        lr = self.spec.lr * lr_multiplier(step, self.spec, self.total_steps)
-        self.pending = PendingUpdate(step, lr, coef)
+        self.pending = PendingUpdate(step, learning_rate(step, self.spec, self.total_steps),
+                                     clip_coefficient(norm, self.spec))
         self.todo = set(range(self.host.dims.num_layers))
         for w, g, group in resident:
             self._update_staged(w, g, group)

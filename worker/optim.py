@@ -25,6 +25,18 @@ def lr_multiplier(step: int, spec: OptimizerSpec, total_steps: int) -> float:
     return spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * cosine
 
 
+def learning_rate(step: int, spec: OptimizerSpec, total_steps: int) -> float:
+    return spec.lr * lr_multiplier(step, spec, total_steps)
+
+
+def clip_coefficient(grad_norm: float, spec: OptimizerSpec) -> float:
+    """The factor global-norm clipping scales gradients by (1.0: no clipping), as
+    torch.nn.utils.clip_grad_norm_ computes it."""
+    if spec.grad_clip is None:
+        return 1.0
+    return min(1.0, spec.grad_clip / (grad_norm + 1e-6))
+
+
 def make_adamw(params: Iterable[torch.nn.Parameter], spec: OptimizerSpec, total_steps: int,
                fused: bool = False) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     opt = torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, eps=spec.eps,

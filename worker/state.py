@@ -15,7 +15,7 @@ import torch
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
 from worker.arena import HostArena, LayerLayout
-from worker.optim import lr_multiplier
+from worker.optim import clip_coefficient, learning_rate
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -112,12 +112,11 @@ class HostState:
     def optimizer_step(self, step: int, spec: OptimizerSpec, total_steps: int) -> float:
         """Clip by global norm, then AdamW on every tile. Returns the pre-clip norm."""
         norm = self.grad_norm()
-        if spec.grad_clip is not None:
-            coef = spec.grad_clip / (norm + 1e-6)
-            if coef < 1.0:
-                for p in self.params:
-                    p.grad.mul_(coef)
-        lr = spec.lr * lr_multiplier(step, spec, total_steps)
+        coef = clip_coefficient(norm, spec)
+        if coef < 1.0:
+            for p in self.params:
+                p.grad.mul_(coef)
+        lr = learning_rate(step, spec, total_steps)
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group.update(lr=lr, betas=spec.betas, eps=spec.eps,

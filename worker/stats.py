@@ -15,10 +15,11 @@ class StepStats:
     d2h_bytes: int = 0
 
 
-def _rss_bytes() -> int:
+def proc_status_bytes(field: str = "VmRSS") -> int:
+    """A memory field of /proc/self/status ("VmRSS" now, "VmHWM" peak) in bytes."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -47,7 +48,7 @@ class Telemetry:
             "transfer_bytes_total.d2h": float(self.d2h_bytes),
             "transfer_bandwidth.h2d": last.h2d_bytes / last.step_seconds,
             "transfer_bandwidth.d2h": last.d2h_bytes / last.step_seconds,
-            "host_rss_bytes": float(_rss_bytes()),
+            "host_rss_bytes": float(proc_status_bytes()),
             "host_arena_bytes": float(arena_bytes),
             "host_pinned_bytes": float(pinned_bytes),
         })
