@@ -21,6 +21,7 @@ from pydantic import Field
 
 from scheduler.contracts import GIB, GPUInfo, Job, JobState, Node, job_dir
 from scheduler.errors import Conflict, WstrainError
+from scheduler.exporter import AgentExporter, NodeGauges
 from scheduler.model_dims import resolve_dims
 from scheduler.planner import NodeProfile, make_plan
 from scheduler.settings import RedisSettings
@@ -40,6 +41,13 @@ class AgentSettings(RedisSettings):
     heartbeat_s: float = 1.0
     node_ttl_s: float = 10.0
     shutdown_grace_s: float = 60.0
+    profile_cache: bool = Field(default=True, description="reuse the hardware profile "
+                                "measured for this GPU/driver/torch under state_dir/profiles")
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=9464, ge=0, le=65535,
+                              description="the agent's /metrics port (0: not served)")
+    metrics_grace_s: float = Field(default=120.0, ge=0, description="seconds a finished "
+                                   "job's series stay exported")
 
 
 def _host_memory() -> tuple[int, int]:
@@ -60,10 +68,14 @@ class Agent:
         self.device = "cpu"
         self.gpus: list[GPUInfo] = []
         self.profile: dict[str, float] = {}
+        self.exporter = AgentExporter(settings.metrics_grace_s)
 
     async def _measure(self) -> None:
+        cache = ["--cache-dir", str(self.settings.state_dir / "profiles")]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "worker.profile", stdout=asyncio.subprocess.PIPE)
+            sys.executable, "-m", "worker.profile", *(cache if self.settings.profile_cache
+                                                      else []),
+            stdout=asyncio.subprocess.PIPE)
         out, _ = await proc.communicate()
         if proc.returncode != 0:
             raise RuntimeError(f"hardware profiling failed with exit {proc.returncode}")
@@ -71,8 +83,11 @@ class Agent:
         self.device = measured["device"]
         self.gpus = [GPUInfo(**g) for g in measured["gpus"]]
         self.profile = measured["profile"]
-        log.info("node %s: %s, %d GPU(s), matmul %.3g TFLOP/s", self.name, self.device,
-                 len(self.gpus), self.profile["matmul_flops"] / 1e12)
+        log.info("node %s: %s, %d GPU(s), matmul %.3g TFLOP/s, H2D %.3g GB/s, D2H %.3g GB/s "
+                 "(profile %s%s)", self.name, self.device, len(self.gpus),
+                 self.profile["matmul_flops"] / 1e12, self.profile["h2d_bytes_per_s"] / 1e9,
+                 self.profile["d2h_bytes_per_s"] / 1e9, measured["key"],
+                 ", cached" if measured.get("cached") else "")
 
     # ------------------------------------------------------------ capacity
 
@@ -103,6 +118,21 @@ class Agent:
                     running=sorted(self.workers), profile=self.profile,
                     heartbeat_at=time.time())
 
+    def node_gauges(self) -> NodeGauges:
+        host_total, _ = _host_memory()
+        free_dev, free_host = self._free_bytes()
+        if self.gpus:
+            busy = {h.gpu for h in self.workers.values()}
+            capacity = {f"cuda:{g.index}": g.total_bytes for g in self.gpus}
+            free = {f"cuda:{g.index}": 0 if g.index in busy else g.total_bytes
+                    for g in self.gpus}
+        else:
+            capacity, free = {"cpu": host_total}, {"cpu": free_dev}
+        ceilings = {d: self.profile[f"{d}_bytes_per_s"] for d in ("h2d", "d2h", "both")
+                    if f"{d}_bytes_per_s" in self.profile}
+        return NodeGauges(self.name, capacity, free, host_total, free_host, self.slots,
+                          len(self.workers), ceilings)
+
     def node_profile(self) -> NodeProfile:
         host_total, _ = _host_memory()
         dev_total = max((g.total_bytes for g in self.gpus), default=host_total)
@@ -132,7 +162,8 @@ class Agent:
         proc = await spawn(job, jdir, self.profile.get("peak_flops", 989e12),
                            self.settings.worker_threads, gpu, dict(os.environ))
         handle = WorkerHandle(job, proc, job.spec.budget.device_bytes,
-                              job.spec.budget.host_bytes, gpu)
+                              job.spec.budget.host_bytes, gpu, self.exporter)
+        self.exporter.job_started(job.model_copy(update={"plan": plan}))
         self.workers[job_id] = handle
         await self.store.update(job_id, worker_pid=proc.pid)
         log.info("job %s: worker pid %d started (attempt %d)", job_id, proc.pid, job.attempt)
@@ -181,11 +212,16 @@ class Agent:
 
     async def run(self) -> None:
         await self._measure()
+        if self.settings.metrics_port:
+            self.exporter.serve(self.settings.metrics_host, self.settings.metrics_port)
+            log.info("node %s: /metrics on %s:%d", self.name, self.settings.metrics_host,
+                     self.settings.metrics_port)
         await self.store.put_node(self.node(), self.settings.node_ttl_s)
         await self._reap_orphans()
         last_reap = time.monotonic()
         while not self.stopping.is_set():
             await self.store.put_node(self.node(), self.settings.node_ttl_s)
+            self.exporter.set_node(self.node_gauges())
             while await self._claim_one():
                 pass
             for handle in list(self.workers.values()):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from scheduler.contracts import Job, JobState, WorkerExit, WorkerMessage
 from scheduler.errors import Conflict
+from scheduler.exporter import AgentExporter
 from scheduler.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class WorkerHandle:
     device_bytes: int  # budgets reserved on this node while the worker lives
     host_bytes: int
     gpu: int | None
+    exporter: AgentExporter
     started: bool = False  # the worker reported `started`: its SIGTERM handler is in place
     cancel_sent: bool = False
     shutting_down: bool = False
@@ -56,6 +58,7 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
     jid = h.job.id
     if msg.kind == "step" and msg.step is not None:
         h.last_step = msg.step
+        h.exporter.job_step(jid, msg)
         remaining = h.job.steps - msg.step
         eta = remaining * msg.step_seconds if msg.step_seconds else None
         await store.update(jid, step=msg.step, loss=msg.loss, tokens_per_s=msg.tokens_per_s,
@@ -87,6 +90,7 @@ async def pump(store: JobStore, h: WorkerHandle) -> None:
             continue
         await _handle_message(store, h, msg)
     code = await h.proc.wait()
+    h.exporter.job_ended(h.job.id)
     await settle(store, h, code)
     h.done.set()
 

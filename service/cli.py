@@ -1,6 +1,6 @@
 """The `wstrain` command line.
 
-    wstrain serve [--host 127.0.0.1] [--port 8000] [--state-dir DIR]   # API + agent (+ Redis)
+    wstrain serve [--host 127.0.0.1] [--port 8000] [--state-dir DIR] [--metrics-port 9464]
     wstrain submit SPEC.yaml [--follow]     wstrain ls [--state S]     wstrain status ID
     wstrain cancel ID    wstrain resume ID    wstrain plan SPEC.yaml
 
@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--state-dir", type=Path, default=Path("wstrain-state"))
+    s.add_argument("--metrics-port", type=int,
+                   default=int(os.environ.get("WSTRAIN_METRICS_PORT", "9464")),
+                   help="port of the agent's /metrics (job series), on --host")
     s = sub.add_parser("submit", help="submit a job spec (YAML or JSON)")
     s.add_argument("spec")
     s.add_argument("--follow", action="store_true", help="stream events until the job ends")
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "serve":
         from service.serve import serve  # uvicorn and process management only when serving
 
-        return serve(args.host, args.port, args.state_dir)
+        return serve(args.host, args.port, args.state_dir, args.metrics_port)
     try:
         return _run_client(args)
     except CliError as exc:

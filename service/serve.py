@@ -65,7 +65,7 @@ def _stop(proc: subprocess.Popen[bytes], name: str, timeout_s: float) -> None:
         proc.kill()
 
 
-def serve(host: str, port: int, state_dir: Path) -> int:
+def serve(host: str, port: int, state_dir: Path, metrics_port: int) -> int:
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -76,7 +76,8 @@ def serve(host: str, port: int, state_dir: Path) -> int:
         redis_proc = start_redis(state_dir / "redis", rport)
         redis_url = f"redis://127.0.0.1:{rport}/0"
         log.info("started private redis-server on %s", redis_url)
-    env.update(WSTRAIN_REDIS_URL=redis_url, WSTRAIN_STATE_DIR=str(state_dir))
+    env.update(WSTRAIN_REDIS_URL=redis_url, WSTRAIN_STATE_DIR=str(state_dir),
+               WSTRAIN_METRICS_HOST=host, WSTRAIN_METRICS_PORT=str(metrics_port))
     agent = subprocess.Popen([sys.executable, "-m", "scheduler.agent"], env=env)
     # uvicorn re-raises SIGTERM/SIGINT once it has shut down; with these no-op handlers in
     # place that lands here instead of killing the process, so the children stop cleanly.

@@ -65,6 +65,11 @@ class Stack:
     api: subprocess.Popen[bytes]
     agent: subprocess.Popen[bytes] | None
     port: int
+    metrics_port: int  # the agent's /metrics
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30)
@@ -89,14 +94,16 @@ class Stack:
 def make_stack(redis_url: str, tmp: Path, prefix: str, with_agent: bool) -> Stack:
     from service.serve import free_port
 
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = dict(os.environ)
     env.update(WSTRAIN_REDIS_URL=redis_url, WSTRAIN_KEY_PREFIX=prefix,
                WSTRAIN_STATE_DIR=str(tmp / "state"), WSTRAIN_CPU_SLOTS="2",
                WSTRAIN_WORKER_THREADS="1", WSTRAIN_NODE_NAME=f"node-{prefix}",
                WSTRAIN_DATA_ROOTS=json.dumps([str(REPO), str(tmp)]),
-               WSTRAIN_HEARTBEAT_S="0.5", PYTHONPATH=str(REPO))
-    stack = Stack(f"http://127.0.0.1:{port}", env, tmp / "state", None, None, port)  # type: ignore[arg-type]
+               WSTRAIN_HEARTBEAT_S="0.5", WSTRAIN_METRICS_PORT=str(metrics_port),
+               WSTRAIN_METRICS_GRACE_S="3", PYTHONPATH=str(REPO))
+    stack = Stack(f"http://127.0.0.1:{port}", env, tmp / "state", None, None,  # type: ignore[arg-type]
+                  port, metrics_port)
     stack.start_api()
     if with_agent:
         stack.agent = subprocess.Popen([sys.executable, "-m", "scheduler.agent"], env=env,

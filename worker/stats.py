@@ -28,7 +28,7 @@ def proc_status_bytes(field: str = "VmRSS") -> int:
 class Telemetry:
     """Running totals a worker reports with each step message (its reports are throttled,
     so counters must be cumulative here, not per reported step). Keys: `name` or
-    `name.label`, as the API's /metrics exports them (service/metrics.py)."""
+    `name.label`, as the agent's /metrics exports them (scheduler/exporter.py)."""
 
     stall_s: dict[str, float] = field(default_factory=dict)
     h2d_bytes: int = 0
@@ -55,4 +55,6 @@ class Telemetry:
         if device_peak is not None:
             out["device_memory.peak_allocated"] = float(device_peak[0])
             out["device_memory.peak_reserved"] = float(device_peak[1])
+        else:  # on a CPU node the device is host memory: the process's peak is its footprint
+            out["device_memory.peak_process_rss"] = float(proc_status_bytes("VmHWM"))
         return out

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from safetensors.torch import load_file
 
@@ -31,7 +32,7 @@ def test_job_trains_to_completion_with_falling_loss(stack: Stack) -> None:
         metrics_seen = False
         while (cur := c.get(f"/v1/jobs/{job['id']}").json())["state"] == "running":
             if cur["loss"] is not None and not metrics_seen:
-                text = c.get("/metrics").text
+                text = httpx.get(stack.metrics_url).text
                 metrics_seen = f'wstrain_loss{{job="{job["id"]}"}}' in text
             time.sleep(0.05)
         done = wait_terminal(c, job["id"])
@@ -154,7 +155,7 @@ def test_working_set_telemetry_reaches_metrics(stack: Stack) -> None:
         tel = live["telemetry"]
         assert tel["host_arena_bytes"] > 0 and tel["host_rss_bytes"] > 0
         assert tel["transfer_bytes_total.d2h"] > 0 and "stall_seconds_total.optimizer" in tel
-        text = c.get("/metrics").text
+        text = httpx.get(stack.metrics_url).text
         jid = job["id"]
         for line in (f'wstrain_transfer_bytes_total{{direction="h2d",job="{jid}"}}',
                      f'wstrain_host_arena_bytes{{job="{jid}"}}',
@@ -162,4 +163,9 @@ def test_working_set_telemetry_reaches_metrics(stack: Stack) -> None:
             assert line in text, line
         c.post(f"/v1/jobs/{jid}/cancel")
         assert wait_terminal(c, jid)["state"] == "cancelled"
-        assert f'job="{jid}"' not in c.get("/metrics").text  # finished jobs drop out
+    # A finished job's series stay for the grace period (3 s in the test stack), then go.
+    assert f'job="{jid}"' in httpx.get(stack.metrics_url).text
+    deadline = time.monotonic() + 30
+    while f'job="{jid}"' in httpx.get(stack.metrics_url).text:
+        assert time.monotonic() < deadline, "finished job's series never dropped"
+        time.sleep(0.2)
