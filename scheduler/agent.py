@@ -23,7 +23,8 @@ from scheduler.contracts import GIB, GPUInfo, Job, JobState, Node, job_dir
 from scheduler.errors import Conflict, WstrainError
 from scheduler.exporter import AgentExporter, NodeGauges
 from scheduler.model_dims import resolve_dims
-from scheduler.planner import NodeProfile, make_plan
+from scheduler.hardware import NodeProfile
+from scheduler.planner import make_plan
 from scheduler.settings import RedisSettings
 from scheduler.store import JobStore
 from scheduler.supervisor import WorkerHandle, forward_cancel, pump, spawn

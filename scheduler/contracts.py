@@ -179,6 +179,8 @@ class PlanOverrides(_Strict):
     r_grad: int | None = Field(default=None, ge=1, description="working set: gradient slots")
     level: int | None = Field(default=None, ge=0, le=3, description="working set: saved-"
                               "activation level of every (layer, chunk)")
+    optimizer: Literal["host", "device"] | None = Field(
+        default=None, description="working set: AdamW on the host CPU or on the device")
 
 
 class JobSpec(_Strict):
@@ -204,6 +206,12 @@ class Predicted(BaseModel):
     step_seconds: float
     peak_device_bytes: int
     peak_host_bytes: int
+    # The step's breakdown (they sum to step_seconds): compute at the node's profiled rates,
+    # recomputation in backward, transfers not hidden behind compute, exposed optimizer.
+    compute_seconds: float | None = None
+    recompute_seconds: float | None = None
+    exposed_transfer_seconds: float | None = None
+    optimizer_seconds: float | None = None
 
 
 class WorkingSetPlan(BaseModel):

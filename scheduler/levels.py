@@ -1,83 +1,185 @@
-"""Saved-activation levels per (layer, chunk) for a working-set plan.
+"""Saved-activation levels per (layer, chunk) for a working-set plan: AdaWS §3.2.4's dynamic
+program, maximising avoided recomputation subject to "the write buffer is free in time".
 
-Level 0 saves a layer's input only and recomputes the whole layer in backward; level 2 also
-keeps the MLP's lean set (h, gate, up: worker/lean_mlp.py) so backward recomputes only the
-attention block. Outside the device window a level-2 chunk's set travels home during the
-layer's forward, so a layer may hold as many level-2 chunks as the D2H link carries in its
-forward time (AdaWS §3.2.4: the write buffer must be free in time), spread evenly over its
-chunks. Inside the window, level-2 chunks are bought with spare device memory, last layers
-first. Host memory bounds both. (The autoconfigurator issue replaces this greedy rule with
-AdaWS's dynamic program over all four levels.)
+Levels (worker/working_set.py): 0 saves a layer's input only (backward recomputes the whole
+layer), 1 adds the attention graph (recompute the MLP), 2 the MLP's lean set h/gate/up
+(recompute attention), 3 both. Outside the device window every (layer, chunk)'s saved set
+travels home over the D2H link in forward order; the link is FIFO, so after chunk j its
+backlog is b_j = max(0, b_{j-1} - compute_j) + transfer_j, and the write buffer is free in
+time when b_j never exceeds the cap (AdaWS: finished before the chunk W layers later starts;
+here also: never more bytes in flight than the worker's write buffer holds).
+
+The DP runs over layers with the backlog at the layer's end as its state (discretised,
+transfers rounded up, compute rounded down, so it never under-estimates the backlog). A
+layer's chunks are identical, and with one link constraint the LP optimum mixes at most two
+levels (adjacent on the value-per-byte hull), so a layer's decision is a pair of levels and a
+count, spread evenly over its chunks; each pattern is simulated chunk by chunk against the
+cap. 64 layers x 32 chunks x 4 levels solve in a few milliseconds (tests/scheduler).
+
+    sol = solve(layers)               # layers: list[LayerCost], in forward order
+    sol.best_s(h), sol.levels(h)      # value and levels per (layer, chunk) of the first h
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from scheduler.contracts import JobSpec
-from scheduler.model_dims import ModelDims
+import numpy as np
 
-# Forward passes of one layer recomputed in backward, by level (measured shares of an
-# 8B layer's forward at 8K: MLP ~0.7, attention block ~0.3).
-RECOMPUTE_FORWARDS = (1.0, 0.7, 0.3, 0.02)
-# Plan the link to half its measured rate: gradients, prefetches and the device optimizer
-# share it, and at 80% the write buffer stalled 1.6-3.3 s a step (bench/RESULTS.md).
-LINK_SHARE = 0.5
+LEVELS = 4
+BUCKETS = 64  # backlog states up to the largest cap, at least
+MAX_BUCKETS = 256
 
 
 @dataclass(frozen=True)
-class Levels:
-    levels: list[list[int]]  # [layer][chunk]
-    device_bytes: int  # extra device bytes the window's level-2 chunks take
-    host_bytes: int  # extra host bytes the home level-2 chunks take
-    recompute_forwards: float  # layer forwards recomputed per round, over all (layer, chunk)
+class LayerCost:
+    """One home layer's chunks as the DP sees them (all times in seconds, per round)."""
+
+    chunks: int
+    compute_s: float  # one chunk's forward
+    transfer_s: tuple[float, ...]  # per level: the chunk's saved set home over the link
+    value_s: tuple[float, ...]  # per level: recomputation avoided in backward vs level 0
+    cap_s: float  # the backlog allowed after any of its chunks (the write buffer)
+    # The layer's backward: exposed = max(0, inbound + fetches - busy - recomputation).
+    fetch_s: tuple[float, ...] = (0.0,) * LEVELS  # per level: the saved set back in
+    inbound_s: float = 0.0  # weights and accumulated gradients in
+    busy_s: float = 0.0  # backward compute of all chunks, recomputation aside
+
+    def pattern_value(self, pats: np.ndarray) -> np.ndarray:
+        """(P,) avoided recomputation minus exposed backward transfer, per pattern."""
+        value = np.asarray(self.value_s)[pats].sum(axis=1)
+        recompute = pats.shape[1] * self.compute_s - value  # RECOMPUTE_FORWARDS[0] == 1
+        fetch = np.asarray(self.fetch_s)[pats].sum(axis=1)
+        return value - np.maximum(0.0, self.inbound_s + fetch - self.busy_s - recompute)
 
 
-def lean_bytes_per_seq(dims: ModelDims, spec: JobSpec, element_bytes: int) -> int:
-    return spec.seq_len * element_bytes * (dims.hidden_size + 2 * dims.intermediate_size)
+@functools.lru_cache(maxsize=64)
+def patterns(chunks: int) -> np.ndarray:
+    """(P, chunks) level patterns: n chunks at level hi and the rest at lo (lo < hi), spread
+    evenly three ways (marked chunk last in its stretch, first, or spanning both ends: a
+    large saved set drains best with the most compute between two), plus the uniform ones."""
+    n = np.arange(1, chunks + 1)[:, None]
+    c = np.arange(chunks)[None, :]
+    late = (c + 1) * n // chunks > c * n // chunks  # (chunks, chunks): n marked chunks
+    early, ends = np.zeros_like(late), np.zeros_like(late)
+    for k in range(chunks):  # k + 1 marked: chunks ceil(i·C/n), and both ends included
+        i = np.arange(k + 1)
+        early[k, -(-i * chunks // (k + 1))] = True
+        ends[k, (i * (chunks - 1) + k // 2) // max(k, 1)] = True
+    spread = np.concatenate([late, early, ends, np.zeros((1, chunks), dtype=bool)])
+    rows = [np.where(spread, hi, lo) for lo in range(LEVELS) for hi in range(lo + 1, LEVELS)]
+    return np.unique(np.concatenate(rows), axis=0).astype(np.int64)
 
 
-def layer_forward_seconds(dims: ModelDims, seq_len: int, matmul_flops: float) -> float:
-    """One sequence through one layer's forward."""
-    attn = 2 * seq_len * dims.num_heads * dims.head_dim  # per token, causal QK^T and PV
-    return seq_len * (2 * dims.layer_params + attn) / matmul_flops
+@dataclass
+class _Table:
+    """For one layer type: each pattern's end state and feasibility from each start state."""
+
+    pats: np.ndarray  # (P, C)
+    # The feasible (pattern, start) pairs sorted by end state, for a segmented max:
+    start_of: np.ndarray  # (F,) start state of each pair
+    pat_of: np.ndarray  # (F,) its pattern
+    value_of: np.ndarray  # (F,) its pattern's value
+    seg_starts: np.ndarray  # where each present end state's segment begins
+    states: np.ndarray  # the end states present
 
 
-def _spread(n: int, chunks: int) -> list[int]:
-    """n level-2 chunks spread evenly over `chunks` (so D2H traffic stays even)."""
-    return [2 if (c + 1) * n // chunks > c * n // chunks else 0 for c in range(chunks)]
+def _quantum(layers: list[LayerCost]) -> tuple[float, int]:
+    """(quantum, states): at least BUCKETS states up to the largest cap, and where it costs
+    at most MAX_BUCKETS states, a quantum that divides the first layer's compute time
+    exactly, so draining the backlog is not rounded (only transfers are, upwards)."""
+    cap_s = max([lc.cap_s for lc in layers] + [1e-12])
+    quantum_s = cap_s / (BUCKETS - 1)
+    compute_s = layers[0].compute_s if layers else 0.0
+    if compute_s > 0:
+        exact = compute_s / np.ceil(compute_s / quantum_s - 1e-9)
+        if cap_s / exact < MAX_BUCKETS - 1:
+            quantum_s = exact
+    return quantum_s, int(np.floor(cap_s / quantum_s + 1e-9)) + 1
 
 
-def uniform(dims: ModelDims, chunks: int, level: int) -> Levels:
-    return Levels([[level] * chunks for _ in range(dims.num_layers)], 0, 0,
-                  dims.num_layers * chunks * RECOMPUTE_FORWARDS[level])
+def _table(layer: LayerCost, quantum_s: float, T: int) -> _Table:
+    pats = patterns(layer.chunks)
+    tr = np.ceil(np.asarray(layer.transfer_s) / quantum_s - 1e-9).astype(np.int64)
+    dt = int(np.floor(layer.compute_s / quantum_s + 1e-9))
+    cap = min(int(np.floor(layer.cap_s / quantum_s + 1e-9)), T - 1)
+    b = np.broadcast_to(np.arange(T), (len(pats), T)).copy()  # (P, T) backlog per start
+    peak = b.copy()
+    arrivals = tr[pats]  # (P, C)
+    for c in range(layer.chunks):
+        b -= dt
+        np.maximum(b, 0, out=b)
+        b += arrivals[:, c:c + 1]
+        np.maximum(peak, b, out=peak)
+    ok = peak <= cap
+    value = layer.pattern_value(pats)
+    # Inputs always go home (level 0): where even they outrun the link, the compute stream
+    # waits on the write buffer for the excess instead of the plan being impossible.
+    ok[0] = True  # pats[0] is all level 0 (np.unique sorts it first)
+    value[0] -= layer.chunks * max(0.0, layer.transfer_s[0] - layer.compute_s)
+    nxt = np.minimum(b, T - 1)
+    feasible = np.flatnonzero(ok.ravel())
+    order = feasible[np.argsort(nxt.ravel()[feasible], kind="stable")]
+    ends = nxt.ravel()[order]
+    seg_starts = np.flatnonzero(np.r_[True, ends[1:] != ends[:-1]]) if len(ends) else ends
+    states = ends[seg_starts]
+    return _Table(pats, order % T, order // T, value[order // T], seg_starts, states)
 
 
-def assign(dims: ModelDims, spec: JobSpec, element_bytes: int, chunks: int, window: int,
-           d2h_bytes_per_s: float, matmul_flops: float, spare_device: int,
-           spare_host: int, other_home_bytes: int = 0) -> Levels:
-    """other_home_bytes: what else crosses the D2H link during a layer's forward."""
-    L = dims.num_layers
-    lean = lean_bytes_per_seq(dims, spec, element_bytes)
-    inputs = spec.seq_len * dims.hidden_size * element_bytes
-    link = (LINK_SHARE * d2h_bytes_per_s * chunks
-            * layer_forward_seconds(dims, spec.seq_len, matmul_flops))
-    free = link - chunks * inputs - other_home_bytes
-    per_home_layer = max(0, min(chunks, int(free // lean)))
-    home_layers = L - window
-    while per_home_layer and home_layers * per_home_layer * lean > spare_host:
-        per_home_layer -= 1
-    in_window = max(0, min(window * chunks, spare_device // lean)) if lean else 0
-    levels = []
-    for k in range(L):
-        if k < home_layers:
-            levels.append(_spread(per_home_layer, chunks))
-        else:
-            # window layers fill from the last one down: those are backward's first
-            rank = L - 1 - k
-            n = max(0, min(chunks, in_window - rank * chunks))
-            levels.append(_spread(n, chunks))
-    n2 = sum(row.count(2) for row in levels)
-    recompute = n2 * RECOMPUTE_FORWARDS[2] + (L * chunks - n2) * RECOMPUTE_FORWARDS[0]
-    return Levels(levels, min(in_window, window * chunks) * lean,
-                  home_layers * per_home_layer * lean, recompute)
+@dataclass(frozen=True)
+class Solution:
+    """The DP after its one forward pass: answers for every number of home layers h."""
+
+    tables: list[_Table]  # per layer
+    values: list[np.ndarray]  # (T,) best value per backlog state after h layers, h = 0..L
+
+    def best_s(self, home_layers: int) -> float:
+        """The largest total value the first `home_layers` layers can reach."""
+        return float(self.values[home_layers].max())
+
+    def levels(self, home_layers: int) -> list[list[int]]:
+        """The optimal patterns of the first `home_layers` layers, by backtracking."""
+        state = int(np.argmax(self.values[home_layers]))
+        out: list[list[int]] = []
+        for h in range(home_layers - 1, -1, -1):  # which (pattern, start) reached `state`
+            tab, prev = self.tables[h], self.values[h]
+            i = int(np.searchsorted(tab.states, state))
+            end = tab.seg_starts[i + 1] if i + 1 < len(tab.states) else len(tab.start_of)
+            seg = slice(tab.seg_starts[i], end)
+            best = seg.start + int(np.argmax(prev[tab.start_of[seg]] + tab.value_of[seg]))
+            state = int(tab.start_of[best])
+            out.append(tab.pats[tab.pat_of[best]].tolist())
+        out.reverse()
+        return out
+
+
+def solve(layers: list[LayerCost]) -> Solution:
+    """One forward pass of the DP over the layers in forward order; the solution answers for
+    every number of home layers at once (the planner tries every window)."""
+    quantum_s, T = _quantum(layers)
+    cache: dict[LayerCost, _Table] = {}
+    val = np.full(T, -np.inf)
+    val[0] = 0.0
+    tables, values = [], [val]
+    for lc in layers:
+        tab = cache.get(lc) or cache.setdefault(lc, _table(lc, quantum_s, T))
+        val = np.full(T, -np.inf)
+        if len(tab.states):
+            cand = values[-1].take(tab.start_of) + tab.value_of  # feasible pairs by end state
+            val[tab.states] = np.maximum.reduceat(cand, tab.seg_starts)
+        tables.append(tab)
+        values.append(val)
+    return Solution(tables, values)
+
+
+def simulate(layers: list[LayerCost], levels: list[list[int]]) -> float:
+    """The peak link backlog (s) of an assignment, in continuous time."""
+    backlog = peak = 0.0
+    for lc, row in zip(layers, levels):
+        compute_s, transfer_s = lc.compute_s, lc.transfer_s
+        for lv in row:
+            backlog -= compute_s
+            backlog = (backlog if backlog > 0.0 else 0.0) + transfer_s[lv]
+            peak = backlog if backlog > peak else peak
+    return peak

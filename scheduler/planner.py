@@ -8,10 +8,9 @@ memory model with the working-set one). It is torch-free so the API can dry-run 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from scheduler.contracts import GIB, JobSpec, MinBudget, Plan, Predicted
 from scheduler.errors import InfeasibleBudget, InvalidSpec
+from scheduler.hardware import NodeProfile
 from scheduler.model_dims import ModelDims
 
 # Bytes of training state per parameter: weights + grads + two AdamW moments (+ fp32 master).
@@ -26,31 +25,6 @@ ALLOCATOR_SLACK = 1.18
 # Host memory a worker process needs before any model state: interpreter, torch, CUDA/MKL
 # runtimes, data loader buffers.
 HOST_PROCESS_BYTES = 768 * 1024**2
-
-
-@dataclass(frozen=True)
-class NodeProfile:
-    """What the planner needs to know about the node a job runs on."""
-
-    device: str  # "cpu" | "cuda"
-    matmul_flops: float  # practical dense-matmul FLOP/s at the job's precision
-    optimizer_params_per_s: float  # AdamW parameter updates per second
-    device_total_bytes: int
-    host_total_bytes: int
-    d2h_bytes_per_s: float = 5.0e10  # pinned device-to-host copy rate (H200: 55 GB/s)
-
-    @classmethod
-    def from_profile(cls, device: str, profile: dict[str, float], device_total_bytes: int,
-                     host_total_bytes: int) -> NodeProfile:
-        # On a CPU node "home" is a memcpy: no link to wait for.
-        d2h = profile.get("d2h_bytes_per_s", 5.0e10 if device == "cuda" else 1e12)
-        return cls(device, profile.get("matmul_flops", 1e10),
-                   profile.get("optimizer_params_per_s", 1e8), device_total_bytes,
-                   host_total_bytes, d2h)
-
-
-# A conservative profile for dry runs when no agent has registered yet.
-DEFAULT_PROFILE = NodeProfile("cpu", 2e10, 5e7, 16 * GIB, 16 * GIB)
 
 
 def activation_bytes_per_token(dims: ModelDims, precision: str) -> int:
@@ -94,24 +68,25 @@ def min_budget(spec: JobSpec, dims: ModelDims) -> MinBudget:
 
 
 def make_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
-    """The resident plan when the model fits the budgets (fastest), else a working-set plan;
-    `overrides.runtime` forces either. InfeasibleBudget names the smallest budgets."""
+    """The faster of the resident and the working-set plan that fit the budgets (the cost
+    model decides); `overrides.runtime` forces either. InfeasibleBudget names the smallest
+    budgets of whichever runtime needs less device memory."""
     from scheduler.ws_planner import make_ws_plan  # it builds on this module's terms
 
     if spec.overrides.runtime == "working_set":
         return make_ws_plan(spec, dims, node)
-    try:
+    if spec.overrides.runtime == "resident" or spec.precision == "mixed":
         return make_resident_plan(spec, dims, node)
-    except InfeasibleBudget as resident_exc:
-        if spec.overrides.runtime == "resident" or spec.precision == "mixed":
-            raise
+    plans, errors = [], []
+    for make in (make_resident_plan, make_ws_plan):
         try:
-            return make_ws_plan(spec, dims, node)
-        except InfeasibleBudget as ws_exc:
-            # Name whichever runtime's minimum asks for less device memory.
-            resident_dev = resident_exc.detail["min_budget"]["device_gib"]  # type: ignore[index]
-            ws_dev = ws_exc.detail["min_budget"]["device_gib"]  # type: ignore[index]
-            raise (resident_exc if resident_dev <= ws_dev else ws_exc) from None
+            plans.append(make(spec, dims, node))
+        except InfeasibleBudget as exc:
+            errors.append(exc)
+    if plans:
+        return min(plans, key=lambda p: p.predicted.step_seconds)
+    # Name whichever runtime's minimum asks for less device memory.
+    raise min(errors, key=lambda e: e.detail["min_budget"]["device_gib"])  # type: ignore[index]
 
 
 def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
@@ -142,10 +117,13 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
             f"host_gib={need.host_gib}",
             min_budget=need.model_dump(),
         )
+    from scheduler.cost_model import chunk_times
+
     micro_batch = max(fitting)
     rounds = spec.global_batch // micro_batch
-    tokens = spec.global_batch * spec.seq_len
-    compute_s = dims.flops_per_token(spec.seq_len) * tokens / node.matmul_flops
+    fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node)
+    head_s = 6 * spec.seq_len * dims.embedding_params / node.matmul_flops
+    compute_s = spec.global_batch * (dims.num_layers * (fwd_s + bwd_s) + head_s)
     peak_dev = device_peak_bytes(dims, spec.precision, spec.seq_len, micro_batch)
     device = spec.overrides.device or node.device
     # On a GPU the resident AdamW is a fused kernel over HBM (~14 bytes a parameter at
@@ -161,9 +139,12 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
         layers=dims.num_layers,
         params=dims.params,
         predicted=Predicted(step_seconds=compute_s + optimizer_s, peak_device_bytes=peak_dev,
-                            peak_host_bytes=host),
+                            peak_host_bytes=host, compute_seconds=compute_s,
+                            recompute_seconds=0.0, exposed_transfer_seconds=0.0,
+                            optimizer_seconds=optimizer_s),
         reasons={
-            "runtime": "resident: every layer, its state and its activations stay on the device",
+            "runtime": "resident: every layer, its state and its activations stay on the "
+                       "device; fits the budget and predicts the fastest step",
             "micro_batch": (f"{micro_batch} of {spec.global_batch} sequences: the largest "
                             f"divisor of global_batch whose predicted peak "
                             f"{peak_dev / GIB:.2f} GiB fits device_gib={spec.budget.device_gib}"),
@@ -171,7 +152,8 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
             "window": f"all {dims.num_layers} layers resident",
             "device": f"{device}: the node's accelerator"
                       + (" (override)" if spec.overrides.device else ""),
-            "step_seconds": (f"{compute_s:.3g} s compute at {node.matmul_flops / 1e12:.3g} "
-                             f"TFLOP/s + {optimizer_s:.3g} s optimizer"),
+            "step_seconds": (f"{compute_s + optimizer_s:.3g} s = {compute_s:.3g} compute at "
+                             f"{node.matmul_flops / 1e12:.3g} TFLOP/s GEMMs + "
+                             f"{optimizer_s:.3g} optimizer"),
         },
     )

@@ -1,88 +1,215 @@
-"""Plans for the working-set runtime: pick micro-batch, window and ring sizes that fit the
-device budget, with a memory model calibrated on an H200 run of bench/runtime.py
-(Llama-3-8B dims, 16 layers, 8K tokens: predicted within a few percent of the allocator's
-reserved peak). The autoconfigurator issue replaces the search and the levels with AdaWS's
-bound and DP; the memory terms stay.
+"""The autoconfigurator for the working-set runtime: from (model, seq_len, global batch,
+budgets, node profile) to a Plan that fits and is the fastest the cost model knows.
 
-    plan = make_ws_plan(spec, dims, node)     # InfeasibleBudget if nothing fits
+    plan = make_ws_plan(spec, dims, node)     # InfeasibleBudget names the smallest budgets
+
+The search (AdaWS §3.2 with ProTrain's "try them all, the cost model picks"):
+1. micro-batch: from AdaWS's bound X >= (|τp|+|τg|)·ψ·P / (2·S·(ψ_active + S·d_attn)·BW)
+   up, over divisors of the global batch (rounds = global_batch / X); below the bound only
+   when the global batch is smaller;
+2. per micro-batch, ring sizes, device vs host AdamW and the LM-head block (layouts);
+3. per layout every window W <= (C_dev - B) / L_bytes; the home layers' saved-activation
+   levels come from one pass of the DP (scheduler/levels.py) that answers for every W; the
+   window's levels are bought with the device memory left over;
+4. the candidate with the smallest predicted step (scheduler/cost_model.py) wins.
+Every candidate fits the device budget by construction, so more budget only adds candidates:
+a bigger budget never predicts a slower step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from scheduler import cost_model as cm
 from scheduler.contracts import GIB, JobSpec, MinBudget, Plan, Predicted, WorkingSetPlan
 from scheduler.errors import InfeasibleBudget, InvalidSpec
-from scheduler import levels as level_rules
+from scheduler.hardware import NodeProfile
+from scheduler.levels import LEVELS, LayerCost, Solution, solve
 from scheduler.model_dims import ModelDims
-from scheduler.planner import (ALLOCATOR_SLACK, ELEMENT_BYTES, NodeProfile,
-                               activation_bytes_per_token)
+from scheduler.planner import ELEMENT_BYTES
 
-# Fraction of a layer's full saved set kept per level (0 inputs only, 1 attention graph,
-# 2 the MLP's lean set, 3 both), for a uniform level override.
-LEVEL_FRACTION = (0.0, 0.35, 0.33, 0.68)
-DEVICE_RESERVE_BYTES = GIB // 2
-# Interpreter, torch, CUDA context and runtime libraries next to the arena (measured 5.2 GiB
-# on the H200 host; a CPU worker needs far less).
-PROCESS_BYTES = {"cuda": int(5.5 * GIB), "cpu": int(0.75 * GIB)}
-MAX_MICRO_BATCH = 8
-WINDOW_MARGIN = 1.3
-WRITE_BUFFER_BYTES = GIB  # worker/saved_acts.py's default bound on copies in flight home
+MAX_MICRO_BATCH = 32  # sequences per round the search considers
+MICRO_BATCHES_TRIED = 4  # divisors from the AdaWS bound up
 
 
 @dataclass(frozen=True)
-class WsChoice:
-    micro_batch: int
+class _Candidate:
+    lay: cm.Layout
     window: int
-    r_param: int
-    r_grad: int
-    level: int
-    device_optimizer: bool = False  # two moment slots each for m and v on the device
-    loss_tokens: int = 2048  # LM-head token block
+    time: cm.StepTime
+    levels: list[list[int]]
+    device_bytes: int
+    host_bytes: int
 
 
-def device_bytes(dims: ModelDims, spec: JobSpec, c: WsChoice) -> int:
+def micro_batches(spec: JobSpec, dims: ModelDims, node: NodeProfile
+                  ) -> tuple[list[list[int]], float]:
+    """Micro-batch candidates in tiers, and the AdaWS bound: divisors of the global batch at
+    or above the bound first (the cost model picks among them), then, only if none fits the
+    budget (or the global batch is below the bound), the smaller ones (AdaWS's guards: at
+    least one sequence, and fewer tokens where memory demands it)."""
     e = ELEMENT_BYTES[spec.precision]
-    S, D = spec.seq_len, dims.hidden_size
-    groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
-    rings = (c.r_param + c.r_grad + 4 * c.device_optimizer) * dims.layer_params * e
-    transition = c.micro_batch * S * D * e
-    # LM-head block: logits + their fp32 copy + fp32 grad
-    loss = min(c.loss_tokens, spec.seq_len) * dims.vocab_size * (e + 8)
-    per_token = activation_bytes_per_token(dims, spec.precision)
-    workspace = int(1.3 * per_token * S)  # one sequence's layer fwd+bwd while recomputing
-    window = c.window * c.micro_batch * S * (D * e + LEVEL_FRACTION[c.level] * per_token)
-    # copies in flight home: bounded by the write buffer, and by all a round sends home
-    sent = (dims.num_layers - c.window) * c.micro_batch * S * (D * e + LEVEL_FRACTION[c.level]
-                                                               * per_token)
-    home = min(WRITE_BUFFER_BYTES, int(sent))
-    total = groups + rings + transition + loss + workspace + window + home + DEVICE_RESERVE_BYTES
-    return int(total * ALLOCATOR_SLACK)
+    bound = cm.adaws_min_micro_batch(dims.layer_params, dims.layer_params, spec.seq_len,
+                                     dims.num_heads * dims.head_dim, e, e, node.matmul_flops,
+                                     node.h2d_bytes_per_s)
+    if spec.overrides.micro_batch:
+        return [[spec.overrides.micro_batch]], bound
+    divisors = [d for d in range(1, min(spec.global_batch, MAX_MICRO_BATCH) + 1)
+                if spec.global_batch % d == 0]
+    above = [d for d in divisors if d >= bound - 1e-9][:MICRO_BATCHES_TRIED]
+    below = [d for d in reversed(divisors) if d < bound - 1e-9]
+    return [tier for tier in (above, below) if tier], bound
 
 
-def host_bytes(dims: ModelDims, spec: JobSpec, c: WsChoice, device: str) -> int:
-    e = ELEMENT_BYTES[spec.precision]
-    state = 4 * e * (dims.num_layers * dims.layer_params + 2 * dims.embedding_params)
-    per_token = activation_bytes_per_token(dims, spec.precision)
-    home = ((dims.num_layers - c.window) * c.micro_batch * spec.seq_len
-            * (dims.hidden_size * e + LEVEL_FRACTION[c.level] * per_token))
-    return int(state + home) + PROCESS_BYTES[device]
-
-
-def _candidates(spec: JobSpec, dims: ModelDims) -> list[WsChoice]:
+def _layouts(spec: JobSpec, mbs: list[int]) -> list[cm.Layout]:
     o = spec.overrides
-    mbs = [o.micro_batch] if o.micro_batch else [
-        m for m in range(min(MAX_MICRO_BATCH, spec.global_batch), 0, -1)
-        if spec.global_batch % m == 0]
-    windows = [o.window] if o.window is not None else list(range(dims.num_layers, -1, -1))
     rings = [(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad) else [(3, 2), (2, 1)]
-    level = o.level or 0
-    # Device optimizer first (the CPU one costs seconds a step on the critical path), then
-    # rings before window: a single gradient slot stalls every later round (both measured).
-    # A smaller LM-head block costs little time and frees memory for a larger micro-batch.
-    return [WsChoice(m, min(w, dims.num_layers), rp, rg, level, dev_opt, lt)
-            for m in mbs for dev_opt in (True, False) for rp, rg in rings
-            for lt in (2048, 1024, 512) for w in windows]
+    optimizers = [o.optimizer == "device"] if o.optimizer else [True, False]
+    return [cm.Layout(m, rp, rg, dev_opt, lt) for m in mbs for dev_opt in optimizers
+            for rp, rg in rings for lt in (2048, 512)]
+
+
+def _layer_cost(dims: ModelDims, spec: JobSpec, lay: cm.Layout, node: NodeProfile) -> LayerCost:
+    fwd_s, bwd_s = cm.chunk_times(dims, spec.seq_len, node)
+    saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
+    return LayerCost(
+        chunks=lay.micro_batch, compute_s=fwd_s,
+        transfer_s=tuple(cm.link_seconds(b, node) for b in saved),
+        value_s=tuple(fwd_s * (cm.RECOMPUTE_FORWARDS[0] - r) for r in cm.RECOMPUTE_FORWARDS),
+        cap_s=cm.link_seconds(cm.WRITE_BUFFER_BYTES, node),
+        fetch_s=tuple(b / node.both_bytes_per_s for b in saved),
+        inbound_s=(3 if lay.r_grad == 1 else 2) * weights / node.both_bytes_per_s,
+        busy_s=lay.micro_batch * bwd_s)
+
+
+@dataclass(frozen=True)
+class _Window:
+    """Window levels bought with spare device memory, as counts over the window's chunks in
+    backward order (last layer first): `top` at level 3, then up to `n` at `level`."""
+
+    layers: int
+    chunks: int
+    level: int = 0
+    n: int = 0
+    top: int = 0
+
+    def rows(self) -> list[list[int]]:
+        flat = [3] * self.top + [self.level] * (self.n - self.top)
+        flat += [0] * (self.layers * self.chunks - self.n)
+        X = self.chunks
+        return [flat[i * X:(i + 1) * X] for i in range(self.layers)][::-1]
+
+    def cost_s(self, lc: LayerCost) -> float:
+        """Per round: recomputation left in the window plus its exposed backward transfer
+        (rows wholly at one level are counted in bulk; at most two rows are mixed)."""
+        X = self.chunks
+        rec = [lc.compute_s - v for v in lc.value_s]
+
+        def row(n3: int, nl: int) -> float:
+            r = n3 * rec[3] + nl * rec[self.level] + (X - n3 - nl) * rec[0]
+            return r + max(0.0, lc.inbound_s - lc.busy_s - r)
+
+        def overlap(r: int, lo: int, hi: int) -> int:
+            return max(0, min(hi, (r + 1) * X) - max(lo, r * X))
+
+        bounds = (self.top, self.n)
+        mixed = {b // X for b in bounds if b % X and b // X < self.layers}
+        full3, full_l = self.top // X, self.n // X - -(-self.top // X)
+        cost = full3 * row(X, 0) + max(0, full_l) * row(0, X)
+        cost += (self.layers - full3 - max(0, full_l) - len(mixed)) * row(0, 0)
+        for r in mixed:
+            cost += row(overlap(r, 0, self.top), overlap(r, self.top, self.n))
+        return cost
+
+
+def _fill_window(window: int, lc: LayerCost, saved: list[int], spare_bytes: float) -> _Window:
+    """The best value per byte first, then level 3, last layers first (backward meets them
+    first)."""
+    X = lc.chunks
+    extra = [b - saved[0] for b in saved]
+    best = max(range(1, LEVELS), key=lambda lv: lc.value_s[lv] / max(extra[lv], 1))
+    n_best = int(min(window * X, max(0.0, spare_bytes) // max(extra[best], 1)))
+    spare_bytes -= n_best * extra[best]
+    n_top = 0
+    if best != 3 and lc.value_s[3] > lc.value_s[best]:
+        n_top = int(min(n_best, max(0.0, spare_bytes) // max(extra[3] - extra[best], 1)))
+    return _Window(window, X, best, n_best, n_top)
+
+
+def _evaluate(dims: ModelDims, spec: JobSpec, lay: cm.Layout, sol: Solution,
+              lc: LayerCost) -> list[tuple[float, int, _Window]]:
+    """(per-round recomputation + exposed backward transfer, window, window levels) for
+    every window this layout fits."""
+    L, X, forced = dims.num_layers, lay.micro_batch, spec.overrides.level
+    windows = [spec.overrides.window] if spec.overrides.window is not None else range(L + 1)
+    saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    forced_value = None if forced is None else float(lc.pattern_value(np.full((1, X), forced))[0])
+    out = []
+    for w in windows:
+        spare = cm.spare_window_bytes(dims, spec, lay, w)
+        if spare < 0:
+            continue
+        if forced_value is None:
+            home_value = sol.best_s(L - w)
+            win = _fill_window(w, lc, saved, spare)
+        else:
+            if w * X * (saved[forced] - saved[0]) > spare:
+                continue
+            home_value, win = (L - w) * forced_value, _Window(w, X, forced, w * X)
+        if home_value == float("-inf"):
+            continue
+        home_cost = (L - w) * X * lc.compute_s - home_value
+        out.append((home_cost + win.cost_s(lc), w, win))
+    return out
+
+
+def _finish(dims: ModelDims, spec: JobSpec, node: NodeProfile, lay: cm.Layout, sol: Solution,
+            window: int, window_rows: list[list[int]], device: str) -> _Candidate | None:
+    L, X = dims.num_layers, lay.micro_batch
+    saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    if cm.host_bytes(dims, spec, (L - window) * X * saved[0], device) > spec.budget.host_bytes:
+        return None  # even level 0 everywhere does not fit the host
+    home = sol.levels(L - window) if spec.overrides.level is None else \
+        [[spec.overrides.level] * X for _ in range(L - window)]
+    host = cm.host_bytes(dims, spec, sum(saved[lv] for row in home for lv in row), device)
+    # Over the host budget: drop home chunks to level 0, the largest saved sets first.
+    by_size = sorted(((saved[lv], k, c) for k, row in enumerate(home)
+                      for c, lv in enumerate(row) if lv), reverse=True)
+    for nbytes, k, c in by_size:
+        if host <= spec.budget.host_bytes:
+            break
+        host -= nbytes - saved[0]
+        home[k][c] = 0
+    levels = home + window_rows
+    window_saved = sum(saved[lv] for row in window_rows for lv in row)
+    dev = cm.device_bytes(dims, spec, lay, window, window_saved)
+    if dev > spec.budget.device_bytes:
+        return None
+    time = cm.step_time(dims, spec, lay, levels, window, node, device)
+    return _Candidate(lay, window, time, levels, dev, host)
+
+
+def _search(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str,
+            mbs: list[int]) -> _Candidate | None:
+    ranked: list[tuple[float, int, cm.Layout, Solution, int, _Window]] = []
+    solutions: dict[cm.Layout, Solution] = {}
+    for i, lay in enumerate(_layouts(spec, mbs)):
+        lc = _layer_cost(dims, spec, lay, node)
+        key = cm.Layout(lay.micro_batch, r_grad=lay.r_grad)  # what the DP depends on
+        sol = solutions.get(key) or solutions.setdefault(key, solve([lc] * dims.num_layers))
+        rounds = spec.global_batch // lay.micro_batch
+        base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer
+        for cost, w, win in _evaluate(dims, spec, lay, sol, lc):
+            ranked.append((base.total_s + rounds * cost, i, lay, sol, w, win))
+    # The fastest first; ties go to the earlier layout (deeper rings, larger loss block).
+    for _, _, lay, sol, w, win in sorted(ranked, key=lambda r: (r[0], r[1], -r[4])):
+        cand = _finish(dims, spec, node, lay, sol, w, win.rows(), device)
+        if cand is not None:
+            return cand
+    return None
 
 
 def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
@@ -93,84 +220,52 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     if spec.overrides.micro_batch and spec.global_batch % spec.overrides.micro_batch:
         raise InvalidSpec(f"overrides.micro_batch={spec.overrides.micro_batch} must divide "
                           f"global_batch={spec.global_batch}")
-    # Largest micro-batch first (fewer weight passes per step), then the widest window.
-    for c in _candidates(spec, dims):
-        dev, host = device_bytes(dims, spec, c), host_bytes(dims, spec, c, device)
-        if dev <= spec.budget.device_bytes and host <= spec.budget.host_bytes:
-            return _plan(spec, dims, node, c, dev, host, device)
-    smallest = WsChoice(1, 0, 2, 1, 0, False, 512)
-    need = MinBudget(device_gib=round(device_bytes(dims, spec, smallest) / GIB + 0.005, 2),
-                     host_gib=round(host_bytes(dims, spec, smallest, device) / GIB + 0.005, 2))
-    raise InfeasibleBudget(
+    if spec.overrides.window is not None and spec.overrides.window > dims.num_layers:
+        raise InvalidSpec(f"overrides.window={spec.overrides.window} exceeds the model's "
+                          f"{dims.num_layers} layers")
+    tiers, bound = micro_batches(spec, dims, node)
+    best = None
+    for tier in tiers:
+        best = _search(spec, dims, node, device, tier)
+        if best is not None:
+            break
+    else:
+        raise _infeasible(spec, dims, device, [m for tier in tiers for m in tier])
+    return _plan(spec, dims, node, best, device, bound)
+
+
+def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> InfeasibleBudget:
+    smallest = cm.Layout(min(mbs), 2, 1, False, 512)
+    inputs_home = dims.num_layers * smallest.micro_batch * cm.saved_bytes(dims, spec, 0)
+    need = MinBudget(
+        device_gib=round(min(cm.device_bytes(dims, spec, smallest, w, w * smallest.micro_batch
+                                             * cm.saved_bytes(dims, spec, 0))
+                             for w in (0, dims.num_layers)) / GIB + 0.005, 2),
+        host_gib=round(cm.host_bytes(dims, spec, inputs_home, device) / GIB + 0.005, 2))
+    return InfeasibleBudget(
         f"budget device_gib={spec.budget.device_gib}, host_gib={spec.budget.host_gib} cannot "
         f"hold {dims.params / 1e6:.1f}M parameters at seq_len={spec.seq_len} even with the "
         f"working-set runtime; raise the budget to at least device_gib={need.device_gib}, "
         f"host_gib={need.host_gib}", min_budget=need.model_dump())
 
 
-def _levels(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: WsChoice, dev: int,
-            host: int) -> level_rules.Levels:
-    if spec.overrides.level is not None:
-        return level_rules.uniform(dims, c.micro_batch, c.level)
-    # Spare device memory is counted against 1.3x the prediction: at 40 GiB the reserved peak
-    # ran 27% over it (bench/RESULTS.md), and a budget is a contract.
-    spare_dev = int((spec.budget.device_bytes - WINDOW_MARGIN * dev) / ALLOCATOR_SLACK)
-    # The device optimizer sends weights and both moments of every layer home in round 0's
-    # forward: the link carries that before any activation.
-    optimizer_home = (3 * dims.layer_params * ELEMENT_BYTES[spec.precision]
-                      if c.device_optimizer else 0)
-    return level_rules.assign(dims, spec, ELEMENT_BYTES[spec.precision], c.micro_batch,
-                              c.window, node.d2h_bytes_per_s, node.matmul_flops,
-                              max(0, spare_dev), max(0, spec.budget.host_bytes - host),
-                              optimizer_home)
+def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: _Candidate, device: str,
+          bound: float) -> Plan:
+    from scheduler.plan_reasons import ws_reasons
 
-
-def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: WsChoice, dev: int,
-          host: int, device: str) -> Plan:
-    L = dims.num_layers
-    rounds = spec.global_batch // c.micro_batch
-    lv = _levels(spec, dims, node, c, dev, host)
-    dev += int(lv.device_bytes * ALLOCATOR_SLACK)
-    host += lv.host_bytes
-    tokens = spec.global_batch * spec.seq_len
-    # fwd+bwd is three layer forwards; recompute adds lv.recompute_forwards per round
-    recompute = 1.0 + lv.recompute_forwards / (3.0 * L * c.micro_batch)
-    compute_s = dims.flops_per_token(spec.seq_len) * tokens * recompute / node.matmul_flops
-    # The device optimizer hides behind the next forward only on a GPU; on a CPU node the
-    # "device" is the CPU and the update is as exposed as the host one.
-    hidden = c.device_optimizer and device == "cuda"
-    optimizer_s = 0.0 if hidden else dims.params / node.optimizer_params_per_s
-    n2 = sum(row.count(2) for row in lv.levels)
+    L, lay = dims.num_layers, c.lay
     return Plan(
-        runtime="working_set", device=device, micro_batch=c.micro_batch, rounds=rounds,
-        window=c.window, layers=L, params=dims.params,
-        predicted=Predicted(step_seconds=compute_s + optimizer_s, peak_device_bytes=dev,
-                            peak_host_bytes=host),
-        working_set=WorkingSetPlan(chunk=1, r_param=c.r_param, r_grad=c.r_grad,
-                                   levels=lv.levels,
-                                   loss_tokens=min(c.loss_tokens, spec.seq_len),
-                                   optimizer="device" if c.device_optimizer else "host"),
-        reasons={
-            "runtime": "working_set: the resident model does not fit the device budget"
-                       if not spec.overrides.runtime else "working_set (override)",
-            "micro_batch": f"{c.micro_batch} sequences per round: the largest divisor of "
-                           f"global_batch <= {MAX_MICRO_BATCH} that fits (weights stream once "
-                           "per round)",
-            "rounds": f"{rounds} = global_batch {spec.global_batch} / micro_batch {c.micro_batch}",
-            "window": f"last {c.window} of {L} layers keep saved activations on the device; "
-                      "the rest send them home",
-            "device": f"{device}", "r_param": f"{c.r_param} weight slots",
-            "levels": (f"level {c.level} everywhere (override)" if spec.overrides.level
-                       is not None else f"{n2} of {L * c.micro_batch} (layer, chunk) pairs "
-                       "keep the MLP's lean set (level 2): as many as the D2H link carries "
-                       "during each home layer's forward and spare device memory holds in the "
-                       "window; the rest recompute the layer (level 0)"),
-            "optimizer": "device: AdamW over streamed moments, hidden in the next forward"
-                         if c.device_optimizer else "host: CPU AdamW after backward (the "
-                         "device optimizer's four moment slots do not fit)",
-            "step_seconds": f"{compute_s:.3g} s compute (x{recompute:.2f} recompute) at "
-                            f"{node.matmul_flops / 1e12:.3g} TFLOP/s + {optimizer_s:.3g} s "
-                            "exposed optimizer",
-            "peak_device": f"{dev / GIB:.2f} GiB <= device_gib={spec.budget.device_gib}",
-            "peak_host": f"{host / GIB:.2f} GiB <= host_gib={spec.budget.host_gib}",
-        })
+        runtime="working_set", device=device, micro_batch=lay.micro_batch,
+        rounds=spec.global_batch // lay.micro_batch, window=c.window, layers=L,
+        params=dims.params,
+        predicted=Predicted(step_seconds=c.time.total_s, peak_device_bytes=c.device_bytes,
+                            peak_host_bytes=c.host_bytes, compute_seconds=c.time.compute_s,
+                            recompute_seconds=c.time.recompute_s,
+                            exposed_transfer_seconds=c.time.exposed_transfer_s,
+                            optimizer_seconds=c.time.optimizer_s),
+        working_set=WorkingSetPlan(chunk=1, r_param=lay.r_param, r_grad=lay.r_grad,
+                                   levels=c.levels, loss_tokens=min(lay.loss_tokens,
+                                                                    spec.seq_len),
+                                   optimizer="device" if lay.device_optimizer else "host"),
+        reasons=ws_reasons(spec, dims, node, c.lay, c.window, c.levels, c.time, c.device_bytes,
+                           c.host_bytes, device, bound))

@@ -96,13 +96,18 @@ def _print_job(job: dict[str, Any]) -> None:
 
 
 def _print_plan(plan: dict[str, Any]) -> None:
-    pred = plan["predicted"]
+    pred, ws = plan["predicted"], plan.get("working_set")
     rows = [("runtime", plan["runtime"]), ("device", plan["device"]),
             ("micro_batch", plan["micro_batch"]), ("rounds", plan["rounds"]),
-            ("window", plan["window"]), ("params", f"{plan['params'] / 1e6:.2f} M"),
-            ("step_seconds", f"{pred['step_seconds']:.4g}"),
-            ("peak_device", f"{pred['peak_device_bytes'] / GIB:.3f} GiB"),
-            ("peak_host", f"{pred['peak_host_bytes'] / GIB:.3f} GiB")]
+            ("window", plan["window"]), ("params", f"{plan['params'] / 1e6:.2f} M")]
+    if ws:
+        rows += [("rings", f"{ws['r_param']} / {ws['r_grad']}"),
+                 ("levels", " ".join(str(sum(r.count(lv) for r in ws["levels"]))
+                                     for lv in range(4))),
+                 ("optimizer", ws["optimizer"]), ("loss_tokens", ws["loss_tokens"])]
+    rows += [("step_seconds", f"{pred['step_seconds']:.4g}"),
+             ("peak_device", f"{pred['peak_device_bytes'] / GIB:.3f} GiB"),
+             ("peak_host", f"{pred['peak_host_bytes'] / GIB:.3f} GiB")]
     print(f"{'field':<13} {'value':<14} reason")
     for k, v in rows:
         print(f"{k:<13} {str(v):<14} {plan['reasons'].get(k, '')}")

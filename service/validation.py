@@ -12,7 +12,8 @@ from pathlib import Path
 from scheduler.contracts import GIB, JobSpec, Node, PathModel, Plan, TextData, TokenData
 from scheduler.errors import InvalidSpec
 from scheduler.model_dims import ModelDims, resolve_dims
-from scheduler.planner import DEFAULT_PROFILE, NodeProfile, make_plan
+from scheduler.hardware import DEFAULT_PROFILE, NodeProfile
+from scheduler.planner import make_plan
 
 _TOKEN_BYTES = {"uint16": 2, "uint32": 4}
 

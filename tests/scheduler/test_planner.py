@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from scheduler.contracts import GIB, JobSpec
 from scheduler.errors import InfeasibleBudget
 from scheduler.model_dims import PRESETS
-from scheduler.planner import DEFAULT_PROFILE, make_plan
+from scheduler.hardware import DEFAULT_PROFILE
+from scheduler.planner import make_plan
 
 
 def _spec(preset: str, seq: int, batch: int, dev: float, host: float, prec: str) -> JobSpec:

@@ -11,7 +11,8 @@ import pytest
 from scheduler.contracts import ALLOWED_TRANSITIONS, JobSpec, JobState
 from scheduler.errors import Conflict, NotFound
 from scheduler.model_dims import PRESETS
-from scheduler.planner import DEFAULT_PROFILE, make_plan
+from scheduler.hardware import DEFAULT_PROFILE
+from scheduler.planner import make_plan
 from scheduler.store import JobStore
 from tests.conftest import tiny_spec
 

@@ -1,0 +1,159 @@
+"""The working-set cost model: for one candidate layout, the peak device and host bytes and
+the step time with its breakdown (compute, recompute, exposed transfer, exposed optimizer),
+from the model's dimensions and the node's measured profile (scheduler/hardware.py).
+
+Memory terms were calibrated on H200 runs of bench/runtime.py (Llama-3-8B dims, 8K tokens);
+time terms follow AdaWS §3.2: a layer's forward takes 2·S·(ψ + S·d_attn)/P, its backward
+twice that (flash attention 2.5x), recomputation adds a share of a forward per (layer,
+chunk) by saved-activation level, and weights, gradients and saved sets crossing PCIe are
+exposed only where they outlast the compute they overlap.
+
+    cost = step_time(dims, spec, layout, levels, window, node)   # StepTime
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler.contracts import GIB, JobSpec
+from scheduler.hardware import NodeProfile
+from scheduler.model_dims import ModelDims
+from scheduler.planner import ALLOCATOR_SLACK, ELEMENT_BYTES, activation_bytes_per_token
+
+# Share of a layer's full saved set kept per level (0 inputs only, 1 attention graph, 2 the
+# MLP's lean set, 3 both), measured from what worker/working_set.py saves.
+LEVEL_FRACTION = (0.0, 0.35, 0.33, 0.68)
+# Layer forwards recomputed in backward per level (an 8B layer at 8K: MLP ~0.7 of the
+# forward, attention block ~0.3).
+RECOMPUTE_FORWARDS = (1.0, 0.7, 0.3, 0.02)
+DEVICE_RESERVE_BYTES = GIB // 2
+# Interpreter, torch, CUDA context and runtime libraries next to the arena (measured 5.2 GiB
+# on the H200 host; a CPU worker needs far less).
+PROCESS_BYTES = {"cuda": int(5.5 * GIB), "cpu": int(0.75 * GIB)}
+WRITE_BUFFER_BYTES = GIB  # worker/saved_acts.py's bound on copies in flight home
+# Plan the D2H link to half its measured rate for saved activations: weights, gradients and
+# the device optimizer share it, and at 80% the write buffer stalled 1.6-3.3 s a step.
+LINK_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The discrete choices of a working-set plan besides window and levels."""
+
+    micro_batch: int  # sequences per round, one chunk each
+    r_param: int = 3
+    r_grad: int = 2
+    device_optimizer: bool = False  # two moment slots each for m and v on the device
+    loss_tokens: int = 2048  # LM-head token block
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    recompute_s: float
+    exposed_transfer_s: float
+    optimizer_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.recompute_s + self.exposed_transfer_s + self.optimizer_s
+
+
+# ------------------------------------------------------------------ memory
+
+
+def saved_bytes(dims: ModelDims, spec: JobSpec, level: int) -> int:
+    """What one (layer, sequence) saves at `level`: its input plus the level's share."""
+    e = ELEMENT_BYTES[spec.precision]
+    per_token = activation_bytes_per_token(dims, spec.precision)
+    return int(spec.seq_len * (dims.hidden_size * e + LEVEL_FRACTION[level] * per_token))
+
+
+def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> int:
+    """AdaWS's B: every device byte but the window's saved activations (before slack)."""
+    e = ELEMENT_BYTES[spec.precision]
+    S, D = spec.seq_len, dims.hidden_size
+    groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
+    rings = (lay.r_param + lay.r_grad + 4 * lay.device_optimizer) * dims.layer_params * e
+    transition = lay.micro_batch * S * D * e
+    loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8)  # logits, fp32 copy + grad
+    workspace = int(1.3 * activation_bytes_per_token(dims, spec.precision) * S)
+    # copies in flight home: bounded by the write buffer and by all the home layers can send
+    home_layers = dims.num_layers - window
+    home = min(WRITE_BUFFER_BYTES, home_layers * lay.micro_batch * saved_bytes(dims, spec, 3))
+    return groups + rings + transition + loss + workspace + home + DEVICE_RESERVE_BYTES
+
+
+def device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int,
+                 window_saved: int) -> int:
+    return int((fixed_device_bytes(dims, spec, lay, window) + window_saved) * ALLOCATOR_SLACK)
+
+
+def spare_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> float:
+    """Device bytes left for the window's saved sets beyond their inputs (AdaWS's
+    C_dev - B - W·L_bytes with level-0 window layers); negative: W does not fit."""
+    base = window * lay.micro_batch * saved_bytes(dims, spec, 0)
+    return (spec.budget.device_bytes / ALLOCATOR_SLACK
+            - fixed_device_bytes(dims, spec, lay, window) - base)
+
+
+def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
+    """Training state (weights, grads, two moments) + saved sets sent home + the process."""
+    e = ELEMENT_BYTES[spec.precision]
+    state = 4 * e * (dims.num_layers * dims.layer_params + 2 * dims.embedding_params)
+    return state + home_saved + PROCESS_BYTES[device]
+
+
+# ------------------------------------------------------------------ time
+
+
+def adaws_min_micro_batch(psi_total: int, psi_active: int, seq_len: int, d_attn: int,
+                          param_bytes: int, grad_bytes: int, flops: float,
+                          link_bytes_per_s: float) -> float:
+    """AdaWS §3.2.2: X >= (|τp|+|τg|)·ψ_total·P / (2·S·(ψ_active + S·d_attn)·BW), so a
+    layer's forward outlasts streaming its weights in and its gradients out."""
+    return ((param_bytes + grad_bytes) * psi_total * flops
+            / (2 * seq_len * (psi_active + seq_len * d_attn) * link_bytes_per_s))
+
+
+def chunk_times(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float, float]:
+    """(forward, backward) seconds of one sequence through one decoder layer."""
+    gemm = 2 * seq_len * dims.layer_params / node.matmul_flops
+    attn = 2 * seq_len * seq_len * dims.num_heads * dims.head_dim
+    attn_s = attn / node.attention_flops(seq_len)
+    return gemm + attn_s, 2 * gemm + 2.5 * attn_s  # flash backward: 5x vs 4x FLOPs
+
+
+def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int]],
+              window: int, node: NodeProfile, device: str) -> StepTime:
+    """Step time of a plan; `levels=[]` gives the part that does not depend on levels."""
+    L, X, S = dims.num_layers, lay.micro_batch, spec.seq_len
+    e = ELEMENT_BYTES[spec.precision]
+    rounds = spec.global_batch // X
+    fwd_s, bwd_s = chunk_times(dims, S, node)
+    head_s = 6 * S * dims.embedding_params / node.matmul_flops
+    compute = rounds * X * (L * (fwd_s + bwd_s) + head_s)
+    weights = dims.layer_params * e
+    # forward: the next layer's weights must arrive while this one computes
+    exposed = L * max(0.0, weights / node.h2d_bytes_per_s - X * fwd_s)
+    # backward: weights and accumulated gradients in (a single gradient slot serialises
+    # them with sending gradients home), the home layers' saved sets fetched back
+    inbound = (3 if lay.r_grad == 1 else 2) * weights / node.both_bytes_per_s
+    recompute = 0.0
+    for k, row in enumerate(levels):
+        layer_recompute = fwd_s * sum(RECOMPUTE_FORWARDS[lv] for lv in row)
+        fetch = (sum(saved_bytes(dims, spec, lv) for lv in row) / node.both_bytes_per_s
+                 if k < L - window else 0.0)
+        exposed += max(0.0, inbound + fetch - X * bwd_s - layer_recompute)
+        recompute += layer_recompute
+    if lay.device_optimizer and device == "cuda":
+        # moments in and weights + moments home ride round 0's forward
+        optimizer = L * max(0.0, 3 * weights / node.both_bytes_per_s - X * fwd_s)
+    else:
+        optimizer = dims.params / node.optimizer_params_per_s
+    return StepTime(compute, rounds * recompute, rounds * exposed, optimizer)
+
+
+def link_seconds(nbytes: int, node: NodeProfile) -> float:
+    """Time a saved set takes home at the share of the link planned for activations."""
+    return nbytes / (LINK_SHARE * node.both_bytes_per_s)
