@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 log = logging.getLogger("bench.runtime")
 
@@ -57,7 +58,6 @@ WS_ROWS: dict[str, tuple[float, int | None]] = {
     "ws-40": (40, None), "ws-20": (20, None), "ws-12": (12, None), "ws-24-32l": (24, 32),
 }
 HOST_BUDGET_GIB = 100
-H200_PROFILE = {"matmul_flops": 5.2e14, "optimizer_params_per_s": 1.1e9}  # measured here
 
 
 def _dims(layers: int):  # type: ignore[no-untyped-def]
@@ -131,37 +131,59 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
             "plan": {"micro_batch": mb, "rounds": rounds, "checkpointing": ckpt}}
 
 
-def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    import torch
-
+def llama_spec(name: str, layers: int, seq: int, global_batch: int, steps: int,
+               device_gib: float, host_gib: float, overrides: dict[str, object]):  # type: ignore[no-untyped-def]
+    """A JobSpec for Llama-3-8B dimensions with `layers` layers, on synthetic tokens."""
     from scheduler.contracts import JobSpec
-    from scheduler.planner import NodeProfile, make_plan
 
-    budget, layers = WS_ROWS[name]
-    dims = _dims(layers or args.layers)
-    spec = JobSpec.model_validate({
+    dims = _dims(layers)
+    return JobSpec.model_validate({
         "name": name, "model": {"hf_config": {
             "vocab_size": dims.vocab_size, "hidden_size": dims.hidden_size,
             "intermediate_size": dims.intermediate_size, "num_hidden_layers": dims.num_layers,
             "num_attention_heads": dims.num_heads, "num_key_value_heads": dims.num_kv_heads,
             "rope_theta": dims.rope_theta, "max_position_embeddings": 131072}},
-        "data": {"kind": "synthetic"}, "seq_len": args.seq, "global_batch": args.global_batch,
-        "steps": args.steps, "precision": "bf16", "optimizer": {"lr": 1e-4},
-        "budget": {"device_gib": budget, "host_gib": HOST_BUDGET_GIB},
-        "overrides": {"runtime": "working_set"}})
+        "data": {"kind": "synthetic"}, "seq_len": seq, "global_batch": global_batch,
+        "steps": steps, "precision": "bf16", "optimizer": {"lr": 1e-4},
+        "budget": {"device_gib": device_gib, "host_gib": host_gib},
+        "overrides": {"runtime": "working_set", **overrides}})
+
+
+def measured_node(layer_seq: int | None = None, dims=None):  # type: ignore[no-untyped-def]
+    """This GPU's hardware profile (worker/profile.py), plus the job's layer timed here when
+    dims are given (worker/layer_profile.py): what the scheduler agent plans with."""
+    import torch
+
+    from scheduler.hardware import LayerTimes, NodeProfile
+    from worker.layer_profile import measure
+    from worker.profile import cached_profile
+
+    measured = cached_profile(Path(os.environ.get("BENCH_PROFILE_DIR", "/tmp/wstrain-profiles")))
     total = torch.cuda.get_device_properties(0).total_memory
-    node = NodeProfile.from_profile("cuda", H200_PROFILE, total, 128 * GIB)
-    return spec, dims, make_plan(spec, dims, node)
+    node = NodeProfile.from_profile("cuda", measured["profile"], total, 128 * GIB)
+    if dims is not None and layer_seq is not None:
+        node = node.with_layer(LayerTimes.from_json(measure(dims, layer_seq, "bf16")))
+    return node
 
 
-def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
+def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from scheduler.planner import make_plan
+
+    budget, layers = WS_ROWS[name]
+    dims = _dims(layers or args.layers)
+    spec = llama_spec(name, dims.num_layers, args.seq, args.global_batch, args.steps, budget,
+                      HOST_BUDGET_GIB, {})
+    return spec, dims, make_plan(spec, dims, measured_node(args.seq, dims))
+
+
+def run_plan(spec, dims, plan, steps: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Train `steps` steps of a working-set plan under the spec's device budget."""
     import torch
 
     from worker.main import ws_config
     from worker.state import HostState
     from worker.working_set import WorkingSetRuntime
 
-    spec, dims, plan = plan_for(name, args)
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, spec.budget.device_bytes / total), 0)
     t0 = time.perf_counter()
@@ -177,7 +199,7 @@ def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
     log.info("host state %.1f GiB ready in %.1f s", host.arena.total_bytes / GIB,
              time.perf_counter() - t0)
     rt = WorkingSetRuntime(dims, ws_config(spec, plan), spec.optimizer, host)
-    data = RandomTokens(dims.vocab_size, args.seq, "cuda")
+    data = RandomTokens(dims.vocab_size, spec.seq_len, "cuda")
     stalls: dict[str, float] = {}
 
     def step(i: int) -> None:
@@ -189,14 +211,20 @@ def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
                  stats.h2d_bytes / 1e9, stats.d2h_bytes / 1e9,
                  {k: round(v, 3) for k, v in stats.stall_s.items()})
 
-    times = _time_steps(step, args.steps)
+    times = _time_steps(step, steps)
     summary = plan.model_dump(exclude={"reasons"})
-    summary["working_set"]["levels"] = sorted({lv for row in plan.working_set.levels for lv in row})
+    summary["working_set"]["levels"] = [sum(row.count(lv) for row in plan.working_set.levels)
+                                        for lv in range(4)]  # chunks per level
     return {"times": times, "stalls": stalls, "arena_gib": host.arena.total_bytes / GIB,
             "plan": summary, "layers": dims.num_layers,
             "predicted_step_seconds": plan.predicted.step_seconds,
             "predicted_peak_device_gib": plan.predicted.peak_device_bytes / GIB,
             "predicted_peak_host_gib": plan.predicted.peak_host_bytes / GIB}
+
+
+def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
+    spec, dims, plan = plan_for(name, args)
+    return run_plan(spec, dims, plan, args.steps)
 
 
 def run_row(args: argparse.Namespace) -> Row:

@@ -8,6 +8,8 @@ supervises it; fails the jobs of nodes that stopped heartbeating.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -19,11 +21,11 @@ from pathlib import Path
 
 from pydantic import Field
 
-from scheduler.contracts import GIB, GPUInfo, Job, JobState, Node, job_dir
+from scheduler.contracts import GIB, GPUInfo, Job, JobSpec, JobState, Node, job_dir
 from scheduler.errors import Conflict, WstrainError
 from scheduler.exporter import AgentExporter, NodeGauges
 from scheduler.model_dims import resolve_dims
-from scheduler.hardware import NodeProfile
+from scheduler.hardware import LayerTimes, NodeProfile
 from scheduler.planner import make_plan
 from scheduler.settings import RedisSettings
 from scheduler.store import JobStore
@@ -69,6 +71,7 @@ class Agent:
         self.device = "cpu"
         self.gpus: list[GPUInfo] = []
         self.profile: dict[str, float] = {}
+        self.profile_key = ""
         self.exporter = AgentExporter(settings.metrics_grace_s)
 
     async def _measure(self) -> None:
@@ -84,6 +87,7 @@ class Agent:
         self.device = measured["device"]
         self.gpus = [GPUInfo(**g) for g in measured["gpus"]]
         self.profile = measured["profile"]
+        self.profile_key = measured["key"]
         log.info("node %s: %s, %d GPU(s), matmul %.3g TFLOP/s, H2D %.3g GB/s, D2H %.3g GB/s "
                  "(profile %s%s)", self.name, self.device, len(self.gpus),
                  self.profile["matmul_flops"] / 1e12, self.profile["h2d_bytes_per_s"] / 1e9,
@@ -141,17 +145,42 @@ class Agent:
 
     # ------------------------------------------------------------ jobs
 
+    async def _layer_times(self, spec: JobSpec, jdir: Path) -> LayerTimes | None:
+        """The job's layer timed on this node's GPU (ProTrain's refinement), cached per model
+        shape, sequence length, precision and hardware; None on a CPU node or on failure."""
+        if not self.gpus:
+            return None
+        dims = resolve_dims(spec.model)
+        key = hashlib.sha256(json.dumps([dataclasses.asdict(dims), spec.seq_len,
+                                         spec.precision, self.profile_key]).encode())
+        cache = self.settings.state_dir / "profiles" / "layers" / f"{key.hexdigest()[:16]}.json"
+        if not cache.exists():
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "worker.layer_profile", "--spec", str(jdir / "spec.json"),
+                stdout=asyncio.subprocess.PIPE, env={**os.environ, "CUDA_VISIBLE_DEVICES":
+                                                     str(self._free_gpu() or 0)})
+            out, _ = await proc.communicate()
+            if proc.returncode != 0:
+                log.warning("layer profile failed (exit %s); planning from FLOPs",
+                            proc.returncode)
+                return None
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_bytes(out)
+        return LayerTimes.from_json(json.loads(cache.read_text()))
+
     async def _start(self, job_id: str) -> None:
         job = await self.store.get(job_id)
+        jdir = job_dir(self.settings.state_dir, job_id).resolve()
+        jdir.mkdir(parents=True, exist_ok=True)
+        (jdir / "spec.json").write_text(job.spec.model_dump_json(indent=1))
         try:
-            plan = make_plan(job.spec, resolve_dims(job.spec.model), self.node_profile())
+            layer = await self._layer_times(job.spec, jdir)
+            plan = make_plan(job.spec, resolve_dims(job.spec.model),
+                             self.node_profile().with_layer(layer))
         except WstrainError as exc:
             await self.store.transition(job_id, JobState.failed, f"planning failed: "
                                         f"{exc.message}", error=exc.message)
             return
-        jdir = job_dir(self.settings.state_dir, job_id).resolve()
-        jdir.mkdir(parents=True, exist_ok=True)
-        (jdir / "spec.json").write_text(job.spec.model_dump_json(indent=1))
         (jdir / "plan.json").write_text(plan.model_dump_json(indent=1))
         try:
             await self.store.transition(job_id, JobState.running, f"running on {self.name}",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from scheduler.contracts import GIB, JobSpec
 from scheduler.hardware import NodeProfile
+from scheduler.levels import LEVELS, LayerCost, write_buffer_stall_s
 from scheduler.model_dims import ModelDims
 from scheduler.planner import ALLOCATOR_SLACK, ELEMENT_BYTES, activation_bytes_per_token
 
@@ -24,8 +25,17 @@ from scheduler.planner import ALLOCATOR_SLACK, ELEMENT_BYTES, activation_bytes_p
 # MLP's lean set, 3 both), measured from what worker/working_set.py saves.
 LEVEL_FRACTION = (0.0, 0.35, 0.33, 0.68)
 # Layer forwards recomputed in backward per level (an 8B layer at 8K: MLP ~0.7 of the
-# forward, attention block ~0.3).
+# forward, attention block ~0.3); a measured layer replaces the middle two.
 RECOMPUTE_FORWARDS = (1.0, 0.7, 0.3, 0.02)
+
+
+def recompute_forwards(node: NodeProfile) -> tuple[float, ...]:
+    """Share of a layer's forward each level recomputes in backward."""
+    lt = node.layer
+    if lt is None:
+        return RECOMPUTE_FORWARDS
+    fwd = lt.attention_forward_s + lt.mlp_forward_s
+    return (1.0, lt.mlp_forward_s / fwd, lt.attention_forward_s / fwd, RECOMPUTE_FORWARDS[3])
 DEVICE_RESERVE_BYTES = GIB // 2
 # Interpreter, torch, CUDA context and runtime libraries next to the arena (measured 5.2 GiB
 # on the H200 host; a CPU worker needs far less).
@@ -117,11 +127,29 @@ def adaws_min_micro_batch(psi_total: int, psi_active: int, seq_len: int, d_attn:
 
 
 def chunk_times(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float, float]:
-    """(forward, backward) seconds of one sequence through one decoder layer."""
+    """(forward, backward) seconds of one sequence through one decoder layer: measured when
+    the node carries the job's layer times, else from FLOPs at the profiled rates."""
+    if node.layer is not None and node.layer.seq_len == seq_len:
+        return node.layer.forward_s, node.layer.backward_s
     gemm = 2 * seq_len * dims.layer_params / node.matmul_flops
     attn = 2 * seq_len * seq_len * dims.num_heads * dims.head_dim
     attn_s = attn / node.attention_flops(seq_len)
     return gemm + attn_s, 2 * gemm + 2.5 * attn_s  # flash backward: 5x vs 4x FLOPs
+
+
+def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -> LayerCost:
+    """One home layer as the levels DP sees it (scheduler/levels.py), per round."""
+    fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node)
+    saved = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
+    return LayerCost(
+        chunks=lay.micro_batch, compute_s=fwd_s,
+        transfer_s=tuple(link_seconds(b, node) for b in saved),
+        value_s=tuple(fwd_s * (1.0 - r) for r in recompute_forwards(node)),
+        cap_s=link_seconds(WRITE_BUFFER_BYTES, node),
+        fetch_s=tuple(b / node.both_bytes_per_s for b in saved),
+        inbound_s=(3 if lay.r_grad == 1 else 2) * weights / node.both_bytes_per_s,
+        busy_s=lay.micro_batch * bwd_s)
 
 
 def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int]],
@@ -140,12 +168,16 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
     # them with sending gradients home), the home layers' saved sets fetched back
     inbound = (3 if lay.r_grad == 1 else 2) * weights / node.both_bytes_per_s
     recompute = 0.0
+    shares = recompute_forwards(node)
     for k, row in enumerate(levels):
-        layer_recompute = fwd_s * sum(RECOMPUTE_FORWARDS[lv] for lv in row)
+        layer_recompute = fwd_s * sum(shares[lv] for lv in row)
         fetch = (sum(saved_bytes(dims, spec, lv) for lv in row) / node.both_bytes_per_s
                  if k < L - window else 0.0)
         exposed += max(0.0, inbound + fetch - X * bwd_s - layer_recompute)
         recompute += layer_recompute
+    # hand-made levels may overrun the link: compute waits on the write buffer
+    home = levels[:L - window]
+    exposed += write_buffer_stall_s([layer_cost(dims, spec, lay, node)] * len(home), home)
     if lay.device_optimizer and device == "cuda":
         # moments in and weights + moments home ride round 0's forward
         optimizer = L * max(0.0, 3 * weights / node.both_bytes_per_s - X * fwd_s)

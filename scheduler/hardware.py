@@ -9,9 +9,26 @@ cost model uses. Torch-free, so the API can dry-run plans.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """One real decoder layer of the job's model, timed on the node (worker/layer_profile.py):
+    seconds per sequence of `seq_len` tokens."""
+
+    seq_len: int
+    forward_s: float
+    backward_s: float
+    attention_forward_s: float
+    mlp_forward_s: float
+
+    @classmethod
+    def from_json(cls, measured: dict[str, float]) -> LayerTimes:
+        return cls(int(measured["seq_len"]), measured["forward_s"], measured["backward_s"],
+                   measured["attention_forward_s"], measured["mlp_forward_s"])
 
 
 @dataclass(frozen=True)
@@ -26,6 +43,7 @@ class NodeProfile:
     both_bytes_per_s: float = 4.5e10  # each direction while both run
     # (seq_len, FLOP/s) of causal attention fwd+bwd, ascending; empty: matmul rate
     attention_points: tuple[tuple[int, float], ...] = ()
+    layer: LayerTimes | None = None  # the job's layer measured here, when the agent did
 
     @classmethod
     def from_profile(cls, device: str, profile: dict[str, float], device_total_bytes: int,
@@ -39,6 +57,9 @@ class NodeProfile:
                    host_total_bytes, profile.get("h2d_bytes_per_s", link),
                    profile.get("d2h_bytes_per_s", link),
                    profile.get("both_bytes_per_s", 0.9 * link), points)
+
+    def with_layer(self, layer: LayerTimes | None) -> NodeProfile:
+        return replace(self, layer=layer)
 
     def attention_flops(self, seq_len: int) -> float:
         """Attention FLOP/s at seq_len: log-linear between measured lengths, clamped."""

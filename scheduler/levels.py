@@ -173,6 +173,19 @@ def solve(layers: list[LayerCost]) -> Solution:
     return Solution(tables, values)
 
 
+def write_buffer_stall_s(layers: list[LayerCost], levels: list[list[int]]) -> float:
+    """Seconds compute waits on a full write buffer in one round's forward (0 for a plan the
+    DP made; hand-made levels may overrun the link)."""
+    backlog = stall = 0.0
+    for lc, row in zip(layers, levels):
+        for lv in row:
+            backlog = max(0.0, backlog - lc.compute_s) + lc.transfer_s[lv]
+            if backlog > lc.cap_s:
+                stall += backlog - lc.cap_s
+                backlog = lc.cap_s
+    return stall
+
+
 def simulate(layers: list[LayerCost], levels: list[list[int]]) -> float:
     """The peak link backlog (s) of an assignment, in continuous time."""
     backlog = peak = 0.0

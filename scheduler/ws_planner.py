@@ -71,20 +71,6 @@ def _layouts(spec: JobSpec, mbs: list[int]) -> list[cm.Layout]:
             for rp, rg in rings for lt in (2048, 512)]
 
 
-def _layer_cost(dims: ModelDims, spec: JobSpec, lay: cm.Layout, node: NodeProfile) -> LayerCost:
-    fwd_s, bwd_s = cm.chunk_times(dims, spec.seq_len, node)
-    saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
-    weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
-    return LayerCost(
-        chunks=lay.micro_batch, compute_s=fwd_s,
-        transfer_s=tuple(cm.link_seconds(b, node) for b in saved),
-        value_s=tuple(fwd_s * (cm.RECOMPUTE_FORWARDS[0] - r) for r in cm.RECOMPUTE_FORWARDS),
-        cap_s=cm.link_seconds(cm.WRITE_BUFFER_BYTES, node),
-        fetch_s=tuple(b / node.both_bytes_per_s for b in saved),
-        inbound_s=(3 if lay.r_grad == 1 else 2) * weights / node.both_bytes_per_s,
-        busy_s=lay.micro_batch * bwd_s)
-
-
 @dataclass(frozen=True)
 class _Window:
     """Window levels bought with spare device memory, as counts over the window's chunks in
@@ -197,7 +183,7 @@ def _search(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str,
     ranked: list[tuple[float, int, cm.Layout, Solution, int, _Window]] = []
     solutions: dict[cm.Layout, Solution] = {}
     for i, lay in enumerate(_layouts(spec, mbs)):
-        lc = _layer_cost(dims, spec, lay, node)
+        lc = cm.layer_cost(dims, spec, lay, node)
         key = cm.Layout(lay.micro_batch, r_grad=lay.r_grad)  # what the DP depends on
         sol = solutions.get(key) or solutions.setdefault(key, solve([lc] * dims.num_layers))
         rounds = spec.global_batch // lay.micro_batch

@@ -1,0 +1,88 @@
+"""ProTrain's refinement of the cost model: time one real decoder layer of the job's model at
+the job's sequence length on this node's device (the runtime's own layer functions), so the
+planner predicts from measured times instead of FLOP counts alone.
+
+    python -m worker.layer_profile --spec job_dir/spec.json     # prints LayerTimes as JSON
+
+The scheduler agent runs it before planning a job on a GPU and caches the result per model
+shape, sequence length and hardware profile key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from scheduler.contracts import JobSpec
+from scheduler.model_dims import ModelDims, resolve_dims
+from worker.model import rope_tables
+from worker.working_set import _leaves, attn_block, mlp_block
+
+
+def _weights(dims: ModelDims, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    D, F = dims.hidden_size, dims.intermediate_size
+    q, kv = dims.num_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim
+    shapes = {"self_attn.q_proj.weight": (q, D), "self_attn.k_proj.weight": (kv, D),
+              "self_attn.v_proj.weight": (kv, D), "self_attn.o_proj.weight": (D, q),
+              "mlp.gate_proj.weight": (F, D), "mlp.up_proj.weight": (F, D),
+              "mlp.down_proj.weight": (D, F)}
+    w = {n: torch.randn(s, dtype=dtype, device=device) * 0.02 for n, s in shapes.items()}
+    for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+        w[n] = torch.ones(D, dtype=dtype, device=device)
+    return w
+
+
+def _time(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
+
+
+def measure(dims: ModelDims, seq_len: int, precision: str, repeats: int = 3) -> dict[str, float]:
+    """Seconds of one sequence through one layer: forward, backward (everything saved), and
+    the forward's attention and MLP blocks (what levels 2 and 1 recompute)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    w = _weights(dims, dtype, device)
+    cos, sin = rope_tables(dims, seq_len, device, dtype)
+    x = torch.randn(1, seq_len, dims.hidden_size, dtype=dtype, device=device)  # (B, S, D)
+    dy = torch.randn_like(x)
+    with torch.no_grad():
+        h = attn_block(x, w, dims, cos, sin)
+        attention_s = _time(lambda: attn_block(x, w, dims, cos, sin), repeats, device)
+        mlp_s = _time(lambda: mlp_block(h, w, dims), repeats, device)
+
+    def forward_backward() -> None:
+        xa, wl = x.detach().requires_grad_(), _leaves(w)
+        mlp_block(attn_block(xa, wl, dims, cos, sin), wl, dims).backward(dy)
+
+    both_s = _time(forward_backward, repeats, device)
+    forward_s = attention_s + mlp_s
+    return {"seq_len": float(seq_len), "forward_s": forward_s,
+            "backward_s": max(both_s - forward_s, forward_s),
+            "attention_forward_s": attention_s, "mlp_forward_s": mlp_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", type=Path, required=True, help="a JobSpec JSON file")
+    args = parser.parse_args()
+    spec = JobSpec.model_validate_json(args.spec.read_text())
+    json.dump(measure(resolve_dims(spec.model), spec.seq_len, spec.precision), sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
