@@ -137,7 +137,8 @@ def main() -> None:
     for point in _select(args.points):
         cmd = [sys.executable, "-m", "bench.sweep", "--point", json.dumps(asdict(point)),
                "--steps", str(args.steps)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # as workers
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         sys.stderr.write(proc.stderr[-1500:])
         if proc.returncode == 0:
             rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from scheduler.contracts import GIB, JobSpec
 from scheduler.hardware import NodeProfile
 from scheduler.levels import LEVELS, LayerCost, write_buffer_stall_s
@@ -86,7 +88,9 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
     rings = (lay.r_param + lay.r_grad + 4 * lay.device_optimizer) * dims.layer_params * e
     transition = lay.micro_batch * S * D * e
-    loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8)  # logits, fp32 copy + grad
+    # LM-head block: logits, their fp32 copy and grad; and the head weights' gradient, which
+    # autograd allocates whole for each block before it is added into the group's gradient
+    loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8) + dims.embedding_params * e
     workspace = int(1.3 * activation_bytes_per_token(dims, spec.precision) * S)
     # copies in flight home: bounded by the write buffer and by all the home layers can send
     home_layers = dims.num_layers - window
@@ -141,15 +145,19 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
     """One home layer as the levels DP sees it (scheduler/levels.py), per round."""
     fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node)
     saved = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    # levels 1 and 3 keep the attention graph inside autograd; the rest is stashed explicitly
+    graph = saved[3] - saved[2]
+    autograd = (0, graph, 0, graph)
     weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
     return LayerCost(
         chunks=lay.micro_batch, compute_s=fwd_s,
         transfer_s=tuple(link_seconds(b, node) for b in saved),
         value_s=tuple(fwd_s * (1.0 - r) for r in recompute_forwards(node)),
         cap_s=link_seconds(WRITE_BUFFER_BYTES, node),
-        fetch_s=tuple(b / node.both_bytes_per_s for b in saved),
-        inbound_s=(3 if lay.r_grad == 1 else 2) * weights / node.both_bytes_per_s,
-        busy_s=lay.micro_batch * bwd_s)
+        explicit_s=tuple((b - a) / node.h2d_bytes_per_s for b, a in zip(saved, autograd)),
+        autograd_s=tuple(a / node.h2d_bytes_per_s for a in autograd),
+        prefetch_cap_s=WRITE_BUFFER_BYTES / node.h2d_bytes_per_s,
+        inbound_s=2 * weights / node.both_bytes_per_s, busy_s=lay.micro_batch * bwd_s)
 
 
 def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int]],
@@ -164,23 +172,26 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
     weights = dims.layer_params * e
     # forward: the next layer's weights must arrive while this one computes
     exposed = L * max(0.0, weights / node.h2d_bytes_per_s - X * fwd_s)
-    # backward: weights and accumulated gradients in (a single gradient slot serialises
-    # them with sending gradients home), the home layers' saved sets fetched back
-    inbound = (3 if lay.r_grad == 1 else 2) * weights / node.both_bytes_per_s
+    if lay.r_grad == 1:  # one gradient slot: sending k home, then fetching k-1, in series
+        exposed += L * (weights / node.d2h_bytes_per_s
+                        + (rounds - 1) / rounds * weights / node.h2d_bytes_per_s)
+    lc = layer_cost(dims, spec, lay, node)
+    home, in_window = levels[:L - window], levels[L - window:]
     recompute = 0.0
-    shares = recompute_forwards(node)
-    for k, row in enumerate(levels):
-        layer_recompute = fwd_s * sum(shares[lv] for lv in row)
-        fetch = (sum(saved_bytes(dims, spec, lv) for lv in row) / node.both_bytes_per_s
-                 if k < L - window else 0.0)
-        exposed += max(0.0, inbound + fetch - X * bwd_s - layer_recompute)
-        recompute += layer_recompute
+    if home:
+        rec, exp = lc.row_costs(np.asarray(home))
+        recompute, exposed = recompute + float(rec.sum()), exposed + float(exp.sum())
+    for row in in_window:
+        rec_w = sum(lc.compute_s - lc.value_s[lv] for lv in row)
+        recompute += rec_w
+        exposed += max(0.0, lc.inbound_s - lc.busy_s - rec_w)
     # hand-made levels may overrun the link: compute waits on the write buffer
-    home = levels[:L - window]
-    exposed += write_buffer_stall_s([layer_cost(dims, spec, lay, node)] * len(home), home)
+    exposed += write_buffer_stall_s([lc] * len(home), home)
     if lay.device_optimizer and device == "cuda":
-        # moments in and weights + moments home ride round 0's forward
-        optimizer = L * max(0.0, 3 * weights / node.both_bytes_per_s - X * fwd_s)
+        # moments in and weights + moments home ride round 0's forward; the embedding and
+        # head (on the device) update after backward with their moments streamed
+        optimizer = (L * max(0.0, 3 * weights / node.both_bytes_per_s - X * fwd_s)
+                     + 2 * dims.embedding_params * 4 * e / node.both_bytes_per_s)
     else:
         optimizer = dims.params / node.optimizer_params_per_s
     return StepTime(compute, rounds * recompute, rounds * exposed, optimizer)

@@ -41,17 +41,28 @@ class LayerCost:
     transfer_s: tuple[float, ...]  # per level: the chunk's saved set home over the link
     value_s: tuple[float, ...]  # per level: recomputation avoided in backward vs level 0
     cap_s: float  # the backlog allowed after any of its chunks (the write buffer)
-    # The layer's backward: exposed = max(0, inbound + fetches - busy - recomputation).
-    fetch_s: tuple[float, ...] = (0.0,) * LEVELS  # per level: the saved set back in
+    # Its backward: saved sets stashed explicitly come back on the inbound stream up to the
+    # prefetch cap, overlapped with compute; the rest, and what autograd holds (levels 1/3's
+    # attention graph), are fetched when needed, on the compute stream.
+    explicit_s: tuple[float, ...] = (0.0,) * LEVELS  # per level, at the inbound rate
+    autograd_s: tuple[float, ...] = (0.0,) * LEVELS
+    prefetch_cap_s: float = 0.0
     inbound_s: float = 0.0  # weights and accumulated gradients in
     busy_s: float = 0.0  # backward compute of all chunks, recomputation aside
 
+    def row_costs(self, pats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(recomputation, exposed backward transfer) seconds of each (P, C) pattern."""
+        recompute = pats.shape[1] * self.compute_s - np.asarray(self.value_s)[pats].sum(axis=1)
+        explicit = np.asarray(self.explicit_s)[pats].sum(axis=1)
+        prefetched = np.minimum(explicit, self.prefetch_cap_s)
+        exposed = (np.asarray(self.autograd_s)[pats].sum(axis=1) + explicit - prefetched
+                   + np.maximum(0.0, self.inbound_s + prefetched - self.busy_s - recompute))
+        return recompute, exposed
+
     def pattern_value(self, pats: np.ndarray) -> np.ndarray:
-        """(P,) avoided recomputation minus exposed backward transfer, per pattern."""
-        value = np.asarray(self.value_s)[pats].sum(axis=1)
-        recompute = pats.shape[1] * self.compute_s - value  # RECOMPUTE_FORWARDS[0] == 1
-        fetch = np.asarray(self.fetch_s)[pats].sum(axis=1)
-        return value - np.maximum(0.0, self.inbound_s + fetch - self.busy_s - recompute)
+        """(P,) seconds saved against recomputing every chunk with nothing exposed."""
+        recompute, exposed = self.row_costs(pats)
+        return pats.shape[1] * self.compute_s - recompute - exposed
 
 
 @functools.lru_cache(maxsize=64)

@@ -43,6 +43,9 @@ async def spawn(job: Job, job_dir: Path, peak_flops: float, threads: int,
     env = dict(env)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    # Segments that grow in place instead of fixed blocks: far less memory reserved but
+    # unusable, so the device budget buys working set, not fragmentation.
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     log_file = open(job_dir / "worker.log", "ab")  # noqa: SIM115 - the child owns it
     try:
         return await asyncio.create_subprocess_exec(

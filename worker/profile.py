@@ -22,10 +22,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from worker.optim import grad_sq_norm
+
 # bf16 dense peak of an H100/H200, the MFU denominator AdaWS uses.
 HOPPER_PEAK_FLOPS = 989e12
 # Profile-key format: bump when the measured keys change meaning, so caches refresh.
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 
 
 def _sync() -> None:
@@ -109,15 +111,22 @@ def attention_flops(dev: torch.device, dtype: torch.dtype, seq: int, heads: int,
 
 
 def optimizer_params_per_s(numel: int) -> float:
-    """CPU AdamW updates per second (fused where this torch has it), fp32 state."""
-    p = torch.nn.Parameter(torch.randn(numel))
+    """Host AdamW updates per second as worker/state.py runs them on the working set's
+    tiles: bf16 state, a global-norm pass, clipping, then fused CPU AdamW."""
+    p = torch.nn.Parameter(torch.randn(numel, dtype=torch.bfloat16))
     p.grad = torch.randn_like(p)
     try:
         opt = torch.optim.AdamW([p], fused=True)
         opt.step()
     except (RuntimeError, TypeError):
         opt = torch.optim.AdamW([p])
-    return numel / _time(opt.step, 3)
+
+    def step() -> None:
+        grad_sq_norm([p.grad])  # type: ignore[list-item]
+        p.grad.mul_(0.999)  # type: ignore[union-attr]
+        opt.step()
+
+    return numel / _time(step, 3)
 
 
 def _gpus() -> list[dict[str, object]]:
@@ -155,7 +164,7 @@ def profile() -> dict[str, object]:
     for seq in seqs:
         measured[f"attention_flops.{seq}"] = attention_flops(dev, dtype, seq, heads,
                                                              kv_heads, head_dim)
-    measured["optimizer_params_per_s"] = optimizer_params_per_s(16 << 20 if cuda else 1 << 20)
+    measured["optimizer_params_per_s"] = optimizer_params_per_s(64 << 20 if cuda else 4 << 20)
     measured["peak_flops"] = HOPPER_PEAK_FLOPS if cuda else measured["matmul_flops"]
     measured["cpu_threads"] = float(torch.get_num_threads())
     measured["host_cpus"] = float(os.cpu_count() or 1)

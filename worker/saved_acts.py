@@ -81,9 +81,11 @@ class _WeightRef:
 
 
 @dataclass
-class _HostCopy:
+class HostCopy:
     host: torch.Tensor
-    done: torch.cuda.Event | None
+    done: torch.cuda.Event | None  # its copy home finished
+    device: torch.Tensor | None = None  # prefetched back for backward
+    arrived: torch.cuda.Event | None = None
 
 
 class SavedTensorPolicy:
@@ -113,14 +115,14 @@ class SavedTensorPolicy:
         def unpack(obj: object) -> torch.Tensor:
             if isinstance(obj, _WeightRef):
                 return torch.as_strided(self.weight_storage(), obj.size, obj.stride, obj.offset)
-            if isinstance(obj, _HostCopy):
+            if isinstance(obj, HostCopy):
                 return self.fetch(obj)
             assert isinstance(obj, torch.Tensor)
             return obj
 
         return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
-    def send_home(self, t: torch.Tensor) -> _HostCopy:
+    def send_home(self, t: torch.Tensor) -> HostCopy:
         host = self.store.take(t)
         s = self.streams
         if s.cuda:
@@ -137,10 +139,31 @@ class SavedTensorPolicy:
         done = s.record("outbound")
         if s.cuda:
             self.store.track(done, t.nbytes)
-        return _HostCopy(host, done)
+        return HostCopy(host, done)
 
-    def fetch(self, copy: _HostCopy) -> torch.Tensor:
+    def prefetch(self, copy: HostCopy) -> int:
+        """Start bringing a saved tensor back on the inbound stream, ahead of the backward
+        that needs it; returns the bytes started (0 on CPU, or if already on its way)."""
         s = self.streams
+        if not s.cuda or copy.device is not None:
+            return 0
+        # allocated in the compute stream's pool: the inbound copy must not start before
+        # compute queued so far is past whatever used this memory before
+        out = torch.empty_like(copy.host, device=s.device)
+        s.wait("inbound", s.record("comp"))
+        s.wait("inbound", copy.done)
+        with s.on("inbound"):
+            out.copy_(copy.host, non_blocking=True)
+        copy.device, copy.arrived = out, s.record("inbound")
+        self.counters["h2d_bytes"] += copy.host.nbytes
+        return copy.host.nbytes
+
+    def fetch(self, copy: HostCopy) -> torch.Tensor:
+        s = self.streams
+        if copy.device is not None:  # prefetched
+            s.compute_waits("activations", copy.arrived)
+            out, copy.device = copy.device, None
+            return out
         s.compute_waits("activations", copy.done)
         out = torch.empty_like(copy.host, device=s.device)
         out.copy_(copy.host, non_blocking=True)

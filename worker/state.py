@@ -15,7 +15,7 @@ import torch
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
 from worker.arena import HostArena, LayerLayout
-from worker.optim import clip_coefficient, learning_rate
+from worker.optim import clip_coefficient, grad_sq_norm, learning_rate
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -106,8 +106,7 @@ class HostState:
     # ------------------------------------------------------------ optimizer
 
     def grad_norm(self) -> float:
-        sq = sum(float(g.float().pow(2).sum()) for g in [*self.grads, self.embed_g, self.head_g])
-        return math.sqrt(sq)
+        return math.sqrt(grad_sq_norm([*self.grads, self.embed_g, self.head_g]))
 
     def optimizer_step(self, step: int, spec: OptimizerSpec, total_steps: int) -> float:
         """Clip by global norm, then AdamW on every tile. Returns the pre-clip norm."""

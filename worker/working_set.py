@@ -31,7 +31,7 @@ from worker.model import attention, rms_norm, rope_tables, swiglu
 from worker.device_optim import DeviceOptimizer
 from worker.lean_mlp import lean_backward, lean_forward
 from worker.rings import Slot, Streams
-from worker.saved_acts import HostActivationStore, SavedTensorPolicy
+from worker.saved_acts import HostActivationStore, SavedTensorPolicy, HostCopy
 from worker.state import DTYPES, HostState
 from worker.stats import StepStats
 from worker.streamer import SlotStreamer
@@ -220,6 +220,16 @@ class WorkingSetRuntime:
         _accumulate(dw, wa)
         return xa.grad
 
+    def _prefetch(self, policy: SavedTensorPolicy, graphs: list[_Graph]) -> None:
+        """Bring a home layer's explicitly stashed sets (inputs, lean MLP set, h) back on the
+        inbound stream, within the write buffer's bytes (idle in backward). The attention
+        graph of levels 1 and 3 lives inside autograd and comes back when unpacked."""
+        budget = self.cfg.write_buffer_bytes
+        for g in graphs:
+            for stashed in (g.x, g.h, *(g.lean or ())):
+                if isinstance(stashed, HostCopy) and budget >= stashed.host.nbytes:
+                    budget -= policy.prefetch(stashed)
+
     # ---------------------------------------------------------------- head and loss
 
     def _head_loss(self, x: torch.Tensor, targets: torch.Tensor,
@@ -269,6 +279,9 @@ class WorkingSetRuntime:
             part, T[c] = self._head_loss(T[c], tgt, scale)
             loss += part
         for i, k in enumerate(self._bwd_order):
+            if i + 1 < len(self._bwd_order):  # the next layer's saved sets, while this computes
+                nxt = self._bwd_order[i + 1]
+                self._prefetch(self._policy(nxt), graphs[nxt])
             slot = self.weights.consume(k, self._bwd_order[i + 1:] + self._fwd_order)
             gslot = self.grads.consume_for_accumulate(k, self._bwd_order[i + 1:], zero=first)
             dw = self.host.layout.views(gslot.flat)
