@@ -43,6 +43,11 @@ DEVICE_RESERVE_BYTES = GIB // 2
 # on the H200 host; a CPU worker needs far less).
 PROCESS_BYTES = {"cuda": int(5.5 * GIB), "cpu": int(0.75 * GIB)}
 WRITE_BUFFER_BYTES = GIB  # worker/saved_acts.py's bound on copies in flight home
+# The runtime's layer compute over the same layer timed alone (worker/layer_profile.py):
+# saved-tensor hooks, slot binding, stream waits and launch gaps. Calibrated on the H200
+# sweep of 2026-11-22 (bench/RESULTS.md): (step - optimizer - gradient stalls) / (compute +
+# recompute) was 1.12-1.18 over five points; the other points validate it.
+RUNTIME_OVERHEAD = 1.15
 # Plan the D2H link to half its measured rate for saved activations: weights, gradients and
 # the device optimizer share it, and at 80% the write buffer stalled 1.6-3.3 s a step.
 LINK_SHARE = 0.5
@@ -133,12 +138,13 @@ def adaws_min_micro_batch(psi_total: int, psi_active: int, seq_len: int, d_attn:
 def chunk_times(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float, float]:
     """(forward, backward) seconds of one sequence through one decoder layer: measured when
     the node carries the job's layer times, else from FLOPs at the profiled rates."""
+    k = RUNTIME_OVERHEAD
     if node.layer is not None and node.layer.seq_len == seq_len:
-        return node.layer.forward_s, node.layer.backward_s
+        return k * node.layer.forward_s, k * node.layer.backward_s
     gemm = 2 * seq_len * dims.layer_params / node.matmul_flops
     attn = 2 * seq_len * seq_len * dims.num_heads * dims.head_dim
     attn_s = attn / node.attention_flops(seq_len)
-    return gemm + attn_s, 2 * gemm + 2.5 * attn_s  # flash backward: 5x vs 4x FLOPs
+    return k * (gemm + attn_s), k * (2 * gemm + 2.5 * attn_s)  # flash bwd: 5x vs 4x FLOPs
 
 
 def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -> LayerCost:
@@ -172,9 +178,13 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
     weights = dims.layer_params * e
     # forward: the next layer's weights must arrive while this one computes
     exposed = L * max(0.0, weights / node.h2d_bytes_per_s - X * fwd_s)
-    if lay.r_grad == 1:  # one gradient slot: sending k home, then fetching k-1, in series
-        exposed += L * (weights / node.d2h_bytes_per_s
-                        + (rounds - 1) / rounds * weights / node.h2d_bytes_per_s)
+    # Each layer's gradients going home show once a step (measured: one transfer per layer
+    # on the H200); with one gradient slot, every later round also waits for sending k and
+    # fetching k-1's accumulated gradients in series.
+    grads_home = L * weights / node.d2h_bytes_per_s
+    grads_s = grads_home
+    if lay.r_grad == 1:
+        grads_s += (rounds - 1) * (grads_home + L * weights / node.h2d_bytes_per_s)
     lc = layer_cost(dims, spec, lay, node)
     home, in_window = levels[:L - window], levels[L - window:]
     recompute = 0.0
@@ -194,7 +204,7 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
                      + 2 * dims.embedding_params * 4 * e / node.both_bytes_per_s)
     else:
         optimizer = dims.params / node.optimizer_params_per_s
-    return StepTime(compute, rounds * recompute, rounds * exposed, optimizer)
+    return StepTime(compute, rounds * recompute, rounds * exposed + grads_s, optimizer)
 
 
 def link_seconds(nbytes: int, node: NodeProfile) -> float:

@@ -27,7 +27,7 @@ from worker.optim import grad_sq_norm
 # bf16 dense peak of an H100/H200, the MFU denominator AdaWS uses.
 HOPPER_PEAK_FLOPS = 989e12
 # Profile-key format: bump when the measured keys change meaning, so caches refresh.
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 
 
 def _sync() -> None:
@@ -164,7 +164,7 @@ def profile() -> dict[str, object]:
     for seq in seqs:
         measured[f"attention_flops.{seq}"] = attention_flops(dev, dtype, seq, heads,
                                                              kv_heads, head_dim)
-    measured["optimizer_params_per_s"] = optimizer_params_per_s(64 << 20 if cuda else 4 << 20)
+    measured["optimizer_params_per_s"] = optimizer_params_per_s(256 << 20 if cuda else 4 << 20)
     measured["peak_flops"] = HOPPER_PEAK_FLOPS if cuda else measured["matmul_flops"]
     measured["cpu_threads"] = float(torch.get_num_threads())
     measured["host_cpus"] = float(os.cpu_count() or 1)
