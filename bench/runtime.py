@@ -298,23 +298,35 @@ def main() -> None:
     if args.row:
         print(json.dumps(asdict(run_row(args))), flush=True)
         return
-    rows = []
-    for name in args.rows.split(","):
-        cmd = [sys.executable, "-m", "bench.runtime", "--row", name, "--layers",
-               str(args.layers), "--seq", str(args.seq), "--global-batch",
-               str(args.global_batch), "--steps", str(args.steps),
-               "--resident-micro-batch", str(args.resident_micro_batch)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        sys.stderr.write(proc.stderr[-3000:])
+    common = ["--layers", str(args.layers), "--seq", str(args.seq), "--global-batch",
+              str(args.global_batch), "--steps", str(args.steps),
+              "--resident-micro-batch", str(args.resident_micro_batch)]
+    children = [(["bench.runtime", "--row", name, *common],
+                 {"name": name, "global_batch": args.global_batch})
+                for name in args.rows.split(",")]
+    print(_table(run_children(children, args.out)))
+
+
+def run_children(children: list[tuple[list[str], dict[str, object]]],
+                 out: str | None) -> list[dict[str, object]]:
+    """Run each (module + args, identity) in its own Python process, as the workers run:
+    each child prints its row as the last line of stdout; a failed child's row carries the
+    last line of its stderr. Rows are written to `out` after each child."""
+    rows: list[dict[str, object]] = []
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    for argv, identity in children:
+        proc = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True,
+                              env=env)
+        sys.stderr.write(proc.stderr[-2000:])
         if proc.returncode == 0:
             rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         else:
             err = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?"
-            rows.append({"name": name, "error": err, "global_batch": args.global_batch})
-        if args.out:
-            with open(args.out, "w") as f:
+            rows.append({**identity, "error": err})
+        if out:
+            with open(out, "w") as f:
                 json.dump(rows, f, indent=1)
-    print(_table(rows))
+    return rows
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
@@ -133,22 +132,11 @@ def main() -> None:
     if args.point:
         print(json.dumps(run_point(Point(**json.loads(args.point)), args.steps)), flush=True)
         return
-    rows: list[dict[str, object]] = []
-    for point in _select(args.points):
-        cmd = [sys.executable, "-m", "bench.sweep", "--point", json.dumps(asdict(point)),
-               "--steps", str(args.steps)]
-        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # as workers
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        sys.stderr.write(proc.stderr[-1500:])
-        if proc.returncode == 0:
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        else:
-            err = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?"
-            rows.append({**asdict(point), "error": err})
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(rows, f, indent=1)
-    print(_table(rows))
+    from bench.runtime import run_children
+
+    children = [(["bench.sweep", "--point", json.dumps(asdict(point)), "--steps",
+                  str(args.steps)], asdict(point)) for point in _select(args.points)]
+    print(_table(run_children(children, args.out)))
 
 
 if __name__ == "__main__":

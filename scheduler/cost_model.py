@@ -93,9 +93,9 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
     rings = (lay.r_param + lay.r_grad + 4 * lay.device_optimizer) * dims.layer_params * e
     transition = lay.micro_batch * S * D * e
-    # LM-head block: logits, their fp32 copy and grad; and the head weights' gradient, which
-    # autograd allocates whole for each block before it is added into the group's gradient
-    loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8) + dims.embedding_params * e
+    # LM-head block: logits, their fp32 copy and grad (the head's weight gradient
+    # accumulates in place: worker/working_set.py _head_loss)
+    loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8)
     workspace = int(1.3 * activation_bytes_per_token(dims, spec.precision) * S)
     # copies in flight home: bounded by the write buffer and by all the home layers can send
     home_layers = dims.num_layers - window

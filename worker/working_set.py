@@ -238,20 +238,24 @@ class WorkingSetRuntime:
         dims = self.dims
         views = self.host.head_layout.views(self.head)
         gviews = self.host.head_layout.views(self.head_grad)
+        w_head, g_head = views["lm_head.weight"], gviews["lm_head.weight"]  # (V, D)
         xf, tf = x.reshape(-1, dims.hidden_size), targets.reshape(-1)
         dx = torch.empty_like(xf)
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         step = self.cfg.loss_tokens
         for i in range(0, xf.shape[0], step):
             xb = xf[i:i + step].detach().requires_grad_()
-            w = _leaves(views)
-            logits = F.linear(rms_norm(xb, w["model.norm.weight"], dims.rms_norm_eps),
-                              w["lm_head.weight"])  # (T, V)
+            norm_w = views["model.norm.weight"].detach().requires_grad_()
+            h = rms_norm(xb, norm_w, dims.rms_norm_eps)  # (T, D)
+            logits = F.linear(h.detach(), w_head).requires_grad_()  # (T, V)
             loss = F.cross_entropy(logits.float(), tf[i:i + step], reduction="sum")
             (loss * scale).backward()
+            # The head's gradient accumulates in place: autograd would allocate a whole
+            # (V, D) weight gradient per block first (1 GiB at Llama-3's vocabulary).
+            g_head.addmm_(logits.grad.t(), h.detach())  # type: ignore[union-attr]
+            h.backward(logits.grad @ w_head)  # (T, D)
             dx[i:i + step] = xb.grad
-            for n, leaf in w.items():
-                gviews[n].add_(leaf.grad)
+            gviews["model.norm.weight"].add_(norm_w.grad)  # type: ignore[arg-type]
             total += loss.detach()
         return total, dx.view_as(x)
 
