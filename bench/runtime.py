@@ -194,7 +194,7 @@ def run_plan(spec, dims, plan, steps: int) -> dict[str, object]:  # type: ignore
         tile.copy_(noise * 0.02)
     for k in range(dims.num_layers):  # RMSNorm weights start at one
         for n, v in host.layout.views(host.weights[k]).items():
-            if n.endswith("layernorm.weight"):
+            if n.endswith("norm.weight"):
                 v.fill_(1.0)
     log.info("host state %.1f GiB ready in %.1f s", host.arena.total_bytes / GIB,
              time.perf_counter() - t0)

@@ -61,9 +61,12 @@ class _Strict(BaseModel):
 
 
 class HFModelConfig(_Strict):
-    """The subset of a Hugging Face Llama `config.json` wstrain understands."""
+    """The subset of a Hugging Face `config.json` wstrain understands: Llama, and Qwen3 dense
+    (Llama plus an RMSNorm over each query and key head)."""
 
     model_config = ConfigDict(extra="ignore")  # real config.json files carry many extras
+
+    model_type: Literal["llama", "qwen3"] = "llama"
 
     vocab_size: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
@@ -306,6 +309,30 @@ class Node(BaseModel):
     running: list[str]
     profile: dict[str, float]
     heartbeat_at: float
+
+
+class PresetInfo(BaseModel):
+    """One model preset, as `GET /v1/presets` lists it."""
+
+    name: str
+    architecture: str
+    layers: int
+    hidden_size: int
+    intermediate_size: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    params_total: int
+    params_active: int = Field(description="parameters a token passes through (= total for "
+                               "dense models)")
+    training_state_bytes: dict[str, int] = Field(
+        description="weights + gradients + AdamW moments (+ fp32 master in mixed), by precision")
+
+
+class PresetList(BaseModel):
+    presets: list[PresetInfo]
 
 
 class WorkerMessage(BaseModel):

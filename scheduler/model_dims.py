@@ -11,8 +11,13 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from scheduler.contracts import HFConfigModel, HFModelConfig, ModelRef, PathModel, PresetModel
+from scheduler.contracts import (HFConfigModel, HFModelConfig, ModelRef, PathModel, PresetInfo,
+                                 PresetModel)
 from scheduler.errors import InvalidSpec
+
+
+# Bytes of training state per parameter: weights + grads + two AdamW moments (+ fp32 master).
+STATE_BYTES_PER_PARAM = {"bf16": 2 + 2 + 2 + 2, "mixed": 2 + 4 + 4 + 4 + 4, "fp32": 4 * 4}
 
 
 @dataclass(frozen=True)
@@ -27,13 +32,15 @@ class ModelDims:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     max_position_embeddings: int = 8192
+    qk_norm: bool = False  # Qwen3: RMSNorm over each query and key head before RoPE
 
     @property
     def layer_params(self) -> int:
         d, h = self.hidden_size, self.head_dim
         attn = d * self.num_heads * h * 2 + d * self.num_kv_heads * h * 2  # q,o + k,v
         mlp = 3 * d * self.intermediate_size
-        return attn + mlp + 2 * d  # + two RMSNorm weights
+        qk_norms = 2 * h if self.qk_norm else 0
+        return attn + mlp + 2 * d + qk_norms  # + the RMSNorm weights
 
     @property
     def embedding_params(self) -> int:
@@ -49,10 +56,14 @@ class ModelDims:
         attn = seq_len * self.num_layers * self.num_heads * self.head_dim
         return 6.0 * (self.params + attn)
 
+    @property
+    def architecture(self) -> str:
+        return "Qwen3ForCausalLM" if self.qk_norm else "LlamaForCausalLM"
+
     def to_hf_config(self) -> dict[str, object]:
         return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [self.architecture],
+            "model_type": "qwen3" if self.qk_norm else "llama",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -78,14 +89,35 @@ def _llama(vocab: int, d: int, ffn: int, layers: int, heads: int, kv: int, theta
     return ModelDims(vocab, d, ffn, layers, heads, kv, d // heads, 1e-5, theta, max_pos)
 
 
+def _qwen3(vocab: int, d: int, ffn: int, layers: int, heads: int, kv: int,
+           max_pos: int = 40960) -> ModelDims:
+    return ModelDims(vocab, d, ffn, layers, heads, kv, 128 if d >= 1024 else d // heads, 1e-6,
+                     1_000_000.0, max_pos, qk_norm=True)
+
+
 PRESETS: dict[str, ModelDims] = {
-    # AdaWS Table 1 dense Llama; 16 layers is the benchmark configuration of DESIGN.md.
+    # AdaWS Table 1, dense models, with exactly the table's dimensions (its MoE models wait
+    # for MoE layers); 16 layers is the benchmark configuration of DESIGN.md.
     "llama3-8b": _llama(128256, 4096, 14336, 32, 32, 8, 500000.0),
     "llama3-8b-16l": _llama(128256, 4096, 14336, 16, 32, 8, 500000.0),
+    "dense-15b": _llama(128256, 4096, 14336, 64, 32, 8, 500000.0),
+    "qwen3-32b": _qwen3(152064, 5120, 27648, 64, 40, 8),
     # Small models for tests and demos (byte-level vocab fits the shipped text corpus).
     "tiny-llama": _llama(256, 128, 384, 4, 4, 2, 10000.0, 1024),
     "micro-llama": _llama(256, 32, 64, 2, 4, 2, 10000.0, 512),
+    "tiny-qwen3": _qwen3(256, 128, 384, 4, 4, 2, 1024),
 }
+
+
+def preset_list() -> list[PresetInfo]:
+    return [PresetInfo(
+        name=name, architecture=d.architecture, layers=d.num_layers, hidden_size=d.hidden_size,
+        intermediate_size=d.intermediate_size, heads=d.num_heads, kv_heads=d.num_kv_heads,
+        head_dim=d.head_dim, vocab_size=d.vocab_size,
+        max_position_embeddings=d.max_position_embeddings, params_total=d.params,
+        params_active=d.params,
+        training_state_bytes={p: d.params * b for p, b in STATE_BYTES_PER_PARAM.items()})
+        for name, d in PRESETS.items()]
 
 
 def dims_from_hf(cfg: HFModelConfig) -> ModelDims:
@@ -101,6 +133,7 @@ def dims_from_hf(cfg: HFModelConfig) -> ModelDims:
         rms_norm_eps=cfg.rms_norm_eps,
         rope_theta=cfg.rope_theta,
         max_position_embeddings=cfg.max_position_embeddings,
+        qk_norm=cfg.model_type == "qwen3",
     )
 
 
@@ -122,5 +155,5 @@ def resolve_dims(model: ModelRef) -> ModelDims:
     try:
         cfg = HFModelConfig.model_validate(json.loads(cfg_path.read_text()))
     except ValueError as exc:
-        raise InvalidSpec(f"{cfg_path} is not a usable Llama config: {exc}") from exc
+        raise InvalidSpec(f"{cfg_path} is not a usable Llama or Qwen3 config: {exc}") from exc
     return dims_from_hf(cfg)

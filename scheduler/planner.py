@@ -11,10 +11,8 @@ from __future__ import annotations
 from scheduler.contracts import GIB, JobSpec, MinBudget, Plan, Predicted
 from scheduler.errors import InfeasibleBudget, InvalidSpec
 from scheduler.hardware import NodeProfile
-from scheduler.model_dims import ModelDims
+from scheduler.model_dims import STATE_BYTES_PER_PARAM, ModelDims
 
-# Bytes of training state per parameter: weights + grads + two AdamW moments (+ fp32 master).
-STATE_BYTES_PER_PARAM = {"bf16": 2 + 2 + 2 + 2, "mixed": 2 + 4 + 4 + 4 + 4, "fp32": 4 * 4}
 ELEMENT_BYTES = {"bf16": 2, "mixed": 2, "fp32": 4}
 # Fixed device reserve: kernel workspaces, allocator fragmentation, RNG/loss scalars.
 DEVICE_RESERVE_BYTES = 256 * 1024**2

@@ -16,8 +16,10 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from scheduler.contracts import TERMINAL_STATES, Event, Job, JobList, JobSpec, JobState, Node, Plan
+from scheduler.contracts import (TERMINAL_STATES, Event, Job, JobList, JobSpec, JobState, Node,
+                                 Plan, PresetList)
 from scheduler.errors import Conflict, Unauthorized, WstrainError
+from scheduler.model_dims import preset_list
 from scheduler.store import JobStore
 from service.metrics import ApiMetrics
 from service.settings import ServiceSettings
@@ -142,6 +144,10 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     @app.get("/v1/nodes", response_model=NodeList)
     async def nodes(st: Store, _: Owner) -> NodeList:
         return NodeList(nodes=await st.nodes())
+
+    @app.get("/v1/presets", response_model=PresetList)
+    async def presets(_: Owner) -> PresetList:
+        return PresetList(presets=preset_list())
 
     @app.get("/metrics")
     async def prometheus(st: Store) -> Response:

@@ -59,12 +59,15 @@ class LayerLayout:
     def decoder(cls, dims: ModelDims) -> LayerLayout:
         d, f, hd = dims.hidden_size, dims.intermediate_size, dims.head_dim
         q, kv = dims.num_heads * hd, dims.num_kv_heads * hd
+        qk_norms = [("self_attn.q_norm.weight", (hd,)),
+                    ("self_attn.k_norm.weight", (hd,))] if dims.qk_norm else []
         return cls.of([
             ("input_layernorm.weight", (d,)),
             ("self_attn.q_proj.weight", (q, d)),
             ("self_attn.k_proj.weight", (kv, d)),
             ("self_attn.v_proj.weight", (kv, d)),
             ("self_attn.o_proj.weight", (d, q)),
+            *qk_norms,
             ("post_attention_layernorm.weight", (d,)),
             ("mlp.gate_proj.weight", (f, d)),
             ("mlp.up_proj.weight", (f, d)),

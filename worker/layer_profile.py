@@ -35,6 +35,9 @@ def _weights(dims: ModelDims, dtype: torch.dtype, device: torch.device) -> dict[
     w = {n: torch.randn(s, dtype=dtype, device=device) * 0.02 for n, s in shapes.items()}
     for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
         w[n] = torch.ones(D, dtype=dtype, device=device)
+    if dims.qk_norm:
+        for n in ("self_attn.q_norm.weight", "self_attn.k_norm.weight"):
+            w[n] = torch.ones(dims.head_dim, dtype=dtype, device=device)
     return w
 
 

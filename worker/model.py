@@ -60,20 +60,30 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, dims.num_kv_heads * hd, bias=False)
         self.v_proj = nn.Linear(d, dims.num_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(dims.num_heads * hd, d, bias=False)
+        self.eps = dims.rms_norm_eps
+        if dims.qk_norm:  # Qwen3
+            self.q_norm = RMSNorm(hd, dims.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, dims.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        qk = (self.q_norm.weight, self.k_norm.weight) if hasattr(self, "q_norm") else None
         return attention(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
-                         self.o_proj.weight, cos, sin, self.n_heads, self.n_kv)
+                         self.o_proj.weight, cos, sin, self.n_heads, self.n_kv, qk, self.eps)
 
 
 def attention(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
               wo: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
-              n_kv: int) -> torch.Tensor:
-    """Causal GQA self-attention with RoPE through SDPA. x: (B, S, D) -> (B, S, D)"""
+              n_kv: int, qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
+              eps: float = 1e-6) -> torch.Tensor:
+    """Causal GQA self-attention with RoPE through SDPA; with `qk_norm` (Qwen3) each query
+    and key head is RMS-normalised before RoPE. x: (B, S, D) -> (B, S, D)"""
     b, s, _ = x.shape
     hd = cos.shape[-1]
-    q = F.linear(x, wq).view(b, s, n_heads, hd).transpose(1, 2)  # (B, H, S, hd)
-    k = F.linear(x, wk).view(b, s, n_kv, hd).transpose(1, 2)  # (B, KV, S, hd)
+    q = F.linear(x, wq).view(b, s, n_heads, hd)  # (B, S, H, hd)
+    k = F.linear(x, wk).view(b, s, n_kv, hd)  # (B, S, KV, hd)
+    if qk_norm is not None:
+        q, k = rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, S, hd), (B, KV, S, hd)
     v = F.linear(x, wv).view(b, s, n_kv, hd).transpose(1, 2)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if n_heads > n_kv:
@@ -123,7 +133,8 @@ class Backbone(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Parameter names match `LlamaForCausalLM.state_dict()` exactly."""
+    """Parameter names match `LlamaForCausalLM.state_dict()` exactly (and
+    `Qwen3ForCausalLM`'s when dims.qk_norm)."""
 
     def __init__(self, dims: ModelDims) -> None:
         super().__init__()
@@ -135,7 +146,7 @@ class LlamaModel(nn.Module):
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
-                if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                if name.endswith("norm.weight"):  # RMSNorm weights (layers, q/k, final)
                     p.fill_(1.0)
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen) * std)

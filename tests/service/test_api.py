@@ -159,6 +159,17 @@ def test_api_restart_loses_nothing(api_only: Stack) -> None:
         assert again["state"] == "queued" and again["spec"] == job["spec"]
 
 
+def test_presets_list_table_1_models_with_their_sizes(api_only: Stack) -> None:
+    with api_only.client() as c:
+        presets = {p["name"]: p for p in c.get("/v1/presets").json()["presets"]}
+    assert {"llama3-8b", "dense-15b", "qwen3-32b", "tiny-qwen3"} <= set(presets)
+    q = presets["qwen3-32b"]
+    assert (q["architecture"], q["layers"], q["hidden_size"], q["heads"]) == \
+        ("Qwen3ForCausalLM", 64, 5120, 40)
+    assert 32e9 < q["params_total"] < 33.5e9
+    assert q["training_state_bytes"]["bf16"] == 8 * q["params_total"]
+
+
 def test_metrics_expose_queue_and_jobs(api_only: Stack) -> None:
     with api_only.client() as c:
         c.post("/v1/jobs", json=tiny_spec("metric"))

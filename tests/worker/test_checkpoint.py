@@ -1,12 +1,14 @@
-"""Checkpoints round-trip: `LlamaForCausalLM.from_pretrained` loads what the worker writes
-and gives the same logits; loading into the worker restores weights, optimizer and step."""
+"""Checkpoints round-trip: `AutoModelForCausalLM.from_pretrained` loads what the worker writes
+(Llama and Qwen3) and gives the same logits; loading into the worker restores weights,
+optimizer and step."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import PRESETS
@@ -15,9 +17,9 @@ from worker.model import LlamaModel, causal_lm_loss
 from worker.optim import make_adamw
 
 
-def _trained_and_saved(root: Path, steps: int):  # type: ignore[no-untyped-def]
-    """A micro model trained `steps` steps, and the checkpoint written of it."""
-    dims = PRESETS["micro-llama"]
+def _trained_and_saved(root: Path, steps: int, preset: str = "micro-llama"):  # type: ignore[no-untyped-def]
+    """A small model trained `steps` steps, and the checkpoint written of it."""
+    dims = PRESETS[preset]
     model = LlamaModel(dims)
     model.init_weights(seed=0)
     opt, sched = make_adamw(model.parameters(), OptimizerSpec(lr=1e-2), 10)
@@ -33,10 +35,12 @@ def _trained_and_saved(root: Path, steps: int):  # type: ignore[no-untyped-def]
     return dims, model, opt, sched, path
 
 
-def test_transformers_loads_worker_checkpoint(tmp_path: Path) -> None:
-    dims, model, _, _, path = _trained_and_saved(tmp_path, 2)
+@pytest.mark.parametrize("preset", ["micro-llama", "tiny-qwen3"])
+def test_transformers_loads_worker_checkpoint(tmp_path: Path, preset: str) -> None:
+    dims, model, _, _, path = _trained_and_saved(tmp_path, 2, preset)
     assert checkpoint.latest(tmp_path) == path
-    ref = LlamaForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
+    ref = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
+    assert type(ref).__name__ == dims.architecture
     tokens = torch.randint(0, dims.vocab_size, (2, 12))
     with torch.no_grad():
         ours = model(tokens)

@@ -1,19 +1,20 @@
-"""Our Llama decoder against Hugging Face `transformers.LlamaForCausalLM` on small random
-configs: same weights, same batch -> same logits, loss and every gradient (fp32)."""
+"""Our decoder against Hugging Face `transformers` (`LlamaForCausalLM`, `Qwen3ForCausalLM`)
+on small random configs: same weights, same batch -> same logits, loss and every gradient
+(fp32)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from scheduler.model_dims import ModelDims
+from tests.worker.hf_models import hf_causal_lm, perturb_norms
 from worker.model import LlamaModel, causal_lm_loss
 
 CONFIGS = [
     ModelDims(97, 48, 80, 2, 4, 2, 12, 1e-5, 10000.0, 256),   # GQA 2:1
     ModelDims(64, 32, 96, 3, 4, 4, 8, 1e-6, 500000.0, 256),  # MHA, Llama-3 theta
     ModelDims(50, 64, 64, 1, 8, 1, 16, 1e-5, 10000.0, 256),  # MQA, head_dim*heads != hidden
+    ModelDims(97, 48, 80, 2, 4, 2, 16, 1e-6, 1000000.0, 256, qk_norm=True),  # Qwen3 dense
 ]
 
 
@@ -21,19 +22,14 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-30))
 
 
-def hf_reference(dims: ModelDims) -> LlamaForCausalLM:
-    cfg = LlamaConfig(**{k: v for k, v in dims.to_hf_config().items()
-                         if k not in ("architectures", "model_type")})
-    cfg._attn_implementation = "eager"
-    return LlamaForCausalLM(cfg).float().eval()
-
-
-@pytest.mark.parametrize("dims", CONFIGS, ids=lambda d: f"L{d.num_layers}h{d.num_heads}kv{d.num_kv_heads}")
+@pytest.mark.parametrize("dims", CONFIGS, ids=lambda d: f"{d.architecture[:5]}-L{d.num_layers}"
+                         f"h{d.num_heads}kv{d.num_kv_heads}")
 def test_logits_loss_grads_match_transformers(dims: ModelDims) -> None:
     torch.manual_seed(0)
     ours = LlamaModel(dims)
     ours.init_weights(seed=3)
-    ref = hf_reference(dims)
+    perturb_norms(ours, seed=4)
+    ref = hf_causal_lm(dims).eval()
     missing = ref.load_state_dict(ours.state_dict(), strict=False)
     # rotary inv_freq is a buffer HF computes itself; every parameter must have loaded
     assert not missing.unexpected_keys

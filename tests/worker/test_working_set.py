@@ -1,4 +1,5 @@
-"""The working-set runtime against Hugging Face `LlamaForCausalLM`: same weights, same batch
+"""The working-set runtime against Hugging Face `LlamaForCausalLM` (and `Qwen3ForCausalLM`):
+same weights, same batch
 -> same loss and every gradient (fp32, relative L2 < 1e-5) for every saved-activation level,
 window, ring size and number of rounds; after N steps the weights match torch AdamW on the
 reference; and a property test: the result never depends on the plan."""
@@ -11,10 +12,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
+from tests.worker.hf_models import hf_causal_lm, perturb_norms
 from worker.optim import make_adamw
 from worker.state import HostState
 from worker.working_set import WorkingSetConfig, WorkingSetRuntime
@@ -39,10 +41,9 @@ class Batches:
 
 def reference(dims: ModelDims) -> LlamaForCausalLM:
     torch.manual_seed(1)
-    cfg = LlamaConfig(**{k: v for k, v in dims.to_hf_config().items()
-                         if k not in ("architectures", "model_type")})
-    cfg._attn_implementation = "sdpa"
-    return LlamaForCausalLM(cfg).float()
+    model = hf_causal_lm(dims, "sdpa")
+    perturb_norms(model, seed=2)
+    return model  # type: ignore[return-value]
 
 
 def ref_loss_and_grads(model: LlamaForCausalLM, data: Batches, step: int, rounds: int,
@@ -63,12 +64,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def make_runtime(ref: LlamaForCausalLM, device: str = "cpu", **kw) -> WorkingSetRuntime:  # type: ignore[no-untyped-def]
-    host = HostState.create(DIMS, "fp32", pin=device == "cuda")
+def make_runtime(ref: LlamaForCausalLM, device: str = "cpu", dims: ModelDims = DIMS,  # type: ignore[no-untyped-def]
+                 **kw) -> WorkingSetRuntime:
+    host = HostState.create(dims, "fp32", pin=device == "cuda")
     host.load_state_dict({k: v.detach().cpu() for k, v in ref.state_dict().items()})
     cfg = WorkingSetConfig(precision="fp32", device=device, steps=10, seed=0, seq_len=SEQ,
                            **kw)
-    return WorkingSetRuntime(DIMS, cfg, OptimizerSpec(lr=1e-2, weight_decay=0.1,
+    return WorkingSetRuntime(dims, cfg, OptimizerSpec(lr=1e-2, weight_decay=0.1,
                                                       grad_clip=0.5, warmup_steps=2), host)
 
 
@@ -90,6 +92,18 @@ def test_every_level_and_window_matches_transformers(level: int, window: int) ->
     levels = tuple((level,) * 2 for _ in range(DIMS.num_layers))
     rt = make_runtime(ref, micro_batch=4, chunk=2, rounds=2, r_param=3, r_grad=2,
                       window=window, levels=levels, loss_tokens=24)
+    check_grads(rt, ref, data)
+
+
+QWEN3 = ModelDims(101, 48, 80, 3, 4, 2, 16, 1e-6, 1000000.0, 128, qk_norm=True)
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_qwen3_matches_transformers_through_the_working_set(level: int) -> None:
+    ref, data = reference(QWEN3), Batches(QWEN3.vocab_size)
+    levels = tuple((level, 3 - level) for _ in range(QWEN3.num_layers))
+    rt = make_runtime(ref, dims=QWEN3, micro_batch=4, chunk=2, rounds=2, r_param=2,
+                      r_grad=1, window=1, levels=levels, loss_tokens=20)
     check_grads(rt, ref, data)
 
 
