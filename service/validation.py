@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
 from scheduler.contracts import GIB, JobSpec, Node, PathModel, Plan, TextData, TokenData
 from scheduler.errors import InvalidSpec
 from scheduler.model_dims import ModelDims, resolve_dims
@@ -16,6 +18,7 @@ from scheduler.hardware import DEFAULT_PROFILE, NodeProfile
 from scheduler.planner import make_plan
 
 _TOKEN_BYTES = {"uint16": 2, "uint32": 4}
+_SCAN_TOKENS = 1 << 26  # token ids are checked against the vocabulary in blocks this long
 
 
 def _inside_roots(path: str, field: str, data_roots: list[str]) -> Path:
@@ -27,6 +30,39 @@ def _inside_roots(path: str, field: str, data_roots: list[str]) -> Path:
     return real
 
 
+def _check_tokens(data: TokenData, path: Path, vocab_size: int, seq_len: int) -> None:
+    """dtype, length and every token id of a .bin (raw) or .npy token file."""
+    if path.suffix == ".npy":
+        try:
+            tokens = np.load(path, mmap_mode="r")
+        except ValueError as exc:
+            raise InvalidSpec(f"data.path={data.path!r} is not a readable .npy file: {exc}") \
+                from exc
+        if tokens.dtype != np.dtype(data.dtype):
+            raise InvalidSpec(f"data.path={data.path!r} holds {tokens.dtype} tokens but "
+                              f"data.dtype={data.dtype!r}; set data.dtype to match (uint16 or "
+                              "uint32) or convert the file")
+        tokens = tokens.reshape(-1)
+    else:
+        size, width = path.stat().st_size, _TOKEN_BYTES[data.dtype]
+        if size % width:
+            raise InvalidSpec(f"data.path={data.path!r} has {size} bytes, not a multiple of "
+                              f"{width}; is data.dtype={data.dtype!r} right?")
+        tokens = np.memmap(path, dtype=np.dtype(data.dtype), mode="r")
+    if len(tokens) < seq_len + 1:
+        raise InvalidSpec(f"data.path={data.path!r} holds {len(tokens)} tokens, fewer than "
+                          f"one sequence of seq_len+1={seq_len + 1}")
+    for start in range(0, len(tokens), _SCAN_TOKENS):
+        block = tokens[start:start + _SCAN_TOKENS]
+        top = int(block.max())
+        if top >= vocab_size:
+            at = start + int(np.argmax(block >= vocab_size))
+            raise InvalidSpec(f"data.path={data.path!r} holds token id {block[at - start]} "
+                              f"(at position {at}, max {top}) but the model's vocab_size is "
+                              f"{vocab_size}; use a model with a larger vocabulary or the "
+                              "tokenizer the file was made with")
+
+
 def _check_data(spec: JobSpec, dims: ModelDims, data_roots: list[str]) -> None:
     data = spec.data
     if isinstance(data, (TokenData, TextData)):
@@ -34,14 +70,7 @@ def _check_data(spec: JobSpec, dims: ModelDims, data_roots: list[str]) -> None:
         if not path.is_file():
             raise InvalidSpec(f"data.path={data.path!r} does not exist or is not a file")
     if isinstance(data, TokenData):
-        size = path.stat().st_size
-        width = _TOKEN_BYTES[data.dtype]
-        if size % width:
-            raise InvalidSpec(f"data.path={data.path!r} has {size} bytes, not a multiple of "
-                              f"{width}; is data.dtype={data.dtype!r} right?")
-        if size // width < spec.seq_len + 1:
-            raise InvalidSpec(f"data.path={data.path!r} holds {size // width} tokens, fewer "
-                              f"than one sequence of seq_len+1={spec.seq_len + 1}")
+        _check_tokens(data, path, dims.vocab_size, spec.seq_len)
     if isinstance(data, TextData):
         vocab = 256
         if data.tokenizer != "byte":

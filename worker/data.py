@@ -1,5 +1,5 @@
-"""Training data for a job: synthetic tokens, a memory-mapped token file, or text with a
-tokenizer ("byte" or a tokenizers tokenizer.json).
+"""Training data for a job: synthetic tokens, a memory-mapped token file (raw .bin or .npy,
+uint16/uint32), or text with a tokenizer ("byte" or a tokenizers tokenizer.json).
 
 The order is a pure function of (seed, step, round): batch(step) reads the same sequences
 whenever it is asked, so the data position in a checkpoint is just the step, and a resumed
@@ -21,6 +21,8 @@ def _load_tokens(data: DataRef, vocab_size: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
         return rng.integers(0, vocab_size, size=1 << 20, dtype=np.int64)
     if isinstance(data, TokenData):
+        if data.path.endswith(".npy"):
+            return np.load(data.path, mmap_mode="r").reshape(-1)
         return np.memmap(data.path, dtype=np.dtype(data.dtype), mode="r")
     assert isinstance(data, TextData)
     if data.tokenizer == "byte":

@@ -84,6 +84,38 @@ def test_bad_specs_get_422_and_leave_nothing(api_only: Stack, case: str) -> None
         assert _total(c) == before
 
 
+def test_token_files_are_checked_before_anything_is_queued(api_only: Stack) -> None:
+    """micro-llama has vocab 256: .bin and .npy token files, good and bad."""
+    import numpy as np
+
+    root = api_only.state_dir.parent
+    ids = np.arange(4096) % 256
+    np.asarray(ids, dtype=np.uint16).tofile(root / "good.bin")
+    np.save(root / "good.npy", np.asarray(ids, dtype=np.uint32))
+    np.asarray([*ids[:1000], 300, *ids[:100]], dtype=np.uint16).tofile(root / "big-id.bin")
+    np.save(root / "float.npy", ids.astype(np.float32))
+    np.asarray(ids[:20], dtype=np.uint16).tofile(root / "short.bin")
+    (root / "odd.bin").write_bytes(b"\x01\x02\x03")
+    cases = {
+        "good.bin": ("uint16", None), "good.npy": ("uint32", None),
+        "big-id.bin": ("uint16", "token id 300 (at position 1000"),
+        "float.npy": ("uint32", "holds float32 tokens"),
+        "good.npy#": ("uint16", "set data.dtype to match"),
+        "short.bin": ("uint16", "fewer than one sequence"),
+        "odd.bin": ("uint32", "not a multiple of 4"),
+    }
+    with api_only.client() as c:
+        before = _total(c)
+        for name, (dtype, needle) in cases.items():
+            data = {"kind": "tokens", "path": str(root / name.rstrip("#")), "dtype": dtype}
+            r = c.post("/v1/plans", json=tiny_spec("tok", data=data))
+            if needle is None:
+                assert r.status_code == 200, (name, r.text)
+            else:
+                assert r.status_code == 422 and needle in r.text, (name, r.text)
+        assert _total(c) == before
+
+
 def test_infeasible_budget_names_the_minimum(api_only: Stack) -> None:
     spec = tiny_spec("big", model={"preset": "tiny-llama"}, seq_len=1024, global_batch=8,
                      budget={"device_gib": 0.01, "host_gib": 8})

@@ -1,0 +1,28 @@
+"""Token files read the same whether raw (.bin) or .npy, and the batch order is a pure
+function of (seed, step, round), so a resumed run continues with exactly the next batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from scheduler.contracts import TokenData
+from worker.data import TokenStream
+
+
+def test_bin_and_npy_token_files_give_the_same_batches(tmp_path: Path) -> None:
+    ids = (np.arange(10_000) * 7919 % 50_000).astype(np.uint32)
+    ids.tofile(tmp_path / "t.bin")
+    np.save(tmp_path / "t.npy", ids)
+    streams = [TokenStream.open(TokenData(kind="tokens", path=str(tmp_path / f), dtype="uint32"),
+                                50_000, 64, seed=3) for f in ("t.bin", "t.npy")]
+    for step, rnd in ((0, 0), (5, 1), (5, 1)):
+        (xa, ya), (xb, yb) = (s.batch(step, rnd, 4) for s in streams)
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+        assert xa.shape == (4, 64) and torch.equal(xa[:, 1:], ya[:, :-1])
+    again = TokenStream.open(TokenData(kind="tokens", path=str(tmp_path / "t.bin"),
+                                       dtype="uint32"), 50_000, 64, seed=3)
+    assert torch.equal(again.batch(7, 2, 4)[0], streams[0].batch(7, 2, 4)[0])
+    assert not torch.equal(streams[0].batch(7, 2, 4)[0], streams[0].batch(8, 2, 4)[0])
