@@ -77,8 +77,22 @@ class HFModelConfig(_Strict):
     head_dim: int | None = Field(default=None, gt=0)
     rms_norm_eps: float = Field(default=1e-5, gt=0)
     rope_theta: float = Field(default=10000.0, gt=0)
+    # RoPE as transformers >= 5 writes it ({"rope_type", "rope_theta", scaling fields}), or
+    # the older `rope_scaling`; types "default" and "llama3" are understood.
+    rope_parameters: dict[str, Any] | None = None
+    rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = Field(default=8192, gt=0)
     tie_word_embeddings: bool = False
+
+    @property
+    def rope(self) -> dict[str, Any]:
+        """The effective RoPE settings: rope_type, rope_theta and any scaling fields."""
+        out: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        for extra in (self.rope_scaling, self.rope_parameters):
+            if extra:
+                out.update(extra)
+                out["rope_type"] = extra.get("rope_type", extra.get("type", out["rope_type"]))
+        return out
 
     @model_validator(mode="after")
     def _heads_divide(self) -> HFModelConfig:
@@ -96,6 +110,15 @@ class HFModelConfig(_Strict):
         if self.tie_word_embeddings:
             raise ValueError("tie_word_embeddings=true is not supported: wstrain trains an "
                              "untied LM head")
+        rope = self.rope
+        if rope["rope_type"] not in ("default", "llama3"):
+            raise ValueError(f"rope_type={rope['rope_type']!r} is not supported; wstrain "
+                             'understands "default" and "llama3" RoPE')
+        if rope["rope_type"] == "llama3":
+            missing = {"factor", "low_freq_factor", "high_freq_factor",
+                       "original_max_position_embeddings"} - set(rope)
+            if missing:
+                raise ValueError(f"llama3 RoPE scaling lacks {sorted(missing)}")
         return self
 
 

@@ -33,6 +33,8 @@ class ModelDims:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 8192
     qk_norm: bool = False  # Qwen3: RMSNorm over each query and key head before RoPE
+    # Llama 3.1 RoPE scaling: (factor, low_freq_factor, high_freq_factor, original context)
+    rope_llama3: tuple[float, float, float, int] | None = None
 
     @property
     def layer_params(self) -> int:
@@ -73,6 +75,11 @@ class ModelDims:
             "head_dim": self.head_dim,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
+            **({"rope_scaling": {"rope_type": "llama3", "factor": self.rope_llama3[0],
+                                 "low_freq_factor": self.rope_llama3[1],
+                                 "high_freq_factor": self.rope_llama3[2],
+                                 "original_max_position_embeddings": self.rope_llama3[3]}}
+               if self.rope_llama3 else {}),
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
             "attention_bias": False,
@@ -121,7 +128,10 @@ def preset_list() -> list[PresetInfo]:
 
 
 def dims_from_hf(cfg: HFModelConfig) -> ModelDims:
-    heads = cfg.num_attention_heads
+    heads, rope = cfg.num_attention_heads, cfg.rope
+    llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]),
+              float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"])
+              ) if rope["rope_type"] == "llama3" else None
     return ModelDims(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
@@ -131,9 +141,10 @@ def dims_from_hf(cfg: HFModelConfig) -> ModelDims:
         num_kv_heads=cfg.num_key_value_heads or heads,
         head_dim=cfg.head_dim or cfg.hidden_size // heads,
         rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta,
+        rope_theta=float(rope["rope_theta"]),
         max_position_embeddings=cfg.max_position_embeddings,
         qk_norm=cfg.model_type == "qwen3",
+        rope_llama3=llama3,
     )
 
 

@@ -111,7 +111,11 @@ def pick_node(spec: JobSpec, nodes: list[Node]) -> NodeProfile:
 
 def validate_and_plan(spec: JobSpec, nodes: list[Node], data_roots: list[str]) -> Plan:
     if isinstance(spec.model, PathModel):
-        _inside_roots(spec.model.path, "model.path", data_roots)
+        model_dir = _inside_roots(spec.model.path, "model.path", data_roots)
+        if model_dir.is_dir() and not any(model_dir.glob("*.safetensors")):
+            raise InvalidSpec(f"model.path={spec.model.path!r} holds no *.safetensors weights "
+                              "to fine-tune; save the model with save_pretrained (safetensors), "
+                              'or name {"hf_config": ...} to train from scratch')
     dims = resolve_dims(spec.model)
     _check_data(spec, dims, data_roots)
     return make_plan(spec, dims, pick_node(spec, nodes))

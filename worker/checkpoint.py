@@ -1,10 +1,12 @@
-"""Checkpoints: weights as safetensors with Hugging Face names (+ config.json, so
-`LlamaForCausalLM.from_pretrained(dir)` loads them), optimizer and LR-schedule state, step,
-data position and RNG state. Written atomically: into a temp dir, fsynced, renamed, then
-the `latest` pointer replaced.
+"""Checkpoints: weights as safetensors with Hugging Face names, sharded with an index file as
+`save_pretrained` writes them (+ config.json, so `AutoModelForCausalLM.from_pretrained(dir)`
+loads them), optimizer and LR-schedule state, step, data position and RNG state. Written
+atomically: into a temp dir, fsynced, renamed, then the `latest` pointer replaced. Weights
+may be views into the training state: each shard is copied out only while it is written, so
+a checkpoint costs at most one shard of extra host memory.
 
     save(root, TrainerState(step, step), runtime.state_tensors(), runtime.optimizer_state(), cfg)
-    state, tensors, extra = load(latest(root))
+    state, extra = load_meta(latest(root)); runtime.load_state(latest(root), extra)
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from safetensors.torch import load_file, save_file
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
+SHARD_BYTES = 1 << 30
+INDEX = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,7 @@ def save(root: Path, state: TrainerState, tensors: dict[str, torch.Tensor],
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{state.step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    weights = {k: v.detach().contiguous() for k, v in tensors.items()}
-    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+    _save_sharded(tensors, tmp)
     (tmp / "config.json").write_text(json.dumps(hf_config, indent=1))
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -67,6 +70,31 @@ def save(root: Path, state: TrainerState, tensors: dict[str, torch.Tensor],
     return final
 
 
+def _save_sharded(tensors: dict[str, torch.Tensor], out: Path) -> None:
+    shard_bytes = SHARD_BYTES
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    n = len(shards)
+    weight_map = {}
+    for i, names in enumerate(shards):
+        fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        # views into the training state share storage: copy this shard out, write, drop it
+        save_file({k: tensors[k].detach().cpu().clone() for k in names}, out / fname,
+                  metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(names, fname))
+    if n > 1:
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total},
+                                             "weight_map": weight_map}, indent=1))
+
+
 def latest(root: Path) -> Path | None:
     pointer = root / LATEST
     if not pointer.is_file():
@@ -76,11 +104,20 @@ def latest(root: Path) -> Path | None:
 
 
 def load(path: Path) -> tuple[TrainerState, dict[str, torch.Tensor], dict[str, object]]:
-    """(trainer state, weights by Hugging Face name, the runtime's optimizer state)."""
-    weights = load_file(path / "model.safetensors")
+    """(trainer state, weights by Hugging Face name, the runtime's optimizer state). Reads
+    every weight into memory; a runtime resuming streams them instead (load_meta)."""
+    weights: dict[str, torch.Tensor] = {}
+    for shard in sorted(path.glob("*.safetensors")):
+        weights.update(load_file(shard))
+    state, extra = load_meta(path)
+    return state, weights, extra
+
+
+def load_meta(path: Path) -> tuple[TrainerState, dict[str, object]]:
+    """(trainer state, the runtime's optimizer state); restores the RNG state."""
     extra = torch.load(path / "optimizer.pt", weights_only=False)
     rng = extra.pop("rng")
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return TrainerState(**json.loads((path / "trainer.json").read_text())), weights, extra
+    return TrainerState(**json.loads((path / "trainer.json").read_text())), extra

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
-from scheduler.contracts import JobSpec, Plan, WorkerExit, WorkerMessage
+from scheduler.contracts import JobSpec, PathModel, Plan, WorkerExit, WorkerMessage
 from scheduler.model_dims import resolve_dims
 from worker import checkpoint
 from worker.data import TokenStream
+from worker.hf_load import stream_into
 from worker.model import LlamaModel
 from worker.resident import ResidentRuntime, RuntimeConfig
 from worker.state import HostState
@@ -37,18 +38,26 @@ REPORT_INTERVAL_S = 0.2
 
 
 def build_runtime(spec: JobSpec, plan: Plan) -> ResidentRuntime | WorkingSetRuntime:
-    """The runtime the plan names, initialised from the spec's seed."""
+    """The runtime the plan names, initialised from the spec's seed, or from the weights of
+    the Hugging Face directory the spec's model names."""
     dims = resolve_dims(spec.model)
+    pretrained = Path(spec.model.path) if isinstance(spec.model, PathModel) else None
     if plan.runtime == "resident":
         cfg = RuntimeConfig(spec.precision, plan.device, plan.micro_batch, plan.rounds,
                             spec.steps, spec.seed)
-        return ResidentRuntime(dims, cfg, spec.optimizer)
+        resident = ResidentRuntime(dims, cfg, spec.optimizer)
+        if pretrained is not None:
+            stream_into(dict(resident.model.named_parameters()), pretrained)
+        return resident
     cuda = plan.device == "cuda"
     host = HostState.create(dims, spec.precision, pin=cuda, fused_adamw=cuda)
-    init = LlamaModel(dims)  # same initial weights as the resident runtime for this seed
-    init.init_weights(spec.seed)
-    host.load_state_dict(init.state_dict())
-    del init
+    if pretrained is not None:  # straight into the host tiles
+        stream_into(host.weight_views(), pretrained)
+    else:
+        init = LlamaModel(dims)  # same initial weights as the resident runtime for this seed
+        init.init_weights(spec.seed)
+        host.load_state_dict(init.state_dict())
+        del init
     return WorkingSetRuntime(dims, ws_config(spec, plan), spec.optimizer, host)
 
 
@@ -109,8 +118,8 @@ class Worker:
         root = self.job_dir / "checkpoints"
         start = 0
         if (ckpt := checkpoint.latest(root)) is not None:
-            state, tensors, extra = checkpoint.load(ckpt)
-            runtime.load_state(tensors, extra)
+            state, extra = checkpoint.load_meta(ckpt)
+            runtime.load_state(ckpt, extra)  # weights stream from the shards
             start = state.step
             log.info("job %s: resumed from %s at step %d", self.job_id, ckpt, start)
         self.emit(WorkerMessage(kind="started", step=start,

@@ -7,6 +7,8 @@ load in `transformers` and tests compare against it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,10 +38,26 @@ def rope_tables(dims: ModelDims, seq_len: int, device: torch.device,
     """cos, sin of shape (S, head_dim), computed in fp32 as Hugging Face does."""
     half = torch.arange(0, dims.head_dim, 2, dtype=torch.int64, device=device).float()
     inv_freq = 1.0 / (dims.rope_theta ** (half / dims.head_dim))  # (head_dim/2,)
+    if dims.rope_llama3 is not None:
+        inv_freq = _llama3_scaled(inv_freq, *dims.rope_llama3)
     pos = torch.arange(seq_len, device=device).float()
     freqs = torch.outer(pos, inv_freq)  # (S, head_dim/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (S, head_dim)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
+                   high_freq_factor: float, original_context: int) -> torch.Tensor:
+    """Llama 3.1's RoPE scaling: wavelengths longer than original_context / low_freq_factor
+    are stretched by `factor`, shorter than original_context / high_freq_factor kept, and
+    the band between blended linearly in original_context / wavelength."""
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original_context / low_freq_factor, inv_freq / factor,
+                         inv_freq)
+    blend = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    middle = (wavelen >= original_context / high_freq_factor) & \
+        (wavelen <= original_context / low_freq_factor)
+    return torch.where(middle, (1 - blend) * inv_freq / factor + blend * inv_freq, scaled)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
 from worker.data import TokenStream
+from worker.hf_load import stream_into
 from worker.model import LlamaModel, causal_lm_loss
 from worker.optim import make_adamw
 from worker.stats import StepStats
@@ -46,8 +48,13 @@ class ResidentRuntime:
     def optimizer_state(self) -> dict[str, object]:
         return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict()}
 
-    def load_state(self, tensors: dict[str, torch.Tensor], extra: dict[str, object]) -> None:
-        self.model.load_state_dict(tensors, strict=True)
+    def load_state(self, weights: dict[str, torch.Tensor] | Path,
+                   extra: dict[str, object]) -> None:
+        """Weights by name, or a checkpoint directory to stream them from."""
+        if isinstance(weights, Path):
+            stream_into(dict(self.model.named_parameters()), weights)
+        else:
+            self.model.load_state_dict(weights, strict=True)
         self.optimizer.load_state_dict(extra["optimizer"])  # type: ignore[arg-type]
         self.schedule.load_state_dict(extra["schedule"])  # type: ignore[arg-type]
 

@@ -76,6 +76,10 @@ class HostState:
         out.update(self.head_layout.views(head))
         return out
 
+    def weight_views(self) -> dict[str, torch.Tensor]:
+        """Weight views under Hugging Face parameter names (no copies)."""
+        return self._named_views()
+
     def named_grads(self) -> dict[str, torch.Tensor]:
         """Gradient views under Hugging Face parameter names (no copies)."""
         return self._named_views(grads=True)

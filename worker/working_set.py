@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,7 @@ from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
 from worker.model import attention, rms_norm, rope_tables, swiglu
 from worker.device_optim import DeviceOptimizer
+from worker.hf_load import stream_into
 from worker.lean_mlp import lean_backward, lean_forward
 from worker.rings import Slot, Streams
 from worker.saved_acts import HostActivationStore, SavedTensorPolicy, HostCopy
@@ -132,19 +134,25 @@ class WorkingSetRuntime:
             self.weights.invalidate()
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Weight views into the host tiles (a checkpoint copies them out shard by shard)."""
         self._apply_pending()
-        return self.host.state_dict()
+        return self.host.weight_views()
 
     def optimizer_state(self) -> dict[str, object]:
         self._apply_pending()
         return self.host.optimizer_state()
 
-    def load_state(self, tensors: dict[str, torch.Tensor], extra: dict[str, object]) -> None:
+    def load_state(self, weights: dict[str, torch.Tensor] | Path,
+                   extra: dict[str, object]) -> None:
+        """Weights by name, or a checkpoint directory to stream them from into the tiles."""
         if self.dopt is not None:  # nothing pending, and no moment slot is current
             self.dopt.todo.clear()
             self.dopt.m.invalidate()
             self.dopt.v.invalidate()
-        self.host.load_state_dict(tensors)
+        if isinstance(weights, Path):
+            stream_into(self.host.weight_views(), weights)
+        else:
+            self.host.load_state_dict(weights)
         self.host.load_optimizer_state(extra)
         self.weights.invalidate()
         self.grads.invalidate()

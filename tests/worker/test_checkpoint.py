@@ -63,3 +63,16 @@ def test_load_restores_everything(tmp_path: Path) -> None:
     assert fopt.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
     # No temp dirs left behind by the atomic write.
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_large_checkpoints_are_sharded_with_an_index(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(checkpoint, "SHARD_BYTES", 20_000)
+    dims, model, _, _, path = _trained_and_saved(tmp_path, 1, "tiny-qwen3")
+    index = (path / checkpoint.INDEX).read_text()
+    assert len(list(path.glob("model-*-of-*.safetensors"))) > 1 and "weight_map" in index
+    ref = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
+    state, tensors, _ = checkpoint.load(path)
+    assert set(tensors) == set(model.state_dict())
+    tokens = torch.randint(0, dims.vocab_size, (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(model(tokens), ref(input_ids=tokens).logits, atol=1e-5)

@@ -15,6 +15,8 @@ CONFIGS = [
     ModelDims(64, 32, 96, 3, 4, 4, 8, 1e-6, 500000.0, 256),  # MHA, Llama-3 theta
     ModelDims(50, 64, 64, 1, 8, 1, 16, 1e-5, 10000.0, 256),  # MQA, head_dim*heads != hidden
     ModelDims(97, 48, 80, 2, 4, 2, 16, 1e-6, 1000000.0, 256, qk_norm=True),  # Qwen3 dense
+    # Llama 3.1 RoPE scaling, with a short original context so every band is exercised
+    ModelDims(97, 48, 80, 2, 4, 2, 12, 1e-5, 500000.0, 256, rope_llama3=(8.0, 1.0, 4.0, 64)),
 ]
 
 
