@@ -43,6 +43,7 @@ DEVICE_RESERVE_BYTES = GIB // 2
 # on the H200 host; a CPU worker needs far less).
 PROCESS_BYTES = {"cuda": int(5.5 * GIB), "cpu": int(0.75 * GIB)}
 WRITE_BUFFER_BYTES = GIB  # worker/saved_acts.py's bound on copies in flight home
+CHECKPOINT_SHARD_BYTES = GIB  # worker/checkpoint.py's SHARD_BYTES
 # The runtime's layer compute over the same layer timed alone (worker/layer_profile.py):
 # saved-tensor hooks, slot binding, stream waits and launch gaps. Calibrated on the H200
 # sweep of 2026-11-22 (bench/RESULTS.md): (step - optimizer - gradient stalls) / (compute +
@@ -117,10 +118,12 @@ def spare_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
 
 
 def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
-    """Training state (weights, grads, two moments) + saved sets sent home + the process."""
+    """Training state (weights, grads, two moments) + saved sets sent home + the process +
+    the checkpoint shard being written (worker/checkpoint.py copies one out at a time)."""
     e = ELEMENT_BYTES[spec.precision]
     state = 4 * e * (dims.num_layers * dims.layer_params + 2 * dims.embedding_params)
-    return state + home_saved + PROCESS_BYTES[device]
+    shard = min(CHECKPOINT_SHARD_BYTES, dims.params * e)
+    return state + home_saved + PROCESS_BYTES[device] + shard
 
 
 # ------------------------------------------------------------------ time
