@@ -90,7 +90,8 @@ def job() -> dashboard.Dashboard:
     return (
         dashboard.Dashboard("wstrain: job").uid("wstrain-job").tags(["wstrain"])
         .refresh("10s").time("now-1h", "now").with_variable(variable)
-        .with_panel(series("Loss", "short", [(f"wstrain_loss{{{JOB}}}", "loss")]))
+        .with_panel(series("Loss", "short", [(f"wstrain_loss{{{JOB}}}", "training"),
+                                             (f"wstrain_eval_loss{{{JOB}}}", "held-out")]))
         .with_panel(series("Tokens per second", "short", [
             (f"wstrain_tokens_per_second{{{JOB}}}", "tokens/s")]))
         .with_panel(series("MFU", "percentunit", [(f"wstrain_mfu_ratio{{{JOB}}}", "MFU")]))

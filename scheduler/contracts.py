@@ -159,6 +159,15 @@ class TextData(_Strict):
 DataRef = Annotated[SyntheticData | TokenData | TextData, Field(discriminator="kind")]
 
 
+class EvalSpec(_Strict):
+    """A held-out split of the data: its loss is evaluated every `every_steps` steps."""
+
+    heldout_fraction: float = Field(default=0.05, gt=0, le=0.5, description="tail of the "
+                                    "data kept out of training")
+    every_steps: int = Field(default=50, ge=1)
+    sequences: int = Field(default=8, ge=1, description="held-out sequences per evaluation")
+
+
 class OptimizerSpec(_Strict):
     lr: float = Field(default=3e-4, gt=0)
     betas: tuple[float, float] = (0.9, 0.95)
@@ -220,6 +229,7 @@ class JobSpec(_Strict):
     precision: Literal["bf16", "mixed", "fp32"] = "bf16"
     budget: Budget
     checkpoint_every: int = Field(default=0, ge=0, description="0: only at the end and at cancel")
+    eval: EvalSpec | None = None
     seed: int = Field(default=0, ge=0)
     priority: int = Field(default=0, ge=-100, le=100)
     overrides: PlanOverrides = PlanOverrides()
@@ -283,6 +293,7 @@ class Job(BaseModel):
     step: int
     steps: int
     loss: float | None = None
+    eval_loss: float | None = Field(default=None, description="held-out loss, last evaluation")
     tokens_per_s: float | None = None
     mfu: float | None = None
     step_seconds: float | None = None
@@ -361,7 +372,7 @@ class PresetList(BaseModel):
 class WorkerMessage(BaseModel):
     """One JSON line a worker writes on stdout for its agent."""
 
-    kind: Literal["started", "step", "checkpoint", "log", "error"]
+    kind: Literal["started", "step", "eval", "checkpoint", "log", "error"]
     step: int | None = None
     loss: float | None = None
     tokens_per_s: float | None = None

@@ -56,6 +56,7 @@ class _JobSeries:
     host_budget_bytes: int
     predicted_step_seconds: float | None
     last: WorkerMessage | None = None
+    eval_loss: float | None = None
     ended_at: float | None = None
 
 
@@ -95,6 +96,11 @@ class AgentExporter(Collector):
             if job_id in self._jobs:
                 self._jobs[job_id].last = msg
 
+    def job_eval(self, job_id: str, loss: float) -> None:
+        with self._lock:
+            if job_id in self._jobs:
+                self._jobs[job_id].eval_loss = loss
+
     def job_ended(self, job_id: str) -> None:
         with self._lock:
             if job_id in self._jobs:
@@ -131,6 +137,12 @@ class AgentExporter(Collector):
                 if value is not None:
                     fam.add_metric([jid], value)
             yield fam
+        held = GaugeMetricFamily("wstrain_eval_loss", "Loss on the held-out split, last "
+                                 "evaluation.", labels=["job"])
+        for jid, s in jobs.items():
+            if s.eval_loss is not None:
+                held.add_metric([jid], s.eval_loss)
+        yield held
         pred = GaugeMetricFamily("wstrain_plan_predicted_step_seconds",
                                  "Step time the plan predicted.", labels=["job"])
         budget = GaugeMetricFamily("wstrain_budget_bytes", "The job's hard memory budgets.",

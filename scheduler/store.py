@@ -61,7 +61,7 @@ end
 return false
 """
 
-_OPTIONAL_FLOATS = ("loss", "tokens_per_s", "mfu", "step_seconds", "eta_s")
+_OPTIONAL_FLOATS = ("loss", "eval_loss", "tokens_per_s", "mfu", "step_seconds", "eta_s")
 _OPTIONAL_STRS = ("error", "node", "last_checkpoint")
 
 

@@ -70,6 +70,11 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
         await store.add_event(jid, "progress", f"step {msg.step}/{h.job.steps} loss "
                               f"{msg.loss:.4f}", msg.model_dump(exclude_none=True,
                                                                 exclude={"metrics"}))
+    elif msg.kind == "eval" and msg.loss is not None:
+        h.exporter.job_eval(jid, msg.loss)
+        await store.update(jid, eval_loss=msg.loss)
+        await store.add_event(jid, "eval", f"step {msg.step}: held-out loss {msg.loss:.4f}",
+                              {"step": msg.step, "loss": msg.loss})
     elif msg.kind == "checkpoint":
         await store.update(jid, last_checkpoint=msg.path)
         await store.add_event(jid, "checkpoint", f"checkpoint at step {msg.step}: {msg.path}",

@@ -6,7 +6,7 @@ budgets, node profile) to a Plan that fits and is the fastest the cost model kno
 The search (AdaWS §3.2 with ProTrain's "try them all, the cost model picks"):
 1. micro-batch: from AdaWS's bound X >= (|τp|+|τg|)·ψ·P / (2·S·(ψ_active + S·d_attn)·BW)
    up, over divisors of the global batch (rounds = global_batch / X); below the bound only
-   when the global batch is smaller;
+   when none at or above it fits the budget (or the global batch is smaller);
 2. per micro-batch, ring sizes, device vs host AdamW and the LM-head block (layouts);
 3. per layout every window W <= (C_dev - B) / L_bytes; the home layers' saved-activation
    levels come from one pass of the DP (scheduler/levels.py) that answers for every W; the
@@ -28,6 +28,7 @@ from scheduler.errors import InfeasibleBudget, InvalidSpec
 from scheduler.hardware import NodeProfile
 from scheduler.levels import LEVELS, LayerCost, Solution, solve
 from scheduler.model_dims import ModelDims
+from scheduler.plan_reasons import ws_reasons
 from scheduler.planner import ELEMENT_BYTES
 
 MAX_MICRO_BATCH = 32  # sequences per round the search considers
@@ -181,11 +182,11 @@ def _finish(dims: ModelDims, spec: JobSpec, node: NodeProfile, lay: cm.Layout, s
 def _search(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str,
             mbs: list[int]) -> _Candidate | None:
     ranked: list[tuple[float, int, cm.Layout, Solution, int, _Window]] = []
-    solutions: dict[cm.Layout, Solution] = {}
+    solutions: dict[int, Solution] = {}  # the DP depends on the micro-batch alone
     for i, lay in enumerate(_layouts(spec, mbs)):
         lc = cm.layer_cost(dims, spec, lay, node)
-        key = cm.Layout(lay.micro_batch, r_grad=lay.r_grad)  # what the DP depends on
-        sol = solutions.get(key) or solutions.setdefault(key, solve([lc] * dims.num_layers))
+        sol = solutions.get(lay.micro_batch) or solutions.setdefault(
+            lay.micro_batch, solve([lc] * dims.num_layers))
         rounds = spec.global_batch // lay.micro_batch
         base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer
         for cost, w, win in _evaluate(dims, spec, lay, sol, lc):
@@ -237,8 +238,6 @@ def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> 
 
 def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: _Candidate, device: str,
           bound: float) -> Plan:
-    from scheduler.plan_reasons import ws_reasons
-
     L, lay = dims.num_layers, c.lay
     return Plan(
         runtime="working_set", device=device, micro_batch=lay.micro_batch,

@@ -87,6 +87,7 @@ def _fmt(v: Any, digits: int = 4) -> str:
 def _print_job(job: dict[str, Any]) -> None:
     rows = [("id", job["id"]), ("name", job["name"]), ("state", job["state"]),
             ("step", f"{job['step']}/{job['steps']}"), ("loss", _fmt(job["loss"])),
+            ("eval_loss", _fmt(job.get("eval_loss"))),
             ("tokens/s", _fmt(job["tokens_per_s"])), ("mfu", _fmt(job["mfu"])),
             ("eta_s", _fmt(job["eta_s"])), ("attempt", job["attempt"]),
             ("node", _fmt(job["node"])), ("checkpoint", _fmt(job["last_checkpoint"])),

@@ -30,8 +30,8 @@ def _inside_roots(path: str, field: str, data_roots: list[str]) -> Path:
     return real
 
 
-def _check_tokens(data: TokenData, path: Path, vocab_size: int, seq_len: int) -> None:
-    """dtype, length and every token id of a .bin (raw) or .npy token file."""
+def _check_tokens(data: TokenData, path: Path, vocab_size: int, seq_len: int) -> int:
+    """dtype, length and every token id of a .bin (raw) or .npy token file; its length."""
     if path.suffix == ".npy":
         try:
             tokens = np.load(path, mmap_mode="r")
@@ -61,6 +61,7 @@ def _check_tokens(data: TokenData, path: Path, vocab_size: int, seq_len: int) ->
                               f"(at position {at}, max {top}) but the model's vocab_size is "
                               f"{vocab_size}; use a model with a larger vocabulary or the "
                               "tokenizer the file was made with")
+    return len(tokens)
 
 
 def _check_data(spec: JobSpec, dims: ModelDims, data_roots: list[str]) -> None:
@@ -70,7 +71,12 @@ def _check_data(spec: JobSpec, dims: ModelDims, data_roots: list[str]) -> None:
         if not path.is_file():
             raise InvalidSpec(f"data.path={data.path!r} does not exist or is not a file")
     if isinstance(data, TokenData):
-        _check_tokens(data, path, dims.vocab_size, spec.seq_len)
+        count = _check_tokens(data, path, dims.vocab_size, spec.seq_len)
+        held_out = int(count * spec.eval.heldout_fraction) if spec.eval else None
+        if held_out is not None and held_out < spec.seq_len + 1:
+            raise InvalidSpec(f"eval.heldout_fraction={spec.eval.heldout_fraction} of "  # type: ignore[union-attr]
+                              f"{count} tokens leaves {held_out}, fewer than one sequence of "
+                              f"seq_len+1={spec.seq_len + 1}; raise the fraction or use more data")
     if isinstance(data, TextData):
         vocab = 256
         if data.tokenizer != "byte":

@@ -37,24 +37,40 @@ def _load_tokens(data: DataRef, vocab_size: int, seed: int) -> np.ndarray:
 
 @dataclass
 class TokenStream:
-    tokens: np.ndarray  # (N,) token ids
+    tokens: np.ndarray  # (N,) token ids for training
     seq_len: int
     seed: int
+    heldout: np.ndarray | None = None  # the data's tail, kept out of training
 
     @classmethod
-    def open(cls, data: DataRef, vocab_size: int, seq_len: int, seed: int) -> TokenStream:
+    def open(cls, data: DataRef, vocab_size: int, seq_len: int, seed: int,
+             heldout_fraction: float = 0.0) -> TokenStream:
         tokens = _load_tokens(data, vocab_size, seed)
-        if len(tokens) < seq_len + 1:
-            raise ValueError(f"the data holds {len(tokens)} tokens, fewer than one sequence "
-                             f"of seq_len+1={seq_len + 1}")
-        return cls(tokens, seq_len, seed)
+        cut = len(tokens) - int(len(tokens) * heldout_fraction)
+        train, heldout = tokens[:cut], (tokens[cut:] if heldout_fraction else None)
+        for name, part in (("training", train), ("held-out", heldout)):
+            if part is not None and len(part) < seq_len + 1:
+                raise ValueError(f"the {name} data holds {len(part)} tokens, fewer than one "
+                                 f"sequence of seq_len+1={seq_len + 1}; use more data, a "
+                                 "shorter seq_len or another eval.heldout_fraction")
+        return cls(train, seq_len, seed, heldout)
+
+    def eval_batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same n held-out sequences at every evaluation, spread over the split."""
+        assert self.heldout is not None, "no held-out split was asked for"
+        span = len(self.heldout) - self.seq_len - 1
+        starts = np.linspace(0, span, n).astype(np.int64)
+        return self._rows(self.heldout, starts)
 
     def batch(self, step: int, round_idx: int,
               micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets, each (micro_batch, seq_len) int64."""
         rng = np.random.default_rng([self.seed, step, round_idx])
         starts = rng.integers(0, len(self.tokens) - self.seq_len - 1, size=micro_batch)
-        rows = np.stack([np.asarray(self.tokens[s:s + self.seq_len + 1], dtype=np.int64)
+        return self._rows(self.tokens, starts)
+
+    def _rows(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = np.stack([np.asarray(tokens[s:s + self.seq_len + 1], dtype=np.int64)
                          for s in starts])  # (B, S+1)
         t = torch.from_numpy(rows)
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()

@@ -113,8 +113,9 @@ class Worker:
         self._enforce_device_budget()
         dims = resolve_dims(self.spec.model)
         runtime = build_runtime(self.spec, self.plan)
+        evals = self.spec.eval
         data = TokenStream.open(self.spec.data, dims.vocab_size, self.spec.seq_len,
-                                self.spec.seed)
+                                self.spec.seed, evals.heldout_fraction if evals else 0.0)
         root = self.job_dir / "checkpoints"
         start = 0
         if (ckpt := checkpoint.latest(root)) is not None:
@@ -149,6 +150,9 @@ class Worker:
                     kind="step", step=done, loss=res.loss, step_seconds=res.step_seconds,
                     tokens_per_s=tokens_per_s, mfu=flops_per_token * tokens_per_s / self.peak_flops,
                     metrics=self._telemetry(telemetry, res, runtime)))
+            if evals and (done % evals.every_steps == 0 or done == self.spec.steps):
+                held_out = runtime.eval_loss(*data.eval_batch(evals.sequences))
+                self.emit(WorkerMessage(kind="eval", step=done, loss=held_out))
             every = self.spec.checkpoint_every
             if every and done % every == 0 and done < self.spec.steps:
                 save(done)

@@ -62,6 +62,18 @@ class ResidentRuntime:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    @torch.no_grad()
+    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Mean next-token loss of (B, S) inputs, micro_batch sequences at a time."""
+        total, n = 0.0, 0
+        for x, y in zip(inputs.split(self.cfg.micro_batch), targets.split(self.cfg.micro_batch)):
+            with torch.autocast(self.device.type, torch.bfloat16,
+                                enabled=self.cfg.precision == "mixed"):
+                logits = self.model(x.to(self.device))  # (b, S, V)
+            total += float(causal_lm_loss(logits, y.to(self.device))) * y.numel()
+            n += y.numel()
+        return total / n
+
     def train_step(self, data: TokenStream, step: int) -> StepStats:
         """One optimizer step (0-based `step`) over cfg.rounds micro-batches."""
         cfg = self.cfg

@@ -268,6 +268,33 @@ class WorkingSetRuntime:
             total += loss.detach()
         return total, dx.view_as(x)
 
+    @torch.no_grad()
+    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Mean next-token loss of (B, S) inputs: a forward through the streamed layers that
+        saves nothing, micro_batch sequences at a time."""
+        self._apply_pending()  # a deferred device update belongs to the weights evaluated
+        dims, total = self.dims, 0.0
+        views = self.host.head_layout.views(self.head)
+        table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
+        for x_mb, y_mb in zip(inputs.split(self.cfg.micro_batch),
+                              targets.split(self.cfg.micro_batch)):
+            T = [F.embedding(t.to(self.device), table) for t in x_mb.split(self.cfg.chunk)]
+            for k in self._fwd_order:
+                slot = self.weights.consume(k, self._fwd_order[k + 1:])
+                w = self.host.layout.views(slot.flat)
+                T = [mlp_block(attn_block(h, w, dims, self.cos, self.sin), w, dims) for h in T]
+                self.weights.release(slot)
+            h = rms_norm(torch.cat(T).reshape(-1, dims.hidden_size), views["model.norm.weight"],
+                         dims.rms_norm_eps)  # (tokens, D)
+            y = y_mb.to(self.device).reshape(-1)
+            for i in range(0, h.shape[0], self.cfg.loss_tokens):  # logits never whole
+                logits = F.linear(h[i:i + self.cfg.loss_tokens], views["lm_head.weight"])
+                total += float(F.cross_entropy(logits.float(), y[i:i + self.cfg.loss_tokens],
+                                               reduction="sum"))
+        self.weights.invalidate()
+        self.streams.collect_stalls()  # an evaluation's waits are not the next step's
+        return total / targets.numel()
+
     # ---------------------------------------------------------------- one step
 
     def _round(self, tokens: torch.Tensor, targets: torch.Tensor, first: bool, last: bool,

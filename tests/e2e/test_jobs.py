@@ -26,7 +26,8 @@ def _weights(job: dict) -> dict:  # type: ignore[type-arg]
 
 def test_job_trains_to_completion_with_falling_loss(stack: Stack) -> None:
     with stack.client() as c:
-        spec = tiny_spec("e2e-train", steps=150, checkpoint_every=50)
+        spec = tiny_spec("e2e-train", steps=150, checkpoint_every=50,
+                         eval={"heldout_fraction": 0.05, "every_steps": 50, "sequences": 4})
         job = c.post("/v1/jobs", json=spec).json()
         seen_running = wait_job(c, job["id"], lambda j: j["state"] in ("running", "succeeded"))
         metrics_seen = False
@@ -46,6 +47,9 @@ def test_job_trains_to_completion_with_falling_loss(stack: Stack) -> None:
         assert len(losses) >= 2 and losses[-1] < losses[0] - 1.0, losses
         ckpts = [e["data"]["step"] for e in events if e["kind"] == "checkpoint"]
         assert ckpts == [50, 100, 150]
+        held_out = [e["data"] for e in events if e["kind"] == "eval"]
+        assert [e["step"] for e in held_out] == [50, 100, 150]
+        assert held_out[-1]["loss"] < held_out[0]["loss"] and done["eval_loss"] is not None
         assert Path(done["last_checkpoint"]).name == "step-00000150"
         assert metrics_seen or done["step"] == 150  # fast jobs may finish between scrapes
 

@@ -88,7 +88,9 @@ def test_every_dashboard_query_returns_data(stack: Stack, prometheus: str) -> No
     queries = panel_queries()
     assert len(queries) >= 20, "dashboards lost their panels"
     with stack.client() as c:
-        job = c.post("/v1/jobs", json=tiny_spec("dash", steps=100000, overrides=WS)).json()
+        spec = tiny_spec("dash", steps=100000, overrides=WS,
+                         eval={"heldout_fraction": 0.1, "every_steps": 5, "sequences": 2})
+        job = c.post("/v1/jobs", json=spec).json()
         jid = job["id"]
         wait_job(c, jid, lambda j: j["state"] == "running")
         # Rates need two samples of the counters inside the window.

@@ -113,6 +113,10 @@ def test_token_files_are_checked_before_anything_is_queued(api_only: Stack) -> N
                 assert r.status_code == 200, (name, r.text)
             else:
                 assert r.status_code == 422 and needle in r.text, (name, r.text)
+        data = {"kind": "tokens", "path": str(root / "good.bin"), "dtype": "uint16"}
+        r = c.post("/v1/plans", json=tiny_spec("tok", data=data, eval={
+            "heldout_fraction": 0.005}))
+        assert r.status_code == 422 and "leaves 20, fewer than one sequence" in r.text
         assert _total(c) == before
 
 

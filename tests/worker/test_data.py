@@ -26,3 +26,16 @@ def test_bin_and_npy_token_files_give_the_same_batches(tmp_path: Path) -> None:
                                        dtype="uint32"), 50_000, 64, seed=3)
     assert torch.equal(again.batch(7, 2, 4)[0], streams[0].batch(7, 2, 4)[0])
     assert not torch.equal(streams[0].batch(7, 2, 4)[0], streams[0].batch(8, 2, 4)[0])
+
+
+def test_heldout_split_is_kept_out_of_training(tmp_path: Path) -> None:
+    ids = np.arange(20_000, dtype=np.uint32)  # every id names its position
+    ids.tofile(tmp_path / "t.bin")
+    data = TokenData(kind="tokens", path=str(tmp_path / "t.bin"), dtype="uint32")
+    stream = TokenStream.open(data, 20_000, 32, seed=0, heldout_fraction=0.1)
+    for step in range(50):
+        x, y = stream.batch(step, 0, 4)
+        assert int(y.max()) < 18_000  # training never reads the held-out tail
+    ex, ey = stream.eval_batch(6)
+    assert int(ex.min()) >= 18_000 and torch.equal(ex[:, 1:], ey[:, :-1])
+    assert torch.equal(stream.eval_batch(6)[0], ex)  # the same sequences every time

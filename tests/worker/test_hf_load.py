@@ -55,6 +55,13 @@ def test_save_pretrained_checkpoint_fine_tunes_and_round_trips(tmp_path: Path, r
     with torch.no_grad():
         want, got = theirs(input_ids=tokens).logits, ours(tokens)
     assert float((got - want).norm() / want.norm()) < 1e-5
+    # the held-out evaluation path agrees with the reference's loss too
+    x, y = data.eval_batch(3) if data.heldout is not None else data.batch(99, 0, 3)
+    with torch.no_grad():
+        ref_logits = theirs(input_ids=x).logits
+    ref_loss = float(torch.nn.functional.cross_entropy(ref_logits.reshape(-1, dims.vocab_size),
+                                                       y.reshape(-1)))
+    assert abs(rt.eval_loss(x, y) - ref_loss) < 1e-5 * ref_loss
 
 
 def test_missing_and_unexpected_weights_are_named(tmp_path: Path) -> None:

@@ -107,6 +107,26 @@ def test_qwen3_matches_transformers_through_the_working_set(level: int) -> None:
     check_grads(rt, ref, data)
 
 
+@pytest.mark.parametrize("gpu_optimizer", [False, True], ids=["host-adamw", "device-adamw"])
+def test_eval_loss_matches_transformers_after_steps(gpu_optimizer: bool) -> None:
+    """The held-out forward (no saving, streamed layers, chunked head) gives the reference
+    model's loss on the weights the runtime has reached, a deferred device update included."""
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    rt = make_runtime(ref, micro_batch=2, chunk=1, rounds=1, r_param=2, r_grad=1, window=1,
+                      gpu_optimizer=gpu_optimizer, loss_tokens=11)
+    for step in range(2):
+        rt.train_step(data, step)
+    x, y = data.batch(9, 0, 5)
+    got = rt.eval_loss(x, y)
+    ref.load_state_dict(rt.state_tensors())
+    with torch.no_grad():
+        logits = ref(input_ids=x).logits
+        want = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                       y.reshape(-1)))
+    assert abs(got - want) < 1e-5 * abs(want)
+    rt.train_step(data, 2)  # training goes on after an evaluation
+
+
 @pytest.mark.parametrize("r_param,r_grad,rounds", [(2, 1, 1), (2, 1, 3), (4, 4, 2), (5, 3, 1)])
 def test_ring_sizes_and_rounds_match_transformers(r_param: int, r_grad: int, rounds: int) -> None:
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
