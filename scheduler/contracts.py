@@ -148,12 +148,21 @@ class TokenData(_Strict):
 
 
 class TextData(_Strict):
+    """Plain text, or JSON Lines (`.jsonl`: one document per line under `text_field`),
+    tokenized and packed: each document ends with the tokenizer's end-of-text token (byte 0
+    for the byte tokenizer), so sequences cross document boundaries only at that token."""
+
     kind: Literal["text"]
     path: str
     tokenizer: str = Field(
         default="byte",
         description='"byte" (UTF-8 bytes, vocab 256) or a path to a tokenizers tokenizer.json',
     )
+    text_field: str = "text"
+
+
+# Special tokens taken as a tokenizer's end of text, in this order of preference.
+END_OF_TEXT_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>")
 
 
 DataRef = Annotated[SyntheticData | TokenData | TextData, Field(discriminator="kind")]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler.contracts import GIB, JobSpec, Node, PathModel, Plan, TextData, TokenData
+from scheduler.contracts import (END_OF_TEXT_TOKENS, GIB, JobSpec, Node, PathModel, Plan,
+                                 TextData, TokenData)
 from scheduler.errors import InvalidSpec
 from scheduler.model_dims import ModelDims, resolve_dims
 from scheduler.hardware import DEFAULT_PROFILE, NodeProfile
@@ -64,6 +65,22 @@ def _check_tokens(data: TokenData, path: Path, vocab_size: int, seq_len: int) ->
     return len(tokens)
 
 
+def _check_jsonl(path: Path, data: TextData) -> None:
+    """Every line a JSON object whose `text_field` is a string (the line number if not)."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)[data.text_field]
+            except (ValueError, KeyError, TypeError):
+                doc = None
+            if not isinstance(doc, str):
+                raise InvalidSpec(f"data.path={data.path!r} line {number} is not a JSON object "
+                                  f"with a {data.text_field!r} string; fix the line or set "
+                                  "data.text_field")
+
+
 def _check_data(spec: JobSpec, dims: ModelDims, data_roots: list[str]) -> None:
     data = spec.data
     if isinstance(data, (TokenData, TextData)):
@@ -78,17 +95,25 @@ def _check_data(spec: JobSpec, dims: ModelDims, data_roots: list[str]) -> None:
                               f"{count} tokens leaves {held_out}, fewer than one sequence of "
                               f"seq_len+1={spec.seq_len + 1}; raise the fraction or use more data")
     if isinstance(data, TextData):
-        vocab = 256
+        vocab, specials = 256, set()
+        if data.path.endswith(".jsonl"):
+            _check_jsonl(path, data)
         if data.tokenizer != "byte":
             tok = _inside_roots(data.tokenizer, "data.tokenizer", data_roots)
             if not tok.is_file():
                 raise InvalidSpec(f"data.tokenizer={data.tokenizer!r} does not exist; give a "
                                   'tokenizer.json or "byte"')
             try:
-                vocab = len(json.loads(tok.read_text())["model"]["vocab"])
+                parsed = json.loads(tok.read_text())
+                vocab = len(parsed["model"]["vocab"])
+                specials = {t["content"] for t in parsed.get("added_tokens", [])}
             except (ValueError, KeyError, TypeError) as exc:
                 raise InvalidSpec(f"data.tokenizer={data.tokenizer!r} is not a tokenizers "
                                   f"tokenizer.json: {exc}") from exc
+            if data.path.endswith(".jsonl") and not specials & set(END_OF_TEXT_TOKENS):
+                raise InvalidSpec(f"data.tokenizer={data.tokenizer!r} has none of the "
+                                  f"end-of-text tokens {list(END_OF_TEXT_TOKENS)} that packing "
+                                  "JSONL documents needs; add one to the tokenizer")
         if vocab > dims.vocab_size:
             raise InvalidSpec(f"the tokenizer has {vocab} tokens but the model's vocab_size is "
                               f"{dims.vocab_size}; use a model with vocab_size >= {vocab}")

@@ -1,5 +1,6 @@
 """Training data for a job: synthetic tokens, a memory-mapped token file (raw .bin or .npy,
-uint16/uint32), or text with a tokenizer ("byte" or a tokenizers tokenizer.json).
+uint16/uint32), or text — plain or JSON Lines documents packed with an end-of-text token
+between them — with a tokenizer ("byte" or a tokenizers tokenizer.json).
 
 The order is a pure function of (seed, step, round): batch(step) reads the same sequences
 whenever it is asked, so the data position in a checkpoint is just the step, and a resumed
@@ -8,12 +9,14 @@ run continues with exactly the next batch.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from scheduler.contracts import DataRef, SyntheticData, TextData, TokenData
+from scheduler.contracts import END_OF_TEXT_TOKENS, DataRef, SyntheticData, TextData, TokenData
 
 
 def _load_tokens(data: DataRef, vocab_size: int, seed: int) -> np.ndarray:
@@ -25,14 +28,50 @@ def _load_tokens(data: DataRef, vocab_size: int, seed: int) -> np.ndarray:
             return np.load(data.path, mmap_mode="r").reshape(-1)
         return np.memmap(data.path, dtype=np.dtype(data.dtype), mode="r")
     assert isinstance(data, TextData)
+    jsonl = data.path.endswith(".jsonl")
     if data.tokenizer == "byte":
-        with open(data.path, "rb") as f:
-            return np.frombuffer(f.read(), dtype=np.uint8)
+        if not jsonl:
+            with open(data.path, "rb") as f:
+                return np.frombuffer(f.read(), dtype=np.uint8)
+        packed = b"".join(doc.encode() + b"\0" for doc in documents(data.path, data.text_field))
+        return np.frombuffer(packed, dtype=np.uint8)
     from tokenizers import Tokenizer  # only text jobs with a tokenizer.json need it
 
     tok = Tokenizer.from_file(data.tokenizer)
-    with open(data.path, encoding="utf-8") as f:
-        return np.asarray(tok.encode(f.read()).ids, dtype=np.int64)
+    if not jsonl:
+        with open(data.path, encoding="utf-8") as f:
+            return np.asarray(tok.encode(f.read()).ids, dtype=np.int64)
+    eos = end_of_text_id(tok)
+    ids: list[int] = []
+    for doc in documents(data.path, data.text_field):
+        ids.extend(tok.encode(doc).ids)
+        ids.append(eos)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def documents(path: str, field: str) -> Iterator[str]:
+    """The `field` of each JSON object of a .jsonl file; ValueError names the bad line."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)[field]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{number}: not a JSON object with a {field!r} "
+                                 f"string ({exc})") from exc
+            if not isinstance(doc, str):
+                raise ValueError(f"{path}:{number}: {field!r} is not a string")
+            yield doc
+
+
+def end_of_text_id(tok: object) -> int:
+    for name in END_OF_TEXT_TOKENS:
+        found = tok.token_to_id(name)  # type: ignore[attr-defined]
+        if found is not None:
+            return int(found)
+    raise ValueError(f"the tokenizer has none of the end-of-text tokens {END_OF_TEXT_TOKENS}; "
+                     "packing documents needs one")
 
 
 @dataclass

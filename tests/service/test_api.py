@@ -3,6 +3,7 @@ queue-side state transitions (an API with no agent keeps jobs queued)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -117,6 +118,30 @@ def test_token_files_are_checked_before_anything_is_queued(api_only: Stack) -> N
         r = c.post("/v1/plans", json=tiny_spec("tok", data=data, eval={
             "heldout_fraction": 0.005}))
         assert r.status_code == 422 and "leaves 20, fewer than one sequence" in r.text
+        assert _total(c) == before
+
+
+def test_jsonl_text_is_checked_line_by_line(api_only: Stack) -> None:
+    from tests.worker.test_data import _tokenizer_json
+
+    root = api_only.state_dir.parent
+    (root / "docs.jsonl").write_text("\n".join(f'{{"text": "{"a b c d " * 20}"}}'
+                                               for _ in range(10)) + "\n")
+    (root / "broken.jsonl").write_text('{"text": "a"}\n{"text": 3}\n')
+    tok = _tokenizer_json(root)
+    (root / "no-eos").mkdir(exist_ok=True)
+    plain = (root / "no-eos" / "tokenizer.json")
+    raw = json.loads(tok.read_text())
+    raw["added_tokens"] = []
+    plain.write_text(json.dumps(raw))
+    with api_only.client() as c:
+        before = _total(c)
+        ok = {"kind": "text", "path": str(root / "docs.jsonl"), "tokenizer": str(tok)}
+        assert c.post("/v1/plans", json=tiny_spec("j", data=ok)).status_code == 200
+        r = c.post("/v1/plans", json=tiny_spec("j", data={**ok, "path": str(root / "broken.jsonl")}))
+        assert r.status_code == 422 and "line 2" in r.text
+        r = c.post("/v1/plans", json=tiny_spec("j", data={**ok, "tokenizer": str(plain)}))
+        assert r.status_code == 422 and "end-of-text" in r.text
         assert _total(c) == before
 
 

@@ -39,3 +39,28 @@ def test_heldout_split_is_kept_out_of_training(tmp_path: Path) -> None:
     ex, ey = stream.eval_batch(6)
     assert int(ex.min()) >= 18_000 and torch.equal(ex[:, 1:], ey[:, :-1])
     assert torch.equal(stream.eval_batch(6)[0], ex)  # the same sequences every time
+
+
+def _tokenizer_json(path: Path) -> Path:
+    """A word-level tokenizers tokenizer with an end-of-text special token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "<|endoftext|>", "a", "b", "c", "d"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(path / "tokenizer.json"))
+    return path / "tokenizer.json"
+
+
+def test_jsonl_documents_are_packed_with_end_of_text(tmp_path: Path) -> None:
+    from scheduler.contracts import TextData
+    from worker.data import _load_tokens
+
+    (tmp_path / "d.jsonl").write_text('{"text": "a b"}\n\n{"text": "c", "id": 2}\n'
+                                      '{"body": "d a", "text": "d a"}\n')
+    tok = _tokenizer_json(tmp_path)
+    data = TextData(kind="text", path=str(tmp_path / "d.jsonl"), tokenizer=str(tok))
+    assert _load_tokens(data, 6, 0).tolist() == [2, 3, 1, 4, 1, 5, 2, 1]
+    by_bytes = TextData(kind="text", path=str(tmp_path / "d.jsonl"))
+    assert bytes(_load_tokens(by_bytes, 256, 0)) == b"a b\0c\0d a\0"
