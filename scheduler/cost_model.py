@@ -29,15 +29,6 @@ LEVEL_FRACTION = (0.0, 0.35, 0.33, 0.68)
 # Layer forwards recomputed in backward per level (an 8B layer at 8K: MLP ~0.7 of the
 # forward, attention block ~0.3); a measured layer replaces the middle two.
 RECOMPUTE_FORWARDS = (1.0, 0.7, 0.3, 0.02)
-
-
-def recompute_forwards(node: NodeProfile) -> tuple[float, ...]:
-    """Share of a layer's forward each level recomputes in backward."""
-    lt = node.layer
-    if lt is None:
-        return RECOMPUTE_FORWARDS
-    fwd = lt.attention_forward_s + lt.mlp_forward_s
-    return (1.0, lt.mlp_forward_s / fwd, lt.attention_forward_s / fwd, RECOMPUTE_FORWARDS[3])
 DEVICE_RESERVE_BYTES = GIB // 2
 # Interpreter, torch, CUDA context and runtime libraries next to the arena (measured 5.2 GiB
 # on the H200 host; a CPU worker needs far less).
@@ -138,6 +129,15 @@ def adaws_min_micro_batch(psi_total: int, psi_active: int, seq_len: int, d_attn:
             / (2 * seq_len * (psi_active + seq_len * d_attn) * link_bytes_per_s))
 
 
+def recompute_forwards(node: NodeProfile) -> tuple[float, ...]:
+    """Share of a layer's forward each level recomputes in backward."""
+    lt = node.layer
+    if lt is None:
+        return RECOMPUTE_FORWARDS
+    fwd = lt.attention_forward_s + lt.mlp_forward_s
+    return (1.0, lt.mlp_forward_s / fwd, lt.attention_forward_s / fwd, RECOMPUTE_FORWARDS[3])
+
+
 def chunk_times(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float, float]:
     """(forward, backward) seconds of one sequence through one decoder layer: measured when
     the node carries the job's layer times, else from FLOPs at the profiled rates."""
@@ -197,7 +197,7 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
     for row in in_window:
         rec_w = sum(lc.compute_s - lc.value_s[lv] for lv in row)
         recompute += rec_w
-        exposed += max(0.0, lc.inbound_s - lc.busy_s - rec_w)
+        exposed += float(lc.inbound_exposed(rec_w))
     # hand-made levels may overrun the link: compute waits on the write buffer
     exposed += write_buffer_stall_s([lc] * len(home), home)
     if lay.device_optimizer and device == "cuda":

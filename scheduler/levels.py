@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 LEVELS = 4
+ArrayOrFloat = np.ndarray | float
 BUCKETS = 64  # backlog states up to the largest cap, at least
 MAX_BUCKETS = 256
 
@@ -56,8 +57,14 @@ class LayerCost:
         explicit = np.asarray(self.explicit_s)[pats].sum(axis=1)
         prefetched = np.minimum(explicit, self.prefetch_cap_s)
         exposed = (np.asarray(self.autograd_s)[pats].sum(axis=1) + explicit - prefetched
-                   + np.maximum(0.0, self.inbound_s + prefetched - self.busy_s - recompute))
+                   + self.inbound_exposed(recompute, prefetched))
         return recompute, exposed
+
+    def inbound_exposed(self, recompute_s: ArrayOrFloat,
+                        prefetched_s: ArrayOrFloat = 0.0) -> ArrayOrFloat:
+        """Backward transfer in (weights, gradients, prefetched sets) not hidden behind the
+        layer's backward and recomputation; floats or arrays."""
+        return np.maximum(0.0, self.inbound_s + prefetched_s - self.busy_s - recompute_s)
 
     def pattern_value(self, pats: np.ndarray) -> np.ndarray:
         """(P,) seconds saved against recomputing every chunk with nothing exposed."""
@@ -184,26 +191,26 @@ def solve(layers: list[LayerCost]) -> Solution:
     return Solution(tables, values)
 
 
+def _walk(layers: list[LayerCost], levels: list[list[int]]) -> tuple[float, float]:
+    """(peak link backlog if compute never waited, seconds compute waits on a full write
+    buffer) of an assignment, in continuous time."""
+    free = capped = peak = stall = 0.0
+    for lc, row in zip(layers, levels):
+        for lv in row:
+            free = max(0.0, free - lc.compute_s) + lc.transfer_s[lv]
+            peak = max(peak, free)
+            capped = max(0.0, capped - lc.compute_s) + lc.transfer_s[lv]
+            if capped > lc.cap_s:
+                stall, capped = stall + capped - lc.cap_s, lc.cap_s
+    return peak, stall
+
+
 def write_buffer_stall_s(layers: list[LayerCost], levels: list[list[int]]) -> float:
     """Seconds compute waits on a full write buffer in one round's forward (0 for a plan the
     DP made; hand-made levels may overrun the link)."""
-    backlog = stall = 0.0
-    for lc, row in zip(layers, levels):
-        for lv in row:
-            backlog = max(0.0, backlog - lc.compute_s) + lc.transfer_s[lv]
-            if backlog > lc.cap_s:
-                stall += backlog - lc.cap_s
-                backlog = lc.cap_s
-    return stall
+    return _walk(layers, levels)[1]
 
 
 def simulate(layers: list[LayerCost], levels: list[list[int]]) -> float:
     """The peak link backlog (s) of an assignment, in continuous time."""
-    backlog = peak = 0.0
-    for lc, row in zip(layers, levels):
-        compute_s, transfer_s = lc.compute_s, lc.transfer_s
-        for lv in row:
-            backlog -= compute_s
-            backlog = (backlog if backlog > 0.0 else 0.0) + transfer_s[lv]
-            peak = backlog if backlog > peak else peak
-    return peak
+    return _walk(layers, levels)[0]

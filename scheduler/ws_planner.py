@@ -97,7 +97,7 @@ class _Window:
 
         def row(n3: int, nl: int) -> float:
             r = n3 * rec[3] + nl * rec[self.level] + (X - n3 - nl) * rec[0]
-            return r + max(0.0, lc.inbound_s - lc.busy_s - r)
+            return r + float(lc.inbound_exposed(r))
 
         def overlap(r: int, lo: int, hi: int) -> int:
             return max(0, min(hi, (r + 1) * X) - max(lo, r * X))

@@ -93,8 +93,6 @@ class HostState:
             for n, v in views.items():
                 v.copy_(tensors[n])
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {n: v.clone() for n, v in self._named_views().items()}
 
     def optimizer_state(self) -> dict[str, object]:
         return {"adamw": [{k: v.clone() if k == "step" else v for k, v in o.state[p].items()}

@@ -33,7 +33,7 @@ from worker.device_optim import DeviceOptimizer
 from worker.hf_load import stream_into
 from worker.lean_mlp import lean_backward, lean_forward
 from worker.rings import Slot, Streams
-from worker.saved_acts import HostActivationStore, SavedTensorPolicy, HostCopy
+from worker.saved_acts import HostActivationStore, HostCopy, SavedTensorPolicy
 from worker.state import DTYPES, HostState
 from worker.stats import StepStats
 from worker.streamer import SlotStreamer
