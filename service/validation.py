@@ -13,6 +13,7 @@ import numpy as np
 
 from scheduler.contracts import (END_OF_TEXT_TOKENS, GIB, JobSpec, Node, PathModel, Plan,
                                  TextData, TokenData)
+from scheduler.documents import documents
 from scheduler.errors import InvalidSpec
 from scheduler.model_dims import ModelDims, resolve_dims
 from scheduler.hardware import DEFAULT_PROFILE, NodeProfile
@@ -65,20 +66,13 @@ def _check_tokens(data: TokenData, path: Path, vocab_size: int, seq_len: int) ->
     return len(tokens)
 
 
-def _check_jsonl(path: Path, data: TextData) -> None:
-    """Every line a JSON object whose `text_field` is a string (the line number if not)."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)[data.text_field]
-            except (ValueError, KeyError, TypeError):
-                doc = None
-            if not isinstance(doc, str):
-                raise InvalidSpec(f"data.path={data.path!r} line {number} is not a JSON object "
-                                  f"with a {data.text_field!r} string; fix the line or set "
-                                  "data.text_field")
+def _check_jsonl(data: TextData) -> None:
+    """Every line a JSON object whose `text_field` is a string."""
+    try:
+        for _ in documents(data.path, data.text_field):
+            pass
+    except ValueError as exc:
+        raise InvalidSpec(f"data.path: {exc}; fix the line or set data.text_field") from exc
 
 
 def _check_data(spec: JobSpec, dims: ModelDims, data_roots: list[str]) -> None:
@@ -97,7 +91,7 @@ def _check_data(spec: JobSpec, dims: ModelDims, data_roots: list[str]) -> None:
     if isinstance(data, TextData):
         vocab, specials = 256, set()
         if data.path.endswith(".jsonl"):
-            _check_jsonl(path, data)
+            _check_jsonl(data)
         if data.tokenizer != "byte":
             tok = _inside_roots(data.tokenizer, "data.tokenizer", data_roots)
             if not tok.is_file():

@@ -9,14 +9,13 @@ run continues with exactly the next batch.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from scheduler.contracts import END_OF_TEXT_TOKENS, DataRef, SyntheticData, TextData, TokenData
+from scheduler.documents import documents
 
 
 def _load_tokens(data: DataRef, vocab_size: int, seed: int) -> np.ndarray:
@@ -47,22 +46,6 @@ def _load_tokens(data: DataRef, vocab_size: int, seed: int) -> np.ndarray:
         ids.extend(tok.encode(doc).ids)
         ids.append(eos)
     return np.asarray(ids, dtype=np.int64)
-
-
-def documents(path: str, field: str) -> Iterator[str]:
-    """The `field` of each JSON object of a .jsonl file; ValueError names the bad line."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)[field]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{number}: not a JSON object with a {field!r} "
-                                 f"string ({exc})") from exc
-            if not isinstance(doc, str):
-                raise ValueError(f"{path}:{number}: {field!r} is not a string")
-            yield doc
 
 
 def end_of_text_id(tok: object) -> int:
