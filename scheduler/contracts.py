@@ -12,7 +12,8 @@ import enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, field_validator,
+                      model_validator)
 
 GIB = 1024**3
 
@@ -61,12 +62,13 @@ class _Strict(BaseModel):
 
 
 class HFModelConfig(_Strict):
-    """The subset of a Hugging Face `config.json` wstrain understands: Llama, and Qwen3 dense
-    (Llama plus an RMSNorm over each query and key head)."""
+    """The subset of a Hugging Face `config.json` wstrain understands: Llama, Qwen3 dense
+    (Llama plus an RMSNorm over each query and key head), and the mixture-of-experts OLMoE
+    and Qwen3-MoE (every layer's MLP routed to num_experts_per_tok of num_experts)."""
 
     model_config = ConfigDict(extra="ignore")  # real config.json files carry many extras
 
-    model_type: Literal["llama", "qwen3"] = "llama"
+    model_type: Literal["llama", "qwen3", "olmoe", "qwen3_moe"] = "llama"
 
     vocab_size: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
@@ -83,6 +85,20 @@ class HFModelConfig(_Strict):
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = Field(default=8192, gt=0)
     tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    pad_token_id: int | None = Field(default=None, ge=0)
+    # mixture of experts (olmoe, qwen3_moe)
+    num_experts: int = Field(default=0, ge=0, validation_alias=AliasChoices(
+        "num_experts", "num_local_experts"))  # transformers 5 writes the latter for qwen3_moe
+    num_experts_per_tok: int = Field(default=0, ge=0)
+    moe_intermediate_size: int | None = Field(default=None, gt=0)  # qwen3_moe's expert width
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = Field(default=0.0, ge=0)
+    # as in transformers: the load-balancing loss is trained only with output_router_logits
+    output_router_logits: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] = Field(default_factory=list)
+    clip_qkv: float | None = None
 
     @property
     def rope(self) -> dict[str, Any]:
@@ -110,6 +126,13 @@ class HFModelConfig(_Strict):
         if self.tie_word_embeddings:
             raise ValueError("tie_word_embeddings=true is not supported: wstrain trains an "
                              "untied LM head")
+        if self.attention_bias:
+            raise ValueError("attention_bias=true is not supported: wstrain's attention has "
+                             "no bias terms")
+        if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
+            raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary "
+                             f"(vocab_size={self.vocab_size})")
+        self._check_moe()
         rope = self.rope
         if rope["rope_type"] not in ("default", "llama3"):
             raise ValueError(f"rope_type={rope['rope_type']!r} is not supported; wstrain "
@@ -120,6 +143,24 @@ class HFModelConfig(_Strict):
             if missing:
                 raise ValueError(f"llama3 RoPE scaling lacks {sorted(missing)}")
         return self
+
+
+    def _check_moe(self) -> None:
+        moe_type = self.model_type in ("olmoe", "qwen3_moe")
+        if moe_type != (self.num_experts > 0):
+            raise ValueError(f"model_type={self.model_type!r} with num_experts="
+                             f"{self.num_experts}: olmoe and qwen3_moe need num_experts > 0, "
+                             "llama and qwen3 have none")
+        if moe_type and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be between 1 "
+                             f"and num_experts={self.num_experts}")
+        if self.decoder_sparse_step != 1 or self.mlp_only_layers:
+            raise ValueError("dense layers among MoE layers (decoder_sparse_step="
+                             f"{self.decoder_sparse_step}, mlp_only_layers="
+                             f"{self.mlp_only_layers}) are not supported: use "
+                             "decoder_sparse_step=1 and mlp_only_layers=[]")
+        if self.clip_qkv is not None:
+            raise ValueError(f"clip_qkv={self.clip_qkv} is not supported: set it to null")
 
 
 class PresetModel(_Strict):
@@ -367,6 +408,9 @@ class PresetInfo(BaseModel):
     head_dim: int
     vocab_size: int
     max_position_embeddings: int
+    experts: int = Field(description="routed experts per layer (0: dense)")
+    experts_per_token: int
+    moe_intermediate_size: int
     params_total: int
     params_active: int = Field(description="parameters a token passes through (= total for "
                                "dense models)")

@@ -3,7 +3,8 @@ the step time with its breakdown (compute, recompute, exposed transfer, exposed 
 from the model's dimensions and the node's measured profile (scheduler/hardware.py).
 
 Memory terms were calibrated on H200 runs of bench/runtime.py (Llama-3-8B dims, 8K tokens);
-time terms follow AdaWS §3.2: a layer's forward takes 2·S·(ψ + S·d_attn)/P, its backward
+time terms follow AdaWS §3.2: a layer's forward takes 2·S·(ψ_active + S·d_attn)/P (what a
+token computes with), its weights ψ_total (what crosses PCIe); its backward
 twice that (flash attention 2.5x), recomputation adds a share of a forward per (layer,
 chunk) by saved-activation level, and weights, gradients and saved sets crossing PCIe are
 exposed only where they outlast the compute they overlap.
@@ -144,7 +145,7 @@ def chunk_times(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float
     k = RUNTIME_OVERHEAD
     if node.layer is not None and node.layer.seq_len == seq_len:
         return k * node.layer.forward_s, k * node.layer.backward_s
-    gemm = 2 * seq_len * dims.layer_params / node.matmul_flops
+    gemm = 2 * seq_len * dims.layer_params_active / node.matmul_flops  # MoE: Ψ_active
     attn = 2 * seq_len * seq_len * dims.num_heads * dims.head_dim
     attn_s = attn / node.attention_flops(seq_len)
     return k * (gemm + attn_s), k * (2 * gemm + 2.5 * attn_s)  # flash bwd: 5x vs 4x FLOPs

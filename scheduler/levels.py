@@ -23,6 +23,7 @@ cap. 64 layers x 32 chunks x 4 levels solve in a few milliseconds (tests/schedul
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,11 +73,17 @@ class LayerCost:
         return pats.shape[1] * self.compute_s - recompute - exposed
 
 
+EXHAUSTIVE_PATTERNS = 256
+
+
 @functools.lru_cache(maxsize=64)
 def patterns(chunks: int) -> np.ndarray:
     """(P, chunks) level patterns: n chunks at level hi and the rest at lo (lo < hi), spread
     evenly three ways (marked chunk last in its stretch, first, or spanning both ends: a
-    large saved set drains best with the most compute between two), plus the uniform ones."""
+    large saved set drains best with the most compute between two), plus the uniform ones;
+    for up to four chunks simply every pattern (mixes of three or four levels win there)."""
+    if LEVELS ** chunks <= EXHAUSTIVE_PATTERNS:
+        return np.array(list(itertools.product(range(LEVELS), repeat=chunks)), dtype=np.int64)
     n = np.arange(1, chunks + 1)[:, None]
     c = np.arange(chunks)[None, :]
     late = (c + 1) * n // chunks > c * n // chunks  # (chunks, chunks): n marked chunks

@@ -27,11 +27,14 @@ HOST_PROCESS_BYTES = 768 * 1024**2
 
 def activation_bytes_per_token(dims: ModelDims, precision: str) -> int:
     """Bytes autograd saves per token per layer in the resident model: inputs, norm outputs,
-    q/k/v, attention output, residual, SwiGLU gate/up/silu/product, fp32 norm copies."""
+    q/k/v, attention output, residual, SwiGLU gate/up/silu/product, fp32 norm copies; a MoE
+    layer's k experts add each routed copy of the input and its weighted output, and the
+    router's fp32 probabilities."""
     e = ELEMENT_BYTES[precision]
     d, kv = dims.hidden_size, dims.num_kv_heads * dims.head_dim
     q = dims.num_heads * dims.head_dim
-    return e * (4 * d + 2 * q + 2 * kv + 4 * dims.intermediate_size) + 8 * d
+    routed = (2 * dims.experts_per_token * d * e + 8 * dims.num_experts) if dims.is_moe else 0
+    return e * (4 * d + 2 * q + 2 * kv + 4 * dims.ffn_width) + 8 * d + routed
 
 
 def logits_bytes_per_token(dims: ModelDims, precision: str) -> int:

@@ -52,7 +52,8 @@ def micro_batches(spec: JobSpec, dims: ModelDims, node: NodeProfile
     budget (or the global batch is below the bound), the smaller ones (AdaWS's guards: at
     least one sequence, and fewer tokens where memory demands it)."""
     e = ELEMENT_BYTES[spec.precision]
-    bound = cm.adaws_min_micro_batch(dims.layer_params, dims.layer_params, spec.seq_len,
+    bound = cm.adaws_min_micro_batch(dims.layer_params, dims.layer_params_active,
+                                     spec.seq_len,
                                      dims.num_heads * dims.head_dim, e, e, node.matmul_flops,
                                      node.h2d_bytes_per_s)
     if spec.overrides.micro_batch:

@@ -27,9 +27,17 @@ ALIGN_ELEMS = 128  # every tensor view starts 256-byte aligned (bf16) inside a t
 
 @dataclass(frozen=True)
 class Slice:
-    name: str  # Hugging Face name relative to the group, e.g. "self_attn.q_proj.weight"
+    # Hugging Face name relative to the group, e.g. "self_attn.q_proj.weight"; a "*" marks
+    # a stack of experts, shape (E, ...), whose checkpoint names replace it with 0..E-1
+    name: str
     offset: int  # elements from the tile start
     shape: tuple[int, ...]
+
+    def hub(self, view: torch.Tensor) -> dict[str, torch.Tensor]:
+        """This slice's view under checkpoint names (one per expert for a stack)."""
+        if "*" not in self.name:
+            return {self.name: view}
+        return {self.name.replace("*", str(e)): view[e] for e in range(self.shape[0])}
 
     @property
     def numel(self) -> int:
@@ -59,8 +67,19 @@ class LayerLayout:
     def decoder(cls, dims: ModelDims) -> LayerLayout:
         d, f, hd = dims.hidden_size, dims.intermediate_size, dims.head_dim
         q, kv = dims.num_heads * hd, dims.num_kv_heads * hd
-        qk_norms = [("self_attn.q_norm.weight", (hd,)),
-                    ("self_attn.k_norm.weight", (hd,))] if dims.qk_norm else []
+        per_head = dims.qk_norm_per_head
+        qk_norms = [("self_attn.q_norm.weight", (hd if per_head else q,)),
+                    ("self_attn.k_norm.weight", (hd if per_head else kv,))
+                    ] if dims.qk_norm else []
+        if dims.is_moe:  # router, then each projection of all experts stacked
+            e, fe = dims.num_experts, dims.moe_intermediate_size
+            mlp = [("mlp.gate.weight", (e, d)),
+                   ("mlp.experts.*.gate_proj.weight", (e, fe, d)),
+                   ("mlp.experts.*.up_proj.weight", (e, fe, d)),
+                   ("mlp.experts.*.down_proj.weight", (e, d, fe))]
+        else:
+            mlp = [("mlp.gate_proj.weight", (f, d)), ("mlp.up_proj.weight", (f, d)),
+                   ("mlp.down_proj.weight", (d, f))]
         return cls.of([
             ("input_layernorm.weight", (d,)),
             ("self_attn.q_proj.weight", (q, d)),
@@ -69,9 +88,7 @@ class LayerLayout:
             ("self_attn.o_proj.weight", (d, q)),
             *qk_norms,
             ("post_attention_layernorm.weight", (d,)),
-            ("mlp.gate_proj.weight", (f, d)),
-            ("mlp.up_proj.weight", (f, d)),
-            ("mlp.down_proj.weight", (d, f)),
+            *mlp,
         ])
 
     @classmethod
@@ -84,8 +101,16 @@ class LayerLayout:
                        ("lm_head.weight", (dims.vocab_size, dims.hidden_size))])
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Named views into one flat tile (host or device) laid out by this layout."""
+        """Named views into one flat tile (host or device) laid out by this layout; experts
+        stacked (E, ., .) under their "*" names, as the runtime computes with them."""
         return {s.name: flat[s.offset:s.offset + s.numel].view(s.shape) for s in self.slices}
+
+    def hub_views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The same views under checkpoint names: one per expert, as safetensors hold them."""
+        out: dict[str, torch.Tensor] = {}
+        for s in self.slices:
+            out.update(s.hub(flat[s.offset:s.offset + s.numel].view(s.shape)))
+        return out
 
 
 class HostArena:

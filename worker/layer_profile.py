@@ -21,23 +21,19 @@ import torch
 
 from scheduler.contracts import JobSpec
 from scheduler.model_dims import ModelDims, resolve_dims
+from worker.arena import LayerLayout
 from worker.model import rope_tables
-from worker.working_set import _leaves, attn_block, mlp_block
+from worker.working_set import _leaves, attn_block, ffn_block
 
 
 def _weights(dims: ModelDims, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    D, F = dims.hidden_size, dims.intermediate_size
-    q, kv = dims.num_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim
-    shapes = {"self_attn.q_proj.weight": (q, D), "self_attn.k_proj.weight": (kv, D),
-              "self_attn.v_proj.weight": (kv, D), "self_attn.o_proj.weight": (D, q),
-              "mlp.gate_proj.weight": (F, D), "mlp.up_proj.weight": (F, D),
-              "mlp.down_proj.weight": (D, F)}
-    w = {n: torch.randn(s, dtype=dtype, device=device) * 0.02 for n, s in shapes.items()}
-    for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
-        w[n] = torch.ones(D, dtype=dtype, device=device)
-    if dims.qk_norm:
-        for n in ("self_attn.q_norm.weight", "self_attn.k_norm.weight"):
-            w[n] = torch.ones(dims.head_dim, dtype=dtype, device=device)
+    """One layer's weights in the runtime's own tile layout: random, RMSNorms at one."""
+    layout = LayerLayout.decoder(dims)
+    flat = torch.randn(layout.numel, dtype=dtype, device=device) * 0.02
+    w = layout.views(flat)
+    for name, v in w.items():
+        if name.endswith("norm.weight"):
+            v.fill_(1.0)
     return w
 
 
@@ -65,11 +61,11 @@ def measure(dims: ModelDims, seq_len: int, precision: str, repeats: int = 3) -> 
     with torch.no_grad():
         h = attn_block(x, w, dims, cos, sin)
         attention_s = _time(lambda: attn_block(x, w, dims, cos, sin), repeats, device)
-        mlp_s = _time(lambda: mlp_block(h, w, dims), repeats, device)
+        mlp_s = _time(lambda: ffn_block(h, w, dims), repeats, device)
 
     def forward_backward() -> None:
         xa, wl = x.detach().requires_grad_(), _leaves(w)
-        mlp_block(attn_block(xa, wl, dims, cos, sin), wl, dims).backward(dy)
+        ffn_block(attn_block(xa, wl, dims, cos, sin), wl, dims)[0].backward(dy)
 
     both_s = _time(forward_backward, repeats, device)
     forward_s = attention_s + mlp_s

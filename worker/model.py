@@ -1,6 +1,8 @@
 """A Llama-style decoder (RMSNorm, RoPE, GQA attention through SDPA, SwiGLU MLP, untied LM
 head) whose parameter names are exactly Hugging Face `LlamaForCausalLM`'s, so checkpoints
-load in `transformers` and tests compare against it.
+load in `transformers` and tests compare against it — and its variants: Qwen3's per-head
+q/k RMSNorm, OLMoE's q/k RMSNorm over whole projections, and mixture-of-experts MLPs
+(worker/moe.py) named as OLMoE / Qwen3-MoE checkpoints name them on the Hub.
 
     from worker.model import LlamaModel; m = LlamaModel(PRESETS["tiny-llama"])
 """
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scheduler.model_dims import ModelDims
+from worker import moe
 
 
 class RMSNorm(nn.Module):
@@ -79,9 +82,10 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, dims.num_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(dims.num_heads * hd, d, bias=False)
         self.eps = dims.rms_norm_eps
-        if dims.qk_norm:  # Qwen3
-            self.q_norm = RMSNorm(hd, dims.rms_norm_eps)
-            self.k_norm = RMSNorm(hd, dims.rms_norm_eps)
+        if dims.qk_norm:  # Qwen3: per head; OLMoE: over the whole projection
+            per_head = dims.qk_norm_per_head
+            self.q_norm = RMSNorm(hd if per_head else dims.num_heads * hd, dims.rms_norm_eps)
+            self.k_norm = RMSNorm(hd if per_head else dims.num_kv_heads * hd, dims.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         qk = (self.q_norm.weight, self.k_norm.weight) if hasattr(self, "q_norm") else None
@@ -93,13 +97,16 @@ def attention(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Ten
               wo: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
               n_kv: int, qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
               eps: float = 1e-6) -> torch.Tensor:
-    """Causal GQA self-attention with RoPE through SDPA; with `qk_norm` (Qwen3) each query
-    and key head is RMS-normalised before RoPE. x: (B, S, D) -> (B, S, D)"""
+    """Causal GQA self-attention with RoPE through SDPA; with `qk_norm` queries and keys are
+    RMS-normalised before RoPE: per head when the norm weights are head_dim wide (Qwen3),
+    over the whole projection otherwise (OLMoE). x: (B, S, D) -> (B, S, D)"""
     b, s, _ = x.shape
     hd = cos.shape[-1]
-    q = F.linear(x, wq).view(b, s, n_heads, hd)  # (B, S, H, hd)
-    k = F.linear(x, wk).view(b, s, n_kv, hd)  # (B, S, KV, hd)
-    if qk_norm is not None:
+    q, k = F.linear(x, wq), F.linear(x, wk)  # (B, S, H*hd), (B, S, KV*hd)
+    if qk_norm is not None and qk_norm[0].shape[-1] != hd:
+        q, k = rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)
+    q, k = q.view(b, s, n_heads, hd), k.view(b, s, n_kv, hd)  # (B, S, H, hd), (B, S, KV, hd)
+    if qk_norm is not None and qk_norm[0].shape[-1] == hd:
         q, k = rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)
     q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, S, hd), (B, KV, S, hd)
     v = F.linear(x, wv).view(b, s, n_kv, hd).transpose(1, 2)
@@ -118,9 +125,9 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
 
 
 class MLP(nn.Module):
-    def __init__(self, dims: ModelDims) -> None:
+    def __init__(self, dims: ModelDims, width: int | None = None) -> None:
         super().__init__()
-        d, f = dims.hidden_size, dims.intermediate_size
+        d, f = dims.hidden_size, width or dims.intermediate_size
         self.gate_proj = nn.Linear(d, f, bias=False)
         self.up_proj = nn.Linear(d, f, bias=False)
         self.down_proj = nn.Linear(f, d, bias=False)
@@ -129,23 +136,60 @@ class MLP(nn.Module):
         return swiglu(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
 
 
+def moe_block(h: torch.Tensor, w: dict[str, torch.Tensor],
+              dims: ModelDims) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h + MoE(RMSNorm(h)), with the router's probs (T, E) and choices (T, k). h: (B, S, D);
+    w holds the router and the stacked experts under worker/moe.py's names."""
+    n = rms_norm(h, w["post_attention_layernorm.weight"], dims.rms_norm_eps)
+    nf = n.reshape(-1, dims.hidden_size)  # (T, D)
+    probs, top_idx, top_w = moe.route(nf, w[moe.ROUTER], dims.experts_per_token,
+                                      dims.norm_topk_prob)
+    m = moe.experts(nf, top_idx, top_w, *(w[name] for name in moe.EXPERTS))
+    return h + m.view_as(h), probs, top_idx
+
+
+class SparseMoE(nn.Module):
+    """Router `gate` and `experts.{e}.{gate,up,down}_proj`: the Hub checkpoints' names."""
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        d, f = dims.hidden_size, dims.moe_intermediate_size
+        self.gate = nn.Linear(d, dims.num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(dims, f) for _ in range(dims.num_experts))
+
+    def weights(self) -> dict[str, object]:
+        gate, up, down = ([getattr(e, n).weight for e in self.experts]
+                          for n in ("gate_proj", "up_proj", "down_proj"))
+        return dict(zip((moe.ROUTER, *moe.EXPERTS), (self.gate.weight, gate, up, down)))
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, dims: ModelDims) -> None:
         super().__init__()
+        self.dims = dims
         self.input_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
         self.self_attn = Attention(dims)
         self.post_attention_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
-        self.mlp = MLP(dims)
+        self.mlp = SparseMoE(dims) if dims.is_moe else MLP(dims)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                router: moe.RouterTotals | None = None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        if isinstance(self.mlp, SparseMoE):
+            w = {"post_attention_layernorm.weight": self.post_attention_layernorm.weight,
+                 **self.mlp.weights()}
+            y, probs, top_idx = moe_block(x, w, self.dims)  # type: ignore[arg-type]
+            if router is not None:
+                router.add(probs, top_idx)
+            return y
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Backbone(nn.Module):
     def __init__(self, dims: ModelDims) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(dims.vocab_size, dims.hidden_size)
+        self.embed_tokens = nn.Embedding(dims.vocab_size, dims.hidden_size,
+                                         padding_idx=dims.pad_token_id)
         self.layers = nn.ModuleList(DecoderLayer(dims) for _ in range(dims.num_layers))
         self.norm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
 
@@ -169,11 +213,13 @@ class LlamaModel(nn.Module):
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, S) -> logits (B, S, V)
+    def forward(self, tokens: torch.Tensor,
+                router: moe.RouterTotals | None = None) -> torch.Tensor:
+        """(B, S) -> logits (B, S, V); MoE layers add their routing to `router`."""
         x = self.model.embed_tokens(tokens)  # (B, S, D)
         cos, sin = rope_tables(self.dims, tokens.shape[1], x.device, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, router)
         return self.lm_head(self.model.norm(x))
 
 

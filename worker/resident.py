@@ -17,6 +17,7 @@ from scheduler.model_dims import ModelDims
 from worker.data import TokenStream
 from worker.hf_load import stream_into
 from worker.model import LlamaModel, causal_lm_loss
+from worker.moe import RouterTotals
 from worker.optim import make_adamw
 from worker.stats import StepStats
 
@@ -83,10 +84,16 @@ class ResidentRuntime:
         for r in range(cfg.rounds):
             inputs, targets = data.batch(step, r, cfg.micro_batch)
             inputs, targets = inputs.to(self.device), targets.to(self.device)
+            coef = self.dims.router_aux_loss_coef
+            router = (RouterTotals(self.dims.num_experts, self.device)
+                      if self.dims.is_moe and coef > 0 else None)
             with torch.autocast(self.device.type, torch.bfloat16,
                                 enabled=cfg.precision == "mixed"):
-                logits = self.model(inputs)  # (B, S, V)
-            loss = causal_lm_loss(logits, targets) / cfg.rounds
+                logits = self.model(inputs, router)  # (B, S, V)
+            loss = causal_lm_loss(logits, targets)
+            if router is not None:  # HF's MoE models: + coef * load-balancing loss
+                loss = loss + coef * router.loss()
+            loss = loss / cfg.rounds
             loss.backward()
             total += loss.detach()
         if self.opt_spec.grad_clip is not None:

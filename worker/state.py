@@ -70,7 +70,7 @@ class HostState:
                                else (self.weights, self.embed_w, self.head_w))
         out = {}
         for k, w in enumerate(layers):
-            for n, v in self.layout.views(w).items():
+            for n, v in self.layout.hub_views(w).items():
                 out[f"model.layers.{k}.{n}"] = v
         out.update(self.embed_layout.views(embed))
         out.update(self.head_layout.views(head))

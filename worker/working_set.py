@@ -13,7 +13,9 @@ holds the whole training state. The step reads like AdaWS Algorithms 1-2:
 
 Saved-activation levels per (layer, chunk): 0 inputs only (recompute the whole layer),
 1 + attention graph (recompute the MLP), 2 + the MLP's lean set (h, gate, up: recompute
-attention and the MLP's elementwise ops, worker/lean_mlp.py), 3 both.
+attention and the MLP's elementwise ops, worker/lean_mlp.py; for a mixture-of-experts MLP
+its autograd graph), 3 both. MoE layers add their routing to the round's router totals, and
+the load-balancing loss's gradient (worker/moe.py) enters each layer's MLP backward.
 It never touches Redis; on CPU streams are no-ops and the same schedule runs.
 """
 
@@ -28,7 +30,8 @@ import torch.nn.functional as F
 
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
-from worker.model import attention, rms_norm, rope_tables, swiglu
+from worker.model import attention, moe_block, rms_norm, rope_tables, swiglu
+from worker.moe import RouterTotals
 from worker.device_optim import DeviceOptimizer
 from worker.hf_load import stream_into
 from worker.lean_mlp import lean_backward, lean_forward
@@ -74,6 +77,7 @@ class _Graph:
     x: torch.Tensor | object  # layer input (device tensor or host copy)
     attn: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
     lean: tuple[object, object, object] | None = None  # MLP's (h, gate, up), levels 2-3
+    moe: tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
     h: torch.Tensor | object | None = None  # attention-block output, for level 1
 
 
@@ -95,6 +99,19 @@ def mlp_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims) -> t
     m = swiglu(rms_norm(h, w["post_attention_layernorm.weight"], dims.rms_norm_eps),
                w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"])
     return h + m  # (B, S, D)
+
+
+def ffn_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
+              router: RouterTotals | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The layer's MLP half, dense or MoE: (h + MLP(norm(h)), router probs (T, E) or None);
+    a MoE layer's routing goes into `router` (without its graph)."""
+    if not dims.is_moe:
+        return mlp_block(h, w, dims), None
+    y, probs, top_idx = moe_block(h, w, dims)
+    if router is not None:
+        router.add(probs.detach(), top_idx)
+    return y, probs
 
 
 class WorkingSetRuntime:
@@ -125,6 +142,8 @@ class WorkingSetRuntime:
         self.cos, self.sin = rope_tables(dims, cfg.seq_len, self.device, dtype)
         self._fwd_order = list(range(L))
         self._bwd_order = list(range(L - 1, -1, -1))
+        self.router: RouterTotals | None = None  # this round's MoE routing
+        self._aux_grad: torch.Tensor | None = None  # (E,): d loss / d router probs
 
     # ---------------------------------------------------------------- state for checkpoints
 
@@ -186,14 +205,18 @@ class WorkingSetRuntime:
             else:
                 with torch.no_grad():
                     h = attn_block(x, w, dims, self.cos, self.sin)
-            if level in (2, 3):
+            if level in (2, 3) and dims.is_moe:
+                hm, wm = h.detach().requires_grad_(), _leaves(w)
+                y, probs = ffn_block(hm, wm, dims, self.router)
+                g.moe = (hm, y, probs, wm)  # type: ignore[assignment]
+            elif level in (2, 3):
                 y, gate, up = lean_forward(h.detach(), w, dims.rms_norm_eps)
                 g.lean = tuple(self._stash(t, home, policy) for t in (h.detach(), gate, up))
             else:
                 if level == 1:
                     g.h = self._stash(h.detach(), home, policy)
                 with torch.no_grad():
-                    y = mlp_block(h, w, dims)
+                    y, _ = ffn_block(h, w, dims, self.router)
         return y.detach(), g
 
     # ---------------------------------------------------------------- backward
@@ -209,6 +232,9 @@ class WorkingSetRuntime:
             dh, dws = lean_backward(dy, h, gate, up, w, dims.rms_norm_eps)
             for n, grad in dws.items():
                 dw[n].add_(grad)
+        elif g.moe is not None:  # levels 2-3 of a MoE layer: its graph
+            hm, y, probs, wm = g.moe
+            dh = self._mlp_backward(hm, y, probs, wm, dy, dw)
         else:  # need h: saved (level 1) or recomputed with the attention graph
             if g.h is not None:
                 h = self._unstash(g.h, policy)
@@ -217,9 +243,8 @@ class WorkingSetRuntime:
                 h = attn_block(xa, wa, dims, self.cos, self.sin)
                 recomputed_attn = (xa, h, wa)
             hm, wm = h.detach().requires_grad_(), _leaves(w)
-            torch.autograd.backward(mlp_block(hm, wm, dims), dy)
-            _accumulate(dw, wm)
-            dh = hm.grad
+            y, probs = ffn_block(hm, wm, dims)
+            dh = self._mlp_backward(hm, y, probs, wm, dy, dw)
         attn = g.attn or recomputed_attn
         if attn is None:
             xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), _leaves(w)
@@ -228,6 +253,18 @@ class WorkingSetRuntime:
         torch.autograd.backward(h, dh)
         _accumulate(dw, wa)
         return xa.grad
+
+    def _mlp_backward(self, hm: torch.Tensor, y: torch.Tensor, probs: torch.Tensor | None,
+                      wm: dict[str, torch.Tensor], dy: torch.Tensor,
+                      dw: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Backward through the MLP half from dy (and, for MoE, the load-balancing loss's
+        gradient on the router probabilities); weight grads into dw. Returns dL/dh."""
+        if probs is not None and self._aux_grad is not None:
+            torch.autograd.backward((y, probs), (dy, self._aux_grad.expand_as(probs)))
+        else:
+            torch.autograd.backward(y, dy)
+        _accumulate(dw, wm)
+        return hm.grad  # type: ignore[return-value]
 
     def _prefetch(self, policy: SavedTensorPolicy, graphs: list[_Graph]) -> None:
         """Bring a home layer's explicitly stashed sets (inputs, lean MLP set, h) back on the
@@ -282,7 +319,8 @@ class WorkingSetRuntime:
             for k in self._fwd_order:
                 slot = self.weights.consume(k, self._fwd_order[k + 1:])
                 w = self.host.layout.views(slot.flat)
-                T = [mlp_block(attn_block(h, w, dims, self.cos, self.sin), w, dims) for h in T]
+                T = [ffn_block(attn_block(h, w, dims, self.cos, self.sin), w, dims)[0]
+                     for h in T]
                 self.weights.release(slot)
             h = rms_norm(torch.cat(T).reshape(-1, dims.hidden_size), views["model.norm.weight"],
                          dims.rms_norm_eps)  # (tokens, D)
@@ -302,6 +340,8 @@ class WorkingSetRuntime:
         """Forward, head and backward of one round. tokens/targets: (micro_batch, S)"""
         cfg, L = self.cfg, self.dims.num_layers
         self.acts.reset()
+        if self.dims.is_moe:
+            self.router = RouterTotals(self.dims.num_experts, self.device)
         chunks_in = tokens.split(cfg.chunk)
         table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
         T = [F.embedding(t, table) for t in chunks_in]  # transition table, (b, S, D) each
@@ -318,6 +358,10 @@ class WorkingSetRuntime:
         for c, tgt in enumerate(targets.split(cfg.chunk)):
             part, T[c] = self._head_loss(T[c], tgt, scale)
             loss += part
+        coef = self.dims.router_aux_loss_coef
+        if self.router is not None and coef > 0:  # HF: loss += coef * aux, per micro-batch
+            self._aux_grad = self.router.prob_grad(coef / cfg.rounds)
+            loss += coef * self.router.loss() * cfg.micro_batch * cfg.seq_len  # x scale later
         for i, k in enumerate(self._bwd_order):
             if i + 1 < len(self._bwd_order):  # the next layer's saved sets, while this computes
                 nxt = self._bwd_order[i + 1]
@@ -335,6 +379,8 @@ class WorkingSetRuntime:
         dtable = self.host.embed_layout.views(self.embed_grad)["model.embed_tokens.weight"]
         for t, dx in zip(chunks_in, T):
             dtable.index_add_(0, t.reshape(-1), dx.reshape(-1, dx.shape[-1]).to(dtable.dtype))
+        if self.dims.pad_token_id is not None:  # as Hugging Face's padding_idx
+            dtable[self.dims.pad_token_id].zero_()
         return loss
 
     def forward_backward(self, data, step: int) -> float:  # type: ignore[no-untyped-def]

@@ -18,17 +18,14 @@ from scheduler.hardware import H100_ADAWS, H200, NodeProfile
 from scheduler.levels import BUCKETS, LEVELS, LayerCost, simulate, solve
 from scheduler.model_dims import PRESETS, ModelDims
 from scheduler.planner import make_plan
-from scheduler.ws_planner import make_ws_plan
+from scheduler.ws_planner import make_ws_plan, micro_batches
 
 LLAMA3_8B = PRESETS["llama3-8b"]
 
 
 def _spec(dims: ModelDims, seq: int, batch: int, dev: float, host: float,
           **overrides: object) -> JobSpec:
-    hf = {"vocab_size": dims.vocab_size, "hidden_size": dims.hidden_size,
-          "intermediate_size": dims.intermediate_size, "num_hidden_layers": dims.num_layers,
-          "num_attention_heads": dims.num_heads, "num_key_value_heads": dims.num_kv_heads,
-          "max_position_embeddings": max(seq, 8192)}
+    hf = {**dims.to_hf_config(), "max_position_embeddings": max(seq, 8192)}
     return JobSpec.model_validate({
         "name": "a", "model": {"hf_config": hf}, "data": {"kind": "synthetic"},
         "seq_len": seq, "global_batch": batch, "steps": 1, "precision": "bf16",
@@ -67,6 +64,14 @@ def test_adaws_micro_batch_bound_uses_total_and_active_params_for_moe() -> None:
     layer of the same compute."""
     x = cm.adaws_min_micro_batch(419_565_568, 67_244_032, 8192, 2048, 2, 2, 989e12, 64e9)
     assert x == pytest.approx(18.839, rel=1e-4)
+    # the preset adds OLMoE's q/k RMSNorms over whole projections (2 x 2048), and the
+    # planner's bound takes ψ_total and ψ_active from it
+    olmoe = PRESETS["olmoe-7b-a1b"]
+    assert (olmoe.layer_params, olmoe.layer_params_active) == (419_569_664, 67_248_128)
+    spec = _spec(olmoe, 8192, 180, 20, 100)
+    tiers, bound = micro_batches(spec, olmoe, H100_ADAWS)  # 989 TFLOP/s, 64 GB/s
+    assert bound == pytest.approx(18.839, rel=1e-4)
+    assert tiers[0][0] == 20  # the first divisor of 180 at or above the bound
 
 
 def test_window_is_adaws_formula_with_every_fixed_buffer() -> None:

@@ -1,21 +1,59 @@
-"""Hugging Face reference models for a ModelDims: `LlamaForCausalLM`, or `Qwen3ForCausalLM`
-when the dims carry Qwen3's q/k RMSNorm."""
+"""Hugging Face reference models for a ModelDims (`LlamaForCausalLM`, `Qwen3ForCausalLM`,
+`OlmoeForCausalLM`, `Qwen3MoeForCausalLM` by dims.model_type), and their parameters and
+gradients under the names checkpoints on the Hub use (transformers 5 fuses each MoE layer's
+experts into `experts.gate_up_proj` (E, 2I, D) and `experts.down_proj` (E, D, I) in memory,
+and writes them per expert, as wstrain does)."""
 
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from scheduler.model_dims import ModelDims
+
+CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+           "olmoe": (OlmoeConfig, OlmoeForCausalLM),
+           "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}
 
 
 def hf_causal_lm(dims: ModelDims, attn: str = "eager") -> torch.nn.Module:
     kw = {k: v for k, v in dims.to_hf_config().items() if k not in ("architectures",
                                                                     "model_type")}
-    cfg = Qwen3Config(**kw) if dims.qk_norm else LlamaConfig(**kw)
+    config_cls, model_cls = CLASSES[dims.model_type]
+    cfg = config_cls(**kw)
     cfg._attn_implementation = attn
-    model = Qwen3ForCausalLM(cfg) if dims.qk_norm else LlamaForCausalLM(cfg)
+    model = model_cls(cfg)
+    if dims.is_moe:  # transformers leaves the router at zero (uniform routing): break ties
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.mlp.gate.weight.normal_(0.0, 0.5)
     return model.float()
+
+
+def hub_tensors(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tensors by Hub checkpoint name: fused expert stacks split per expert."""
+    out = {}
+    for name, t in named.items():
+        if name.endswith("mlp.experts.gate_up_proj"):  # (E, 2I, D): gate rows, then up rows
+            prefix, half = name[:-len("gate_up_proj")], t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{prefix}{e}.gate_proj.weight"] = t[e, :half]
+                out[f"{prefix}{e}.up_proj.weight"] = t[e, half:]
+        elif name.endswith("mlp.experts.down_proj"):  # (E, D, I)
+            for e in range(t.shape[0]):
+                out[f"{name[:-len('down_proj')]}{e}.down_proj.weight"] = t[e]
+        else:
+            out[name] = t
+    return out
+
+
+def hub_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return hub_tensors(dict(model.state_dict()))
+
+
+def hub_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return hub_tensors({n: p.grad for n, p in model.named_parameters()})
 
 
 def perturb_norms(model: torch.nn.Module, seed: int) -> None:

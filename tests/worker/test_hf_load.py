@@ -14,7 +14,7 @@ from scheduler.contracts import JobSpec
 from scheduler.hardware import DEFAULT_PROFILE
 from scheduler.model_dims import PRESETS, resolve_dims
 from scheduler.planner import make_plan
-from tests.worker.hf_models import hf_causal_lm, perturb_norms
+from tests.worker.hf_models import hf_causal_lm, hub_state, perturb_norms
 from worker import checkpoint
 from worker.data import TokenStream
 from worker.main import build_runtime
@@ -22,7 +22,7 @@ from worker.model import LlamaModel
 
 
 @pytest.mark.parametrize("runtime", ["working_set", "resident"])
-@pytest.mark.parametrize("preset", ["micro-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("preset", ["micro-llama", "tiny-qwen3", "tiny-olmoe", "tiny-qwen3-moe"])
 def test_save_pretrained_checkpoint_fine_tunes_and_round_trips(tmp_path: Path, runtime: str,
                                                                 preset: str) -> None:
     torch.manual_seed(0)
@@ -38,14 +38,15 @@ def test_save_pretrained_checkpoint_fine_tunes_and_round_trips(tmp_path: Path, r
     dims = resolve_dims(spec.model)
     assert dims == PRESETS[preset]
     rt = build_runtime(spec, make_plan(spec, dims, DEFAULT_PROFILE))
-    start = rt.state_tensors()
-    for name, p in hf.named_parameters():  # the runtime starts from the checkpoint
-        assert torch.equal(start[name].cpu(), p.detach()), name
+    start, hub = rt.state_tensors(), hub_state(hf)  # Hub names: experts one by one
+    assert set(start) == set(hub)
+    for name, p in hub.items():  # the runtime starts from the checkpoint
+        assert torch.equal(start[name].cpu(), p), name
     data = TokenStream.open(spec.data, dims.vocab_size, spec.seq_len, spec.seed)
     for step in range(3):
         rt.train_step(data, step)
     trained = {k: v.cpu() for k, v in rt.state_tensors().items()}
-    assert any(not torch.equal(trained[n], p.detach()) for n, p in hf.named_parameters())
+    assert any(not torch.equal(trained[n], p) for n, p in hub.items())
     path = checkpoint.save(tmp_path / "ckpt", checkpoint.TrainerState(3, 3), trained,
                            rt.optimizer_state(), dims.to_hf_config())
     theirs = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").float()

@@ -16,7 +16,7 @@ from transformers import LlamaForCausalLM
 
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
-from tests.worker.hf_models import hf_causal_lm, perturb_norms
+from tests.worker.hf_models import hf_causal_lm, hub_grads, hub_state, perturb_norms
 from worker.optim import make_adamw
 from worker.state import HostState
 from worker.working_set import WorkingSetConfig, WorkingSetRuntime
@@ -52,9 +52,13 @@ def ref_loss_and_grads(model: LlamaForCausalLM, data: Batches, step: int, rounds
     total = 0.0
     for r in range(rounds):
         x, y = data.batch(step, r, mb)
-        logits = model(input_ids=x).logits  # (B, S, V)
+        out = model(input_ids=x)
+        logits = out.logits  # (B, S, V)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 y.reshape(-1)) / rounds
+                                                 y.reshape(-1))
+        if getattr(out, "aux_loss", None) is not None:  # MoE: the reference's own aux loss
+            loss = loss + model.router_aux_loss_coef * out.aux_loss
+        loss = loss / rounds
         loss.backward()
         total += loss.item()
     return total
@@ -67,7 +71,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def make_runtime(ref: LlamaForCausalLM, device: str = "cpu", dims: ModelDims = DIMS,  # type: ignore[no-untyped-def]
                  **kw) -> WorkingSetRuntime:
     host = HostState.create(dims, "fp32", pin=device == "cuda")
-    host.load_state_dict({k: v.detach().cpu() for k, v in ref.state_dict().items()})
+    host.load_state_dict({k: v.detach().cpu() for k, v in hub_state(ref).items()})
     cfg = WorkingSetConfig(precision="fp32", device=device, steps=10, seed=0, seq_len=SEQ,
                            **kw)
     return WorkingSetRuntime(dims, cfg, OptimizerSpec(lr=1e-2, weight_decay=0.1,
@@ -81,8 +85,8 @@ def check_grads(rt: WorkingSetRuntime, ref: LlamaForCausalLM, data: Batches,
     got = rt.forward_backward(data, 0)
     assert abs(got - want) < tol * abs(want), (got, want)
     grads = rt.host.named_grads()
-    for name, p in ref.named_parameters():
-        assert rel(grads[name], p.grad.cpu()) < tol, (name, rel(grads[name], p.grad.cpu()))
+    for name, want_g in hub_grads(ref).items():
+        assert rel(grads[name], want_g.cpu()) < tol, (name, rel(grads[name], want_g.cpu()))
 
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
@@ -95,7 +99,13 @@ def test_every_level_and_window_matches_transformers(level: int, window: int) ->
     check_grads(rt, ref, data)
 
 
-QWEN3 = ModelDims(101, 48, 80, 3, 4, 2, 16, 1e-6, 1000000.0, 128, qk_norm=True)
+QWEN3 = ModelDims(101, 48, 80, 3, 4, 2, 16, 1e-6, 1000000.0, 128, model_type="qwen3")
+OLMOE = ModelDims(101, 48, 0, 3, 4, 4, 12, 1e-5, 10000.0, 128, model_type="olmoe",
+                  num_experts=6, experts_per_token=2, moe_intermediate_size=20,
+                  router_aux_loss_coef=0.02, pad_token_id=1)
+QWEN3_MOE = ModelDims(101, 48, 0, 3, 4, 2, 16, 1e-6, 1000000.0, 128, model_type="qwen3_moe",
+                      num_experts=8, experts_per_token=3, moe_intermediate_size=24,
+                      norm_topk_prob=True, router_aux_loss_coef=0.05)
 
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
@@ -103,6 +113,18 @@ def test_qwen3_matches_transformers_through_the_working_set(level: int) -> None:
     ref, data = reference(QWEN3), Batches(QWEN3.vocab_size)
     levels = tuple((level, 3 - level) for _ in range(QWEN3.num_layers))
     rt = make_runtime(ref, dims=QWEN3, micro_batch=4, chunk=2, rounds=2, r_param=2,
+                      r_grad=1, window=1, levels=levels, loss_tokens=20)
+    check_grads(rt, ref, data)
+
+
+@pytest.mark.parametrize("dims", [OLMOE, QWEN3_MOE], ids=["olmoe", "qwen3_moe"])
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_moe_matches_transformers_through_the_working_set(dims: ModelDims, level: int) -> None:
+    """Routing, experts and the load-balancing loss (coupled over every layer and chunk of a
+    round) give the reference's loss and gradients at every level, over two rounds."""
+    ref, data = reference(dims), Batches(dims.vocab_size)
+    levels = tuple((level, 3 - level) for _ in range(dims.num_layers))
+    rt = make_runtime(ref, dims=dims, micro_batch=4, chunk=2, rounds=2, r_param=2,
                       r_grad=1, window=1, levels=levels, loss_tokens=20)
     check_grads(rt, ref, data)
 
