@@ -209,6 +209,20 @@ def test_cuda_streams_match_transformers(level: int, window: int) -> None:
     check_grads(rt, ref, gpu_data, tol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("level", [0, 2])
+def test_cuda_moe_matches_transformers(level: int) -> None:
+    """MoE layers with real streams: stashed routing graphs sent home and fetched back."""
+    ref = reference(OLMOE).cuda()
+    gpu_data = Batches(OLMOE.vocab_size)
+    gpu_data.pool = gpu_data.pool.cuda()
+    levels = tuple((level,) * 2 for _ in range(OLMOE.num_layers))
+    rt = make_runtime(ref, device="cuda", dims=OLMOE, micro_batch=4, chunk=2, rounds=2,
+                      r_param=2, r_grad=1, window=1, levels=levels, loss_tokens=24)
+    check_grads(rt, ref, gpu_data, tol=1e-4)
+
+
 @pytest.mark.parametrize("gpu_optimizer", [False, True], ids=["host-adamw", "device-adamw"])
 def test_checkpoint_mid_run_resumes_bit_identical(gpu_optimizer: bool) -> None:
     """Saving state mid-run (which applies a deferred device update) and loading it into a

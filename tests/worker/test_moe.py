@@ -1,0 +1,48 @@
+"""The MoE pieces against `transformers`: the load-balancing loss and its gradient equal
+`load_balancing_loss_func`'s over several layers, and (GPU) the grouped-GEMM experts equal
+the expert-by-expert loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.olmoe.modeling_olmoe import load_balancing_loss_func
+
+from worker.moe import RouterTotals, experts, route
+
+
+def test_router_totals_equal_transformers_load_balancing_loss() -> None:
+    g = torch.Generator().manual_seed(0)
+    n_experts, top_k, layers, tokens = 6, 2, 3, 10
+    logits = [torch.randn(tokens, n_experts, generator=g, dtype=torch.float64).requires_grad_()
+              for _ in range(layers)]
+    want = load_balancing_loss_func(tuple(logits), n_experts, top_k)
+    want.backward()
+
+    totals = RouterTotals(n_experts, torch.device("cpu"))
+    probs = [torch.softmax(lg.detach().float(), dim=-1) for lg in logits]
+    for p in probs:
+        totals.add(p, torch.topk(p, top_k, dim=-1).indices)
+    assert abs(float(totals.loss()) - float(want)) < 1e-6 * float(want)
+    # the (E,) gradient on every row's probabilities, through the softmax, is the
+    # reference's gradient on its logits
+    grad = totals.prob_grad(1.0)  # (E,)
+    for lg, p in zip(logits, probs):
+        dlogits = p * (grad - (p * grad).sum(-1, keepdim=True))  # softmax backward, (T, E)
+        assert torch.allclose(dlogits.double(), lg.grad, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_grouped_experts_equal_the_loop_on_cuda() -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n_experts, d, f, tokens = 8, 256, 128, 512
+    kw = dict(device="cuda", dtype=torch.bfloat16, generator=g)
+    x = torch.randn(tokens, d, **kw)
+    w_gate, w_up = (torch.randn(n_experts, f, d, **kw) * 0.05 for _ in range(2))
+    w_down = torch.randn(n_experts, d, f, **kw) * 0.05
+    router = torch.randn(n_experts, d, **kw)
+    _, top_idx, top_w = route(x, router, 2, True)
+    grouped = experts(x, top_idx, top_w, w_gate, w_up, w_down)  # stacked: one grouped GEMM
+    loop = experts(x, top_idx, top_w, list(w_gate), list(w_up), list(w_down))
+    assert float((grouped.float() - loop.float()).norm() / loop.float().norm()) < 1e-2
