@@ -131,6 +131,60 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
             "plan": {"micro_batch": mb, "rounds": rounds, "checkpointing": ckpt}}
 
 
+def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
+    """FSDP2 on one GPU with CPUOffloadPolicy: parameters, gradients and AdamW state live in
+    pinned host memory, each layer is all-gathered to the device for its forward and backward
+    (full activation checkpointing per layer), and the optimizer steps on the CPU."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.utils.checkpoint import checkpoint
+
+    from worker.model import LlamaModel, causal_lm_loss, rope_tables
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    dims = _dims(args.layers)
+    with torch.device("cuda"):  # fast init; fully_shard then moves the shards home
+        model = LlamaModel(dims).to(torch.bfloat16)
+    offload = CPUOffloadPolicy(pin_memory=True)
+    for layer in model.model.layers:
+        fully_shard(layer, offload_policy=offload)
+    fully_shard(model, offload_policy=offload)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    log.info("FSDP2 model sharded; %.1f GiB left on the device",
+             torch.cuda.memory_allocated() / GIB)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = RandomTokens(dims.vocab_size, args.seq, "cuda")
+    mb = 1
+    rounds = args.global_batch // mb
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        h = model.model.embed_tokens(x)
+        cos, sin = rope_tables(dims, x.shape[1], h.device, h.dtype)
+        for layer in model.model.layers:
+            h = checkpoint(layer, h, cos, sin, use_reentrant=False)
+        return model.lm_head(model.model.norm(h))
+
+    def step(i: int) -> None:
+        for r in range(rounds):
+            x, y = data.batch(i, r, mb)
+            loss = causal_lm_loss(forward(x.cuda()), y.cuda()) / rounds
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    times = _time_steps(step, args.steps)
+    dist.destroy_process_group()
+    return {"times": times, "stalls": {}, "arena_gib": None,
+            "plan": {"micro_batch": mb, "rounds": rounds, "checkpointing": True,
+                     "offload": "FSDP2 CPUOffloadPolicy(pin_memory=True), CPU AdamW"}}
+
+
 def llama_spec(name: str, layers: int, seq: int, global_batch: int, steps: int,
                device_gib: float, host_gib: float, overrides: dict[str, object]):  # type: ignore[no-untyped-def]
     """A JobSpec for Llama-3-8B dimensions with `layers` layers, on synthetic tokens."""
@@ -236,6 +290,9 @@ def run_row(args: argparse.Namespace) -> Row:
     if name.startswith("resident"):
         res = run_resident(args, ckpt=name == "resident-ckpt")
         budget = None
+    elif name == "fsdp2-offload":
+        res = run_fsdp2_offload(args)
+        budget = None
     else:
         res = run_working_set(args, name)
         budget = float(WS_ROWS[name][0])
@@ -246,7 +303,8 @@ def run_row(args: argparse.Namespace) -> Row:
     stall_total = sum(res["stalls"].values()) / max(1, len(timed))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or os.environ.get("BENCH_COMMIT", "?")
-    return Row(name=name, runtime="resident" if budget is None else "working_set",
+    runtime = {"fsdp2-offload": "fsdp2_cpu_offload"}.get(name, "resident")
+    return Row(name=name, runtime=runtime if budget is None else "working_set",
                layers=dims.num_layers, seq_len=args.seq, device_budget_gib=budget,
                global_batch=args.global_batch, tokens_per_s=tokens_per_s,
                mfu=dims.flops_per_token(args.seq) * tokens_per_s / PEAK_FLOPS,
@@ -288,6 +346,8 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--resident-micro-batch", type=int, default=1)
+    p.add_argument("--fsdp-global-batch", type=int, default=8,
+                   help="the FSDP2 offload row's sequences per step (it is slow)")
     p.add_argument("--steps", type=int, default=3, help="1 warm-up + timed steps")
     p.add_argument("--rows", default="resident,resident-ckpt,ws-40,ws-20,ws-12,ws-24-32l")
     p.add_argument("--row", help=argparse.SUPPRESS)  # child mode: run one row
@@ -301,7 +361,8 @@ def main() -> None:
     common = ["--layers", str(args.layers), "--seq", str(args.seq), "--global-batch",
               str(args.global_batch), "--steps", str(args.steps),
               "--resident-micro-batch", str(args.resident_micro_batch)]
-    children = [(["bench.runtime", "--row", name, *common],
+    children = [(["bench.runtime", "--row", name, *common, "--global-batch",
+                  str(args.fsdp_global_batch if name == "fsdp2-offload" else args.global_batch)],
                  {"name": name, "global_batch": args.global_batch})
                 for name in args.rows.split(",")]
     print(_table(run_children(children, args.out)))
