@@ -137,10 +137,11 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
     (full activation checkpointing per layer), and the optimizer steps on the CPU."""
     import torch
     import torch.distributed as dist
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        checkpoint_wrapper)
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    from torch.utils.checkpoint import checkpoint
 
-    from worker.model import LlamaModel, causal_lm_loss, rope_tables
+    from worker.model import LlamaModel, causal_lm_loss
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
@@ -150,8 +151,9 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
     with torch.device("cuda"):  # fast init; fully_shard then moves the shards home
         model = LlamaModel(dims).to(torch.bfloat16)
     offload = CPUOffloadPolicy(pin_memory=True)
-    for layer in model.model.layers:
-        fully_shard(layer, offload_policy=offload)
+    for i, layer in enumerate(model.model.layers):
+        model.model.layers[i] = checkpoint_wrapper(layer)  # full activation checkpointing
+        fully_shard(model.model.layers[i], offload_policy=offload)
     fully_shard(model, offload_policy=offload)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -162,17 +164,10 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
     mb = 1
     rounds = args.global_batch // mb
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        h = model.model.embed_tokens(x)
-        cos, sin = rope_tables(dims, x.shape[1], h.device, h.dtype)
-        for layer in model.model.layers:
-            h = checkpoint(layer, h, cos, sin, use_reentrant=False)
-        return model.lm_head(model.model.norm(h))
-
     def step(i: int) -> None:
         for r in range(rounds):
             x, y = data.batch(i, r, mb)
-            loss = causal_lm_loss(forward(x.cuda()), y.cuda()) / rounds
+            loss = causal_lm_loss(model(x.cuda()), y.cuda()) / rounds  # the root's forward
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -38,36 +38,63 @@ def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int,
     return probs, top_idx, top_w.to(x.dtype)
 
 
-def _grouped(xs: torch.Tensor, counts: torch.Tensor, w: Sequence[torch.Tensor]) -> bool:
+class Groups:
+    """A batch's (token, slot) pairs grouped by expert: the gather order and group sizes."""
+
+    def __init__(self, top_idx: torch.Tensor, n_experts: int) -> None:
+        self.k = top_idx.shape[-1]
+        flat = top_idx.reshape(-1)  # (T*k,)
+        self.order = torch.argsort(flat, stable=True)  # pairs grouped by expert
+        self.token = self.order // self.k  # (T*k,) the token of each grouped pair
+        self.counts = torch.bincount(flat, minlength=n_experts)  # (E,)
+        self.offs = torch.cumsum(self.counts, 0).to(torch.int32)
+        self._sizes: list[int] | None = None
+
+    @property
+    def sizes(self) -> list[int]:
+        """Group sizes on the host (one device sync, only on the expert-by-expert path)."""
+        if self._sizes is None:
+            self._sizes = self.counts.tolist()
+        return self._sizes
+
+
+def _grouped_ok(x: torch.Tensor, w: object) -> bool:
     """torch's grouped GEMM (one kernel for all experts, no host sync) serves bf16 on CUDA
     with the experts stacked in one tensor; elsewhere the experts run one by one."""
-    return (xs.is_cuda and xs.dtype == torch.bfloat16 and isinstance(w, torch.Tensor)
+    return (x.is_cuda and x.dtype == torch.bfloat16 and isinstance(w, torch.Tensor)
             and hasattr(torch, "_grouped_mm"))
+
+
+def grouped_linear(x: torch.Tensor, w: Sequence[torch.Tensor], groups: Groups,
+                   transpose: bool = True) -> torch.Tensor:
+    """Each group's rows of x (N, in) times its expert's weight: w[e]^T (w[e]: (out, in)),
+    or w[e] itself when not `transpose` (w[e]: (in, out)). -> (N, out)"""
+    if _grouped_ok(x, w):
+        wt = w.transpose(-2, -1) if transpose else w  # type: ignore[union-attr]
+        return torch._grouped_mm(x, wt, offs=groups.offs)
+    parts = [part @ (w[e].t() if transpose else w[e])
+             for e, part in enumerate(x.split(groups.sizes)) if part.shape[0]]
+    out_dim = w[0].shape[0] if transpose else w[0].shape[1]
+    return torch.cat(parts) if parts else x.new_zeros(0, out_dim)
+
+
+def grouped_outer(a: torch.Tensor, b: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """Per expert a_e^T @ b_e over its group's rows: (N, p), (N, q) -> (E, p, q)."""
+    if _grouped_ok(a, a):
+        return torch._grouped_mm(a.t(), b, offs=groups.offs)
+    return torch.stack([x.t() @ y for x, y in zip(a.split(groups.sizes), b.split(groups.sizes))])
 
 
 def experts(x: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor,
             w_gate: Sequence[torch.Tensor], w_up: Sequence[torch.Tensor],
             w_down: Sequence[torch.Tensor]) -> torch.Tensor:
-    """sum over each token's k experts of top_w · down(silu(gate(x)) * up(x)). x: (T, D);
-    w_gate/w_up: E of (I, D), w_down: E of (D, I), stacked (E, ., .) or a list."""
-    n_experts, k = len(w_gate), top_idx.shape[-1]
-    flat = top_idx.reshape(-1)  # (T*k,)
-    order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
-    token = order // k
-    counts = torch.bincount(flat, minlength=n_experts)  # (E,)
-    xs = x[token]  # (T*k, D)
-    if _grouped(xs, counts, w_gate):
-        offs = torch.cumsum(counts, 0).to(torch.int32)
-        g = torch._grouped_mm(xs, w_gate.transpose(-2, -1), offs=offs)  # type: ignore[union-attr]
-        u = torch._grouped_mm(xs, w_up.transpose(-2, -1), offs=offs)  # type: ignore[union-attr]
-        ys = torch._grouped_mm(F.silu(g) * u, w_down.transpose(-2, -1),  # type: ignore[union-attr]
-                               offs=offs)
-    else:
-        parts = [F.linear(F.silu(F.linear(part, w_gate[e])) * F.linear(part, w_up[e]), w_down[e])
-                 for e, part in enumerate(xs.split(counts.tolist())) if part.shape[0]]
-        ys = torch.cat(parts) if parts else xs.new_zeros(0, x.shape[-1])
-    ys = ys * top_w.reshape(-1)[order, None]  # (T*k, D)
-    return x.new_zeros(x.shape).index_add(0, token, ys)
+    """sum over each token's k experts of top_w · down(silu(gate(x)) * up(x)), differentiable.
+    x: (T, D); w_gate/w_up: E of (I, D), w_down: E of (D, I), stacked (E, ., .) or a list."""
+    groups = Groups(top_idx, len(w_gate))
+    xs = x[groups.token]  # (T*k, D)
+    p = F.silu(grouped_linear(xs, w_gate, groups)) * grouped_linear(xs, w_up, groups)
+    ys = grouped_linear(p, w_down, groups) * top_w.reshape(-1)[groups.order, None]  # (T*k, D)
+    return x.new_zeros(x.shape).index_add(0, groups.token, ys)
 
 
 class RouterTotals:

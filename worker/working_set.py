@@ -14,7 +14,7 @@ holds the whole training state. The step reads like AdaWS Algorithms 1-2:
 Saved-activation levels per (layer, chunk): 0 inputs only (recompute the whole layer),
 1 + attention graph (recompute the MLP), 2 + the MLP's lean set (h, gate, up: recompute
 attention and the MLP's elementwise ops, worker/lean_mlp.py; for a mixture-of-experts MLP
-its autograd graph), 3 both. MoE layers add their routing to the round's router totals, and
+h, the routing and the grouped gate/up outputs, worker/lean_moe.py), 3 both. MoE layers add their routing to the round's router totals, and
 the load-balancing loss's gradient (worker/moe.py) enters each layer's MLP backward.
 It never touches Redis; on CPU streams are no-ops and the same schedule runs.
 """
@@ -35,6 +35,7 @@ from worker.moe import RouterTotals
 from worker.device_optim import DeviceOptimizer
 from worker.hf_load import stream_into
 from worker.lean_mlp import lean_backward, lean_forward
+from worker.lean_moe import lean_moe_backward, lean_moe_forward
 from worker.rings import Slot, Streams
 from worker.saved_acts import HostActivationStore, HostCopy, SavedTensorPolicy
 from worker.state import DTYPES, HostState
@@ -76,8 +77,8 @@ class _Graph:
 
     x: torch.Tensor | object  # layer input (device tensor or host copy)
     attn: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
-    lean: tuple[object, object, object] | None = None  # MLP's (h, gate, up), levels 2-3
-    moe: tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
+    # MLP's lean set, levels 2-3: (h, gate, up), or (h, top_idx, gate, up) for MoE
+    lean: tuple[object, ...] | None = None
     h: torch.Tensor | object | None = None  # attention-block output, for level 1
 
 
@@ -206,9 +207,10 @@ class WorkingSetRuntime:
                 with torch.no_grad():
                     h = attn_block(x, w, dims, self.cos, self.sin)
             if level in (2, 3) and dims.is_moe:
-                hm, wm = h.detach().requires_grad_(), _leaves(w)
-                y, probs = ffn_block(hm, wm, dims, self.router)
-                g.moe = (hm, y, probs, wm)  # type: ignore[assignment]
+                y, probs, top_idx, saved = lean_moe_forward(h.detach(), w, dims)
+                if self.router is not None:
+                    self.router.add(probs, top_idx)
+                g.lean = tuple(self._stash(t, home, policy) for t in (h.detach(), *saved))
             elif level in (2, 3):
                 y, gate, up = lean_forward(h.detach(), w, dims.rms_norm_eps)
                 g.lean = tuple(self._stash(t, home, policy) for t in (h.detach(), gate, up))
@@ -228,13 +230,11 @@ class WorkingSetRuntime:
         w = self.host.layout.views(slot.flat)
         recomputed_attn = None
         if g.lean is not None:  # levels 2-3: the MLP's lean set, no GEMM recomputed
-            h, gate, up = (self._unstash(t, policy) for t in g.lean)
-            dh, dws = lean_backward(dy, h, gate, up, w, dims.rms_norm_eps)
+            saved = [self._unstash(t, policy) for t in g.lean]
+            dh, dws = (lean_moe_backward(dy, *saved, w, dims, self._aux_grad) if dims.is_moe
+                       else lean_backward(dy, *saved, w, dims.rms_norm_eps))
             for n, grad in dws.items():
                 dw[n].add_(grad)
-        elif g.moe is not None:  # levels 2-3 of a MoE layer: its graph
-            hm, y, probs, wm = g.moe
-            dh = self._mlp_backward(hm, y, probs, wm, dy, dw)
         else:  # need h: saved (level 1) or recomputed with the attention graph
             if g.h is not None:
                 h = self._unstash(g.h, policy)
