@@ -207,8 +207,24 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
         optimizer = (L * max(0.0, 3 * weights / node.both_bytes_per_s - X * fwd_s)
                      + 2 * dims.embedding_params * 4 * e / node.both_bytes_per_s)
     else:
-        optimizer = dims.params / node.optimizer_params_per_s
+        optimizer = host_optimizer_exposed_s(dims, X * fwd_s, node.optimizer_params_per_s)
     return StepTime(compute, rounds * recompute, rounds * exposed + grads_s, optimizer)
+
+
+def host_optimizer_exposed_s(dims: ModelDims, layer_forward_s: float,
+                             params_per_s: float) -> float:
+    """What the host AdamW adds to a step (worker/host_optim.py): it updates the embedding,
+    layers 0..L-1 and the head in a thread while the next step's first forward runs, and
+    layer k's forward waits for layer k's update. `layer_forward_s`: one layer's forward
+    over a round."""
+    embed_s = dims.embedding_params / params_per_s
+    layer_s = dims.layer_params / params_per_s
+    updated = forward_end = embed_s  # nothing computes before the embedding is updated
+    for _ in range(dims.num_layers):
+        updated += layer_s
+        forward_end = max(forward_end, updated) + layer_forward_s
+    head_ready = max(forward_end, updated + embed_s)  # the head is updated last
+    return head_ready - dims.num_layers * layer_forward_s
 
 
 def link_seconds(nbytes: int, node: NodeProfile) -> float:

@@ -1,21 +1,19 @@
 """The host-side training state of the working-set runtime: per-layer flat tiles of weights,
 gradients and AdamW moments in one accounted `HostArena`, plus the embedding and the head
-group, and the CPU AdamW that updates them tile by tile.
+group, and the CPU AdamW that updates them group by group (worker/host_optim.py runs it
+beside the next step's forward).
 
     host = HostState.create(dims, "bf16", pin=torch.cuda.is_available())
-    host.load_state_dict(hf_named_tensors); ...; host.optimizer_step(step, spec, total_steps)
+    host.load_state_dict(hf_named_tensors); ...; host.step_group(k, lr, clip_coef, spec)
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
 from worker.arena import HostArena, LayerLayout
-from worker.optim import clip_coefficient, grad_sq_norm, learning_rate
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -107,20 +105,12 @@ class HostState:
 
     # ------------------------------------------------------------ optimizer
 
-    def grad_norm(self) -> float:
-        return math.sqrt(grad_sq_norm([*self.grads, self.embed_g, self.head_g]))
-
-    def optimizer_step(self, step: int, spec: OptimizerSpec, total_steps: int) -> float:
-        """Clip by global norm, then AdamW on every tile. Returns the pre-clip norm."""
-        norm = self.grad_norm()
-        coef = clip_coefficient(norm, spec)
-        if coef < 1.0:
-            for p in self.params:
-                p.grad.mul_(coef)
-        lr = learning_rate(step, spec, total_steps)
-        for opt in self.optimizers:
-            for group in opt.param_groups:
-                group.update(lr=lr, betas=spec.betas, eps=spec.eps,
-                             weight_decay=spec.weight_decay)
-            opt.step()
-        return norm
+    def step_group(self, group: int, lr: float, clip_coef: float, spec: OptimizerSpec) -> None:
+        """AdamW on one group's tiles (layer k = k; embedding L; head L + 1), its gradient
+        first scaled by the global-norm clipping factor."""
+        p, opt = self.params[group], self.optimizers[group]
+        if clip_coef < 1.0:
+            p.grad.mul_(clip_coef)
+        for g in opt.param_groups:
+            g.update(lr=lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay)
+        opt.step()

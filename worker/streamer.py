@@ -9,6 +9,7 @@ gradients sent home on the outbound stream. Per-slot events order copies and com
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -22,6 +23,8 @@ class SlotStreamer:
         self.dependency, self.counters = dependency, counters
         # per layer: the outbound copy that last wrote its host tile; loads wait for it
         self.home_ready: dict[int, torch.cuda.Event | None] = {}
+        # called with a layer before its host tile is read (a deferred host update waits)
+        self.before_load: Callable[[int], None] | None = None
 
     @classmethod
     def for_tiles(cls, count: int, tiles: list[torch.Tensor], streams: Streams,
@@ -38,6 +41,8 @@ class SlotStreamer:
     def _load(self, layer: int, keep: set[int]) -> Slot:
         slot = self.ring.victim(keep)
         s = self.streams
+        if self.before_load is not None:
+            self.before_load(layer)
         start = time.perf_counter()
         s.wait("inbound", slot.free)
         s.wait("inbound", self.home_ready.get(layer))

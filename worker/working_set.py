@@ -9,7 +9,10 @@ holds the whole training state. The step reads like AdaWS Algorithms 1-2:
       backward: for k = L-1..0: consume W_k and dW_k (accumulated grads, prefetched);
                 for each chunk c (reverse): T[c] = bwd(W_k, T[c]), grads into dW_k;
                 send dW_k home
-    optimizer:  global-norm clip, then AdamW per layer tile on the host (CPU)
+    optimizer:  global-norm clip (norm summed on the device as gradients go home), then
+                AdamW per group: on the host, in a thread beside the next step's forward
+                (worker/host_optim.py), or on the device over streamed moments, deferred
+                into the next forward (worker/device_optim.py)
 
 Saved-activation levels per (layer, chunk): 0 inputs only (recompute the whole layer),
 1 + attention graph (recompute the MLP), 2 + the MLP's lean set (h, gate, up: recompute
@@ -34,6 +37,7 @@ from worker.model import attention, moe_block, rms_norm, rope_tables, swiglu
 from worker.moe import RouterTotals
 from worker.device_optim import DeviceOptimizer
 from worker.hf_load import stream_into
+from worker.host_optim import HostOptimizerPipeline
 from worker.lean_mlp import lean_backward, lean_forward
 from worker.lean_moe import lean_moe_backward, lean_moe_forward
 from worker.rings import Slot, Streams
@@ -140,6 +144,11 @@ class WorkingSetRuntime:
         self.acts = HostActivationStore(host.arena, cfg.write_buffer_bytes)
         self.dopt = (DeviceOptimizer(host, opt, cfg.steps, self.streams, self.device,
                                      self.grads, self.counters) if cfg.gpu_optimizer else None)
+        self.hopt = (None if cfg.gpu_optimizer
+                     else HostOptimizerPipeline(host, opt, cfg.steps, self.device))
+        if self.hopt is not None:
+            self.weights.before_load = self.hopt.wait  # layer k's tile waits for its update
+        self._stale: set[int] = set()  # embedding (L) / head (L + 1) awaiting a host update
         self.cos, self.sin = rope_tables(dims, cfg.seq_len, self.device, dtype)
         self._fwd_order = list(range(L))
         self._bwd_order = list(range(L - 1, -1, -1))
@@ -152,6 +161,21 @@ class WorkingSetRuntime:
         if self.dopt is not None and self.dopt.todo:
             self.dopt.flush(self.weights)
             self.weights.invalidate()
+        if self.hopt is not None and self.hopt.pending:
+            self.hopt.flush()
+            for group in sorted(self._stale):
+                self._refresh_resident(group)
+
+    def _refresh_resident(self, group: int) -> None:
+        """Before the embedding (group L) or head (L + 1) is read: wait for its deferred host
+        update and copy it to the device."""
+        if group in self._stale:
+            self.hopt.wait(group)  # type: ignore[union-attr]
+            L = self.dims.num_layers
+            dev, tile = ((self.embed, self.host.embed_w) if group == L
+                         else (self.head, self.host.head_w))
+            dev.copy_(tile)
+            self._stale.discard(group)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Weight views into the host tiles (a checkpoint copies them out shard by shard)."""
@@ -165,6 +189,7 @@ class WorkingSetRuntime:
     def load_state(self, weights: dict[str, torch.Tensor] | Path,
                    extra: dict[str, object]) -> None:
         """Weights by name, or a checkpoint directory to stream them from into the tiles."""
+        self._apply_pending()  # no update in flight may write the tiles being loaded
         if self.dopt is not None:  # nothing pending, and no moment slot is current
             self.dopt.todo.clear()
             self.dopt.m.invalidate()
@@ -340,6 +365,7 @@ class WorkingSetRuntime:
         """Forward, head and backward of one round. tokens/targets: (micro_batch, S)"""
         cfg, L = self.cfg, self.dims.num_layers
         self.acts.reset()
+        self._refresh_resident(L)
         if self.dims.is_moe:
             self.router = RouterTotals(self.dims.num_experts, self.device)
         chunks_in = tokens.split(cfg.chunk)
@@ -355,6 +381,7 @@ class WorkingSetRuntime:
                 graphs[k].append(g)
             self.weights.release(slot)
         loss = torch.zeros((), device=self.device, dtype=torch.float32)
+        self._refresh_resident(L + 1)
         for c, tgt in enumerate(targets.split(cfg.chunk)):
             part, T[c] = self._head_loss(T[c], tgt, scale)
             loss += part
@@ -373,8 +400,8 @@ class WorkingSetRuntime:
                 T[c] = self._backward_layer(k, graphs[k][c], T[c], slot, dw)
                 graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
             self.weights.release(slot)
-            if last and self.dopt is not None:
-                self.dopt.add_grad_norm(gslot.flat)
+            if last:
+                (self.dopt or self.hopt).add_grad_norm(gslot.flat)  # type: ignore[union-attr]
             self.grads.send_home(gslot)
         dtable = self.host.embed_layout.views(self.embed_grad)["model.embed_tokens.weight"]
         for t, dx in zip(chunks_in, T):
@@ -410,15 +437,18 @@ class WorkingSetRuntime:
         if self.dopt is not None:  # layers update in the next forward; embedding/head now
             self.dopt.finish_step(step, [(self.embed, self.embed_grad, L),
                                          (self.head, self.head_grad, L + 1)])
-        else:
-            self.host.optimizer_step(step, self.opt_spec, cfg.steps)
-            self.embed.copy_(self.host.embed_w)
-            self.head.copy_(self.host.head_w)
+        else:  # on the host, beside the next step's forward
+            assert self.hopt is not None
+            self.hopt.add_grad_norm(self.embed_grad)
+            self.hopt.add_grad_norm(self.head_grad)
+            self.hopt.start(step)
+            self._stale = {L, L + 1}
         opt_s = time.perf_counter() - t_opt
         self.weights.invalidate()
         self.grads.invalidate()
         stalls = self.streams.collect_stalls()
-        stalls["optimizer"] = stalls.get("optimizer", 0.0) + opt_s
+        waited_s = self.hopt.take_wait_s() if self.hopt is not None else 0.0
+        stalls["optimizer"] = stalls.get("optimizer", 0.0) + opt_s + waited_s
         return StepStats(loss, time.perf_counter() - start,
                          cfg.rounds * cfg.micro_batch * cfg.seq_len, stalls,
                          self.counters["h2d_bytes"], self.counters["d2h_bytes"])

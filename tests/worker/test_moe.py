@@ -50,9 +50,11 @@ def test_grouped_experts_equal_the_loop_on_cuda() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_lean_moe_bf16_grouped_matches_autograd_fp32_on_cuda() -> None:
-    """Level 2's lean MoE set through grouped GEMMs in bf16 against autograd over the same
-    block in fp32 (expert by expert): output, dL/dh and every weight gradient."""
+def test_lean_moe_matches_autograd_in_bf16_on_cuda() -> None:
+    """Level 2's lean MoE set (grouped GEMMs, explicit backward) against autograd through
+    the same block at the same precision: output, dL/dh and every weight gradient. (The fp32
+    working-set tests check the same code against transformers exactly; in bf16 both paths
+    differ from fp32 by several percent at these sizes, and from each other by < 1%.)"""
     from dataclasses import replace
 
     from scheduler.model_dims import PRESETS
@@ -64,25 +66,25 @@ def test_lean_moe_bf16_grouped_matches_autograd_fp32_on_cuda() -> None:
     layout = LayerLayout.decoder(dims)
     g = torch.Generator(device="cuda").manual_seed(0)
     flat = torch.randn(layout.numel, device="cuda", generator=g) * 0.05
-    w32 = {n: v for n, v in layout.views(flat).items()}
-    w32["post_attention_layernorm.weight"].fill_(1.0)
-    w16 = layout.views(flat.to(torch.bfloat16))
-    h = torch.randn(2, 64, dims.hidden_size, device="cuda", generator=g)
+    w = layout.views(flat.to(torch.bfloat16))
+    w["post_attention_layernorm.weight"].fill_(1.0)
+    h = torch.randn(2, 64, dims.hidden_size, device="cuda", generator=g).bfloat16()
     dy = torch.randn_like(h)
     aux = torch.rand(dims.num_experts, device="cuda", generator=g) * 1e-2
 
-    leaves = {n: v.detach().requires_grad_() for n, v in w32.items()}
-    h32 = h.clone().requires_grad_()
-    y32, probs, _ = moe_block(h32, leaves, dims)
-    torch.autograd.backward((y32, probs), (dy, aux.expand_as(probs)))
+    leaves = {n: v.detach().clone().requires_grad_() for n, v in w.items()}
+    h_ref = h.clone().requires_grad_()
+    y_ref, probs, _ = moe_block(h_ref, leaves, dims)
+    torch.autograd.backward((y_ref, probs), (dy, aux.expand_as(probs)))
 
-    y16, _, _, saved = lean_moe_forward(h.bfloat16(), w16, dims)
-    dh16, dw16 = lean_moe_backward(dy.bfloat16(), h.bfloat16(), *saved, w16, dims, aux)
+    y, _, _, saved = lean_moe_forward(h, w, dims)
+    dh, dw = lean_moe_backward(dy, h, *saved, w, dims, aux)
 
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
         return float((a.float() - b.float()).norm() / b.float().norm())
 
-    assert rel(y16, y32) < 2e-2 and rel(dh16, h32.grad) < 3e-2
-    for name, grad in dw16.items():
-        if leaves[name].grad is not None and leaves[name].grad.norm() > 0:
-            assert rel(grad, leaves[name].grad) < 5e-2, name
+    assert rel(y, y_ref) < 1e-2 and rel(dh, h_ref.grad) < 2e-2
+    assert set(dw) == set(leaves) - {n for n in leaves if "self_attn" in n or
+                                      n == "input_layernorm.weight"}
+    for name, grad in dw.items():
+        assert rel(grad, leaves[name].grad) < 2e-2, name

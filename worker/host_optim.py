@@ -1,0 +1,101 @@
+"""AdamW on the host (CPU), deferred into the next step's forward and overlapped with it.
+
+Clipping needs the global gradient norm before any update, so no layer can update during
+its own backward. Instead the squared norm is summed on the device as each layer's final
+gradient goes home (no host pass over the gradients), and when the step's backward ends a
+host thread updates the groups in the order the next step needs them — embedding, layers
+0..L-1, head — while the main thread already runs the next forward: loading layer k's
+weights waits only for layer k's update (the wait is the step's `optimizer` stall). This is
+the host counterpart of worker/device_optim.py, for budgets where four moment slots do not
+fit on the device.
+
+    opt = HostOptimizerPipeline(host, spec, total_steps, device)
+    opt.add_grad_norm(flat)  ...  opt.start(step)   # at the end of step `step`
+    opt.wait(k)          # before host tile k is read again;  opt.flush()  before checkpoints
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import torch
+
+from scheduler.contracts import OptimizerSpec
+from worker.optim import clip_coefficient, learning_rate
+from worker.state import HostState
+
+
+class HostOptimizerPipeline:
+    def __init__(self, host: HostState, spec: OptimizerSpec, total_steps: int,
+                 device: torch.device) -> None:
+        self.host, self.spec, self.total_steps = host, spec, total_steps
+        self.groups = len(host.params)  # L layers, then the embedding (L), the head (L + 1)
+        self.sq_norm = torch.zeros((), device=device, dtype=torch.float32)
+        self.done = [threading.Event() for _ in range(self.groups)]
+        for event in self.done:
+            event.set()
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.wait_s = 0.0
+
+    def add_grad_norm(self, flat: torch.Tensor) -> None:
+        """A group's final gradient (device or host): add its squared norm, in fp32."""
+        self.sq_norm += torch.linalg.vector_norm(flat, dtype=torch.float32).square()
+
+    def start(self, step: int) -> float:
+        """Gradients of `step` are complete and home: start updating; returns the pre-clip
+        global norm."""
+        self.flush()
+        norm = math.sqrt(float(self.sq_norm))
+        self.sq_norm.zero_()
+        coef = clip_coefficient(norm, self.spec)
+        lr = learning_rate(step, self.spec, self.total_steps)
+        layers = self.groups - 2
+        order = [layers, *range(layers), layers + 1]  # as the next step reads them
+        for event in self.done:
+            event.clear()
+        self.thread = threading.Thread(target=self._run, args=(order, lr, coef),
+                                       name="host-adamw", daemon=True)
+        self.thread.start()
+        return norm
+
+    def _run(self, order: list[int], lr: float, coef: float) -> None:
+        try:
+            for group in order:
+                self.host.step_group(group, lr, coef, self.spec)
+                self.done[group].set()
+        except BaseException as exc:  # surfaced by wait()/flush() on the main thread
+            self.error = exc
+            for event in self.done:
+                event.set()
+
+    def wait(self, group: int) -> None:
+        """Block until `group`'s update is in its host tiles (counted as optimizer stall)."""
+        if not self.done[group].is_set():
+            start = time.perf_counter()
+            self.done[group].wait()
+            self.wait_s += time.perf_counter() - start
+        self._raise()
+
+    @property
+    def pending(self) -> bool:
+        return self.thread is not None
+
+    def flush(self) -> None:
+        """Finish any update in flight (checkpoints, evaluation, loading state)."""
+        if self.thread is not None:
+            start = time.perf_counter()
+            self.thread.join()
+            self.wait_s += time.perf_counter() - start
+            self.thread = None
+        self._raise()
+
+    def take_wait_s(self) -> float:
+        waited, self.wait_s = self.wait_s, 0.0
+        return waited
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"host AdamW failed: {self.error}") from self.error
