@@ -25,7 +25,9 @@ from bench.runtime import (GIB, HOST_BUDGET_GIB, PEAK_FLOPS, RandomTokens, Row, 
 log = logging.getLogger("bench.moe")
 
 PRESET = "olmoe-7b-a1b"
-WS_BUDGETS_GIB = {"ws-20": 20.0, "ws-12": 12.0, "ws-40": 40.0}
+# working-set rows: (device budget GiB, plan overrides)
+WS_ROWS = {"ws-20": (20.0, {}), "ws-12": (12.0, {}), "ws-40": (40.0, {}),
+           "ws-20-host": (20.0, {"optimizer": "host"})}
 
 
 def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
@@ -71,7 +73,8 @@ def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
                      "experts_implementation": experts}}
 
 
-def run_ws(args: argparse.Namespace, budget_gib: float) -> dict[str, object]:
+def run_ws(args: argparse.Namespace, budget_gib: float,
+           overrides: dict[str, object]) -> dict[str, object]:
     from scheduler.contracts import JobSpec
     from scheduler.model_dims import PRESETS
     from scheduler.planner import make_plan
@@ -82,7 +85,7 @@ def run_ws(args: argparse.Namespace, budget_gib: float) -> dict[str, object]:
         "seq_len": args.seq, "global_batch": args.global_batch, "steps": args.steps,
         "precision": "bf16", "optimizer": {"lr": 1e-4},
         "budget": {"device_gib": budget_gib, "host_gib": HOST_BUDGET_GIB},
-        "overrides": {"runtime": "working_set"}})
+        "overrides": {"runtime": "working_set", **overrides}})
     plan = make_plan(spec, dims, measured_node(args.seq, dims))
     log.info("plan %s", plan.model_dump_json(exclude={"reasons"}))
     return run_plan(spec, dims, plan, args.steps)
@@ -95,8 +98,8 @@ def run_row(args: argparse.Namespace) -> Row:
     from worker.stats import proc_status_bytes
 
     dims = PRESETS[PRESET]
-    budget = WS_BUDGETS_GIB.get(args.row)
-    res = (run_ws(args, budget) if budget is not None
+    budget, overrides = WS_ROWS.get(args.row, (None, {}))
+    res = (run_ws(args, budget, overrides) if budget is not None
            else run_hf_resident(args, ckpt=args.row == "hf-resident-ckpt"))
     timed = res["times"][1:]  # the first step is warm-up
     step_s = sum(timed) / len(timed)

@@ -52,10 +52,12 @@ class Row:
     predicted_peak_host_gib: float | None
 
 
-# Working-set rows: (device budget GiB, layers or None for --layers). Plans come from the
-# planner (scheduler/ws_planner.py), so the rows also check its predictions.
-WS_ROWS: dict[str, tuple[float, int | None]] = {
-    "ws-40": (40, None), "ws-20": (20, None), "ws-12": (12, None), "ws-24-32l": (24, 32),
+# Working-set rows: (device budget GiB, layers or None for --layers, plan overrides). Plans
+# come from the planner (scheduler/ws_planner.py), so the rows also check its predictions.
+WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
+    "ws-40": (40, None, {}), "ws-20": (20, None, {}), "ws-12": (12, None, {}),
+    "ws-24-32l": (24, 32, {}), "ws-20-host": (20, None, {"optimizer": "host"}),
+    "ws-24-32l-host": (24, 32, {"optimizer": "host"}),
 }
 HOST_BUDGET_GIB = 100
 
@@ -218,10 +220,10 @@ def measured_node(layer_seq: int | None = None, dims=None):  # type: ignore[no-u
 def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from scheduler.planner import make_plan
 
-    budget, layers = WS_ROWS[name]
+    budget, layers, overrides = WS_ROWS[name]
     dims = _dims(layers or args.layers)
     spec = llama_spec(name, dims.num_layers, args.seq, args.global_batch, args.steps, budget,
-                      HOST_BUDGET_GIB, {})
+                      HOST_BUDGET_GIB, overrides)
     return spec, dims, make_plan(spec, dims, measured_node(args.seq, dims))
 
 
@@ -261,6 +263,7 @@ def run_plan(spec, dims, plan, steps: int) -> dict[str, object]:  # type: ignore
                  {k: round(v, 3) for k, v in stats.stall_s.items()})
 
     times = _time_steps(step, steps)
+    rt.finish()  # the last step's deferred update, outside the timing
     summary = plan.model_dump(exclude={"reasons"})
     summary["working_set"]["levels"] = [sum(row.count(lv) for row in plan.working_set.levels)
                                         for lv in range(4)]  # chunks per level

@@ -56,8 +56,10 @@ class HostOptimizerPipeline:
         order = [layers, *range(layers), layers + 1]  # as the next step reads them
         for event in self.done:
             event.clear()
+        # not a daemon: an exiting interpreter finishes the update instead of killing a
+        # thread inside a torch kernel (std::terminate)
         self.thread = threading.Thread(target=self._run, args=(order, lr, coef),
-                                       name="host-adamw", daemon=True)
+                                       name="host-adamw")
         self.thread.start()
         return norm
 

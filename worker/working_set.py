@@ -177,6 +177,10 @@ class WorkingSetRuntime:
             dev.copy_(tile)
             self._stale.discard(group)
 
+    def finish(self) -> None:
+        """Apply any deferred optimizer update (before the process ends or hands off)."""
+        self._apply_pending()
+
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Weight views into the host tiles (a checkpoint copies them out shard by shard)."""
         self._apply_pending()
