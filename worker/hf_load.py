@@ -1,20 +1,58 @@
 """Fine-tuning from a Hugging Face model directory: its `*.safetensors` (sharded or not) are
 read one tensor at a time straight into the training state's own storage — the host tiles of
-the working set or the resident model's parameters — so loading never holds a second full
-copy of the model in host memory.
+the working set or the resident model's parameters — so loading never holds a second copy.
+
+The files are read with plain `readinto` calls into each destination tensor's bytes (or, when
+the file's dtype differs, through one 64 MiB conversion buffer), not through the
+`safetensors` library's memory map: mapped shard pages count in the process's RSS while a
+shard is open, which put a whole shard (up to 5 GB in transformers' default) on top of the
+training state (measured: bench/load_rss.py). The format is the safetensors spec's: an
+8-byte little-endian header length, a JSON header of {name: {dtype, shape, data_offsets}},
+then the raw little-endian data.
 
     stream_into(host.weight_views(), Path(spec.model.path))
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import struct
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
-from safetensors import safe_open
 
 log = logging.getLogger(__name__)
+
+DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
+          "F64": torch.float64}
+CONVERT_BYTES = 64 * 1024**2  # conversion buffer when the file's dtype is not the state's
+
+
+def read_header(f: BinaryIO) -> tuple[dict[str, dict[str, object]], int]:
+    """(tensor entries by name, byte offset of the data section) of a safetensors file."""
+    (length,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return header, 8 + length
+
+
+def _read_into(f: BinaryIO, dest: torch.Tensor, dtype: torch.dtype, nbytes: int) -> None:
+    flat = dest.view(-1)  # views into tiles and parameters are contiguous
+    if dtype == dest.dtype:
+        view = memoryview(flat.view(torch.uint8).numpy())
+        if f.readinto(view) != nbytes:
+            raise ValueError(f"{f.name}: truncated tensor data")
+        return
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    step = max(1, CONVERT_BYTES // itemsize)
+    buf = torch.empty(min(step, flat.numel()), dtype=dtype)
+    for start in range(0, flat.numel(), step):
+        part = buf[:min(step, flat.numel() - start)]
+        if f.readinto(memoryview(part.view(torch.uint8).numpy())) != part.nbytes:
+            raise ValueError(f"{f.name}: truncated tensor data")
+        flat[start:start + part.numel()].copy_(part)
 
 
 def stream_into(views: dict[str, torch.Tensor], directory: Path) -> int:
@@ -28,19 +66,25 @@ def stream_into(views: dict[str, torch.Tensor], directory: Path) -> int:
     nbytes = 0
     with torch.no_grad():
         for path in files:
-            with safe_open(str(path), framework="pt") as shard:
-                for name in shard.keys():  # noqa: SIM118 - safe_open has no __iter__
+            with open(path, "rb", buffering=0) as f:
+                header, data_start = read_header(f)
+                # in file order: the reads run sequentially through the shard
+                for name, entry in sorted(header.items(), key=lambda e: e[1]["data_offsets"]):
                     if name not in views:
                         raise ValueError(f"{path.name} holds {name!r}, which a model of this "
                                          "config.json does not have; is config.json the one "
                                          "these weights were saved with?")
-                    tensor = shard.get_tensor(name)  # one tensor in memory at a time
-                    if tuple(tensor.shape) != tuple(views[name].shape):
-                        raise ValueError(f"{path.name}: {name!r} has shape "
-                                         f"{tuple(tensor.shape)}, the config implies "
-                                         f"{tuple(views[name].shape)}")
-                    views[name].copy_(tensor)
-                    nbytes += tensor.numel() * tensor.element_size()
+                    shape = tuple(entry["shape"])  # type: ignore[arg-type]
+                    if shape != tuple(views[name].shape):
+                        raise ValueError(f"{path.name}: {name!r} has shape {shape}, the "
+                                         f"config implies {tuple(views[name].shape)}")
+                    if entry["dtype"] not in DTYPES:
+                        raise ValueError(f"{path.name}: {name!r} has dtype {entry['dtype']}; "
+                                         f"wstrain reads {sorted(DTYPES)}")
+                    begin, end = entry["data_offsets"]  # type: ignore[misc]
+                    f.seek(data_start + begin)
+                    _read_into(f, views[name], DTYPES[entry["dtype"]], end - begin)
+                    nbytes += end - begin
                     seen.add(name)
     missing = sorted(set(views) - seen)
     if missing:

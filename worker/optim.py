@@ -44,8 +44,3 @@ def make_adamw(params: Iterable[torch.nn.Parameter], spec: OptimizerSpec, total_
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: lr_multiplier(step, spec, total_steps))
     return opt, schedule
-
-
-def grad_sq_norm(grads: list[torch.Tensor]) -> float:
-    """Sum of squares of gradients in fp32 (no fp32 copy of a bf16 tile is materialised)."""
-    return sum(float(torch.linalg.vector_norm(g, dtype=torch.float32)) ** 2 for g in grads)

@@ -22,12 +22,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from worker.optim import grad_sq_norm
 
 # bf16 dense peak of an H100/H200, the MFU denominator AdaWS uses.
 HOPPER_PEAK_FLOPS = 989e12
 # Profile-key format: bump when the measured keys change meaning, so caches refresh.
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5
 
 
 def _sync() -> None:
@@ -111,8 +110,9 @@ def attention_flops(dev: torch.device, dtype: torch.dtype, seq: int, heads: int,
 
 
 def optimizer_params_per_s(numel: int) -> float:
-    """Host AdamW updates per second as worker/state.py runs them on the working set's
-    tiles: bf16 state, a global-norm pass, clipping, then fused CPU AdamW."""
+    """Host AdamW updates per second as worker/host_optim.py runs them on the working set's
+    tiles (HostState.step_group): bf16 state, clipping, then fused CPU AdamW (the global norm
+    is summed on the device)."""
     p = torch.nn.Parameter(torch.randn(numel, dtype=torch.bfloat16))
     p.grad = torch.randn_like(p)
     try:
@@ -122,7 +122,6 @@ def optimizer_params_per_s(numel: int) -> float:
         opt = torch.optim.AdamW([p])
 
     def step() -> None:
-        grad_sq_norm([p.grad])  # type: ignore[list-item]
         p.grad.mul_(0.999)  # type: ignore[union-attr]
         opt.step()
 

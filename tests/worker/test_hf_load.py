@@ -80,3 +80,25 @@ def test_missing_and_unexpected_weights_are_named(tmp_path: Path) -> None:
         stream_into(views, tmp_path)
     with pytest.raises(ValueError, match="no \\*.safetensors"):
         stream_into(views, tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("file_dtype,state_dtype", [(torch.float32, torch.bfloat16),
+                                                    (torch.bfloat16, torch.float32)])
+def test_other_file_dtypes_convert_in_bounded_pieces(tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
+                                                     file_dtype: torch.dtype,
+                                                     state_dtype: torch.dtype) -> None:
+    """A checkpoint in another dtype than the training state converts through a small
+    buffer (here 1 KiB: many pieces per tensor), equal to a plain dtype cast."""
+    from safetensors.torch import save_file
+
+    from worker import hf_load
+
+    monkeypatch.setattr(hf_load, "CONVERT_BYTES", 1024)
+    g = torch.Generator().manual_seed(0)
+    tensors = {"a": torch.randn(37, 29, generator=g).to(file_dtype),
+               "b": torch.randn(1000, generator=g).to(file_dtype)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    views = {n: torch.empty(t.shape, dtype=state_dtype) for n, t in tensors.items()}
+    hf_load.stream_into(views, tmp_path)
+    for n, t in tensors.items():
+        assert torch.equal(views[n], t.to(state_dtype)), n
