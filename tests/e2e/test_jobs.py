@@ -173,3 +173,21 @@ def test_working_set_telemetry_reaches_metrics(stack: Stack) -> None:
     while f'job="{jid}"' in httpx.get(stack.metrics_url).text:
         assert time.monotonic() < deadline, "finished job's series never dropped"
         time.sleep(0.2)
+
+
+def test_moe_job_trains_on_the_working_set(stack: Stack) -> None:
+    """A mixture-of-experts preset through the whole service: planned onto the working set,
+    trained with the load-balancing loss, checkpointed with one tensor per expert."""
+    spec = tiny_spec("e2e-moe", model={"preset": "tiny-olmoe"}, steps=60,
+                     overrides={"runtime": "working_set", "level": 2})
+    with stack.client() as c:
+        job = c.post("/v1/jobs", json=spec).json()
+        assert job["plan"]["runtime"] == "working_set", job
+        done = wait_terminal(c, job["id"])
+        assert done["state"] == "succeeded", done["error"]
+        events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+    losses = [e["data"]["loss"] for e in events if e["kind"] == "progress"]
+    assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5, losses
+    weights = _weights(done)
+    assert "model.layers.3.mlp.experts.7.down_proj.weight" in weights
+    assert "model.layers.0.mlp.gate.weight" in weights

@@ -52,6 +52,13 @@ def test_dry_run_plan_queues_nothing(api_only: Stack) -> None:
         assert _total(c) == before
 
 
+# a small OLMoE config.json as transformers writes it
+MOE_HF = {"model_type": "olmoe", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 32,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_experts": 8,
+          "num_experts_per_tok": 2, "router_aux_loss_coef": 0.01, "output_router_logits": True,
+          "max_position_embeddings": 1024}
+
+
 def _bad(**over: Any) -> dict[str, Any]:
     return tiny_spec("bad", **over)
 
@@ -70,6 +77,10 @@ BAD_SPECS = {
                            "outside the data roots"),
     "seq_len over model max": (_bad(seq_len=4096), "max_position_embeddings"),
     "micro_batch override not dividing": (_bad(overrides={"micro_batch": 3}), "divide"),
+    "MoE with more experts per token than experts": (_bad(model={"hf_config": {
+        **MOE_HF, "num_experts_per_tok": 9}}), "num_experts_per_tok=9"),
+    "dense layers among MoE layers": (_bad(model={"hf_config": {
+        **MOE_HF, "mlp_only_layers": [0]}}), "mlp_only_layers"),
 }
 
 
@@ -229,6 +240,22 @@ def test_presets_list_table_1_models_with_their_sizes(api_only: Stack) -> None:
         ("Qwen3ForCausalLM", 64, 5120, 40)
     assert 32e9 < q["params_total"] < 33.5e9
     assert q["training_state_bytes"]["bf16"] == 8 * q["params_total"]
+    moe = presets["qwen3-30b-a3b"]  # 30.5 B parameters, 3.3 B of them active
+    assert (moe["architecture"], moe["experts"], moe["experts_per_token"]) == \
+        ("Qwen3MoeForCausalLM", 128, 8)
+    assert 30e9 < moe["params_total"] < 31e9 and 3e9 < moe["params_active"] < 3.5e9
+    assert {"olmoe-7b-a1b", "sparse-16b-a3b"} <= set(presets)
+
+
+def test_moe_hf_config_plans_with_active_parameters(api_only: Stack) -> None:
+    spec = tiny_spec("moe", model={"hf_config": MOE_HF}, data={"kind": "synthetic"})
+    with api_only.client() as c:
+        r = c.post("/v1/plans", json=spec)
+    assert r.status_code == 200, r.text
+    # per layer: q, k, v, o 4·64·64 = 16384; 8 experts 8·3·64·32 = 49152; router 8·64 = 512;
+    # norms 2·64 + OLMoE's q/k norms over whole projections 2·64: 66304. Two layers, the
+    # embedding and the head 2·256·64, the final norm 64: 165440 (all experts: Ψ_total).
+    assert r.json()["params"] == 165_440
 
 
 def test_metrics_expose_queue_and_jobs(api_only: Stack) -> None:
