@@ -104,8 +104,9 @@ def run_row(args: argparse.Namespace) -> Row:
     timed = res["times"][1:]  # the first step is warm-up
     step_s = sum(timed) / len(timed)
     tokens_per_s = args.global_batch * args.seq / step_s
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or os.environ.get("BENCH_COMMIT", "?")
+    # BENCH_COMMIT first: the GPU host's copy of the tree carries a stale .git
+    commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return Row(name=args.row, runtime="working_set" if budget is not None else "resident_hf",
                layers=dims.num_layers, seq_len=args.seq, device_budget_gib=budget,
                global_batch=args.global_batch, tokens_per_s=tokens_per_s,

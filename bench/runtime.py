@@ -299,8 +299,9 @@ def run_row(args: argparse.Namespace) -> Row:
     step_s = sum(timed) / len(timed)
     tokens_per_s = args.global_batch * args.seq / step_s
     stall_total = sum(res["stalls"].values()) / max(1, len(timed))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or os.environ.get("BENCH_COMMIT", "?")
+    # BENCH_COMMIT first: the GPU host's copy of the tree carries a stale .git
+    commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     runtime = {"fsdp2-offload": "fsdp2_cpu_offload"}.get(name, "resident")
     return Row(name=name, runtime=runtime if budget is None else "working_set",
                layers=dims.num_layers, seq_len=args.seq, device_budget_gib=budget,
