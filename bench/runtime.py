@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -108,9 +109,7 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
     with torch.device("cuda"):
         model = LlamaModel(dims).to(torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    data = RandomTokens(dims.vocab_size, args.seq, "cuda")
     mb = args.resident_micro_batch
-    rounds = args.global_batch // mb
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         h = model.model.embed_tokens(x)
@@ -119,18 +118,30 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
             h = checkpoint(layer, h, cos, sin, use_reentrant=False) if ckpt else layer(h, cos, sin)
         return model.lm_head(model.model.norm(h))
 
+    times = time_accumulated_steps(model, opt, dims.vocab_size, args, mb,
+                                   lambda x, y: causal_lm_loss(forward(x), y))
+    return {"times": times, "stalls": {}, "arena_gib": None,
+            "plan": {"micro_batch": mb, "rounds": args.global_batch // mb, "checkpointing": ckpt}}
+
+
+def time_accumulated_steps(model, opt, vocab: int, args: argparse.Namespace, micro_batch: int,  # type: ignore[no-untyped-def]
+                           loss_of: Callable) -> list[float]:  # type: ignore[type-arg]
+    """Seconds of args.steps whole optimizer steps of a plain PyTorch model: global_batch /
+    micro_batch micro-batches of random tokens accumulated, clipped to norm 1, one step."""
+    import torch
+
+    data = RandomTokens(vocab, args.seq, "cuda")
+    rounds = args.global_batch // micro_batch
+
     def step(i: int) -> None:
         for r in range(rounds):
-            x, y = data.batch(i, r, mb)
-            loss = causal_lm_loss(forward(x.cuda()), y.cuda()) / rounds
-            loss.backward()
+            x, y = data.batch(i, r, micro_batch)
+            (loss_of(x.cuda(), y.cuda()) / rounds).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    times = _time_steps(step, args.steps)
-    return {"times": times, "stalls": {}, "arena_gib": None,
-            "plan": {"micro_batch": mb, "rounds": rounds, "checkpointing": ckpt}}
+    return _time_steps(step, args.steps)
 
 
 def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
@@ -162,23 +173,11 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
     log.info("FSDP2 model sharded; %.1f GiB left on the device",
              torch.cuda.memory_allocated() / GIB)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    data = RandomTokens(dims.vocab_size, args.seq, "cuda")
-    mb = 1
-    rounds = args.global_batch // mb
-
-    def step(i: int) -> None:
-        for r in range(rounds):
-            x, y = data.batch(i, r, mb)
-            loss = causal_lm_loss(model(x.cuda()), y.cuda()) / rounds  # the root's forward
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    times = _time_steps(step, args.steps)
+    times = time_accumulated_steps(model, opt, dims.vocab_size, args, 1,  # the root's forward
+                                   lambda x, y: causal_lm_loss(model(x), y))
     dist.destroy_process_group()
     return {"times": times, "stalls": {}, "arena_gib": None,
-            "plan": {"micro_batch": mb, "rounds": rounds, "checkpointing": True,
+            "plan": {"micro_batch": 1, "rounds": args.global_batch, "checkpointing": True,
                      "offload": "FSDP2 CPUOffloadPolicy(pin_memory=True), CPU AdamW"}}
 
 
@@ -280,10 +279,6 @@ def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
 
 
 def run_row(args: argparse.Namespace) -> Row:
-    import torch
-
-    from worker.stats import proc_status_bytes
-
     name = args.row
     if name.startswith("resident"):
         res = run_resident(args, ckpt=name == "resident-ckpt")
@@ -295,26 +290,37 @@ def run_row(args: argparse.Namespace) -> Row:
         res = run_working_set(args, name)
         budget = float(WS_ROWS[name][0])
     dims = _dims(int(res.get("layers") or args.layers))
+    runtime = {"fsdp2-offload": "fsdp2_cpu_offload"}.get(name, "resident")
+    return row_from(name, runtime if budget is None else "working_set", dims, args.seq,
+                    args.global_batch, budget, res)
+
+
+def row_from(name: str, runtime: str, dims, seq_len: int, global_batch: int,  # type: ignore[no-untyped-def]
+             budget: float | None, res: dict[str, object]) -> Row:
+    """A row from a run's result (times, stalls, plan, predictions) and this process's
+    device and host peaks."""
+    import torch
+
+    from worker.stats import proc_status_bytes
+
     timed = res["times"][1:]  # the first step is warm-up
     step_s = sum(timed) / len(timed)
-    tokens_per_s = args.global_batch * args.seq / step_s
+    tokens_per_s = global_batch * seq_len / step_s
     stall_total = sum(res["stalls"].values()) / max(1, len(timed))
     # BENCH_COMMIT first: the GPU host's copy of the tree carries a stale .git
     commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    runtime = {"fsdp2-offload": "fsdp2_cpu_offload"}.get(name, "resident")
-    return Row(name=name, runtime=runtime if budget is None else "working_set",
-               layers=dims.num_layers, seq_len=args.seq, device_budget_gib=budget,
-               global_batch=args.global_batch, tokens_per_s=tokens_per_s,
-               mfu=dims.flops_per_token(args.seq) * tokens_per_s / PEAK_FLOPS,
+    return Row(name=name, runtime=runtime, layers=dims.num_layers, seq_len=seq_len,
+               device_budget_gib=budget, global_batch=global_batch,
+               tokens_per_s=tokens_per_s,
+               mfu=dims.flops_per_token(seq_len) * tokens_per_s / PEAK_FLOPS,
                peak_device_gib=torch.cuda.max_memory_allocated() / GIB,
                peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
                peak_rss_gib=proc_status_bytes("VmHWM") / GIB, arena_gib=res["arena_gib"],
                stall_share=None if budget is None else stall_total / step_s,
                stalls_s={k: v / len(timed) for k, v in res["stalls"].items()},
                step_seconds=res["times"], plan=res["plan"], commit=commit,
-               gpu=torch.cuda.get_device_name(0),
-               measured_step_seconds=step_s,
+               gpu=torch.cuda.get_device_name(0), measured_step_seconds=step_s,
                predicted_step_seconds=res.get("predicted_step_seconds"),
                predicted_peak_device_gib=res.get("predicted_peak_device_gib"),
                predicted_peak_host_gib=res.get("predicted_peak_host_gib"))
@@ -347,15 +353,8 @@ def main() -> None:
     p.add_argument("--resident-micro-batch", type=int, default=1)
     p.add_argument("--fsdp-global-batch", type=int, default=8,
                    help="the FSDP2 offload row's sequences per step (it is slow)")
-    p.add_argument("--steps", type=int, default=3, help="1 warm-up + timed steps")
-    p.add_argument("--rows", default="resident,resident-ckpt,ws-40,ws-20,ws-12,ws-24-32l")
-    p.add_argument("--row", help=argparse.SUPPRESS)  # child mode: run one row
-    p.add_argument("--out")
-    args = p.parse_args()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s: %(message)s")
-    if args.row:
-        print(json.dumps(asdict(run_row(args))), flush=True)
+    args = parse_or_run_row(p, "resident,resident-ckpt,ws-40,ws-20,ws-12,ws-24-32l", run_row)
+    if args is None:
         return
     common = ["--layers", str(args.layers), "--seq", str(args.seq), "--global-batch",
               str(args.global_batch), "--steps", str(args.steps),
@@ -365,6 +364,23 @@ def main() -> None:
                  {"name": name, "global_batch": args.global_batch})
                 for name in args.rows.split(",")]
     print(_table(run_children(children, args.out)))
+
+
+def parse_or_run_row(p: argparse.ArgumentParser, default_rows: str,
+                     run_row: Callable[[argparse.Namespace], Row]) -> argparse.Namespace | None:
+    """Add the options every benchmark driver shares (--steps, --rows, --out and the child's
+    --row), parse, set up logging; in a child, run its row and print it (returns None)."""
+    p.add_argument("--steps", type=int, default=3, help="1 warm-up + timed steps")
+    p.add_argument("--rows", default=default_rows)
+    p.add_argument("--row", help=argparse.SUPPRESS)  # child mode: run one row
+    p.add_argument("--out")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s: %(message)s")
+    if args.row:
+        print(json.dumps(asdict(run_row(args))), flush=True)
+        return None
+    return args
 
 
 def run_children(children: list[tuple[list[str], dict[str, object]]],
