@@ -18,7 +18,7 @@ import torch
 from torch.optim.adamw import adamw as functional_adamw
 
 from scheduler.contracts import OptimizerSpec
-from worker.optim import clip_coefficient, learning_rate
+from worker.optim import clip_coefficient, learning_rate, sq_norm_fp32
 from worker.rings import Slot, Streams
 from worker.state import HostState
 from worker.streamer import SlotStreamer
@@ -52,7 +52,7 @@ class DeviceOptimizer:
 
     def add_grad_norm(self, flat: torch.Tensor) -> None:
         """Called on each final gradient before it goes home: accumulate its squared norm."""
-        self.sq_norm += flat.float().pow(2).sum()
+        self.sq_norm += sq_norm_fp32(flat)
 
     def finish_step(self, step: int,
                     resident: list[tuple[torch.Tensor, torch.Tensor, int]]) -> float:

@@ -23,7 +23,7 @@ import time
 import torch
 
 from scheduler.contracts import OptimizerSpec
-from worker.optim import clip_coefficient, learning_rate
+from worker.optim import clip_coefficient, learning_rate, sq_norm_fp32
 from worker.state import HostState
 
 
@@ -42,7 +42,7 @@ class HostOptimizerPipeline:
 
     def add_grad_norm(self, flat: torch.Tensor) -> None:
         """A group's final gradient (device or host): add its squared norm, in fp32."""
-        self.sq_norm += torch.linalg.vector_norm(flat, dtype=torch.float32).square()
+        self.sq_norm += sq_norm_fp32(flat)
 
     def start(self, step: int) -> float:
         """Gradients of `step` are complete and home: start updating; returns the pre-clip

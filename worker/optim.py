@@ -44,3 +44,16 @@ def make_adamw(params: Iterable[torch.nn.Parameter], spec: OptimizerSpec, total_
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: lr_multiplier(step, spec, total_steps))
     return opt, schedule
+
+
+NORM_CHUNK_ELEMS = 1 << 24  # fp32 elements cast at a time: 64 MiB
+
+
+def sq_norm_fp32(t: torch.Tensor) -> torch.Tensor:
+    """Squared L2 norm accumulated in fp32, as a 0-d tensor on t's device, casting at most
+    NORM_CHUNK_ELEMS elements at a time: a bf16 Llama-3 embedding gradient cast whole would
+    be a 2 GiB transient no memory model counts."""
+    total = torch.zeros((), device=t.device, dtype=torch.float32)
+    for part in t.reshape(-1).split(NORM_CHUNK_ELEMS):
+        total += torch.linalg.vector_norm(part, dtype=torch.float32).square()
+    return total
