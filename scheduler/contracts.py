@@ -63,12 +63,13 @@ class _Strict(BaseModel):
 
 class HFModelConfig(_Strict):
     """The subset of a Hugging Face `config.json` wstrain understands: Llama, Qwen3 dense
-    (Llama plus an RMSNorm over each query and key head), and the mixture-of-experts OLMoE
-    and Qwen3-MoE (every layer's MLP routed to num_experts_per_tok of num_experts)."""
+    (Llama plus an RMSNorm over each query and key head), and the mixture-of-experts OLMoE,
+    Qwen3-MoE and Qwen2-MoE (every layer's MLP routed to num_experts_per_tok of num_experts;
+    Qwen2-MoE adds a gated shared expert and q/k/v biases)."""
 
     model_config = ConfigDict(extra="ignore")  # real config.json files carry many extras
 
-    model_type: Literal["llama", "qwen3", "olmoe", "qwen3_moe"] = "llama"
+    model_type: Literal["llama", "qwen3", "olmoe", "qwen3_moe", "qwen2_moe"] = "llama"
 
     vocab_size: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
@@ -99,6 +100,9 @@ class HFModelConfig(_Strict):
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = Field(default_factory=list)
     clip_qkv: float | None = None
+    shared_expert_intermediate_size: int = Field(default=0, ge=0)  # qwen2_moe
+    qkv_bias: bool | None = None  # qwen2_moe: q/k/v projections with bias (its default)
+    use_sliding_window: bool = False
 
     @property
     def rope(self) -> dict[str, Any]:
@@ -146,11 +150,11 @@ class HFModelConfig(_Strict):
 
 
     def _check_moe(self) -> None:
-        moe_type = self.model_type in ("olmoe", "qwen3_moe")
+        moe_type = self.model_type in ("olmoe", "qwen3_moe", "qwen2_moe")
         if moe_type != (self.num_experts > 0):
             raise ValueError(f"model_type={self.model_type!r} with num_experts="
-                             f"{self.num_experts}: olmoe and qwen3_moe need num_experts > 0, "
-                             "llama and qwen3 have none")
+                             f"{self.num_experts}: olmoe, qwen3_moe and qwen2_moe need "
+                             "num_experts > 0, llama and qwen3 have none")
         if moe_type and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be between 1 "
                              f"and num_experts={self.num_experts}")
@@ -161,6 +165,13 @@ class HFModelConfig(_Strict):
                              "decoder_sparse_step=1 and mlp_only_layers=[]")
         if self.clip_qkv is not None:
             raise ValueError(f"clip_qkv={self.clip_qkv} is not supported: set it to null")
+        if self.use_sliding_window:
+            raise ValueError("use_sliding_window=true is not supported: wstrain's attention "
+                             "is full causal attention")
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.qkv_bias if self.qkv_bias is not None else self.model_type == "qwen2_moe"
 
 
 class PresetModel(_Strict):

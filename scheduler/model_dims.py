@@ -8,7 +8,7 @@ disagree about a model's shape.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from scheduler.contracts import (HFConfigModel, HFModelConfig, ModelRef, PathModel, PresetInfo,
@@ -33,7 +33,8 @@ class ModelDims:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 8192
     # "llama"; "qwen3" (RMSNorm over each query and key head before RoPE); "olmoe" (RMSNorm
-    # over the whole query and key projections, MoE MLP); "qwen3_moe" (Qwen3 attention, MoE)
+    # over the whole query and key projections, MoE MLP); "qwen3_moe" (Qwen3 attention, MoE);
+    # "qwen2_moe" (Llama attention, MoE with a gated shared expert)
     model_type: str = "llama"
     # Llama 3.1 RoPE scaling: (factor, low_freq_factor, high_freq_factor, original context)
     rope_llama3: tuple[float, float, float, int] | None = None
@@ -46,10 +47,12 @@ class ModelDims:
     router_aux_loss_coef: float = 0.0  # weight of the load-balancing loss (0: none)
     # the embedding row of this token gets no gradient (Hugging Face's padding_idx)
     pad_token_id: int | None = None
+    shared_expert_intermediate_size: int = 0  # a SwiGLU every token passes, sigmoid-gated
+    qkv_bias: bool = False  # q/k/v projections with bias (Qwen2)
 
     @property
     def qk_norm(self) -> bool:
-        return self.model_type != "llama"
+        return self.model_type in ("qwen3", "olmoe", "qwen3_moe")
 
     @property
     def qk_norm_per_head(self) -> bool:
@@ -62,19 +65,23 @@ class ModelDims:
     @property
     def ffn_width(self) -> int:
         """Hidden units of the MLP a token passes through (k experts' worth for MoE)."""
-        return (self.experts_per_token * self.moe_intermediate_size if self.is_moe
+        return (self.experts_per_token * self.moe_intermediate_size
+                + self.shared_expert_intermediate_size if self.is_moe
                 else self.intermediate_size)
 
     def _layer(self, experts: int) -> int:
         d, h = self.hidden_size, self.head_dim
         q, kv = self.num_heads * h, self.num_kv_heads * h
         attn = 2 * d * q + 2 * d * kv  # q,o + k,v
-        if self.is_moe:
-            mlp = experts * 3 * d * self.moe_intermediate_size + self.num_experts * d  # + router
+        if self.is_moe:  # experts, router, and a shared expert with its gate
+            mlp = (experts * 3 * d * self.moe_intermediate_size + self.num_experts * d
+                   + (3 * d * self.shared_expert_intermediate_size + d
+                      if self.shared_expert_intermediate_size else 0))
         else:
             mlp = 3 * d * self.intermediate_size
         qk_norms = (2 * h if self.qk_norm_per_head else q + kv) if self.qk_norm else 0
-        return attn + mlp + 2 * d + qk_norms  # + the RMSNorm weights
+        biases = q + 2 * kv if self.qkv_bias else 0
+        return attn + mlp + 2 * d + qk_norms + biases  # + the RMSNorm weights
 
     @property
     def layer_params(self) -> int:
@@ -110,7 +117,8 @@ class ModelDims:
     @property
     def architecture(self) -> str:
         return {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                "olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[self.model_type]
+                "olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                "qwen2_moe": "Qwen2MoeForCausalLM"}[self.model_type]
 
     def _moe_hf_config(self) -> dict[str, object]:
         if not self.is_moe:
@@ -121,9 +129,12 @@ class ModelDims:
             "norm_topk_prob": self.norm_topk_prob,
             "router_aux_loss_coef": self.router_aux_loss_coef,
             "output_router_logits": self.router_aux_loss_coef > 0}
-        if self.model_type == "qwen3_moe":
+        if self.model_type in ("qwen3_moe", "qwen2_moe"):
             moe.update(moe_intermediate_size=self.moe_intermediate_size, decoder_sparse_step=1,
                        mlp_only_layers=[])
+        if self.model_type == "qwen2_moe":
+            moe.update(shared_expert_intermediate_size=self.shared_expert_intermediate_size,
+                       qkv_bias=self.qkv_bias, use_sliding_window=False)
         return moe
 
     def to_hf_config(self) -> dict[str, object]:
@@ -198,6 +209,10 @@ PRESETS: dict[str, ModelDims] = {
     "tiny-qwen3": _qwen3(256, 128, 384, 4, 4, 2, 1024),
     "tiny-olmoe": _moe("olmoe", 256, 128, 64, 4, 4, 4, 8, 2, 1024),
     "tiny-qwen3-moe": _moe("qwen3_moe", 256, 128, 64, 4, 4, 2, 8, 2, 1024),
+    # Qwen2-MoE's shape at small size: 8 routed experts, top 2, a shared expert, q/k/v bias
+    "tiny-qwen2-moe": replace(_moe("qwen3_moe", 256, 128, 64, 4, 4, 2, 8, 2, 1024),
+                              model_type="qwen2_moe", norm_topk_prob=False,
+                              shared_expert_intermediate_size=256, qkv_bias=True),
 }
 
 
@@ -239,6 +254,8 @@ def dims_from_hf(cfg: HFModelConfig) -> ModelDims:
         router_aux_loss_coef=(cfg.router_aux_loss_coef
                               if moe and cfg.output_router_logits else 0.0),
         pad_token_id=cfg.pad_token_id,
+        shared_expert_intermediate_size=cfg.shared_expert_intermediate_size if moe else 0,
+        qkv_bias=cfg.has_qkv_bias,
     )
 
 

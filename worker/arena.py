@@ -71,12 +71,19 @@ class LayerLayout:
         qk_norms = [("self_attn.q_norm.weight", (hd if per_head else q,)),
                     ("self_attn.k_norm.weight", (hd if per_head else kv,))
                     ] if dims.qk_norm else []
+        biases = [("self_attn.q_proj.bias", (q,)), ("self_attn.k_proj.bias", (kv,)),
+                  ("self_attn.v_proj.bias", (kv,))] if dims.qkv_bias else []
         if dims.is_moe:  # router, then each projection of all experts stacked
             e, fe = dims.num_experts, dims.moe_intermediate_size
             mlp = [("mlp.gate.weight", (e, d)),
                    ("mlp.experts.*.gate_proj.weight", (e, fe, d)),
                    ("mlp.experts.*.up_proj.weight", (e, fe, d)),
                    ("mlp.experts.*.down_proj.weight", (e, d, fe))]
+            if fs := dims.shared_expert_intermediate_size:
+                mlp += [("mlp.shared_expert.gate_proj.weight", (fs, d)),
+                        ("mlp.shared_expert.up_proj.weight", (fs, d)),
+                        ("mlp.shared_expert.down_proj.weight", (d, fs)),
+                        ("mlp.shared_expert_gate.weight", (1, d))]
         else:
             mlp = [("mlp.gate_proj.weight", (f, d)), ("mlp.up_proj.weight", (f, d)),
                    ("mlp.down_proj.weight", (d, f))]
@@ -87,6 +94,7 @@ class LayerLayout:
             ("self_attn.v_proj.weight", (kv, d)),
             ("self_attn.o_proj.weight", (d, q)),
             *qk_norms,
+            *biases,
             ("post_attention_layernorm.weight", (d,)),
             *mlp,
         ])

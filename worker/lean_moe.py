@@ -7,7 +7,9 @@ and hands back h, the routing choice and the two grouped GEMM outputs gate and u
 e·(d + 2·k·I) bytes a token (a quarter of that). The backward recomputes the norm, the router
 (a (T, E) GEMM), the gather and the SwiGLU product, and recomputes no expert GEMM: the
 down-projection's output is never needed, because d top_w = rowsum(dp_raw · p) with dp_raw =
-dy·W_down the GEMM the backward runs anyway. It is level 2's and level 3's MLP for MoE layers
+dy·W_down the GEMM the backward runs anyway. A shared expert (Qwen2-MoE) is not saved: the
+backward recomputes it with its graph, like a level-0 dense MLP. It is level 2's and level
+3's MLP for MoE layers
 in worker/working_set.py, as worker/lean_mlp.py is for dense ones.
 
     y, saved = lean_moe_forward(h, w, dims)                   # saved: (top_idx, gate, up)
@@ -20,8 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from scheduler.model_dims import ModelDims
-from worker.model import rms_norm
-from worker.moe import EXPERTS, ROUTER, Groups, grouped_linear, grouped_outer, route
+from worker.model import rms_norm, shared_expert
+from worker.moe import (EXPERTS, ROUTER, SHARED, SHARED_GATE, Groups, grouped_linear,
+                        grouped_outer, route)
 
 NORM = "post_attention_layernorm.weight"
 
@@ -39,8 +42,10 @@ def lean_moe_forward(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDim
     xs = nf[groups.token]  # (T*k, D)
     g, u = grouped_linear(xs, w_gate, groups), grouped_linear(xs, w_up, groups)
     ys = grouped_linear(F.silu(g) * u, w_down, groups) * top_w.reshape(-1)[groups.order, None]
-    y = h + nf.new_zeros(nf.shape).index_add(0, groups.token, ys).view_as(h)
-    return y, probs, top_idx, (top_idx, g, u)
+    m = nf.new_zeros(nf.shape).index_add(0, groups.token, ys)
+    if SHARED_GATE in w:
+        m = m + shared_expert(nf, w)
+    return h + m.view_as(h), probs, top_idx, (top_idx, g, u)
 
 
 def lean_moe_backward(dy: torch.Tensor, h: torch.Tensor, top_idx: torch.Tensor,
@@ -59,6 +64,10 @@ def lean_moe_backward(dy: torch.Tensor, h: torch.Tensor, top_idx: torch.Tensor,
         if dims.norm_topk_prob:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         top_w = top_w.to(nf.dtype)
+        # the shared expert (Qwen2-MoE) is recomputed with its graph: it is one dense MLP
+        shared_w = {n: w[n].detach().requires_grad_() for n in (*SHARED, SHARED_GATE)
+                    if SHARED_GATE in w}
+        shared = shared_expert(nf, shared_w) if shared_w else None
     groups = Groups(top_idx, dims.num_experts)
     weight = top_w.detach().reshape(-1)[groups.order, None]  # (T*k, 1)
     dy_tok = dy.reshape(-1, dims.hidden_size)[groups.token]  # (T*k, D)
@@ -78,10 +87,14 @@ def lean_moe_backward(dy: torch.Tensor, h: torch.Tensor, top_idx: torch.Tensor,
     d_top_w = torch.zeros(top_idx.numel(), device=dy.device, dtype=torch.float32)
     d_top_w[groups.order] = d_weight
     outs, grads = [nf, top_w], [dnf, d_top_w.view_as(top_w).to(top_w.dtype)]
+    if shared is not None:
+        outs.append(shared)
+        grads.append(dy.reshape(-1, dims.hidden_size))
     if aux_grad is not None:
         outs.append(probs)
         grads.append(aux_grad.expand_as(probs))
     torch.autograd.backward(outs, grads)
     dws = dict(zip(EXPERTS, (dw_gate, dw_up, dw_down)))
     dws.update({NORM: wn_.grad, ROUTER: wr_.grad})
+    dws.update({n: leaf.grad for n, leaf in shared_w.items()})
     return dy + h_.grad, dws  # type: ignore[operator]

@@ -1,8 +1,9 @@
 """A Llama-style decoder (RMSNorm, RoPE, GQA attention through SDPA, SwiGLU MLP, untied LM
 head) whose parameter names are exactly Hugging Face `LlamaForCausalLM`'s, so checkpoints
 load in `transformers` and tests compare against it — and its variants: Qwen3's per-head
-q/k RMSNorm, OLMoE's q/k RMSNorm over whole projections, and mixture-of-experts MLPs
-(worker/moe.py) named as OLMoE / Qwen3-MoE checkpoints name them on the Hub.
+q/k RMSNorm, OLMoE's q/k RMSNorm over whole projections, Qwen2's q/k/v biases, and
+mixture-of-experts MLPs (worker/moe.py; Qwen2-MoE's gated shared expert) named as OLMoE /
+Qwen3-MoE / Qwen2-MoE checkpoints name them on the Hub.
 
     from worker.model import LlamaModel; m = LlamaModel(PRESETS["tiny-llama"])
 """
@@ -77,9 +78,9 @@ class Attention(nn.Module):
         super().__init__()
         d, hd = dims.hidden_size, dims.head_dim
         self.n_heads, self.n_kv, self.head_dim = dims.num_heads, dims.num_kv_heads, hd
-        self.q_proj = nn.Linear(d, dims.num_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, dims.num_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, dims.num_kv_heads * hd, bias=False)
+        self.q_proj = nn.Linear(d, dims.num_heads * hd, bias=dims.qkv_bias)
+        self.k_proj = nn.Linear(d, dims.num_kv_heads * hd, bias=dims.qkv_bias)
+        self.v_proj = nn.Linear(d, dims.num_kv_heads * hd, bias=dims.qkv_bias)
         self.o_proj = nn.Linear(dims.num_heads * hd, d, bias=False)
         self.eps = dims.rms_norm_eps
         if dims.qk_norm:  # Qwen3: per head; OLMoE: over the whole projection
@@ -89,27 +90,34 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         qk = (self.q_norm.weight, self.k_norm.weight) if hasattr(self, "q_norm") else None
+        bias = ((self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)
+                if self.q_proj.bias is not None else None)
         return attention(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
-                         self.o_proj.weight, cos, sin, self.n_heads, self.n_kv, qk, self.eps)
+                         self.o_proj.weight, cos, sin, self.n_heads, self.n_kv, qk, self.eps,
+                         bias)
 
 
 def attention(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
               wo: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
               n_kv: int, qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
-              eps: float = 1e-6) -> torch.Tensor:
+              eps: float = 1e-6,
+              bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+              ) -> torch.Tensor:
     """Causal GQA self-attention with RoPE through SDPA; with `qk_norm` queries and keys are
     RMS-normalised before RoPE: per head when the norm weights are head_dim wide (Qwen3),
-    over the whole projection otherwise (OLMoE). x: (B, S, D) -> (B, S, D)"""
+    over the whole projection otherwise (OLMoE); `bias`: q/k/v biases (Qwen2).
+    x: (B, S, D) -> (B, S, D)"""
     b, s, _ = x.shape
     hd = cos.shape[-1]
-    q, k = F.linear(x, wq), F.linear(x, wk)  # (B, S, H*hd), (B, S, KV*hd)
+    bq, bk, bv = bias or (None, None, None)
+    q, k = F.linear(x, wq, bq), F.linear(x, wk, bk)  # (B, S, H*hd), (B, S, KV*hd)
     if qk_norm is not None and qk_norm[0].shape[-1] != hd:
         q, k = rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)
     q, k = q.view(b, s, n_heads, hd), k.view(b, s, n_kv, hd)  # (B, S, H, hd), (B, S, KV, hd)
     if qk_norm is not None and qk_norm[0].shape[-1] == hd:
         q, k = rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)
     q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, S, hd), (B, KV, S, hd)
-    v = F.linear(x, wv).view(b, s, n_kv, hd).transpose(1, 2)
+    v = F.linear(x, wv, bv).view(b, s, n_kv, hd).transpose(1, 2)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if n_heads > n_kv:
         k = k.repeat_interleave(n_heads // n_kv, dim=1)
@@ -145,7 +153,15 @@ def moe_block(h: torch.Tensor, w: dict[str, torch.Tensor],
     probs, top_idx, top_w = moe.route(nf, w[moe.ROUTER], dims.experts_per_token,
                                       dims.norm_topk_prob)
     m = moe.experts(nf, top_idx, top_w, *(w[name] for name in moe.EXPERTS))
+    if moe.SHARED_GATE in w:  # Qwen2-MoE: + sigmoid(gate(x)) * shared_expert(x)
+        m = m + shared_expert(nf, w)
     return h + m.view_as(h), probs, top_idx
+
+
+def shared_expert(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """sigmoid(x · w_gate) * SwiGLU_shared(x), every token. x: (T, D) -> (T, D)"""
+    return torch.sigmoid(F.linear(x, w[moe.SHARED_GATE])) * swiglu(
+        x, *(w[name] for name in moe.SHARED))
 
 
 class SparseMoE(nn.Module):
@@ -156,11 +172,20 @@ class SparseMoE(nn.Module):
         d, f = dims.hidden_size, dims.moe_intermediate_size
         self.gate = nn.Linear(d, dims.num_experts, bias=False)
         self.experts = nn.ModuleList(MLP(dims, f) for _ in range(dims.num_experts))
+        if dims.shared_expert_intermediate_size:  # Qwen2-MoE
+            self.shared_expert = MLP(dims, dims.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(d, 1, bias=False)
 
     def weights(self) -> dict[str, object]:
         gate, up, down = ([getattr(e, n).weight for e in self.experts]
                           for n in ("gate_proj", "up_proj", "down_proj"))
-        return dict(zip((moe.ROUTER, *moe.EXPERTS), (self.gate.weight, gate, up, down)))
+        out = dict(zip((moe.ROUTER, *moe.EXPERTS), (self.gate.weight, gate, up, down)))
+        if hasattr(self, "shared_expert"):
+            se = self.shared_expert
+            out.update(zip((*moe.SHARED, moe.SHARED_GATE),
+                           (se.gate_proj.weight, se.up_proj.weight, se.down_proj.weight,
+                            self.shared_expert_gate.weight)))
+        return out
 
 
 class DecoderLayer(nn.Module):

@@ -25,6 +25,10 @@ ROUTER = "mlp.gate.weight"
 # a layer's experts, stacked (E, ., .) under these names in worker/arena.py's layout
 EXPERTS = ("mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight",
            "mlp.experts.*.down_proj.weight")
+# Qwen2-MoE's shared expert (every token, gated by a sigmoid of one linear unit)
+SHARED = ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
+          "mlp.shared_expert.down_proj.weight")
+SHARED_GATE = "mlp.shared_expert_gate.weight"
 
 
 def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int,
@@ -72,10 +76,10 @@ def grouped_linear(x: torch.Tensor, w: Sequence[torch.Tensor], groups: Groups,
     if _grouped_ok(x, w):
         wt = w.transpose(-2, -1) if transpose else w  # type: ignore[union-attr]
         return torch._grouped_mm(x, wt, offs=groups.offs)
-    parts = [part @ (w[e].t() if transpose else w[e])
-             for e, part in enumerate(x.split(groups.sizes)) if part.shape[0]]
-    out_dim = w[0].shape[0] if transpose else w[0].shape[1]
-    return torch.cat(parts) if parts else x.new_zeros(0, out_dim)
+    # experts with no rows multiply too: their weights get a zero gradient, as transformers'
+    # fused experts give them (so AdamW still decays them), instead of none
+    return torch.cat([part @ (w[e].t() if transpose else w[e])
+                      for e, part in enumerate(x.split(groups.sizes))])
 
 
 def grouped_outer(a: torch.Tensor, b: torch.Tensor, groups: Groups) -> torch.Tensor:

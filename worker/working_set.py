@@ -93,10 +93,12 @@ def _leaves(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def attn_block(x: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
                cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     qk = (w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"]) if dims.qk_norm else None
+    bias = tuple(w[f"self_attn.{p}_proj.bias"] for p in "qkv") if dims.qkv_bias else None
     a = attention(rms_norm(x, w["input_layernorm.weight"], dims.rms_norm_eps),
                   w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
                   w["self_attn.v_proj.weight"], w["self_attn.o_proj.weight"], cos, sin,
-                  dims.num_heads, dims.num_kv_heads, qk, dims.rms_norm_eps)
+                  dims.num_heads, dims.num_kv_heads, qk, dims.rms_norm_eps,
+                  bias)  # type: ignore[arg-type]
     return x + a  # (B, S, D)
 
 

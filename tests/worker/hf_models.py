@@ -1,5 +1,5 @@
 """Hugging Face reference models for a ModelDims (`LlamaForCausalLM`, `Qwen3ForCausalLM`,
-`OlmoeForCausalLM`, `Qwen3MoeForCausalLM` by dims.model_type), and their parameters and
+`OlmoeForCausalLM`, `Qwen3MoeForCausalLM`, `Qwen2MoeForCausalLM` by dims.model_type), and their parameters and
 gradients under the names checkpoints on the Hub use (transformers 5 fuses each MoE layer's
 experts into `experts.gate_up_proj` (E, 2I, D) and `experts.down_proj` (E, D, I) in memory,
 and writes them per expert, as wstrain does)."""
@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from scheduler.model_dims import ModelDims
 
 CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
            "olmoe": (OlmoeConfig, OlmoeForCausalLM),
-           "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}
+           "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+           "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM)}
 
 
 def hf_causal_lm(dims: ModelDims, attn: str = "eager") -> torch.nn.Module:
@@ -24,10 +26,14 @@ def hf_causal_lm(dims: ModelDims, attn: str = "eager") -> torch.nn.Module:
     cfg = config_cls(**kw)
     cfg._attn_implementation = attn
     model = model_cls(cfg)
-    if dims.is_moe:  # transformers leaves the router at zero (uniform routing): break ties
-        with torch.no_grad():
-            for layer in model.model.layers:
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if dims.is_moe:  # transformers leaves the router at zero (uniform routing)
                 layer.mlp.gate.weight.normal_(0.0, 0.5)
+            if dims.qkv_bias:  # and biases at zero: make them matter
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                             layer.self_attn.v_proj):
+                    proj.bias.normal_(0.0, 0.1)
     return model.float()
 
 

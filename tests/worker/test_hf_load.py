@@ -22,7 +22,8 @@ from worker.model import LlamaModel
 
 
 @pytest.mark.parametrize("runtime", ["working_set", "resident"])
-@pytest.mark.parametrize("preset", ["micro-llama", "tiny-qwen3", "tiny-olmoe", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("preset", ["micro-llama", "tiny-qwen3", "tiny-olmoe", "tiny-qwen3-moe",
+                                    "tiny-qwen2-moe"])
 def test_save_pretrained_checkpoint_fine_tunes_and_round_trips(tmp_path: Path, runtime: str,
                                                                 preset: str) -> None:
     torch.manual_seed(0)

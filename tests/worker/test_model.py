@@ -1,5 +1,5 @@
 """Our decoder against Hugging Face `transformers` (`LlamaForCausalLM`, `Qwen3ForCausalLM`,
-`OlmoeForCausalLM`, `Qwen3MoeForCausalLM`) on small random configs: same weights, same batch
+`OlmoeForCausalLM`, `Qwen3MoeForCausalLM`, `Qwen2MoeForCausalLM`) on small random configs: same weights, same batch
 -> same logits, loss (with the MoE load-balancing loss) and every gradient (fp32)."""
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ MOE = [
     ModelDims(97, 48, 0, 2, 4, 2, 16, 1e-6, 1000000.0, 256, model_type="qwen3_moe",
               num_experts=8, experts_per_token=3, moe_intermediate_size=24, norm_topk_prob=True,
               router_aux_loss_coef=0.05),
+    # Qwen2-MoE: q/k/v biases, a sigmoid-gated shared expert beside the routed ones
+    ModelDims(97, 48, 0, 2, 4, 2, 12, 1e-6, 1000000.0, 256, model_type="qwen2_moe",
+              num_experts=6, experts_per_token=2, moe_intermediate_size=20,
+              router_aux_loss_coef=0.02, shared_expert_intermediate_size=40, qkv_bias=True),
 ]
 
 

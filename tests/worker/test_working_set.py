@@ -106,6 +106,10 @@ OLMOE = ModelDims(101, 48, 0, 3, 4, 4, 12, 1e-5, 10000.0, 128, model_type="olmoe
 QWEN3_MOE = ModelDims(101, 48, 0, 3, 4, 2, 16, 1e-6, 1000000.0, 128, model_type="qwen3_moe",
                       num_experts=8, experts_per_token=3, moe_intermediate_size=24,
                       norm_topk_prob=True, router_aux_loss_coef=0.05)
+QWEN2_MOE = ModelDims(101, 48, 0, 3, 4, 2, 12, 1e-6, 1000000.0, 128, model_type="qwen2_moe",
+                      num_experts=6, experts_per_token=2, moe_intermediate_size=20,
+                      router_aux_loss_coef=0.02, shared_expert_intermediate_size=40,
+                      qkv_bias=True)
 
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
@@ -117,7 +121,8 @@ def test_qwen3_matches_transformers_through_the_working_set(level: int) -> None:
     check_grads(rt, ref, data)
 
 
-@pytest.mark.parametrize("dims", [OLMOE, QWEN3_MOE], ids=["olmoe", "qwen3_moe"])
+@pytest.mark.parametrize("dims", [OLMOE, QWEN3_MOE, QWEN2_MOE],
+                         ids=["olmoe", "qwen3_moe", "qwen2_moe"])
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_moe_matches_transformers_through_the_working_set(dims: ModelDims, level: int) -> None:
     """Routing, experts and the load-balancing loss (coupled over every layer and chunk of a
