@@ -2,7 +2,7 @@
 
     wstrain serve [--host 127.0.0.1] [--port 8000] [--state-dir DIR] [--metrics-port 9464]
     wstrain submit SPEC.yaml [--follow]     wstrain ls [--state S]     wstrain status ID
-    wstrain cancel ID    wstrain resume ID    wstrain plan SPEC.yaml
+    wstrain cancel ID    wstrain resume ID    wstrain plan SPEC.yaml    wstrain presets
 
 Client commands talk to --server or $WSTRAIN_URL (default http://127.0.0.1:8000) and send
 $WSTRAIN_TOKEN as the bearer token when it is set. Errors print the server's message and
@@ -114,6 +114,17 @@ def _print_plan(plan: dict[str, Any]) -> None:
         print(f"{k:<13} {str(v):<14} {plan['reasons'].get(k, '')}")
 
 
+def _print_presets(presets: list[dict[str, Any]]) -> None:
+    print(f"{'preset':<16} {'architecture':<20} {'L':>3} {'d':>5} {'experts':>8} "
+          f"{'params':>9} {'active':>9} {'bf16 state':>11}")
+    for p in presets:
+        experts = f"{p['experts_per_token']}/{p['experts']}" if p["experts"] else "-"
+        print(f"{p['name']:<16} {p['architecture']:<20} {p['layers']:>3} "
+              f"{p['hidden_size']:>5} {experts:>8} {p['params_total'] / 1e9:>8.3f}B "
+              f"{p['params_active'] / 1e9:>8.3f}B "
+              f"{p['training_state_bytes']['bf16'] / GIB:>7.1f} GiB")
+
+
 def _follow(client: httpx.Client, job_id: str, poll_s: float = 1.0) -> int:
     after = None
     while True:
@@ -149,6 +160,8 @@ def _run_client(args: argparse.Namespace) -> int:
                 print(json.dumps(job, indent=1))
             else:
                 _print_job(job)
+        elif args.cmd == "presets":
+            _print_presets(_call(c, "GET", "/v1/presets")["presets"])
         elif args.cmd in ("cancel", "resume"):
             job = _call(c, "POST", f"/v1/jobs/{args.id}/{args.cmd}")
             print(f"{job['id']} {job['state']}")
@@ -178,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     sub.add_parser("cancel", help="cancel a job (checkpoint, then stop)").add_argument("id")
     sub.add_parser("resume", help="resume a cancelled/failed job").add_argument("id")
+    sub.add_parser("presets", help="list model presets: sizes, experts, training state")
     return p
 
 

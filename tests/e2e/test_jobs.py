@@ -142,6 +142,10 @@ def test_cli_against_the_running_service(stack: Stack, tmp_path: Path) -> None:
     st = cli("status", job_id)
     assert st.returncode == 0 and "succeeded" in st.stdout
     assert job_id in cli("ls").stdout
+    presets = cli("presets")
+    assert presets.returncode == 0, presets.stderr
+    olmoe = next(ln for ln in presets.stdout.splitlines() if ln.startswith("olmoe-7b-a1b"))
+    assert "OlmoeForCausalLM" in olmoe and "8/64" in olmoe and "6.919B" in olmoe, olmoe
     bad = cli("cancel", job_id)
     assert bad.returncode == 1 and "already succeeded" in bad.stderr
     spec_file.write_text(yaml.safe_dump(tiny_spec("e2e-cli", seq_len=0)))
