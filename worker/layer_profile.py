@@ -23,7 +23,7 @@ from scheduler.contracts import JobSpec
 from scheduler.model_dims import ModelDims, resolve_dims
 from worker.arena import LayerLayout
 from worker.model import rope_tables
-from worker.working_set import _leaves, attn_block, ffn_block
+from worker.blocks import attn_block, ffn_block, leaves
 
 
 def _weights(dims: ModelDims, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
@@ -64,7 +64,7 @@ def measure(dims: ModelDims, seq_len: int, precision: str, repeats: int = 3) -> 
         mlp_s = _time(lambda: ffn_block(h, w, dims), repeats, device)
 
     def forward_backward() -> None:
-        xa, wl = x.detach().requires_grad_(), _leaves(w)
+        xa, wl = x.detach().requires_grad_(), leaves(w)
         ffn_block(attn_block(xa, wl, dims, cos, sin), wl, dims)[0].backward(dy)
 
     both_s = _time(forward_backward, repeats, device)

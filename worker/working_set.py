@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
-from worker.model import attention, moe_block, rms_norm, rope_tables, swiglu
+from worker.blocks import accumulate_grads, attn_block, ffn_block, leaves
+from worker.model import rms_norm, rope_tables
 from worker.moe import RouterTotals
 from worker.device_optim import DeviceOptimizer
 from worker.hf_load import stream_into
@@ -84,41 +85,6 @@ class _Graph:
     # MLP's lean set, levels 2-3: (h, gate, up), or (h, top_idx, gate, up) for MoE
     lean: tuple[object, ...] | None = None
     h: torch.Tensor | object | None = None  # attention-block output, for level 1
-
-
-def _leaves(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {n: v.detach().requires_grad_() for n, v in views.items()}
-
-
-def attn_block(x: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
-               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    qk = (w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"]) if dims.qk_norm else None
-    bias = tuple(w[f"self_attn.{p}_proj.bias"] for p in "qkv") if dims.qkv_bias else None
-    a = attention(rms_norm(x, w["input_layernorm.weight"], dims.rms_norm_eps),
-                  w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
-                  w["self_attn.v_proj.weight"], w["self_attn.o_proj.weight"], cos, sin,
-                  dims.num_heads, dims.num_kv_heads, qk, dims.rms_norm_eps,
-                  bias)  # type: ignore[arg-type]
-    return x + a  # (B, S, D)
-
-
-def mlp_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims) -> torch.Tensor:
-    m = swiglu(rms_norm(h, w["post_attention_layernorm.weight"], dims.rms_norm_eps),
-               w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"])
-    return h + m  # (B, S, D)
-
-
-def ffn_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
-              router: RouterTotals | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The layer's MLP half, dense or MoE: (h + MLP(norm(h)), router probs (T, E) or None);
-    a MoE layer's routing goes into `router` (without its graph)."""
-    if not dims.is_moe:
-        return mlp_block(h, w, dims), None
-    y, probs, top_idx = moe_block(h, w, dims)
-    if router is not None:
-        router.add(probs.detach(), top_idx)
-    return y, probs
 
 
 class WorkingSetRuntime:
@@ -231,7 +197,7 @@ class WorkingSetRuntime:
         g = _Graph(x=self._stash(x, home, policy))
         with policy.hooks(home):
             if level in (1, 3):
-                xa, wa = x.detach().requires_grad_(), _leaves(w)
+                xa, wa = x.detach().requires_grad_(), leaves(w)
                 h = attn_block(xa, wa, dims, self.cos, self.sin)
                 g.attn = (xa, h, wa)
             else:
@@ -270,19 +236,19 @@ class WorkingSetRuntime:
             if g.h is not None:
                 h = self._unstash(g.h, policy)
             else:
-                xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), _leaves(w)
+                xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), leaves(w)
                 h = attn_block(xa, wa, dims, self.cos, self.sin)
                 recomputed_attn = (xa, h, wa)
-            hm, wm = h.detach().requires_grad_(), _leaves(w)
+            hm, wm = h.detach().requires_grad_(), leaves(w)
             y, probs = ffn_block(hm, wm, dims)
             dh = self._mlp_backward(hm, y, probs, wm, dy, dw)
         attn = g.attn or recomputed_attn
         if attn is None:
-            xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), _leaves(w)
+            xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), leaves(w)
             attn = (xa, attn_block(xa, wa, dims, self.cos, self.sin), wa)
         xa, h, wa = attn
         torch.autograd.backward(h, dh)
-        _accumulate(dw, wa)
+        accumulate_grads(dw, wa)
         return xa.grad
 
     def _mlp_backward(self, hm: torch.Tensor, y: torch.Tensor, probs: torch.Tensor | None,
@@ -294,7 +260,7 @@ class WorkingSetRuntime:
             torch.autograd.backward((y, probs), (dy, self._aux_grad.expand_as(probs)))
         else:
             torch.autograd.backward(y, dy)
-        _accumulate(dw, wm)
+        accumulate_grads(dw, wm)
         return hm.grad  # type: ignore[return-value]
 
     def _prefetch(self, policy: SavedTensorPolicy, graphs: list[_Graph]) -> None:
@@ -458,9 +424,3 @@ class WorkingSetRuntime:
         return StepStats(loss, time.perf_counter() - start,
                          cfg.rounds * cfg.micro_batch * cfg.seq_len, stalls,
                          self.counters["h2d_bytes"], self.counters["d2h_bytes"])
-
-
-def _accumulate(dw: dict[str, torch.Tensor], leaves: dict[str, torch.Tensor]) -> None:
-    for n, leaf in leaves.items():
-        if leaf.grad is not None:
-            dw[n].add_(leaf.grad)

@@ -1,0 +1,58 @@
+"""A decoder layer's two halves as functions of a weight dict (the views of one tile, on a
+device slot or leaves of autograd): the attention block and the MLP block, dense or
+mixture-of-experts. The working-set runtime (worker/working_set.py) composes them per
+saved-activation level; worker/layer_profile.py times them.
+
+    h = attn_block(x, w, dims, cos, sin); y, probs = ffn_block(h, w, dims, router)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from scheduler.model_dims import ModelDims
+from worker.model import attention, moe_block, rms_norm, swiglu
+from worker.moe import RouterTotals
+
+
+def leaves(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Autograd leaves sharing the views' storage (gradients land in .grad)."""
+    return {n: v.detach().requires_grad_() for n, v in views.items()}
+
+
+def attn_block(x: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
+               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    qk = (w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"]) if dims.qk_norm else None
+    bias = tuple(w[f"self_attn.{p}_proj.bias"] for p in "qkv") if dims.qkv_bias else None
+    a = attention(rms_norm(x, w["input_layernorm.weight"], dims.rms_norm_eps),
+                  w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
+                  w["self_attn.v_proj.weight"], w["self_attn.o_proj.weight"], cos, sin,
+                  dims.num_heads, dims.num_kv_heads, qk, dims.rms_norm_eps,
+                  bias)  # type: ignore[arg-type]
+    return x + a  # (B, S, D)
+
+
+def mlp_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims) -> torch.Tensor:
+    m = swiglu(rms_norm(h, w["post_attention_layernorm.weight"], dims.rms_norm_eps),
+               w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"])
+    return h + m  # (B, S, D)
+
+
+def ffn_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
+              router: RouterTotals | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The layer's MLP half, dense or MoE: (h + MLP(norm(h)), router probs (T, E) or None);
+    a MoE layer's routing goes into `router` (without its graph)."""
+    if not dims.is_moe:
+        return mlp_block(h, w, dims), None
+    y, probs, top_idx = moe_block(h, w, dims)
+    if router is not None:
+        router.add(probs.detach(), top_idx)
+    return y, probs
+
+
+def accumulate_grads(dw: dict[str, torch.Tensor], leaf_grads: dict[str, torch.Tensor]) -> None:
+    """Add each leaf's gradient into the gradient slot's view of the same name."""
+    for n, leaf in leaf_grads.items():
+        if leaf.grad is not None:
+            dw[n].add_(leaf.grad)
