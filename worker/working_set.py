@@ -17,8 +17,9 @@ holds the whole training state. The step reads like AdaWS Algorithms 1-2:
 Saved-activation levels per (layer, chunk): 0 inputs only (recompute the whole layer),
 1 + attention graph (recompute the MLP), 2 + the MLP's lean set (h, gate, up: recompute
 attention and the MLP's elementwise ops, worker/lean_mlp.py; for a mixture-of-experts MLP
-h, the routing and the grouped gate/up outputs, worker/lean_moe.py), 3 both. MoE layers add their routing to the round's router totals, and
-the load-balancing loss's gradient (worker/moe.py) enters each layer's MLP backward.
+h, the routing and the grouped gate/up outputs, worker/lean_moe.py), 3 both. MoE layers add
+their routing to the round's router totals, and the load-balancing loss's gradient
+(worker/moe.py) enters each layer's MLP backward.
 It never touches Redis; on CPU streams are no-ops and the same schedule runs.
 """
 
