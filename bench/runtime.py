@@ -356,13 +356,12 @@ def main() -> None:
     args = parse_or_run_row(p, "resident,resident-ckpt,ws-40,ws-20,ws-12,ws-24-32l", run_row)
     if args is None:
         return
-    common = ["--layers", str(args.layers), "--seq", str(args.seq), "--global-batch",
-              str(args.global_batch), "--steps", str(args.steps),
+    common = ["--layers", str(args.layers), "--seq", str(args.seq), "--steps", str(args.steps),
               "--resident-micro-batch", str(args.resident_micro_batch)]
-    children = [(["bench.runtime", "--row", name, *common, "--global-batch",
-                  str(args.fsdp_global_batch if name == "fsdp2-offload" else args.global_batch)],
-                 {"name": name, "global_batch": args.global_batch})
-                for name in args.rows.split(",")]
+    batch = {name: args.fsdp_global_batch if name == "fsdp2-offload" else args.global_batch
+             for name in args.rows.split(",")}
+    children = [(["bench.runtime", "--row", name, *common, "--global-batch", str(b)],
+                 {"name": name, "global_batch": b}) for name, b in batch.items()]
     print(_table(run_children(children, args.out)))
 
 
