@@ -51,6 +51,8 @@ class Row:
     predicted_step_seconds: float | None
     predicted_peak_device_gib: float | None
     predicted_peak_host_gib: float | None
+    alloc_retries: int | None = None  # the caching allocator freed its cache to fit (syncs)
+    timeline: dict[str, object] | None = None  # one extra step's GPU timeline (--profile)
 
 
 # Working-set rows: (device budget GiB, layers or None for --layers, plan overrides). Plans
@@ -217,8 +219,11 @@ def measured_node(layer_seq: int | None = None, dims=None):  # type: ignore[no-u
 
 
 def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from scheduler import cost_model
     from scheduler.planner import make_plan
 
+    if args.link_share:  # a sweep knob for the planner's D2H share (scheduler/cost_model.py)
+        cost_model.LINK_SHARE = args.link_share
     budget, layers, overrides = WS_ROWS[name]
     dims = _dims(layers or args.layers)
     spec = llama_spec(name, dims.num_layers, args.seq, args.global_batch, args.steps, budget,
@@ -226,10 +231,13 @@ def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-de
     return spec, dims, make_plan(spec, dims, measured_node(args.seq, dims))
 
 
-def run_plan(spec, dims, plan, steps: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    """Train `steps` steps of a working-set plan under the spec's device budget."""
+def run_plan(spec, dims, plan, steps: int, profile: bool = False) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Train `steps` steps of a working-set plan under the spec's device budget (and with
+    `profile`, one more under the profiler: bench/timeline.py)."""
     import torch
 
+    from bench.timeline import profile_step
+    from scheduler import cost_model
     from worker.main import ws_config
     from worker.state import HostState
     from worker.working_set import WorkingSetRuntime
@@ -262,12 +270,16 @@ def run_plan(spec, dims, plan, steps: int) -> dict[str, object]:  # type: ignore
                  {k: round(v, 3) for k, v in stats.stall_s.items()})
 
     times = _time_steps(step, steps)
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+    timeline = profile_step(lambda: rt.train_step(data, steps)) if profile else None
     rt.finish()  # the last step's deferred update, outside the timing
     summary = plan.model_dump(exclude={"reasons"})
+    summary["link_share"] = cost_model.LINK_SHARE
     summary["working_set"]["levels"] = [sum(row.count(lv) for row in plan.working_set.levels)
                                         for lv in range(4)]  # chunks per level
     return {"times": times, "stalls": stalls, "arena_gib": host.arena.total_bytes / GIB,
-            "plan": summary, "layers": dims.num_layers,
+            "plan": summary, "layers": dims.num_layers, "alloc_retries": retries,
+            "timeline": timeline,
             "predicted_step_seconds": plan.predicted.step_seconds,
             "predicted_peak_device_gib": plan.predicted.peak_device_bytes / GIB,
             "predicted_peak_host_gib": plan.predicted.peak_host_bytes / GIB}
@@ -275,7 +287,7 @@ def run_plan(spec, dims, plan, steps: int) -> dict[str, object]:  # type: ignore
 
 def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
     spec, dims, plan = plan_for(name, args)
-    return run_plan(spec, dims, plan, args.steps)
+    return run_plan(spec, dims, plan, args.steps, args.profile)
 
 
 def run_row(args: argparse.Namespace) -> Row:
@@ -323,7 +335,8 @@ def row_from(name: str, runtime: str, dims, seq_len: int, global_batch: int,  # 
                gpu=torch.cuda.get_device_name(0), measured_step_seconds=step_s,
                predicted_step_seconds=res.get("predicted_step_seconds"),
                predicted_peak_device_gib=res.get("predicted_peak_device_gib"),
-               predicted_peak_host_gib=res.get("predicted_peak_host_gib"))
+               predicted_peak_host_gib=res.get("predicted_peak_host_gib"),
+               alloc_retries=res.get("alloc_retries"), timeline=res.get("timeline"))
 
 
 def _table(rows: list[dict[str, object]]) -> str:
@@ -353,11 +366,16 @@ def main() -> None:
     p.add_argument("--resident-micro-batch", type=int, default=1)
     p.add_argument("--fsdp-global-batch", type=int, default=8,
                    help="the FSDP2 offload row's sequences per step (it is slow)")
+    p.add_argument("--link-share", type=float, default=0.0,
+                   help="plan with this share of the D2H link for saved activations")
+    p.add_argument("--profile", action="store_true",
+                   help="working-set rows: one extra step under the profiler (timeline)")
     args = parse_or_run_row(p, "resident,resident-ckpt,ws-40,ws-20,ws-12,ws-24-32l", run_row)
     if args is None:
         return
     common = ["--layers", str(args.layers), "--seq", str(args.seq), "--steps", str(args.steps),
-              "--resident-micro-batch", str(args.resident_micro_batch)]
+              "--resident-micro-batch", str(args.resident_micro_batch),
+              "--link-share", str(args.link_share), *(["--profile"] if args.profile else [])]
     batch = {name: args.fsdp_global_batch if name == "fsdp2-offload" else args.global_batch
              for name in args.rows.split(",")}
     children = [(["bench.runtime", "--row", name, *common, "--global-batch", str(b)],

@@ -24,12 +24,15 @@ from scheduler.levels import LEVELS, LayerCost, write_buffer_stall_s
 from scheduler.model_dims import ModelDims
 from scheduler.planner import ALLOCATOR_SLACK, ELEMENT_BYTES, activation_bytes_per_token
 
-# Share of a layer's full saved set kept per level (0 inputs only, 1 attention graph, 2 the
-# MLP's lean set, 3 both), measured from what worker/working_set.py saves.
-LEVEL_FRACTION = (0.0, 0.35, 0.33, 0.68)
+# Share of a layer's full saved set kept per level (0 inputs only, 1 attention graph and
+# its output h, 2 the MLP's lean set gate/up, 3 both), from what worker/working_set.py
+# saves (Llama-8B: gate and up are 2f of the full set's 4d + 2q + 2kv + 4f + 4d elements).
+LEVEL_FRACTION = (0.0, 0.35, 0.29, 0.64)
 # Layer forwards recomputed in backward per level (an 8B layer at 8K: MLP ~0.7 of the
 # forward, attention block ~0.3); a measured layer replaces the middle two.
 RECOMPUTE_FORWARDS = (1.0, 0.7, 0.3, 0.02)
+# The MLP's share of a layer's backward (Llama-8B at 8K: its GEMMs are 3/4 of the FLOPs).
+MLP_BACKWARD_SHARE = 0.7
 DEVICE_RESERVE_BYTES = GIB // 2
 # Interpreter, torch, CUDA context and runtime libraries next to the arena (measured 5.2 GiB
 # on the H200 host; a CPU worker needs far less).
@@ -183,12 +186,13 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
     # forward: the next layer's weights must arrive while this one computes
     exposed = L * max(0.0, weights / node.h2d_bytes_per_s - X * fwd_s)
     # Each layer's gradients going home show once a step (measured: one transfer per layer
-    # on the H200); with one gradient slot, every later round also waits for sending k and
-    # fetching k-1's accumulated gradients in series.
-    grads_home = L * weights / node.d2h_bytes_per_s
-    grads_s = grads_home
+    # on the H200). With one gradient slot, every later round also sends k home and fetches
+    # k-1's accumulated gradients in series, overlapped with the first chunk's MLP backward
+    # (the slot is taken at the layer's first accumulate).
+    grads_s = L * weights / node.d2h_bytes_per_s
     if lay.r_grad == 1:
-        grads_s += (rounds - 1) * (grads_home + L * weights / node.h2d_bytes_per_s)
+        in_series = weights / node.d2h_bytes_per_s + weights / node.h2d_bytes_per_s
+        grads_s += (rounds - 1) * L * max(0.0, in_series - MLP_BACKWARD_SHARE * bwd_s)
     lc = layer_cost(dims, spec, lay, node)
     home, in_window = levels[:L - window], levels[L - window:]
     recompute = 0.0

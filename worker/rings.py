@@ -1,7 +1,10 @@
 """Device-side rings and streams of the working-set runtime.
 
-`Streams` holds the compute, inbound (H2D) and outbound (D2H) CUDA streams and makes every
-operation a plain synchronous one on CPU, so the test suite runs the same schedule.
+`Streams` holds the compute, inbound (H2D) and two outbound (D2H) CUDA streams — `outbound`
+for bulk state (gradients, the device optimizer's weights and moments) and `saves` for saved
+activations, so a forward's activations never queue behind a layer's optimizer traffic
+(RoundPipe's priority-aware transfers) — and makes every operation a plain synchronous one on
+CPU, so the test suite runs the same schedule.
 `SlotRing` is R device slots of one flat tile size; each slot remembers which layer it
 holds and carries two events: `ready` (its inbound copy finished) and `free` (the last
 compute that read it finished), so copies and compute order per slot, never device-wide.
@@ -25,6 +28,7 @@ class Streams:
             self.comp = torch.cuda.current_stream(device)
             self.inbound = torch.cuda.Stream(device)
             self.outbound = torch.cuda.Stream(device)
+            self.saves = torch.cuda.Stream(device)
         # seconds the compute stream waited, by dependency (CPU: host-side copy time)
         self.stall_s: dict[str, float] = {}
         self._pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
@@ -34,7 +38,7 @@ class Streams:
 
     @contextlib.contextmanager
     def on(self, which: str) -> Iterator[None]:
-        """Run the block's copies on the 'inbound' or 'outbound' stream."""
+        """Run the block's copies on the 'inbound', 'outbound' or 'saves' stream."""
         if not self.cuda:
             yield
             return

@@ -128,15 +128,15 @@ class SavedTensorPolicy:
         if s.cuda:
             self.store.admit(t.nbytes, s.stall_s)
         ready = s.record("comp")
-        s.wait("outbound", ready)
-        with s.on("outbound"):
+        s.wait("saves", ready)
+        with s.on("saves"):
             host.copy_(t, non_blocking=True)
             # the device tensor must outlive the copy: keep the caching allocator from
-            # reusing its memory until the outbound stream is past it
+            # reusing its memory until the saves stream is past it
             if s.cuda:
-                t.record_stream(s.outbound)
+                t.record_stream(s.saves)
         self.counters["d2h_bytes"] += t.nbytes
-        done = s.record("outbound")
+        done = s.record("saves")
         if s.cuda:
             self.store.track(done, t.nbytes)
         return HostCopy(host, done)

@@ -15,9 +15,10 @@ holds the whole training state. The step reads like AdaWS Algorithms 1-2:
                 into the next forward (worker/device_optim.py)
 
 Saved-activation levels per (layer, chunk): 0 inputs only (recompute the whole layer),
-1 + attention graph (recompute the MLP), 2 + the MLP's lean set (h, gate, up: recompute
-attention and the MLP's elementwise ops, worker/lean_mlp.py; for a mixture-of-experts MLP
-h, the routing and the grouped gate/up outputs, worker/lean_moe.py), 3 both. MoE layers add
+1 + attention graph and its output h (recompute the MLP), 2 + the MLP's lean set (gate and
+up: recompute attention, which gives h again, and the MLP's elementwise ops,
+worker/lean_mlp.py; for a mixture-of-experts MLP the routing and the grouped gate/up
+outputs, worker/lean_moe.py), 3 both. MoE layers add
 their routing to the round's router totals, and the load-balancing loss's gradient
 (worker/moe.py) enters each layer's MLP backward.
 It never touches Redis; on CPU streams are no-ops and the same schedule runs.
@@ -44,6 +45,7 @@ from worker.lean_mlp import lean_backward, lean_forward
 from worker.lean_moe import lean_moe_backward, lean_moe_forward
 from worker.rings import Slot, Streams
 from worker.saved_acts import HostActivationStore, HostCopy, SavedTensorPolicy
+from worker.arena import LayerLayout
 from worker.state import DTYPES, HostState
 from worker.stats import StepStats
 from worker.streamer import SlotStreamer
@@ -83,9 +85,34 @@ class _Graph:
 
     x: torch.Tensor | object  # layer input (device tensor or host copy)
     attn: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
-    # MLP's lean set, levels 2-3: (h, gate, up), or (h, top_idx, gate, up) for MoE
+    # MLP's lean set, levels 2-3: (gate, up), or (top_idx, gate, up) for MoE
     lean: tuple[object, ...] | None = None
-    h: torch.Tensor | object | None = None  # attention-block output, for level 1
+    h: torch.Tensor | object | None = None  # attention-block output, levels 1 and 3
+
+
+class LazyGradViews:
+    """Layer k's gradient-slot views, taken at the layer's first accumulate instead of before
+    its backward: the wait for a free slot (the layer above's gradients going home) and for
+    k's accumulated gradients coming in overlaps the first chunk's MLP backward. With one
+    gradient slot that wait was the whole transfer, every layer of every round."""
+
+    def __init__(self, grads: SlotStreamer, layer: int, upcoming: list[int], first: bool,
+                 layout: LayerLayout) -> None:
+        self.grads, self.layer, self.upcoming, self.first = grads, layer, upcoming, first
+        self.layout = layout
+        self.slot: Slot | None = None
+        self.views: dict[str, torch.Tensor] = {}
+
+    def take(self) -> Slot:
+        if self.slot is None:
+            self.slot = self.grads.consume_for_accumulate(self.layer, self.upcoming,
+                                                          zero=self.first)
+            self.views = self.layout.views(self.slot.flat)
+        return self.slot
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        self.take()
+        return self.views[name]
 
 
 class WorkingSetRuntime:
@@ -204,49 +231,48 @@ class WorkingSetRuntime:
             else:
                 with torch.no_grad():
                     h = attn_block(x, w, dims, self.cos, self.sin)
-            if level in (2, 3) and dims.is_moe:
-                y, probs, top_idx, saved = lean_moe_forward(h.detach(), w, dims)
-                if self.router is not None:
-                    self.router.add(probs, top_idx)
-                g.lean = tuple(self._stash(t, home, policy) for t in (h.detach(), *saved))
-            elif level in (2, 3):
-                y, gate, up = lean_forward(h.detach(), w, dims.rms_norm_eps)
-                g.lean = tuple(self._stash(t, home, policy) for t in (h.detach(), gate, up))
+            if level in (2, 3):
+                if dims.is_moe:
+                    y, probs, top_idx, saved = lean_moe_forward(h.detach(), w, dims)
+                    if self.router is not None:
+                        self.router.add(probs, top_idx)
+                else:
+                    y, *saved = lean_forward(h.detach(), w, dims.rms_norm_eps)
+                g.lean = tuple(self._stash(t, home, policy) for t in saved)
             else:
-                if level == 1:
-                    g.h = self._stash(h.detach(), home, policy)
                 with torch.no_grad():
                     y, _ = ffn_block(h, w, dims, self.router)
+        if level in (1, 3):
+            g.h = self._stash(h.detach(), home, policy)
+            if home:  # the graph needs its input and output leaf and root, not their values
+                # (those went home: x as g.x, h just now): free their device memory
+                for t in g.attn[:2]:  # type: ignore[index]
+                    t.untyped_storage().resize_(0)
+        # levels 0 and 2 save no h: backward recomputes attention, which gives it again
         return y.detach(), g
 
     # ---------------------------------------------------------------- backward
 
     def _backward_layer(self, k: int, g: _Graph, dy: torch.Tensor, slot: Slot,
-                        dw: dict[str, torch.Tensor]) -> torch.Tensor:
+                        dw: LazyGradViews) -> torch.Tensor:
         dims = self.dims
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
-        recomputed_attn = None
-        if g.lean is not None:  # levels 2-3: the MLP's lean set, no GEMM recomputed
-            saved = [self._unstash(t, policy) for t in g.lean]
-            dh, dws = (lean_moe_backward(dy, *saved, w, dims, self._aux_grad) if dims.is_moe
-                       else lean_backward(dy, *saved, w, dims.rms_norm_eps))
-            for n, grad in dws.items():
-                dw[n].add_(grad)
-        else:  # need h: saved (level 1) or recomputed with the attention graph
-            if g.h is not None:
-                h = self._unstash(g.h, policy)
-            else:
-                xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), leaves(w)
-                h = attn_block(xa, wa, dims, self.cos, self.sin)
-                recomputed_attn = (xa, h, wa)
-            hm, wm = h.detach().requires_grad_(), leaves(w)
-            y, probs = ffn_block(hm, wm, dims)
-            dh = self._mlp_backward(hm, y, probs, wm, dy, dw)
-        attn = g.attn or recomputed_attn
+        attn = g.attn  # the attention block's graph: saved (levels 1, 3) or recomputed
         if attn is None:
             xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), leaves(w)
             attn = (xa, attn_block(xa, wa, dims, self.cos, self.sin), wa)
+        h = self._unstash(g.h, policy) if g.h is not None else attn[1].detach()
+        if g.lean is not None:  # levels 2-3: the MLP's lean set, no GEMM recomputed
+            saved = [self._unstash(t, policy) for t in g.lean]
+            dh, dws = (lean_moe_backward(dy, h, *saved, w, dims, self._aux_grad)
+                       if dims.is_moe else lean_backward(dy, h, *saved, w, dims.rms_norm_eps))
+            for n, grad in dws.items():
+                dw[n].add_(grad)
+        else:  # levels 0-1: the MLP's graph, recomputed from h
+            hm, wm = h.detach().requires_grad_(), leaves(w)
+            y, probs = ffn_block(hm, wm, dims)
+            dh = self._mlp_backward(hm, y, probs, wm, dy, dw)
         xa, h, wa = attn
         torch.autograd.backward(h, dh)
         accumulate_grads(dw, wa)
@@ -254,7 +280,7 @@ class WorkingSetRuntime:
 
     def _mlp_backward(self, hm: torch.Tensor, y: torch.Tensor, probs: torch.Tensor | None,
                       wm: dict[str, torch.Tensor], dy: torch.Tensor,
-                      dw: dict[str, torch.Tensor]) -> torch.Tensor:
+                      dw: LazyGradViews) -> torch.Tensor:
         """Backward through the MLP half from dy (and, for MoE, the load-balancing loss's
         gradient on the router probabilities); weight grads into dw. Returns dL/dh."""
         if probs is not None and self._aux_grad is not None:
@@ -367,12 +393,12 @@ class WorkingSetRuntime:
                 nxt = self._bwd_order[i + 1]
                 self._prefetch(self._policy(nxt), graphs[nxt])
             slot = self.weights.consume(k, self._bwd_order[i + 1:] + self._fwd_order)
-            gslot = self.grads.consume_for_accumulate(k, self._bwd_order[i + 1:], zero=first)
-            dw = self.host.layout.views(gslot.flat)
+            dw = LazyGradViews(self.grads, k, self._bwd_order[i + 1:], first, self.host.layout)
             for c in reversed(range(cfg.chunks)):
                 T[c] = self._backward_layer(k, graphs[k][c], T[c], slot, dw)
                 graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
             self.weights.release(slot)
+            gslot = dw.take()
             if last:
                 (self.dopt or self.hopt).add_grad_norm(gslot.flat)  # type: ignore[union-attr]
             self.grads.send_home(gslot)

@@ -1,0 +1,83 @@
+"""Where a step's GPU time goes: one training step under the PyTorch profiler (CUDA activity
+only), summarised from its Chrome trace — how long kernels kept the GPU busy, what kind of
+kernels (GEMM, attention, the rest), how long the two directions of PCIe copies ran, and the
+idle gaps between kernels. It separates "the runtime waits" from "the runtime computes more"
+when a working-set row is slower than resident.
+
+    summary = profile_step(lambda: rt.train_step(data, i))   # inside a benchmark child
+
+Needs a GPU; bench/runtime.py calls it for `--profile` rows.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+GAP_S = 1e-3  # idle stretches shorter than this are launch gaps, not stalls
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    if "flash" in low or "fmha" in low or "attention" in low:
+        return "attention"
+    if any(k in low for k in ("gemm", "cutlass", "xmma", "nvjet", "matmul")):
+        return "gemm"
+    return "other"
+
+
+def _union_s(spans: list[tuple[float, float]]) -> tuple[float, list[float]]:
+    """Total covered time and the gaps between covered stretches (µs in, s out)."""
+    busy, gaps, end = 0.0, [], None
+    for s, e in sorted(spans):
+        if end is None or s > end:
+            if end is not None:
+                gaps.append((s - end) / 1e6)
+            busy += e - s
+            end = e
+        elif e > end:
+            busy += e - end
+            end = e
+    return busy / 1e6, gaps
+
+
+def summarise(trace: dict) -> dict[str, object]:
+    """Busy, idle and copy seconds of a Chrome trace's GPU events."""
+    kernels: list[tuple[float, float]] = []
+    by_kind: dict[str, float] = {}
+    copies = {"h2d": 0.0, "d2h": 0.0}
+    for ev in trace.get("traceEvents", []):
+        cat, dur = ev.get("cat", ""), float(ev.get("dur", 0.0))
+        if cat == "kernel":
+            kernels.append((float(ev["ts"]), float(ev["ts"]) + dur))
+            kind = kernel_kind(ev.get("name", ""))
+            by_kind[kind] = by_kind.get(kind, 0.0) + dur / 1e6
+        elif cat == "gpu_memcpy":
+            name = ev.get("name", "")
+            if "HtoD" in name:
+                copies["h2d"] += dur / 1e6
+            elif "DtoH" in name:
+                copies["d2h"] += dur / 1e6
+    if not kernels:
+        return {"kernels": 0}
+    busy_s, gaps = _union_s(kernels)
+    wall_s = (max(e for _, e in kernels) - min(s for s, _ in kernels)) / 1e6
+    stalls = sorted((g for g in gaps if g >= GAP_S), reverse=True)
+    return {"kernels": len(kernels), "wall_s": wall_s, "kernel_busy_s": busy_s,
+            "busy_share": busy_s / wall_s, "kernel_s_by_kind": by_kind,
+            "copy_s": copies, "idle_s": wall_s - busy_s, "gaps_over_1ms_s": sum(stalls),
+            "gaps_over_1ms": len(stalls), "largest_gaps_ms": [g * 1e3 for g in stalls[:10]]}
+
+
+def profile_step(step: Callable[[], object]) -> dict[str, object]:
+    """Run `step` once under the profiler and summarise its GPU timeline."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return summarise(json.loads(path.read_text()))
