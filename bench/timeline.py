@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 GAP_S = 1e-3  # idle stretches shorter than this are launch gaps, not stalls
+TOP = 30  # kernels named in the summary, by total time
 
 
 def kernel_kind(name: str) -> str:
@@ -47,6 +48,7 @@ def summarise(trace: dict) -> dict[str, object]:
     """Busy, idle and copy seconds of a Chrome trace's GPU events."""
     kernels: list[tuple[float, float]] = []
     by_kind: dict[str, float] = {}
+    by_name: dict[str, float] = {}
     copies = {"h2d": 0.0, "d2h": 0.0}
     for ev in trace.get("traceEvents", []):
         cat, dur = ev.get("cat", ""), float(ev.get("dur", 0.0))
@@ -54,6 +56,8 @@ def summarise(trace: dict) -> dict[str, object]:
             kernels.append((float(ev["ts"]), float(ev["ts"]) + dur))
             kind = kernel_kind(ev.get("name", ""))
             by_kind[kind] = by_kind.get(kind, 0.0) + dur / 1e6
+            name = ev.get("name", "")[:120]
+            by_name[name] = by_name.get(name, 0.0) + dur / 1e6
         elif cat == "gpu_memcpy":
             name = ev.get("name", "")
             if "HtoD" in name:
@@ -68,7 +72,8 @@ def summarise(trace: dict) -> dict[str, object]:
     return {"kernels": len(kernels), "wall_s": wall_s, "kernel_busy_s": busy_s,
             "busy_share": busy_s / wall_s, "kernel_s_by_kind": by_kind,
             "copy_s": copies, "idle_s": wall_s - busy_s, "gaps_over_1ms_s": sum(stalls),
-            "gaps_over_1ms": len(stalls), "largest_gaps_ms": [g * 1e3 for g in stalls[:10]]}
+            "gaps_over_1ms": len(stalls), "largest_gaps_ms": [g * 1e3 for g in stalls[:10]],
+            "top_kernels_s": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:TOP])}
 
 
 def profile_step(step: Callable[[], object]) -> dict[str, object]:

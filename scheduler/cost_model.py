@@ -24,10 +24,10 @@ from scheduler.levels import LEVELS, LayerCost, write_buffer_stall_s
 from scheduler.model_dims import ModelDims
 from scheduler.planner import ALLOCATOR_SLACK, ELEMENT_BYTES, activation_bytes_per_token
 
-# Share of a layer's full saved set kept per level (0 inputs only, 1 attention graph and
-# its output h, 2 the MLP's lean set gate/up, 3 both), from what worker/working_set.py
-# saves (Llama-8B: gate and up are 2f of the full set's 4d + 2q + 2kv + 4f + 4d elements).
-LEVEL_FRACTION = (0.0, 0.35, 0.29, 0.64)
+# Share of a layer's full saved set kept per level (0 inputs only, 1 attention graph, 2 the
+# MLP's lean set gate/up, 3 both), from what worker/working_set.py saves (Llama-8B: gate and
+# up are 2f of the full set's 4d + 2q + 2kv + 4f + 4d elements).
+LEVEL_FRACTION = (0.0, 0.31, 0.29, 0.60)
 # Layer forwards recomputed in backward per level (an 8B layer at 8K: MLP ~0.7 of the
 # forward, attention block ~0.3); a measured layer replaces the middle two.
 RECOMPUTE_FORWARDS = (1.0, 0.7, 0.3, 0.02)

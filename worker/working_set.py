@@ -15,7 +15,7 @@ holds the whole training state. The step reads like AdaWS Algorithms 1-2:
                 into the next forward (worker/device_optim.py)
 
 Saved-activation levels per (layer, chunk): 0 inputs only (recompute the whole layer),
-1 + attention graph and its output h (recompute the MLP), 2 + the MLP's lean set (gate and
+1 + attention graph (recompute the MLP from its output h), 2 + the MLP's lean set (gate and
 up: recompute attention, which gives h again, and the MLP's elementwise ops,
 worker/lean_mlp.py; for a mixture-of-experts MLP the routing and the grouped gate/up
 outputs, worker/lean_moe.py), 3 both. MoE layers add
@@ -83,11 +83,10 @@ class WorkingSetConfig:
 class _Graph:
     """What one (layer, chunk) forward left for its backward."""
 
-    x: torch.Tensor | object  # layer input (device tensor or host copy)
+    x: torch.Tensor | object | None  # layer input (device tensor or host copy), levels 0, 2
     attn: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
     # MLP's lean set, levels 2-3: (gate, up), or (top_idx, gate, up) for MoE
     lean: tuple[object, ...] | None = None
-    h: torch.Tensor | object | None = None  # attention-block output, levels 1 and 3
 
 
 class LazyGradViews:
@@ -222,7 +221,8 @@ class WorkingSetRuntime:
         home = k < self.dims.num_layers - self.cfg.window
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
-        g = _Graph(x=self._stash(x, home, policy))
+        # the input, for recomputing attention (levels 1 and 3 keep the attention graph)
+        g = _Graph(x=self._stash(x, home, policy) if level in (0, 2) else None)
         with policy.hooks(home):
             if level in (1, 3):
                 xa, wa = x.detach().requires_grad_(), leaves(w)
@@ -242,13 +242,6 @@ class WorkingSetRuntime:
             else:
                 with torch.no_grad():
                     y, _ = ffn_block(h, w, dims, self.router)
-        if level in (1, 3):
-            g.h = self._stash(h.detach(), home, policy)
-            if home:  # the graph needs its input and output leaf and root, not their values
-                # (those went home: x as g.x, h just now): free their device memory
-                for t in g.attn[:2]:  # type: ignore[index]
-                    t.untyped_storage().resize_(0)
-        # levels 0 and 2 save no h: backward recomputes attention, which gives it again
         return y.detach(), g
 
     # ---------------------------------------------------------------- backward
@@ -262,7 +255,7 @@ class WorkingSetRuntime:
         if attn is None:
             xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), leaves(w)
             attn = (xa, attn_block(xa, wa, dims, self.cos, self.sin), wa)
-        h = self._unstash(g.h, policy) if g.h is not None else attn[1].detach()
+        h = attn[1].detach()  # (B, S, D)
         if g.lean is not None:  # levels 2-3: the MLP's lean set, no GEMM recomputed
             saved = [self._unstash(t, policy) for t in g.lean]
             dh, dws = (lean_moe_backward(dy, h, *saved, w, dims, self._aux_grad)
@@ -291,12 +284,12 @@ class WorkingSetRuntime:
         return hm.grad  # type: ignore[return-value]
 
     def _prefetch(self, policy: SavedTensorPolicy, graphs: list[_Graph]) -> None:
-        """Bring a home layer's explicitly stashed sets (inputs, lean MLP set, h) back on the
+        """Bring a home layer's explicitly stashed sets (inputs, the MLP's lean set) back on the
         inbound stream, within the write buffer's bytes (idle in backward). The attention
         graph of levels 1 and 3 lives inside autograd and comes back when unpacked."""
         budget = self.cfg.write_buffer_bytes
         for g in graphs:
-            for stashed in (g.x, g.h, *(g.lean or ())):
+            for stashed in (g.x, *(g.lean or ())):
                 if isinstance(stashed, HostCopy) and budget >= stashed.host.nbytes:
                     budget -= policy.prefetch(stashed)
 
