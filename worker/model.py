@@ -70,7 +70,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin  # x: (B, H, S, hd), cos/sin: (S, hd)
+    """x: (B, S, H, hd) contiguous, cos/sin: (S, 1, hd); Hugging Face rotates the
+    transposed (B, H, S, hd) view, the same values through strided, unvectorised kernels."""
+    return x * cos + _rotate_half(x) * sin
 
 
 class Attention(nn.Module):
@@ -116,9 +118,9 @@ def attention(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Ten
     q, k = q.view(b, s, n_heads, hd), k.view(b, s, n_kv, hd)  # (B, S, H, hd), (B, S, KV, hd)
     if qk_norm is not None and qk_norm[0].shape[-1] == hd:
         q, k = rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)
+    q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
     q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, S, hd), (B, KV, S, hd)
     v = F.linear(x, wv, bv).view(b, s, n_kv, hd).transpose(1, 2)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if n_heads > n_kv:
         k = k.repeat_interleave(n_heads // n_kv, dim=1)
         v = v.repeat_interleave(n_heads // n_kv, dim=1)
