@@ -86,6 +86,7 @@ class HostCopy:
     done: torch.cuda.Event | None  # its copy home finished
     device: torch.Tensor | None = None  # prefetched back for backward
     arrived: torch.cuda.Event | None = None
+    used: bool = False  # backward has taken it (prefetched or not)
 
 
 class SavedTensorPolicy:
@@ -141,25 +142,9 @@ class SavedTensorPolicy:
             self.store.track(done, t.nbytes)
         return HostCopy(host, done)
 
-    def prefetch(self, copy: HostCopy) -> int:
-        """Start bringing a saved tensor back on the inbound stream, ahead of the backward
-        that needs it; returns the bytes started (0 on CPU, or if already on its way)."""
-        s = self.streams
-        if not s.cuda or copy.device is not None:
-            return 0
-        # allocated in the compute stream's pool: the inbound copy must not start before
-        # compute queued so far is past whatever used this memory before
-        out = torch.empty_like(copy.host, device=s.device)
-        s.wait("inbound", s.record("comp"))
-        s.wait("inbound", copy.done)
-        with s.on("inbound"):
-            out.copy_(copy.host, non_blocking=True)
-        copy.device, copy.arrived = out, s.record("inbound")
-        self.counters["h2d_bytes"] += copy.host.nbytes
-        return copy.host.nbytes
-
     def fetch(self, copy: HostCopy) -> torch.Tensor:
         s = self.streams
+        copy.used = True
         if copy.device is not None:  # prefetched
             s.compute_waits("activations", copy.arrived)
             out, copy.device = copy.device, None
@@ -169,3 +154,42 @@ class SavedTensorPolicy:
         out.copy_(copy.host, non_blocking=True)
         self.counters["h2d_bytes"] += copy.host.nbytes
         return out
+
+
+class BackwardPrefetch:
+    """Stashed sets on their way back for backward: every set a round sent home, queued in
+    the order backward takes them and kept up to `cap_bytes` ahead on the inbound stream.
+    Topped up before each chunk's backward, so a set arrives while the chunks before it
+    compute; one is copied in on the compute stream (a `fetch` without prefetch) only when
+    the inbound link fell behind. The cap is the write buffer's bytes, idle in backward."""
+
+    def __init__(self, streams: Streams, counters: dict[str, int], cap_bytes: int) -> None:
+        self.streams, self.counters, self.cap_bytes = streams, counters, cap_bytes
+        self.queue: deque[HostCopy] = deque()
+        self.started: list[HostCopy] = []  # prefetched, not yet taken
+
+    def add(self, stashed: object) -> None:
+        if self.streams.cuda and isinstance(stashed, HostCopy):
+            self.queue.append(stashed)
+
+    def top_up(self) -> None:
+        self.started = [c for c in self.started if not c.used]
+        ahead = sum(c.host.nbytes for c in self.started)
+        while self.queue and ahead + self.queue[0].host.nbytes <= self.cap_bytes:
+            copy = self.queue.popleft()
+            if not copy.used:
+                self._start(copy)
+                self.started.append(copy)
+                ahead += copy.host.nbytes
+
+    def _start(self, copy: HostCopy) -> None:
+        s = self.streams
+        # allocated in the compute stream's pool: the inbound copy must not start before
+        # compute queued so far is past whatever used this memory before
+        out = torch.empty_like(copy.host, device=s.device)
+        s.wait("inbound", s.record("comp"))
+        s.wait("inbound", copy.done)
+        with s.on("inbound"):
+            out.copy_(copy.host, non_blocking=True)
+        copy.device, copy.arrived = out, s.record("inbound")
+        self.counters["h2d_bytes"] += copy.host.nbytes

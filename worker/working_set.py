@@ -44,7 +44,7 @@ from worker.host_optim import HostOptimizerPipeline
 from worker.lean_mlp import lean_backward, lean_forward
 from worker.lean_moe import lean_moe_backward, lean_moe_forward
 from worker.rings import Slot, Streams
-from worker.saved_acts import HostActivationStore, HostCopy, SavedTensorPolicy
+from worker.saved_acts import BackwardPrefetch, HostActivationStore, SavedTensorPolicy
 from worker.arena import LayerLayout
 from worker.state import DTYPES, HostState
 from worker.stats import StepStats
@@ -283,16 +283,6 @@ class WorkingSetRuntime:
         accumulate_grads(dw, wm)
         return hm.grad  # type: ignore[return-value]
 
-    def _prefetch(self, policy: SavedTensorPolicy, graphs: list[_Graph]) -> None:
-        """Bring a home layer's explicitly stashed sets (inputs, the MLP's lean set) back on the
-        inbound stream, within the write buffer's bytes (idle in backward). The attention
-        graph of levels 1 and 3 lives inside autograd and comes back when unpacked."""
-        budget = self.cfg.write_buffer_bytes
-        for g in graphs:
-            for stashed in (g.x, *(g.lean or ())):
-                if isinstance(stashed, HostCopy) and budget >= stashed.host.nbytes:
-                    budget -= policy.prefetch(stashed)
-
     # ---------------------------------------------------------------- head and loss
 
     def _head_loss(self, x: torch.Tensor, targets: torch.Tensor,
@@ -381,13 +371,18 @@ class WorkingSetRuntime:
         if self.router is not None and coef > 0:  # HF: loss += coef * aux, per micro-batch
             self._aux_grad = self.router.prob_grad(coef / cfg.rounds)
             loss += coef * self.router.loss() * cfg.micro_batch * cfg.seq_len  # x scale later
+        # stashed sets come back ahead of the chunks that take them (the attention graph of
+        # levels 1 and 3 lives inside autograd and comes back when unpacked)
+        ahead = BackwardPrefetch(self.streams, self.counters, cfg.write_buffer_bytes)
+        for k in self._bwd_order:
+            for c in reversed(range(cfg.chunks)):
+                for stashed in (graphs[k][c].x, *(graphs[k][c].lean or ())):
+                    ahead.add(stashed)
         for i, k in enumerate(self._bwd_order):
-            if i + 1 < len(self._bwd_order):  # the next layer's saved sets, while this computes
-                nxt = self._bwd_order[i + 1]
-                self._prefetch(self._policy(nxt), graphs[nxt])
             slot = self.weights.consume(k, self._bwd_order[i + 1:] + self._fwd_order)
             dw = LazyGradViews(self.grads, k, self._bwd_order[i + 1:], first, self.host.layout)
             for c in reversed(range(cfg.chunks)):
+                ahead.top_up()
                 T[c] = self._backward_layer(k, graphs[k][c], T[c], slot, dw)
                 graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
             self.weights.release(slot)
