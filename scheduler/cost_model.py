@@ -44,9 +44,11 @@ CHECKPOINT_SHARD_BYTES = GIB  # worker/checkpoint.py's SHARD_BYTES
 # sweep of 2026-11-22 (bench/RESULTS.md): (step - optimizer - gradient stalls) / (compute +
 # recompute) was 1.12-1.18 over five points; the other points validate it.
 RUNTIME_OVERHEAD = 1.15
-# Plan the D2H link to half its measured rate for saved activations: weights, gradients and
-# the device optimizer share it, and at 80% the write buffer stalled 1.6-3.3 s a step.
-LINK_SHARE = 0.5
+# Plan the D2H link to 80% of its measured rate for saved activations: gradients and the
+# device optimizer share it. With backward fetches inline on the compute stream (before
+# worker/saved_acts.py BackwardPrefetch) 80% left the GPU idle 4.8 s a step and 50% was
+# planned; with the rolling prefetch 80% runs 18.0 s against 17.7 predicted (H200, 20 GiB).
+LINK_SHARE = 0.8
 
 
 @dataclass(frozen=True)
