@@ -8,6 +8,8 @@ saved-activation level; worker/layer_profile.py times them.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from scheduler.model_dims import ModelDims
@@ -51,7 +53,14 @@ def ffn_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
     return y, probs
 
 
-def accumulate_grads(dw: dict[str, torch.Tensor], leaf_grads: dict[str, torch.Tensor]) -> None:
+class GradViews(Protocol):
+    """A gradient slot's views by parameter name (a dict, or worker/streamer.py's
+    LazyGradViews, which takes its slot at the first lookup)."""
+
+    def __getitem__(self, name: str) -> torch.Tensor: ...
+
+
+def accumulate_grads(dw: GradViews, leaf_grads: dict[str, torch.Tensor]) -> None:
     """Add each leaf's gradient into the gradient slot's view of the same name."""
     for n, leaf in leaf_grads.items():
         if leaf.grad is not None:

@@ -169,7 +169,7 @@ class BackwardPrefetch:
         self.started: list[HostCopy] = []  # prefetched, not yet taken
 
     def add(self, stashed: object) -> None:
-        if self.streams.cuda and isinstance(stashed, HostCopy):
+        if isinstance(stashed, HostCopy):  # on CPU too, so the test suite runs this path
             self.queue.append(stashed)
 
     def top_up(self) -> None:

@@ -4,6 +4,7 @@ gradients sent home on the outbound stream. Per-slot events order copies and com
 
     weights = SlotStreamer.for_tiles(3, host_tiles, streams, device, "weights", counters)
     slot = weights.consume(k, upcoming); ...compute...; weights.release(slot)
+    dw = LazyGradViews(grads, k, upcoming, first_round, layout)  # taken at first dw[name]
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from worker.arena import LayerLayout
 from worker.rings import Slot, SlotRing, Streams
 
 
@@ -107,3 +109,28 @@ class SlotStreamer:
         """Wait until every gradient sent home has arrived."""
         if self.streams.cuda:
             self.streams.outbound.synchronize()
+
+
+class LazyGradViews:
+    """Layer k's gradient-slot views, taken at the layer's first accumulate instead of before
+    its backward: the wait for a free slot (the layer above's gradients going home) and for
+    k's accumulated gradients coming in overlaps the first chunk's MLP backward. With one
+    gradient slot that wait was the whole transfer, every layer of every round."""
+
+    def __init__(self, grads: SlotStreamer, layer: int, upcoming: list[int], first: bool,
+                 layout: LayerLayout) -> None:
+        self.grads, self.layer, self.upcoming, self.first = grads, layer, upcoming, first
+        self.layout = layout
+        self.slot: Slot | None = None
+        self.views: dict[str, torch.Tensor] = {}
+
+    def take(self) -> Slot:
+        if self.slot is None:
+            self.slot = self.grads.consume_for_accumulate(self.layer, self.upcoming,
+                                                          zero=self.first)
+            self.views = self.layout.views(self.slot.flat)
+        return self.slot
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        self.take()
+        return self.views[name]

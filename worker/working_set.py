@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
-from worker.blocks import accumulate_grads, attn_block, ffn_block, leaves
+from worker.blocks import GradViews, accumulate_grads, attn_block, ffn_block, leaves
 from worker.model import rms_norm, rope_tables
 from worker.moe import RouterTotals
 from worker.device_optim import DeviceOptimizer
@@ -45,10 +45,9 @@ from worker.lean_mlp import lean_backward, lean_forward
 from worker.lean_moe import lean_moe_backward, lean_moe_forward
 from worker.rings import Slot, Streams
 from worker.saved_acts import BackwardPrefetch, HostActivationStore, SavedTensorPolicy
-from worker.arena import LayerLayout
 from worker.state import DTYPES, HostState
 from worker.stats import StepStats
-from worker.streamer import SlotStreamer
+from worker.streamer import LazyGradViews, SlotStreamer
 
 LEVELS = (0, 1, 2, 3)
 
@@ -87,31 +86,6 @@ class _Graph:
     attn: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
     # MLP's lean set, levels 2-3: (gate, up), or (top_idx, gate, up) for MoE
     lean: tuple[object, ...] | None = None
-
-
-class LazyGradViews:
-    """Layer k's gradient-slot views, taken at the layer's first accumulate instead of before
-    its backward: the wait for a free slot (the layer above's gradients going home) and for
-    k's accumulated gradients coming in overlaps the first chunk's MLP backward. With one
-    gradient slot that wait was the whole transfer, every layer of every round."""
-
-    def __init__(self, grads: SlotStreamer, layer: int, upcoming: list[int], first: bool,
-                 layout: LayerLayout) -> None:
-        self.grads, self.layer, self.upcoming, self.first = grads, layer, upcoming, first
-        self.layout = layout
-        self.slot: Slot | None = None
-        self.views: dict[str, torch.Tensor] = {}
-
-    def take(self) -> Slot:
-        if self.slot is None:
-            self.slot = self.grads.consume_for_accumulate(self.layer, self.upcoming,
-                                                          zero=self.first)
-            self.views = self.layout.views(self.slot.flat)
-        return self.slot
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        self.take()
-        return self.views[name]
 
 
 class WorkingSetRuntime:
@@ -247,7 +221,7 @@ class WorkingSetRuntime:
     # ---------------------------------------------------------------- backward
 
     def _backward_layer(self, k: int, g: _Graph, dy: torch.Tensor, slot: Slot,
-                        dw: LazyGradViews) -> torch.Tensor:
+                        dw: GradViews) -> torch.Tensor:
         dims = self.dims
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
@@ -273,7 +247,7 @@ class WorkingSetRuntime:
 
     def _mlp_backward(self, hm: torch.Tensor, y: torch.Tensor, probs: torch.Tensor | None,
                       wm: dict[str, torch.Tensor], dy: torch.Tensor,
-                      dw: LazyGradViews) -> torch.Tensor:
+                      dw: GradViews) -> torch.Tensor:
         """Backward through the MLP half from dy (and, for MoE, the load-balancing loss's
         gradient on the router probabilities); weight grads into dw. Returns dL/dh."""
         if probs is not None and self._aux_grad is not None:

@@ -1,0 +1,44 @@
+"""worker/saved_acts.py's backward prefetch on CPU (streams are no-ops, the bookkeeping is
+the one CUDA runs): sets start in queue order up to the byte cap, a set taken frees its
+bytes for the next, a set taken before its turn is never copied again, and what backward
+takes is the host copy's contents.
+
+    pytest tests/worker/test_saved_acts.py
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.rings import Streams
+from worker.saved_acts import BackwardPrefetch, HostCopy, SavedTensorPolicy
+
+
+def _copies(n: int, numel: int) -> list[HostCopy]:
+    return [HostCopy(torch.full((numel,), float(i)), done=None) for i in range(n)]
+
+
+def test_prefetch_keeps_the_cap_and_follows_what_backward_takes() -> None:
+    streams, counters = Streams(torch.device("cpu")), {"h2d_bytes": 0, "d2h_bytes": 0}
+    policy = SavedTensorPolicy(streams, None, lambda: torch.empty(0), [], counters)  # type: ignore[arg-type]
+    copies = _copies(5, 256)  # 1 KiB each
+    ahead = BackwardPrefetch(streams, counters, cap_bytes=3 * 1024)
+    for c in copies:
+        ahead.add(c)
+    ahead.add(torch.zeros(4))  # a set kept on the device: nothing to bring back
+
+    ahead.top_up()
+    assert [c.device is not None for c in copies] == [True, True, True, False, False]
+    assert counters["h2d_bytes"] == 3 * 1024
+
+    got = policy.fetch(copies[0])  # backward takes the first: its bytes free up
+    assert torch.equal(got, copies[0].host) and copies[0].device is None
+    late = policy.fetch(copies[4])  # taken before its turn: copied in on the spot
+    assert torch.equal(late, copies[4].host)
+    ahead.top_up()
+    assert copies[3].device is not None and copies[4].device is None
+    assert counters["h2d_bytes"] == 5 * 1024  # 4 prefetched, 1 copied in on the spot
+    for c in copies[1:4]:
+        assert torch.equal(policy.fetch(c), c.host)
+    ahead.top_up()
+    assert not ahead.queue and not ahead.started
