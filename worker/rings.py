@@ -3,7 +3,8 @@
 `Streams` holds the compute, inbound (H2D) and two outbound (D2H) CUDA streams — `outbound`
 for bulk state (gradients, the device optimizer's weights and moments) and `saves` for saved
 activations, so a forward's activations never queue behind a layer's optimizer traffic
-(RoundPipe's priority-aware transfers) — and makes every operation a plain synchronous one on
+(RoundPipe's point about transfer priority, met with separate queues, not stream
+priorities) — and makes every operation a plain synchronous one on
 CPU, so the test suite runs the same schedule.
 `SlotRing` is R device slots of one flat tile size; each slot remembers which layer it
 holds and carries two events: `ready` (its inbound copy finished) and `free` (the last

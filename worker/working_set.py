@@ -6,8 +6,9 @@ holds the whole training state. The step reads like AdaWS Algorithms 1-2:
                 for each chunk c: T[c] = fwd(W_k, T[c]), saving (layer, chunk)'s
                 activations at its level, on device (last `window` layers) or sent home
       head:     chunked LM-head loss per chunk; T[c] = dLoss/dx_L
-      backward: for k = L-1..0: consume W_k and dW_k (accumulated grads, prefetched);
-                for each chunk c (reverse): T[c] = bwd(W_k, T[c]), grads into dW_k;
+      backward: for k = L-1..0: consume W_k; for each chunk c (reverse): top up the
+                saved sets coming home ahead of their chunks, T[c] = bwd(W_k, T[c]),
+                grads into dW_k (accumulated grads, taken at the first accumulate);
                 send dW_k home
     optimizer:  global-norm clip (norm summed on the device as gradients go home), then
                 AdamW per group: on the host, in a thread beside the next step's forward
