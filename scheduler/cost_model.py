@@ -24,13 +24,9 @@ from scheduler.levels import LEVELS, LayerCost, write_buffer_stall_s
 from scheduler.model_dims import ModelDims
 from scheduler.planner import ALLOCATOR_SLACK, ELEMENT_BYTES, activation_bytes_per_token
 
-# Share of a layer's full saved set kept per level (0 inputs only, 1 attention graph, 2 the
-# MLP's lean set gate/up, 3 both), from what worker/working_set.py saves (Llama-8B: gate and
-# up are 2f of the full set's 4d + 2q + 2kv + 4f + 4d elements).
-LEVEL_FRACTION = (0.0, 0.31, 0.29, 0.60)
-# Layer forwards recomputed in backward per level (an 8B layer at 8K: MLP ~0.7 of the
-# forward, attention block ~0.3); a measured layer replaces the middle two.
-RECOMPUTE_FORWARDS = (1.0, 0.7, 0.3, 0.02)
+# The SwiGLU GEMMs a backward recomputes when the MLP's lean set was not saved: gate and up,
+# two of three (the down projection's output is never needed, worker/lean_mlp.py).
+MLP_RECOMPUTED_SHARE = 2 / 3
 # The MLP's share of a layer's backward (Llama-8B at 8K: its GEMMs are 3/4 of the FLOPs).
 MLP_BACKWARD_SHARE = 0.7
 DEVICE_RESERVE_BYTES = GIB // 2
@@ -78,10 +74,16 @@ class StepTime:
 
 
 def saved_bytes(dims: ModelDims, spec: JobSpec, level: int) -> int:
-    """What one (layer, sequence) saves at `level`: its input plus the level's share."""
+    """What one (layer, sequence) saves at `level` (worker/working_set.py): its input, at
+    levels 1 and 3 the attention kernel's set (q, k, v, output, fp32 log-sum-exp), at 2 and 3
+    the MLP's lean set (gate and up; MoE: per routed copy, plus the routing)."""
     e = ELEMENT_BYTES[spec.precision]
-    per_token = activation_bytes_per_token(dims, spec.precision)
-    return int(spec.seq_len * (dims.hidden_size * e + LEVEL_FRACTION[level] * per_token))
+    hd = dims.head_dim
+    core = e * 2 * (dims.num_heads + dims.num_kv_heads) * hd + 4 * dims.num_heads
+    lean = (dims.experts_per_token * (2 * dims.moe_intermediate_size * e + 8) if dims.is_moe
+            else 2 * dims.intermediate_size * e)
+    per_token = dims.hidden_size * e + core * (level in (1, 3)) + lean * (level in (2, 3))
+    return spec.seq_len * per_token
 
 
 def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> int:
@@ -135,13 +137,25 @@ def adaws_min_micro_batch(psi_total: int, psi_active: int, seq_len: int, d_attn:
             / (2 * seq_len * (psi_active + seq_len * d_attn) * link_bytes_per_s))
 
 
-def recompute_forwards(node: NodeProfile) -> tuple[float, ...]:
-    """Share of a layer's forward each level recomputes in backward."""
+def recompute_shares(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float, ...]:
+    """Share of a layer's forward each level recomputes in backward: 0 the attention block
+    and the MLP's gate/up, 1 the output projection (with q/k norms also the QKV projections)
+    and gate/up, 2 the attention block, 3 the output projection. The blocks' times are
+    measured where the node carries them; the split inside attention is by FLOPs at the
+    profiled GEMM and attention rates."""
+    S, D, hd = seq_len, dims.hidden_size, dims.head_dim
+    qkv_s = 2 * S * D * (dims.num_heads + 2 * dims.num_kv_heads) * hd / node.matmul_flops
+    o_s = 2 * S * D * dims.num_heads * hd / node.matmul_flops
+    core_s = 2 * S * S * dims.num_heads * hd / node.attention_flops(S)
+    attn_s = qkv_s + o_s + core_s
+    mlp_s = max(0.0, 2 * S * dims.layer_params_active / node.matmul_flops - qkv_s - o_s)
     lt = node.layer
-    if lt is None:
-        return RECOMPUTE_FORWARDS
-    fwd = lt.attention_forward_s + lt.mlp_forward_s
-    return (1.0, lt.mlp_forward_s / fwd, lt.attention_forward_s / fwd, RECOMPUTE_FORWARDS[3])
+    if lt is not None and lt.seq_len == seq_len:
+        attn_s, mlp_s = lt.attention_forward_s, lt.mlp_forward_s
+    o_share = (o_s + (qkv_s if dims.qk_norm else 0.0)) / (qkv_s + o_s + core_s)
+    fwd_s, up_s = attn_s + mlp_s, MLP_RECOMPUTED_SHARE * mlp_s
+    return ((attn_s + up_s) / fwd_s, (o_share * attn_s + up_s) / fwd_s, attn_s / fwd_s,
+            o_share * attn_s / fwd_s)
 
 
 def chunk_times(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float, float]:
@@ -160,17 +174,13 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
     """One home layer as the levels DP sees it (scheduler/levels.py), per round."""
     fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node)
     saved = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
-    # levels 1 and 3 keep the attention graph inside autograd; the rest is stashed explicitly
-    graph = saved[3] - saved[2]
-    autograd = (0, graph, 0, graph)
     weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
     return LayerCost(
         chunks=lay.micro_batch, compute_s=fwd_s,
         transfer_s=tuple(link_seconds(b, node) for b in saved),
-        value_s=tuple(fwd_s * (1.0 - r) for r in recompute_forwards(node)),
+        value_s=tuple(fwd_s * (1.0 - r) for r in recompute_shares(dims, spec.seq_len, node)),
         cap_s=link_seconds(WRITE_BUFFER_BYTES, node),
-        explicit_s=tuple((b - a) / node.h2d_bytes_per_s for b, a in zip(saved, autograd)),
-        autograd_s=tuple(a / node.h2d_bytes_per_s for a in autograd),
+        back_s=tuple(b / node.h2d_bytes_per_s for b in saved),
         prefetch_cap_s=WRITE_BUFFER_BYTES / node.h2d_bytes_per_s,
         inbound_s=2 * weights / node.both_bytes_per_s, busy_s=lay.micro_batch * bwd_s)
 

@@ -43,11 +43,9 @@ class LayerCost:
     transfer_s: tuple[float, ...]  # per level: the chunk's saved set home over the link
     value_s: tuple[float, ...]  # per level: recomputation avoided in backward vs level 0
     cap_s: float  # the backlog allowed after any of its chunks (the write buffer)
-    # Its backward: saved sets stashed explicitly come back on the inbound stream up to the
-    # prefetch cap, overlapped with compute; the rest, and what autograd holds (levels 1/3's
-    # attention graph), are fetched when needed, on the compute stream.
-    explicit_s: tuple[float, ...] = (0.0,) * LEVELS  # per level, at the inbound rate
-    autograd_s: tuple[float, ...] = (0.0,) * LEVELS
+    # Its backward: saved sets come back on the inbound stream up to the prefetch cap,
+    # overlapped with compute; the rest are fetched when needed, on the compute stream.
+    back_s: tuple[float, ...] = (0.0,) * LEVELS  # per level, at the inbound rate
     prefetch_cap_s: float = 0.0
     inbound_s: float = 0.0  # weights and accumulated gradients in
     busy_s: float = 0.0  # backward compute of all chunks, recomputation aside
@@ -55,10 +53,9 @@ class LayerCost:
     def row_costs(self, pats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(recomputation, exposed backward transfer) seconds of each (P, C) pattern."""
         recompute = pats.shape[1] * self.compute_s - np.asarray(self.value_s)[pats].sum(axis=1)
-        explicit = np.asarray(self.explicit_s)[pats].sum(axis=1)
-        prefetched = np.minimum(explicit, self.prefetch_cap_s)
-        exposed = (np.asarray(self.autograd_s)[pats].sum(axis=1) + explicit - prefetched
-                   + self.inbound_exposed(recompute, prefetched))
+        back = np.asarray(self.back_s)[pats].sum(axis=1)
+        prefetched = np.minimum(back, self.prefetch_cap_s)
+        exposed = back - prefetched + self.inbound_exposed(recompute, prefetched)
         return recompute, exposed
 
     def inbound_exposed(self, recompute_s: ArrayOrFloat,

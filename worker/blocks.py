@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 
 from scheduler.model_dims import ModelDims
-from worker.model import attention, moe_block, rms_norm, swiglu
+from worker.model import causal_attention, moe_block, project_qkv, rms_norm, swiglu
 from worker.moe import RouterTotals
 
 
@@ -22,16 +23,27 @@ def leaves(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {n: v.detach().requires_grad_() for n, v in views.items()}
 
 
-def attn_block(x: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
-               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def qkv(n: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims, cos: torch.Tensor,
+        sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layer's queries, keys (with RoPE) and values from the normalised input n (B, S, D):
+    (B, H, S, hd), (B, KV, S, hd) x2."""
     qk = (w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"]) if dims.qk_norm else None
     bias = tuple(w[f"self_attn.{p}_proj.bias"] for p in "qkv") if dims.qkv_bias else None
-    a = attention(rms_norm(x, w["input_layernorm.weight"], dims.rms_norm_eps),
-                  w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
-                  w["self_attn.v_proj.weight"], w["self_attn.o_proj.weight"], cos, sin,
-                  dims.num_heads, dims.num_kv_heads, qk, dims.rms_norm_eps,
-                  bias)  # type: ignore[arg-type]
-    return x + a  # (B, S, D)
+    return project_qkv(n, w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
+                       w["self_attn.v_proj.weight"], cos, sin, dims.num_heads,
+                       dims.num_kv_heads, qk, dims.rms_norm_eps, bias)  # type: ignore[arg-type]
+
+
+def out_proj(x: torch.Tensor, out: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """h = x + o_proj(attention output). x: (B, S, D), out: (B, H, S, hd)"""
+    b, s, _ = x.shape
+    return x + F.linear(out.transpose(1, 2).reshape(b, s, -1), w["self_attn.o_proj.weight"])
+
+
+def attn_block(x: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
+               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    n = rms_norm(x, w["input_layernorm.weight"], dims.rms_norm_eps)
+    return out_proj(x, causal_attention(*qkv(n, w, dims, cos, sin)), w)  # (B, S, D)
 
 
 def mlp_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims) -> torch.Tensor:
@@ -62,6 +74,10 @@ class GradViews(Protocol):
 
 def accumulate_grads(dw: GradViews, leaf_grads: dict[str, torch.Tensor]) -> None:
     """Add each leaf's gradient into the gradient slot's view of the same name."""
-    for n, leaf in leaf_grads.items():
-        if leaf.grad is not None:
-            dw[n].add_(leaf.grad)
+    add_grads(dw, {n: leaf.grad for n, leaf in leaf_grads.items() if leaf.grad is not None})
+
+
+def add_grads(dw: GradViews, grads: dict[str, torch.Tensor]) -> None:
+    """Add gradients by parameter name into the gradient slot's views."""
+    for n, grad in grads.items():
+        dw[n].add_(grad)

@@ -25,13 +25,20 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def lean_saved(h: torch.Tensor, w: dict[str, torch.Tensor],
+               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate, up), (B, S, F) each: the set recomputed when it was not saved (levels 0-1),
+    without the down projection, which the backward never needs."""
+    n = rms_norm(h, w[NAMES[0]], eps)
+    return F.linear(n, w[NAMES[1]]), F.linear(n, w[NAMES[2]])
+
+
+@torch.no_grad()
 def lean_forward(h: torch.Tensor, w: dict[str, torch.Tensor],
                  eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, gate, up) for h: (B, S, D); gate and up are (B, S, F)."""
-    w_norm, w_gate, w_up, w_down = (w[n] for n in NAMES)
-    n = rms_norm(h, w_norm, eps)
-    g, u = F.linear(n, w_gate), F.linear(n, w_up)
-    return h + F.linear(F.silu(g) * u, w_down), g, u
+    g, u = lean_saved(h, w, eps)
+    return h + F.linear(F.silu(g) * u, w[NAMES[3]]), g, u
 
 
 def lean_backward(dy: torch.Tensor, h: torch.Tensor, g: torch.Tensor, u: torch.Tensor,

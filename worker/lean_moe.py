@@ -29,19 +29,37 @@ from worker.moe import (EXPERTS, ROUTER, SHARED, SHARED_GATE, Groups, grouped_li
 NORM = "post_attention_layernorm.weight"
 
 
+def _route_and_up(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Groups,
+                             torch.Tensor, torch.Tensor]:
+    """(nf (T, D), probs (T, E), top_idx (T, k), top_w (T, k), groups, gate, up)."""
+    w_gate, w_up = w[EXPERTS[0]], w[EXPERTS[1]]
+    nf = rms_norm(h, w[NORM], dims.rms_norm_eps).reshape(-1, dims.hidden_size)  # (T, D)
+    probs, top_idx, top_w = route(nf, w[ROUTER], dims.experts_per_token, dims.norm_topk_prob)
+    groups = Groups(top_idx, dims.num_experts)
+    xs = nf[groups.token]  # (T*k, D)
+    return (nf, probs, top_idx, top_w, groups, grouped_linear(xs, w_gate, groups),
+            grouped_linear(xs, w_up, groups))
+
+
+@torch.no_grad()
+def lean_moe_saved(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(top_idx, gate, up): the set recomputed when it was not saved (levels 0-1), without
+    the experts' down projections, which the backward never needs."""
+    *_, top_idx, _, _, g, u = _route_and_up(h, w, dims)
+    return top_idx, g, u
+
+
 @torch.no_grad()
 def lean_moe_forward(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                 tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(y, probs (T, E), top_idx (T, k), saved (top_idx, gate, up)); gate and up are
     (T*k, I) in expert-grouped order. h: (B, S, D)"""
-    w_gate, w_up, w_down = (w[n] for n in EXPERTS)
-    nf = rms_norm(h, w[NORM], dims.rms_norm_eps).reshape(-1, dims.hidden_size)  # (T, D)
-    probs, top_idx, top_w = route(nf, w[ROUTER], dims.experts_per_token, dims.norm_topk_prob)
-    groups = Groups(top_idx, dims.num_experts)
-    xs = nf[groups.token]  # (T*k, D)
-    g, u = grouped_linear(xs, w_gate, groups), grouped_linear(xs, w_up, groups)
-    ys = grouped_linear(F.silu(g) * u, w_down, groups) * top_w.reshape(-1)[groups.order, None]
+    nf, probs, top_idx, top_w, groups, g, u = _route_and_up(h, w, dims)
+    ys = grouped_linear(F.silu(g) * u, w[EXPERTS[2]], groups) * \
+        top_w.reshape(-1)[groups.order, None]
     m = nf.new_zeros(nf.shape).index_add(0, groups.token, ys)
     if SHARED_GATE in w:
         m = m + shared_expert(nf, w)

@@ -99,16 +99,16 @@ class Attention(nn.Module):
                          bias)
 
 
-def attention(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
-              wo: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
-              n_kv: int, qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
-              eps: float = 1e-6,
-              bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-              ) -> torch.Tensor:
-    """Causal GQA self-attention with RoPE through SDPA; with `qk_norm` queries and keys are
-    RMS-normalised before RoPE: per head when the norm weights are head_dim wide (Qwen3),
-    over the whole projection otherwise (OLMoE); `bias`: q/k/v biases (Qwen2).
-    x: (B, S, D) -> (B, S, D)"""
+def project_qkv(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
+                cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
+                qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None, eps: float = 1e-6,
+                bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries and keys with RoPE, and values, in SDPA's layout: (B, H, S, hd), (B, KV, S, hd),
+    (B, KV, S, hd) — transposed views of (B, S, heads, hd) tensors. With `qk_norm` queries and
+    keys are RMS-normalised before RoPE: per head when the norm weights are head_dim wide
+    (Qwen3), over the whole projection otherwise (OLMoE); `bias`: q/k/v biases (Qwen2).
+    x: (B, S, D), already normalised"""
     b, s, _ = x.shape
     hd = cos.shape[-1]
     bq, bk, bv = bias or (None, None, None)
@@ -119,12 +119,28 @@ def attention(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Ten
     if qk_norm is not None and qk_norm[0].shape[-1] == hd:
         q, k = rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)
     q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
-    q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, S, hd), (B, KV, S, hd)
-    v = F.linear(x, wv, bv).view(b, s, n_kv, hd).transpose(1, 2)
-    if n_heads > n_kv:
-        k = k.repeat_interleave(n_heads // n_kv, dim=1)
-        v = v.repeat_interleave(n_heads // n_kv, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, S, hd)
+    v = F.linear(x, wv, bv).view(b, s, n_kv, hd)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """SDPA, causal; grouped-query heads go to the kernel as they are (no repeated K/V, so
+    autograd keeps K and V at their own size). (B, H, S, hd), (B, KV, S, hd) x2 -> (B, H, S, hd)"""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+def attention(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
+              wo: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
+              n_kv: int, qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
+              eps: float = 1e-6,
+              bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+              ) -> torch.Tensor:
+    """Causal GQA self-attention with RoPE through SDPA (project_qkv's options).
+    x: (B, S, D) -> (B, S, D)"""
+    b, s, _ = x.shape
+    out = causal_attention(*project_qkv(x, wq, wk, wv, cos, sin, n_heads, n_kv, qk_norm, eps,
+                                        bias))  # (B, H, S, hd)
     return F.linear(out.transpose(1, 2).reshape(b, s, -1), wo)
 
 

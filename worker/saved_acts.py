@@ -61,6 +61,8 @@ class HostActivationStore:
         self.cursor = (0, 0)
 
     def take(self, like: torch.Tensor) -> torch.Tensor:
+        """Host room for `like`, laid out with its strides when it is a permuted contiguous
+        tensor (SDPA's transposed q/k/v and output), so the copy home is one plain DMA."""
         nbytes = -(-like.numel() * like.element_size() // 256) * 256
         idx, off = self.cursor
         while idx < len(self.chunks) and off + nbytes > self.chunks[idx].numel():
@@ -69,8 +71,12 @@ class HostActivationStore:
             size = max(CHUNK_BYTES, nbytes)
             self.chunks.append(self.arena.alloc(f"acts{idx}", size, torch.uint8, "activations"))
         self.cursor = (idx, off + nbytes)
-        raw = self.chunks[idx][off:off + like.numel() * like.element_size()]
-        return raw.view(like.dtype).view(like.shape)
+        raw = self.chunks[idx][off:off + like.numel() * like.element_size()].view(like.dtype)
+        order = sorted(range(like.dim()), key=lambda d: -like.stride(d))  # outermost first
+        if not like.permute(order).is_contiguous():
+            return raw.view(like.shape)
+        inverse = sorted(range(like.dim()), key=lambda i: order[i])
+        return raw.view([like.shape[d] for d in order]).permute(inverse)
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,8 @@ class _WeightRef:
 class HostCopy:
     host: torch.Tensor
     done: torch.cuda.Event | None  # its copy home finished
-    device: torch.Tensor | None = None  # prefetched back for backward
-    arrived: torch.cuda.Event | None = None
+    device: torch.Tensor | None = None  # back on the device for backward (kept until freed)
+    arrived: torch.cuda.Event | None = None  # its prefetch finished
     used: bool = False  # backward has taken it (prefetched or not)
 
 
@@ -100,7 +106,10 @@ class SavedTensorPolicy:
         self.resident_ptrs = {t.untyped_storage().data_ptr() for t in resident}
         self.counters = counters
 
-    def hooks(self, home: bool) -> torch.autograd.graph.saved_tensors_hooks:
+    def hooks(self, home: bool, packed: dict[int, HostCopy] | None = None
+              ) -> torch.autograd.graph.saved_tensors_hooks:
+        """Hooks for the forward; what goes home is also entered in `packed` by data
+        pointer (the runtime finds the attention output's copy there and prefetches all)."""
         forward_slot = self.weight_storage()
         slot_ptr = forward_slot.untyped_storage().data_ptr()
 
@@ -108,10 +117,14 @@ class SavedTensorPolicy:
             ptr = t.untyped_storage().data_ptr()
             if ptr == slot_ptr:
                 return _WeightRef(t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-            # CPU scalars (SDPA's RNG seed/offset) and resident constants stay where they are
-            if ptr in self.resident_ptrs or not home or t.device != self.streams.device:
+            # resident constants and scalars (SDPA's RNG seed and offset) stay where they are
+            if (ptr in self.resident_ptrs or not home or t.device != self.streams.device
+                    or t.dim() == 0):
                 return t
-            return self.send_home(t)
+            copy = self.send_home(t)
+            if packed is not None:
+                packed[t.data_ptr()] = copy
+            return copy
 
         def unpack(obj: object) -> torch.Tensor:
             if isinstance(obj, _WeightRef):
@@ -143,17 +156,20 @@ class SavedTensorPolicy:
         return HostCopy(host, done)
 
     def fetch(self, copy: HostCopy) -> torch.Tensor:
+        """The saved tensor back on the device: its prefetch, or a copy on the compute stream
+        now. Taken again (the attention output: by the runtime, then by the kernel's
+        backward) it is the same tensor."""
         s = self.streams
         copy.used = True
-        if copy.device is not None:  # prefetched
+        if copy.device is None:
+            s.compute_waits("activations", copy.done)
+            copy.device = torch.empty_like(copy.host, device=s.device)
+            copy.device.copy_(copy.host, non_blocking=True)
+            self.counters["h2d_bytes"] += copy.host.nbytes
+        elif copy.arrived is not None:  # prefetched
             s.compute_waits("activations", copy.arrived)
-            out, copy.device = copy.device, None
-            return out
-        s.compute_waits("activations", copy.done)
-        out = torch.empty_like(copy.host, device=s.device)
-        out.copy_(copy.host, non_blocking=True)
-        self.counters["h2d_bytes"] += copy.host.nbytes
-        return out
+            copy.arrived = None
+        return copy.device
 
 
 class BackwardPrefetch:

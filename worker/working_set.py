@@ -36,16 +36,18 @@ import torch.nn.functional as F
 
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
-from worker.blocks import GradViews, accumulate_grads, attn_block, ffn_block, leaves
+from worker.blocks import (GradViews, accumulate_grads, add_grads, attn_block, ffn_block,
+                           leaves, out_proj)
 from worker.model import rms_norm, rope_tables
 from worker.moe import RouterTotals
 from worker.device_optim import DeviceOptimizer
 from worker.hf_load import stream_into
 from worker.host_optim import HostOptimizerPipeline
-from worker.lean_mlp import lean_backward, lean_forward
-from worker.lean_moe import lean_moe_backward, lean_moe_forward
+from worker.lean_attn import CoreGraph, lean_attn_backward, lean_attn_forward
+from worker.lean_mlp import lean_backward, lean_forward, lean_saved
+from worker.lean_moe import lean_moe_backward, lean_moe_forward, lean_moe_saved
 from worker.rings import Slot, Streams
-from worker.saved_acts import BackwardPrefetch, HostActivationStore, SavedTensorPolicy
+from worker.saved_acts import BackwardPrefetch, HostActivationStore, HostCopy, SavedTensorPolicy
 from worker.state import DTYPES, HostState
 from worker.stats import StepStats
 from worker.streamer import LazyGradViews, SlotStreamer
@@ -81,12 +83,21 @@ class WorkingSetConfig:
 
 @dataclass
 class _Graph:
-    """What one (layer, chunk) forward left for its backward."""
+    """What one (layer, chunk) forward left for its backward: each part a device tensor (in
+    the window) or a HostCopy (sent home)."""
 
-    x: torch.Tensor | object | None  # layer input (device tensor or host copy), levels 0, 2
-    attn: tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None = None
-    # MLP's lean set, levels 2-3: (gate, up), or (top_idx, gate, up) for MoE
+    x: object  # the layer input
+    # levels 1 and 3: the attention kernel's graph, its output, and its saved tensors that
+    # went home (worker/lean_attn.py)
+    core: CoreGraph | None = None
+    out: object = None
+    core_copies: tuple[HostCopy, ...] = ()
+    # levels 2 and 3: the MLP's lean set (gate, up), or (top_idx, gate, up) for MoE
     lean: tuple[object, ...] | None = None
+
+    def stashed(self) -> tuple[object, ...]:
+        """Everything sent home, in the order backward takes it."""
+        return (self.x, self.out, *(self.lean or ()), *self.core_copies)
 
 
 class WorkingSetRuntime:
@@ -196,28 +207,28 @@ class WorkingSetRuntime:
         home = k < self.dims.num_layers - self.cfg.window
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
-        # the input, for recomputing attention (levels 1 and 3 keep the attention graph)
-        g = _Graph(x=self._stash(x, home, policy) if level in (0, 2) else None)
-        with policy.hooks(home):
-            if level in (1, 3):
-                xa, wa = x.detach().requires_grad_(), leaves(w)
-                h = attn_block(xa, wa, dims, self.cos, self.sin)
-                g.attn = (xa, h, wa)
+        g = _Graph(x=self._stash(x, home, policy))
+        if level in (1, 3):  # the attention kernel's own saved set, through the hooks
+            packed: dict[int, HostCopy] = {}
+            with policy.hooks(home, packed):
+                h, out, g.core = lean_attn_forward(x, w, dims, self.cos, self.sin)
+            g.out = packed.pop(out.data_ptr(), None) or self._stash(out, home, policy)
+            g.core_copies = tuple(packed.values())
+        else:
+            with torch.no_grad():
+                h = attn_block(x, w, dims, self.cos, self.sin)
+        if level in (2, 3):
+            if dims.is_moe:
+                y, probs, top_idx, saved = lean_moe_forward(h, w, dims)
+                if self.router is not None:
+                    self.router.add(probs, top_idx)
             else:
-                with torch.no_grad():
-                    h = attn_block(x, w, dims, self.cos, self.sin)
-            if level in (2, 3):
-                if dims.is_moe:
-                    y, probs, top_idx, saved = lean_moe_forward(h.detach(), w, dims)
-                    if self.router is not None:
-                        self.router.add(probs, top_idx)
-                else:
-                    y, *saved = lean_forward(h.detach(), w, dims.rms_norm_eps)
-                g.lean = tuple(self._stash(t, home, policy) for t in saved)
-            else:
-                with torch.no_grad():
-                    y, _ = ffn_block(h, w, dims, self.router)
-        return y.detach(), g
+                y, *saved = lean_forward(h, w, dims.rms_norm_eps)
+            g.lean = tuple(self._stash(t, home, policy) for t in saved)
+        else:
+            with torch.no_grad():
+                y, _ = ffn_block(h, w, dims, self.router)
+        return y, g
 
     # ---------------------------------------------------------------- backward
 
@@ -226,37 +237,32 @@ class WorkingSetRuntime:
         dims = self.dims
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
-        attn = g.attn  # the attention block's graph: saved (levels 1, 3) or recomputed
-        if attn is None:
-            xa, wa = self._unstash(g.x, policy).detach().requires_grad_(), leaves(w)
-            attn = (xa, attn_block(xa, wa, dims, self.cos, self.sin), wa)
-        h = attn[1].detach()  # (B, S, D)
-        if g.lean is not None:  # levels 2-3: the MLP's lean set, no GEMM recomputed
+        x = self._unstash(g.x, policy)  # (B, S, D)
+        if g.core is not None:  # levels 1, 3: h from the saved attention output
+            out = self._unstash(g.out, policy)
+            with torch.no_grad():
+                h = out_proj(x, out, w)
+        else:  # levels 0, 2: the attention block's graph, recomputed
+            xa, wa = x.detach().requires_grad_(), leaves(w)
+            h_graph = attn_block(xa, wa, dims, self.cos, self.sin)
+            h = h_graph.detach()
+        # the MLP's lean set, saved (levels 2, 3) or recomputed without its down projection
+        if g.lean is not None:
             saved = [self._unstash(t, policy) for t in g.lean]
-            dh, dws = (lean_moe_backward(dy, h, *saved, w, dims, self._aux_grad)
-                       if dims.is_moe else lean_backward(dy, h, *saved, w, dims.rms_norm_eps))
-            for n, grad in dws.items():
-                dw[n].add_(grad)
-        else:  # levels 0-1: the MLP's graph, recomputed from h
-            hm, wm = h.detach().requires_grad_(), leaves(w)
-            y, probs = ffn_block(hm, wm, dims)
-            dh = self._mlp_backward(hm, y, probs, wm, dy, dw)
-        xa, h, wa = attn
-        torch.autograd.backward(h, dh)
-        accumulate_grads(dw, wa)
-        return xa.grad
-
-    def _mlp_backward(self, hm: torch.Tensor, y: torch.Tensor, probs: torch.Tensor | None,
-                      wm: dict[str, torch.Tensor], dy: torch.Tensor,
-                      dw: GradViews) -> torch.Tensor:
-        """Backward through the MLP half from dy (and, for MoE, the load-balancing loss's
-        gradient on the router probabilities); weight grads into dw. Returns dL/dh."""
-        if probs is not None and self._aux_grad is not None:
-            torch.autograd.backward((y, probs), (dy, self._aux_grad.expand_as(probs)))
         else:
-            torch.autograd.backward(y, dy)
-        accumulate_grads(dw, wm)
-        return hm.grad  # type: ignore[return-value]
+            saved = (lean_moe_saved(h, w, dims) if dims.is_moe
+                     else lean_saved(h, w, dims.rms_norm_eps))
+        dh, dws = (lean_moe_backward(dy, h, *saved, w, dims, self._aux_grad) if dims.is_moe
+                   else lean_backward(dy, h, *saved, w, dims.rms_norm_eps))
+        del saved
+        add_grads(dw, dws)
+        if g.core is not None:
+            dx, dws = lean_attn_backward(dh, x, out, g.core, w, dims, self.cos, self.sin)
+            add_grads(dw, dws)
+            return dx
+        torch.autograd.backward(h_graph, dh)
+        accumulate_grads(dw, wa)
+        return xa.grad  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- head and loss
 
@@ -346,12 +352,11 @@ class WorkingSetRuntime:
         if self.router is not None and coef > 0:  # HF: loss += coef * aux, per micro-batch
             self._aux_grad = self.router.prob_grad(coef / cfg.rounds)
             loss += coef * self.router.loss() * cfg.micro_batch * cfg.seq_len  # x scale later
-        # stashed sets come back ahead of the chunks that take them (the attention graph of
-        # levels 1 and 3 lives inside autograd and comes back when unpacked)
+        # saved sets come back ahead of the chunks that take them
         ahead = BackwardPrefetch(self.streams, self.counters, cfg.write_buffer_bytes)
         for k in self._bwd_order:
             for c in reversed(range(cfg.chunks)):
-                for stashed in (graphs[k][c].x, *(graphs[k][c].lean or ())):
+                for stashed in graphs[k][c].stashed():
                     ahead.add(stashed)
         for i, k in enumerate(self._bwd_order):
             slot = self.weights.consume(k, self._bwd_order[i + 1:] + self._fwd_order)

@@ -239,4 +239,4 @@ def test_overrides_win_and_are_validated() -> None:
     assert all("(override)" in plan.reasons[k] for k in ("micro_batch", "window", "rings",
                                                           "levels", "optimizer"))
     with pytest.raises(InfeasibleBudget):  # a forced window that cannot fit is refused
-        make_ws_plan(_spec(dims, 8192, 32, 24, 200, window=16, level=3), dims, H200)
+        make_ws_plan(_spec(dims, 8192, 32, 16, 200, window=16, level=3), dims, H200)

@@ -32,13 +32,29 @@ def test_prefetch_keeps_the_cap_and_follows_what_backward_takes() -> None:
     assert counters["h2d_bytes"] == 3 * 1024
 
     got = policy.fetch(copies[0])  # backward takes the first: its bytes free up
-    assert torch.equal(got, copies[0].host) and copies[0].device is None
+    assert torch.equal(got, copies[0].host) and copies[0].used
+    assert policy.fetch(copies[0]) is got  # taken again (by the kernel's backward): the same
     late = policy.fetch(copies[4])  # taken before its turn: copied in on the spot
     assert torch.equal(late, copies[4].host)
     ahead.top_up()
-    assert copies[3].device is not None and copies[4].device is None
+    assert copies[3].device is not None and policy.fetch(copies[4]) is late
     assert counters["h2d_bytes"] == 5 * 1024  # 4 prefetched, 1 copied in on the spot
     for c in copies[1:4]:
         assert torch.equal(policy.fetch(c), c.host)
     ahead.top_up()
     assert not ahead.queue and not ahead.started
+
+
+def test_host_copy_keeps_a_transposed_layout() -> None:
+    """SDPA's q/k/v and output are transposed views: their host room has the same strides,
+    so the copy home is one plain copy and the copy back has the kernel's layout."""
+    from worker.arena import HostArena
+    from worker.saved_acts import HostActivationStore
+
+    store = HostActivationStore(HostArena(pin=False))
+    t = torch.randn(2, 5, 4, 3).transpose(1, 2)  # (B, H, S, hd) view of (B, S, H, hd)
+    host = store.take(t)
+    assert host.shape == t.shape and host.stride() == t.stride()
+    assert store.take(torch.randn(4, 6)).is_contiguous()
+    odd = torch.randn(6, 8)[:, ::2]  # not dense: contiguous room
+    assert store.take(odd).is_contiguous()
