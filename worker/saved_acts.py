@@ -118,8 +118,9 @@ class SavedTensorPolicy:
             if ptr == slot_ptr:
                 return _WeightRef(t.storage_offset(), tuple(t.shape), tuple(t.stride()))
             # resident constants and scalars (SDPA's RNG seed and offset) stay where they are
-            if (ptr in self.resident_ptrs or not home or t.device != self.streams.device
-                    or t.dim() == 0):
+            # (device types: the streams' "cuda" and a tensor's "cuda:0" are not equal)
+            if (ptr in self.resident_ptrs or not home or t.dim() == 0
+                    or t.device.type != self.streams.device.type):
                 return t
             copy = self.send_home(t)
             if packed is not None:

@@ -8,6 +8,7 @@ takes is the host copy's contents.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from worker.rings import Streams
@@ -58,3 +59,23 @@ def test_host_copy_keeps_a_transposed_layout() -> None:
     assert store.take(torch.randn(4, 6)).is_contiguous()
     odd = torch.randn(6, 8)[:, ::2]  # not dense: contiguous room
     assert store.take(odd).is_contiguous()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_hooks_send_cuda_activations_home() -> None:
+    """A runtime on "cuda" packs tensors on "cuda:0": they go home, scalars stay."""
+    from worker.arena import HostArena
+    from worker.saved_acts import HostActivationStore
+
+    streams = Streams(torch.device("cuda"))
+    policy = SavedTensorPolicy(streams, HostActivationStore(HostArena(pin=True)),
+                               lambda: torch.empty(0, device="cuda"), [],
+                               {"h2d_bytes": 0, "d2h_bytes": 0})
+    packed: dict[int, HostCopy] = {}
+    x = torch.randn(64, 64, device="cuda", requires_grad=True)
+    with policy.hooks(True, packed):
+        y = (x * x).sum()
+    assert len(packed) == 1 and next(iter(packed.values())).host.device.type == "cpu"
+    y.backward()
+    assert torch.allclose(x.grad, 2 * x)
