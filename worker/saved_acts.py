@@ -79,6 +79,11 @@ class HostActivationStore:
         return raw.view([like.shape[d] for d in order]).permute(inverse)
 
 
+def tensor_key(t: torch.Tensor) -> tuple[object, ...]:
+    """Which tensor this is: address and layout (views can share an address)."""
+    return t.data_ptr(), tuple(t.shape), tuple(t.stride())
+
+
 @dataclass(frozen=True)
 class _WeightRef:
     offset: int
@@ -106,10 +111,10 @@ class SavedTensorPolicy:
         self.resident_ptrs = {t.untyped_storage().data_ptr() for t in resident}
         self.counters = counters
 
-    def hooks(self, home: bool, packed: dict[int, HostCopy] | None = None
+    def hooks(self, home: bool, packed: dict[tuple[object, ...], HostCopy] | None = None
               ) -> torch.autograd.graph.saved_tensors_hooks:
-        """Hooks for the forward; what goes home is also entered in `packed` by data
-        pointer (the runtime finds the attention output's copy there and prefetches all)."""
+        """Hooks for the forward; what goes home is also entered in `packed` by tensor_key
+        (the runtime finds the attention output's copy there and prefetches all)."""
         forward_slot = self.weight_storage()
         slot_ptr = forward_slot.untyped_storage().data_ptr()
 
@@ -124,7 +129,7 @@ class SavedTensorPolicy:
                 return t
             copy = self.send_home(t)
             if packed is not None:
-                packed[t.data_ptr()] = copy
+                packed[tensor_key(t)] = copy
             return copy
 
         def unpack(obj: object) -> torch.Tensor:

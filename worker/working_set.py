@@ -47,7 +47,8 @@ from worker.lean_attn import CoreGraph, lean_attn_backward, lean_attn_forward
 from worker.lean_mlp import lean_backward, lean_forward, lean_saved
 from worker.lean_moe import lean_moe_backward, lean_moe_forward, lean_moe_saved
 from worker.rings import Slot, Streams
-from worker.saved_acts import BackwardPrefetch, HostActivationStore, HostCopy, SavedTensorPolicy
+from worker.saved_acts import (BackwardPrefetch, HostActivationStore, HostCopy,
+                               SavedTensorPolicy, tensor_key)
 from worker.state import DTYPES, HostState
 from worker.stats import StepStats
 from worker.streamer import LazyGradViews, SlotStreamer
@@ -209,10 +210,10 @@ class WorkingSetRuntime:
         w = self.host.layout.views(slot.flat)
         g = _Graph(x=self._stash(x, home, policy))
         if level in (1, 3):  # the attention kernel's own saved set, through the hooks
-            packed: dict[int, HostCopy] = {}
+            packed: dict[tuple[object, ...], HostCopy] = {}
             with policy.hooks(home, packed):
                 h, out, g.core = lean_attn_forward(x, w, dims, self.cos, self.sin)
-            g.out = packed.pop(out.data_ptr(), None) or self._stash(out, home, policy)
+            g.out = packed.pop(tensor_key(out), None) or self._stash(out, home, policy)
             g.core_copies = tuple(packed.values())
         else:
             with torch.no_grad():

@@ -72,7 +72,7 @@ def test_hooks_send_cuda_activations_home() -> None:
     policy = SavedTensorPolicy(streams, HostActivationStore(HostArena(pin=True)),
                                lambda: torch.empty(0, device="cuda"), [],
                                {"h2d_bytes": 0, "d2h_bytes": 0})
-    packed: dict[int, HostCopy] = {}
+    packed: dict[tuple[object, ...], HostCopy] = {}
     x = torch.randn(64, 64, device="cuda", requires_grad=True)
     with policy.hooks(True, packed):
         y = (x * x).sum()
