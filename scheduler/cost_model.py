@@ -36,10 +36,12 @@ PROCESS_BYTES = {"cuda": int(5.5 * GIB), "cpu": int(0.75 * GIB)}
 WRITE_BUFFER_BYTES = GIB  # worker/saved_acts.py's bound on copies in flight home
 CHECKPOINT_SHARD_BYTES = GIB  # worker/checkpoint.py's SHARD_BYTES
 # The runtime's layer compute over the same layer timed alone (worker/layer_profile.py):
-# saved-tensor hooks, slot binding, stream waits and launch gaps. Calibrated on the H200
-# sweep of 2026-11-22 (bench/RESULTS.md): (step - optimizer - gradient stalls) / (compute +
-# recompute) was 1.12-1.18 over five points; the other points validate it.
-RUNTIME_OVERHEAD = 1.15
+# saved-tensor hooks, slot binding, stream waits, launch gaps, and the lean backwards'
+# elementwise work (norms recomputed in fp32, RoPE undone, transposes). Calibrated on the H200:
+# 1.12-1.18 over five sweep points of 2026-11-22 with autograd recomputation; refitted to 1.22
+# on the five bench/runtime.py rows at commit 714a5f0 (lean attention set: measured/predicted
+# 1.05-1.08 at 1.15) and checked on three sweep points it had not seen (bench/RESULTS.md).
+RUNTIME_OVERHEAD = 1.22
 # Plan the D2H link to 80% of its measured rate for saved activations: gradients and the
 # device optimizer share it. With backward fetches inline on the compute stream (before
 # worker/saved_acts.py BackwardPrefetch) 80% left the GPU idle 4.8 s a step and 50% was
