@@ -1,9 +1,10 @@
 """Saved-activation levels per (layer, chunk) for a working-set plan: AdaWS §3.2.4's dynamic
 program, maximising avoided recomputation subject to "the write buffer is free in time".
 
-Levels (worker/working_set.py): 0 saves a layer's input only (backward recomputes the whole
-layer), 1 adds the attention graph (recompute the MLP), 2 the MLP's lean set h/gate/up
-(recompute attention), 3 both. Outside the device window every (layer, chunk)'s saved set
+Levels (worker/working_set.py): 0 saves a layer's input only (backward recomputes the layer
+but the MLP's down projection), 1 adds the attention kernel's saved set (recompute the output
+projection and the MLP's gate/up), 2 the MLP's lean set gate/up (recompute attention), 3
+both. Outside the device window every (layer, chunk)'s saved set
 travels home over the D2H link in forward order; the link is FIFO, so after chunk j its
 backlog is b_j = max(0, b_{j-1} - compute_j) + transfer_j, and the write buffer is free in
 time when b_j never exceeds the cap (AdaWS: finished before the chunk W layers later starts;

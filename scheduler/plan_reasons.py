@@ -46,8 +46,8 @@ def ws_reasons(spec: JobSpec, dims: ModelDims, node: NodeProfile, lay: cm.Layout
                     "" if lay.r_grad > 1 else ": the deeper rings did not fit or were slower"),
         "levels": f"level {o.level} everywhere (override)" if o.level is not None else
                   f"home layers by the write-buffer DP ({_count(home)}); window by spare "
-                  f"device memory ({_count(in_window)}); 0 = recompute the layer, 2 = keep the "
-                  "MLP's lean set, 3 = keep everything",
+                  f"device memory ({_count(in_window)}); 0 = recompute the layer, 1 = keep the "
+                  "attention kernel's set, 2 = keep the MLP's lean set, 3 = keep both",
         "optimizer": ("device: AdamW over streamed moments, hidden in the next forward"
                       if lay.device_optimizer else "host: CPU AdamW after backward")
                      + (" (override)" if o.optimizer else ""),

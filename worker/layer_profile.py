@@ -51,7 +51,7 @@ def _time(fn: Callable[[], object], repeats: int, device: torch.device) -> float
 
 def measure(dims: ModelDims, seq_len: int, precision: str, repeats: int = 3) -> dict[str, float]:
     """Seconds of one sequence through one layer: forward, backward (everything saved), and
-    the forward's attention and MLP blocks (what levels 2 and 1 recompute)."""
+    the forward's attention and MLP blocks (the cost model splits recomputation by them)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     w = _weights(dims, dtype, device)

@@ -15,13 +15,15 @@ holds the whole training state. The step reads like AdaWS Algorithms 1-2:
                 (worker/host_optim.py), or on the device over streamed moments, deferred
                 into the next forward (worker/device_optim.py)
 
-Saved-activation levels per (layer, chunk): 0 inputs only (recompute the whole layer),
-1 + attention graph (recompute the MLP from its output h), 2 + the MLP's lean set (gate and
-up: recompute attention, which gives h again, and the MLP's elementwise ops,
-worker/lean_mlp.py; for a mixture-of-experts MLP the routing and the grouped gate/up
-outputs, worker/lean_moe.py), 3 both. MoE layers add
-their routing to the round's router totals, and the load-balancing loss's gradient
-(worker/moe.py) enters each layer's MLP backward.
+Saved-activation levels per (layer, chunk), each keeping the layer's input: 0 nothing more
+(backward recomputes attention with its graph, then the MLP's gate/up — never the down
+projection, whose output backward does not need), 1 + the attention kernel's own saved set
+(q, k, v, output, log-sum-exp: worker/lean_attn.py; backward recomputes the output
+projection for h and the MLP's gate/up, no QKV GEMM, no attention forward), 2 + the MLP's lean
+set (gate and up, worker/lean_mlp.py; MoE: routing and grouped gate/up, worker/lean_moe.py;
+backward recomputes attention), 3 both. MoE layers add their routing to the round's router
+totals, and the load-balancing loss's gradient (worker/moe.py) enters each layer's MLP
+backward.
 It never touches Redis; on CPU streams are no-ops and the same schedule runs.
 """
 
