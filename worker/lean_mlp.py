@@ -25,35 +25,33 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def lean_saved(h: torch.Tensor, w: dict[str, torch.Tensor],
-               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gate, up), (B, S, F) each: the set recomputed when it was not saved (levels 0-1),
-    without the down projection, which the backward never needs."""
-    n = rms_norm(h, w[NAMES[0]], eps)
-    return F.linear(n, w[NAMES[1]]), F.linear(n, w[NAMES[2]])
-
-
-@torch.no_grad()
 def lean_forward(h: torch.Tensor, w: dict[str, torch.Tensor],
                  eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, gate, up) for h: (B, S, D); gate and up are (B, S, F)."""
-    g, u = lean_saved(h, w, eps)
+    n = rms_norm(h, w[NAMES[0]], eps)
+    g, u = F.linear(n, w[NAMES[1]]), F.linear(n, w[NAMES[2]])
     return h + F.linear(F.silu(g) * u, w[NAMES[3]]), g, u
 
 
-def lean_backward(dy: torch.Tensor, h: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
-                  w: dict[str, torch.Tensor],
+def lean_backward(dy: torch.Tensor, h: torch.Tensor,
+                  saved: tuple[torch.Tensor, torch.Tensor] | None, w: dict[str, torch.Tensor],
                   eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """dL/dh and the four weight gradients, from dy = dL/dy. (B, S, D) in and out."""
+    """dL/dh and the four weight gradients, from dy = dL/dy. (B, S, D) in and out.
+    `saved`: the forward's (gate, up), or None to recompute them from the norm the backward
+    recomputes anyway (levels 0-1: two GEMMs; the down projection's output is never needed)."""
     w_norm, w_gate, w_up, w_down = (w[n] for n in NAMES)
+    with torch.enable_grad():
+        h_, wn_ = h.detach().requires_grad_(), w_norm.detach().requires_grad_()
+        n = rms_norm(h_, wn_, eps)  # (B, S, D): elementwise recompute
+    n_flat = _flat(n.detach())
+    g, u = saved if saved is not None else (F.linear(n.detach(), w_gate),
+                                            F.linear(n.detach(), w_up))
     with torch.enable_grad():
         g_, u_ = g.detach().requires_grad_(), u.detach().requires_grad_()
         p = F.silu(g_) * u_  # (B, S, F): elementwise recompute
-        h_, wn_ = h.detach().requires_grad_(), w_norm.detach().requires_grad_()
-        n = rms_norm(h_, wn_, eps)  # (B, S, D): elementwise recompute
+    del g, u
     dw_down = _flat(dy).t() @ _flat(p.detach())  # (D, F)
     dg, du = torch.autograd.grad(p, (g_, u_), dy @ w_down)
-    n_flat = _flat(n.detach())
     dw_gate, dw_up = _flat(dg).t() @ n_flat, _flat(du).t() @ n_flat  # (F, D) each
     dh, dw_norm = torch.autograd.grad(n, (h_, wn_), dg @ w_gate + du @ w_up)
     return dy + dh, dict(zip(NAMES, (dw_norm, dw_gate, dw_up, dw_down)))

@@ -46,7 +46,7 @@ from worker.device_optim import DeviceOptimizer
 from worker.hf_load import stream_into
 from worker.host_optim import HostOptimizerPipeline
 from worker.lean_attn import CoreGraph, lean_attn_backward, lean_attn_forward
-from worker.lean_mlp import lean_backward, lean_forward, lean_saved
+from worker.lean_mlp import lean_backward, lean_forward
 from worker.lean_moe import lean_moe_backward, lean_moe_forward, lean_moe_saved
 from worker.rings import Slot, Streams
 from worker.saved_acts import (BackwardPrefetch, HostActivationStore, HostCopy,
@@ -250,13 +250,13 @@ class WorkingSetRuntime:
             h_graph = attn_block(xa, wa, dims, self.cos, self.sin)
             h = h_graph.detach()
         # the MLP's lean set, saved (levels 2, 3) or recomputed without its down projection
-        if g.lean is not None:
-            saved = [self._unstash(t, policy) for t in g.lean]
+        saved = tuple(self._unstash(t, policy) for t in g.lean) if g.lean is not None else None
+        if dims.is_moe:
+            moe_saved = saved or lean_moe_saved(h, w, dims)
+            dh, dws = lean_moe_backward(dy, h, *moe_saved, w, dims, self._aux_grad)
+            del moe_saved
         else:
-            saved = (lean_moe_saved(h, w, dims) if dims.is_moe
-                     else lean_saved(h, w, dims.rms_norm_eps))
-        dh, dws = (lean_moe_backward(dy, h, *saved, w, dims, self._aux_grad) if dims.is_moe
-                   else lean_backward(dy, h, *saved, w, dims.rms_norm_eps))
+            dh, dws = lean_backward(dy, h, saved, w, dims.rms_norm_eps)  # type: ignore[arg-type]
         del saved
         add_grads(dw, dws)
         if g.core is not None:
