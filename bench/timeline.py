@@ -18,6 +18,7 @@ from pathlib import Path
 
 GAP_S = 1e-3  # idle stretches shorter than this are launch gaps, not stalls
 TOP = 30  # kernels named in the summary, by total time
+GAPS = 16  # idle stretches described by what ran around them
 
 
 def kernel_kind(name: str) -> str:
@@ -29,13 +30,13 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def _union_s(spans: list[tuple[float, float]]) -> tuple[float, list[float]]:
-    """Total covered time and the gaps between covered stretches (µs in, s out)."""
+def _union_s(spans: list[tuple[float, float]]) -> tuple[float, list[tuple[float, float]]]:
+    """Total covered time (s) and the gaps between covered stretches as (start, end) µs."""
     busy, gaps, end = 0.0, [], None
     for s, e in sorted(spans):
         if end is None or s > end:
             if end is not None:
-                gaps.append((s - end) / 1e6)
+                gaps.append((end, s))
             busy += e - s
             end = e
         elif e > end:
@@ -44,35 +45,54 @@ def _union_s(spans: list[tuple[float, float]]) -> tuple[float, list[float]]:
     return busy / 1e6, gaps
 
 
+def _gap_context(gap: tuple[float, float], kernels: list[tuple[float, float, str]],
+                 copies: list[tuple[float, float, str]], t0: float) -> dict[str, object]:
+    """What ran around one idle stretch: the kernels that ended before and started after
+    it, and the copies in flight during it (names cut to 60 characters)."""
+    start, end = gap
+    before = max((k for k in kernels if k[1] <= start), key=lambda k: k[1], default=None)
+    after = min((k for k in kernels if k[0] >= end), key=lambda k: k[0], default=None)
+    return {"ms": (end - start) / 1e3, "at_s": (start - t0) / 1e6,
+            "before": before[2][:60] if before else None,
+            "after": after[2][:60] if after else None,
+            "copies": sorted({c[2][:30] for c in copies if c[0] < end and c[1] > start})}
+
+
 def summarise(trace: dict) -> dict[str, object]:
     """Busy, idle and copy seconds of a Chrome trace's GPU events."""
-    kernels: list[tuple[float, float]] = []
+    kernels: list[tuple[float, float, str]] = []
+    memcpys: list[tuple[float, float, str]] = []
     by_kind: dict[str, float] = {}
     by_name: dict[str, float] = {}
     copies = {"h2d": 0.0, "d2h": 0.0}
     for ev in trace.get("traceEvents", []):
         cat, dur = ev.get("cat", ""), float(ev.get("dur", 0.0))
         if cat == "kernel":
-            kernels.append((float(ev["ts"]), float(ev["ts"]) + dur))
+            kernels.append((float(ev["ts"]), float(ev["ts"]) + dur, ev.get("name", "")))
             kind = kernel_kind(ev.get("name", ""))
             by_kind[kind] = by_kind.get(kind, 0.0) + dur / 1e6
             name = ev.get("name", "")[:120]
             by_name[name] = by_name.get(name, 0.0) + dur / 1e6
         elif cat == "gpu_memcpy":
             name = ev.get("name", "")
+            memcpys.append((float(ev["ts"]), float(ev["ts"]) + dur, name))
             if "HtoD" in name:
                 copies["h2d"] += dur / 1e6
             elif "DtoH" in name:
                 copies["d2h"] += dur / 1e6
     if not kernels:
         return {"kernels": 0}
-    busy_s, gaps = _union_s(kernels)
-    wall_s = (max(e for _, e in kernels) - min(s for s, _ in kernels)) / 1e6
-    stalls = sorted((g for g in gaps if g >= GAP_S), reverse=True)
+    busy_s, gaps = _union_s([(s, e) for s, e, _ in kernels])
+    t0 = min(s for s, _, _ in kernels)
+    wall_s = (max(e for _, e, _ in kernels) - t0) / 1e6
+    stalls = sorted((g for g in gaps if g[1] - g[0] >= GAP_S * 1e6),
+                    key=lambda g: g[0] - g[1])  # longest first
+    stall_s = [(e - s) / 1e6 for s, e in stalls]
     return {"kernels": len(kernels), "wall_s": wall_s, "kernel_busy_s": busy_s,
             "busy_share": busy_s / wall_s, "kernel_s_by_kind": by_kind,
-            "copy_s": copies, "idle_s": wall_s - busy_s, "gaps_over_1ms_s": sum(stalls),
-            "gaps_over_1ms": len(stalls), "largest_gaps_ms": [g * 1e3 for g in stalls[:10]],
+            "copy_s": copies, "idle_s": wall_s - busy_s, "gaps_over_1ms_s": sum(stall_s),
+            "gaps_over_1ms": len(stalls), "largest_gaps_ms": [g * 1e3 for g in stall_s[:10]],
+            "largest_gaps": [_gap_context(g, kernels, memcpys, t0) for g in stalls[:GAPS]],
             "top_kernels_s": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:TOP])}
 
 

@@ -37,6 +37,11 @@ def test_summary_unions_overlaps_and_finds_gaps() -> None:
     assert kinds["gemm"] == pytest.approx(1e-3) and kinds["attention"] == pytest.approx(2e-3)
     assert kinds["other"] == pytest.approx(1.3e-3)
     assert next(iter(out["top_kernels_s"])).startswith("cudnn_generated")
+    (gap,) = out["largest_gaps"]  # what ran around the 2.5 ms gap
+    assert gap["ms"] == pytest.approx(2.5) and gap["at_s"] == pytest.approx(1.5e-3)
+    assert gap["before"].startswith("void at::native::vectorized")
+    assert gap["after"].startswith("cudnn_generated")
+    assert gap["copies"] == ["Memcpy HtoD (Pinned -> Device)"]
 
 
 def test_kernel_kinds_and_empty_trace() -> None:
