@@ -40,6 +40,9 @@ class DeviceOptimizer:
         L = host.dims.num_layers
         states = [o.state[p] for o, p in zip(host.optimizers, host.params)]
         self.steps = [s["step"] for s in states]  # host float tensors, one per group
+        # their device copies, which the fused AdamW reads: a host scalar copied in per call
+        # would make the host wait for the compute stream each time (a pageable copy)
+        self.dev_steps = [s.detach().clone().to(device) for s in self.steps]
         self.m = SlotStreamer.for_tiles(2, [s["exp_avg"] for s in states[:L]], streams,
                                         device, "optimizer", counters)
         self.v = SlotStreamer.for_tiles(2, [s["exp_avg_sq"] for s in states[:L]], streams,
@@ -75,13 +78,19 @@ class DeviceOptimizer:
         if self.pending.clip_coef < 1.0:
             g.mul_(self.pending.clip_coef)
         # the functional AdamW increments the step tensor it is given: give it a copy
-        step_t = self.steps[group].clone().to(self.device)
+        step_t = self.dev_steps[group].clone()
         functional_adamw(
             [w], [g], [m], [v], [], [step_t], foreach=False,
             fused=self.device.type == "cuda", amsgrad=False, beta1=self.spec.betas[0],
             beta2=self.spec.betas[1], lr=self.pending.lr, weight_decay=self.spec.weight_decay,
             eps=self.spec.eps, maximize=False)
         self.steps[group] += 1
+        self.dev_steps[group] += 1
+
+    def load_steps(self) -> None:
+        """After the host state was loaded (a resumed job): the device step counts follow."""
+        for dev, host in zip(self.dev_steps, self.steps):
+            dev.copy_(host)
 
     # ------------------------------------------------------------ layers, in the forward
 
@@ -113,25 +122,39 @@ class DeviceOptimizer:
     # ------------------------------------------------------------ resident groups
 
     def _update_staged(self, w: torch.Tensor, g: torch.Tensor, group: int) -> None:
-        """AdamW over a resident group in slices staged through the moment slots."""
+        """AdamW over a resident group in slices staged through the two moment slot pairs:
+        slice i+1's moments come in (inbound stream) while slice i updates, and slice i's
+        moments and weights go home (outbound) while slice i+1 updates; no host wait."""
         st = self.host.optimizers[group].state[self.host.params[group]]
         m_host, v_host = st["exp_avg"], st["exp_avg_sq"]
         w_host = self.host.params[group].data
-        m_buf, v_buf = self.m.ring.slots[0].flat, self.v.ring.slots[0].flat
-        for slot in (self.m.ring.slots[0], self.v.ring.slots[0]):
-            self.streams.compute_waits("optimizer", slot.free)
-            slot.layer = -1
-        n = m_buf.numel()
-        first_step = self.steps[group].clone()
-        for a in range(0, w.numel(), n):
-            b = min(a + n, w.numel())
-            m, v = m_buf[:b - a], v_buf[:b - a]
-            m.copy_(m_host[a:b], non_blocking=True)
-            v.copy_(v_host[a:b], non_blocking=True)
-            self.steps[group].copy_(first_step)  # every slice is the same optimizer step
+        s = self.streams
+        pairs = list(zip(self.m.ring.slots, self.v.ring.slots))
+        home: list[torch.cuda.Event | None] = []
+        for pair in pairs:
+            for slot in pair:
+                s.wait("inbound", slot.free)  # its last user (a layer's update) is done
+                slot.layer = -1
+            home.append(None)
+        n = pairs[0][0].flat.numel()
+        first_host, first_dev = self.steps[group].clone(), self.dev_steps[group].clone()
+        for i, a in enumerate(range(0, w.numel(), n)):
+            b, j = min(a + n, w.numel()), i % len(pairs)
+            m, v = pairs[j][0].flat[:b - a], pairs[j][1].flat[:b - a]
+            s.wait("inbound", home[j])  # the pair's previous slice (updated, then sent) is home
+            with s.on("inbound"):
+                m.copy_(m_host[a:b], non_blocking=True)
+                v.copy_(v_host[a:b], non_blocking=True)
+            s.compute_waits("optimizer", s.record("inbound"))
+            self.steps[group].copy_(first_host)  # every slice is the same optimizer step
+            self.dev_steps[group].copy_(first_dev)
             self._adamw(w[a:b], g[a:b], m, v, group)
-            m_host[a:b].copy_(m, non_blocking=True)
-            v_host[a:b].copy_(v, non_blocking=True)
-            w_host[a:b].copy_(w[a:b], non_blocking=True)
-        if self.streams.cuda:
-            torch.cuda.current_stream(self.device).synchronize()  # staging reused next slice
+            s.wait("outbound", s.record("comp"))
+            with s.on("outbound"):
+                m_host[a:b].copy_(m, non_blocking=True)
+                v_host[a:b].copy_(v, non_blocking=True)
+                w_host[a:b].copy_(w[a:b], non_blocking=True)
+            home[j] = s.record("outbound")
+        for pair, event in zip(pairs, home):
+            for slot in pair:
+                slot.free = event or slot.free  # a layer's load waits for the copies home

@@ -142,6 +142,8 @@ class WorkingSetRuntime:
     # ---------------------------------------------------------------- state for checkpoints
 
     def _apply_pending(self) -> None:
+        if self.streams.cuda:  # copies home may be in flight (the resident groups' moments)
+            torch.cuda.synchronize(self.device)
         if self.dopt is not None and self.dopt.todo:
             self.dopt.flush(self.weights)
             self.weights.invalidate()
@@ -187,6 +189,8 @@ class WorkingSetRuntime:
         else:
             self.host.load_state_dict(weights)
         self.host.load_optimizer_state(extra)
+        if self.dopt is not None:
+            self.dopt.load_steps()
         self.weights.invalidate()
         self.grads.invalidate()
         self.embed.copy_(self.host.embed_w)
