@@ -11,6 +11,7 @@ Needs a GPU. Timed over whole steps after one warm-up step, optimizer included.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -53,6 +54,29 @@ class Row:
     predicted_peak_host_gib: float | None
     alloc_retries: int | None = None  # the caching allocator freed its cache to fit (syncs)
     timeline: dict[str, object] | None = None  # one extra step's GPU timeline (--profile)
+    gc_pause_s: dict[str, float] | None = None  # GC pauses a step (warm-up included)
+
+
+class GcPauses:
+    """Seconds the interpreter spent collecting garbage, by generation, and the longest
+    pause (a host pause drains the GPU's queue like any other host wait)."""
+
+    def __init__(self) -> None:
+        self.total_s: dict[str, float] = {}
+        self.longest_s = 0.0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        pause_s = time.perf_counter() - self._start
+        gen = f"gen{info['generation']}"
+        self.total_s[gen] = self.total_s.get(gen, 0.0) + pause_s
+        self.longest_s = max(self.longest_s, pause_s)
+
+    def per_step(self, steps: int) -> dict[str, float]:
+        return {**{k: v / steps for k, v in self.total_s.items()}, "longest": self.longest_s}
 
 
 # Working-set rows: (device budget GiB, layers or None for --layers, plan overrides). Plans
@@ -269,7 +293,10 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False) -> dict[str, o
                  stats.h2d_bytes / 1e9, stats.d2h_bytes / 1e9,
                  {k: round(v, 3) for k, v in stats.stall_s.items()})
 
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
     times = _time_steps(step, steps)
+    gc.callbacks.remove(pauses)
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     timeline = profile_step(lambda: rt.train_step(data, steps)) if profile else None
     rt.finish()  # the last step's deferred update, outside the timing
@@ -279,6 +306,7 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False) -> dict[str, o
                                         for lv in range(4)]  # chunks per level
     return {"times": times, "stalls": stalls, "arena_gib": host.arena.total_bytes / GIB,
             "plan": summary, "layers": dims.num_layers, "alloc_retries": retries,
+            "gc_pause_s": pauses.per_step(steps),
             "timeline": timeline,
             "predicted_step_seconds": plan.predicted.step_seconds,
             "predicted_peak_device_gib": plan.predicted.peak_device_bytes / GIB,
@@ -336,7 +364,8 @@ def row_from(name: str, runtime: str, dims, seq_len: int, global_batch: int,  # 
                predicted_step_seconds=res.get("predicted_step_seconds"),
                predicted_peak_device_gib=res.get("predicted_peak_device_gib"),
                predicted_peak_host_gib=res.get("predicted_peak_host_gib"),
-               alloc_retries=res.get("alloc_retries"), timeline=res.get("timeline"))
+               alloc_retries=res.get("alloc_retries"), timeline=res.get("timeline"),
+               gc_pause_s=res.get("gc_pause_s"))  # type: ignore[arg-type]
 
 
 def _table(rows: list[dict[str, object]]) -> str:
