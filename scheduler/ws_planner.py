@@ -67,7 +67,8 @@ def micro_batches(spec: JobSpec, dims: ModelDims, node: NodeProfile
 
 def _layouts(spec: JobSpec, mbs: list[int]) -> list[cm.Layout]:
     o = spec.overrides
-    rings = [(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad) else [(3, 2), (2, 1)]
+    rings = ([(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad)
+             else [(3, 2), (2, 2), (2, 1)])
     optimizers = [o.optimizer == "device"] if o.optimizer else [True, False]
     return [cm.Layout(m, rp, rg, dev_opt, lt) for m in mbs for dev_opt in optimizers
             for rp, rg in rings for lt in (2048, 512)]
