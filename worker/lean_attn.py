@@ -5,7 +5,7 @@ Autograd would keep n and its fp32 copies, q and k before and after RoPE, v, the
 output, its transpose and the log-sum-exp — about 510 MB a sequence at Llama-3-8B dims and
 8K tokens. Here the forward runs the norm, projections, RoPE and output projection without a
 graph; only the attention kernel records one, so what is saved is the kernel's own set:
-q, k, v, its output and log-sum-exp, e·(2·H + 2·KV)·hd + 4·H bytes a token (161 MB a
+q, k, v, its output and log-sum-exp, e·(2·H + 2·KV)·hd + 4·H bytes a token (168 MB a
 sequence), and it goes through the runtime's saved-tensor hooks (home, or kept on the
 device). The backward recomputes the norm (elementwise) and, for h, the output projection's
 forward (one GEMM), runs the kernel's own backward, and undoes RoPE exactly (a rotation: its
