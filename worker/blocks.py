@@ -23,6 +23,11 @@ def leaves(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {n: v.detach().requires_grad_() for n, v in views.items()}
 
 
+def flat_tokens(t: torch.Tensor) -> torch.Tensor:
+    """(B, S, X) -> (B*S, X): the token axis for weight-gradient GEMMs."""
+    return t.reshape(-1, t.shape[-1])
+
+
 def qkv(n: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims, cos: torch.Tensor,
         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The layer's queries, keys (with RoPE) and values from the normalised input n (B, S, D):

@@ -130,12 +130,10 @@ class DeviceOptimizer:
         w_host = self.host.params[group].data
         s = self.streams
         pairs = list(zip(self.m.ring.slots, self.v.ring.slots))
-        home: list[torch.cuda.Event | None] = []
-        for pair in pairs:
-            for slot in pair:
-                s.wait("inbound", slot.free)  # its last user (a layer's update) is done
-                slot.layer = -1
-            home.append(None)
+        for slot in (slot for pair in pairs for slot in pair):
+            s.wait("inbound", slot.free)  # its last user (a layer's update) is done
+            slot.layer = -1
+        home: list[torch.cuda.Event | None] = [None] * len(pairs)
         n = pairs[0][0].flat.numel()
         first_host, first_dev = self.steps[group].clone(), self.dev_steps[group].clone()
         for i, a in enumerate(range(0, w.numel(), n)):

@@ -26,7 +26,7 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from scheduler.model_dims import ModelDims
-from worker.blocks import leaves, out_proj, qkv
+from worker.blocks import flat_tokens, leaves, out_proj, qkv
 from worker.model import apply_rope, causal_attention, rms_norm
 
 NORM, O_PROJ = "input_layernorm.weight", "self_attn.o_proj.weight"
@@ -78,16 +78,13 @@ def _unrope(d: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return apply_rope(d.transpose(1, 2), cos[:, None], -sin[:, None]).reshape(b, s, -1)
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1, t.shape[-1])  # (B*S, X)
-
-
 def lean_attn_backward(dh: torch.Tensor, x: torch.Tensor, out: torch.Tensor, core: CoreGraph,
                        w: dict[str, torch.Tensor], dims: ModelDims, cos: torch.Tensor,
                        sin: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """dL/dx and the block's weight gradients from dh = dL/dh. (B, S, D) in and out."""
     b, s, _ = x.shape
-    dws = {O_PROJ: _flat(dh).t() @ _flat(out.transpose(1, 2).reshape(b, s, -1))}  # (D, H·hd)
+    out_tokens = out.transpose(1, 2).reshape(b * s, -1)  # (B*S, H·hd)
+    dws = {O_PROJ: flat_tokens(dh).t() @ out_tokens}  # (D, H·hd)
     d_out = (dh @ w[O_PROJ]).view(b, s, dims.num_heads, -1).transpose(1, 2)  # (B, H, S, hd)
     dq, dk, dv = torch.autograd.grad(core.out, core.inputs, d_out)
     with torch.enable_grad():
@@ -101,14 +98,14 @@ def lean_attn_backward(dh: torch.Tensor, x: torch.Tensor, out: torch.Tensor, cor
         torch.autograd.backward(proj, (dq, dk, dv))
         dws.update({n_: leaf.grad for n_, leaf in wl.items()})  # type: ignore[misc]
     else:
-        n_flat = _flat(n.detach())
+        n_flat = flat_tokens(n.detach())
         d_proj = (_unrope(dq, cos, sin), _unrope(dk, cos, sin),
                   dv.transpose(1, 2).reshape(b, s, -1))  # (B, S, H·hd), (B, S, KV·hd) x2
         dn = sum(dp @ w[f"{p}.weight"] for p, dp in zip(PROJ, d_proj))  # (B, S, D)
         for p, dp in zip(PROJ, d_proj):
-            dws[f"{p}.weight"] = _flat(dp).t() @ n_flat
+            dws[f"{p}.weight"] = flat_tokens(dp).t() @ n_flat
             if dims.qkv_bias:
-                dws[f"{p}.bias"] = _flat(dp).sum(0)
+                dws[f"{p}.bias"] = flat_tokens(dp).sum(0)
         torch.autograd.backward(n, dn)
     dws[NORM] = wn_.grad  # type: ignore[assignment]
     return dh + x_.grad, dws  # type: ignore[operator]

@@ -14,23 +14,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from worker.blocks import flat_tokens
 from worker.model import rms_norm
 
 NAMES = ("post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
          "mlp.down_proj.weight")
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1, t.shape[-1])  # (B*S, X)
-
-
 @torch.no_grad()
 def lean_forward(h: torch.Tensor, w: dict[str, torch.Tensor],
                  eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, gate, up) for h: (B, S, D); gate and up are (B, S, F)."""
-    n = rms_norm(h, w[NAMES[0]], eps)
-    g, u = F.linear(n, w[NAMES[1]]), F.linear(n, w[NAMES[2]])
-    return h + F.linear(F.silu(g) * u, w[NAMES[3]]), g, u
+    w_norm, w_gate, w_up, w_down = (w[n] for n in NAMES)
+    n = rms_norm(h, w_norm, eps)
+    g, u = F.linear(n, w_gate), F.linear(n, w_up)
+    return h + F.linear(F.silu(g) * u, w_down), g, u
 
 
 def lean_backward(dy: torch.Tensor, h: torch.Tensor,
@@ -43,15 +41,15 @@ def lean_backward(dy: torch.Tensor, h: torch.Tensor,
     with torch.enable_grad():
         h_, wn_ = h.detach().requires_grad_(), w_norm.detach().requires_grad_()
         n = rms_norm(h_, wn_, eps)  # (B, S, D): elementwise recompute
-    n_flat = _flat(n.detach())
+    n_flat = flat_tokens(n.detach())
     g, u = saved if saved is not None else (F.linear(n.detach(), w_gate),
                                             F.linear(n.detach(), w_up))
     with torch.enable_grad():
         g_, u_ = g.detach().requires_grad_(), u.detach().requires_grad_()
         p = F.silu(g_) * u_  # (B, S, F): elementwise recompute
     del g, u
-    dw_down = _flat(dy).t() @ _flat(p.detach())  # (D, F)
+    dw_down = flat_tokens(dy).t() @ flat_tokens(p.detach())  # (D, F)
     dg, du = torch.autograd.grad(p, (g_, u_), dy @ w_down)
-    dw_gate, dw_up = _flat(dg).t() @ n_flat, _flat(du).t() @ n_flat  # (F, D) each
+    dw_gate, dw_up = flat_tokens(dg).t() @ n_flat, flat_tokens(du).t() @ n_flat  # (F, D) each
     dh, dw_norm = torch.autograd.grad(n, (h_, wn_), dg @ w_gate + du @ w_up)
     return dy + dh, dict(zip(NAMES, (dw_norm, dw_gate, dw_up, dw_down)))
