@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from bench.runtime import (HOST_BUDGET_GIB, Row, _table, measured_node, parse_or_run_row,
-                           row_from, run_children, run_plan, time_accumulated_steps)
+from bench.runtime import (HOST_BUDGET_GIB, Row, _table, accumulated_step, measured_node,
+                           parse_or_run_row, row_from, run_children, run_plan, time_steps)
 
 log = logging.getLogger("bench.moe")
 
@@ -49,9 +49,9 @@ def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     # transformers' own loss: it shifts the labels and adds coef x the load-balancing loss
-    times = time_accumulated_steps(
+    times = time_steps(accumulated_step(
         model, opt, dims.vocab_size, args, 1,
-        lambda x, _: model(input_ids=x, labels=x, output_router_logits=True).loss)
+        lambda x, _: model(input_ids=x, labels=x, output_router_logits=True).loss), args.steps)
     return {"times": times, "stalls": {}, "arena_gib": None,
             "plan": {"micro_batch": 1, "rounds": args.global_batch, "checkpointing": ckpt,
                      "experts_implementation": experts}}

@@ -55,6 +55,7 @@ class Row:
     alloc_retries: int | None = None  # the caching allocator freed its cache to fit (syncs)
     timeline: dict[str, object] | None = None  # one extra step's GPU timeline (--profile)
     gc_pause_s: dict[str, float] | None = None  # GC pauses a step (warm-up included)
+    kernels: str = "fused"  # worker/fused_ops.py's Triton kernels, or "eager" (--eager-kernels)
 
 
 class GcPauses:
@@ -111,7 +112,7 @@ class RandomTokens:
         return t[:, :-1], t[:, 1:]
 
 
-def _time_steps(step_fn, steps: int) -> list[float]:  # type: ignore[no-untyped-def]
+def time_steps(step_fn, steps: int) -> list[float]:  # type: ignore[no-untyped-def]
     import torch
 
     times = []
@@ -129,6 +130,7 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
     import torch
     from torch.utils.checkpoint import checkpoint
 
+    from bench.timeline import profile_step
     from worker.model import LlamaModel, causal_lm_loss, rope_tables
 
     dims = _dims(args.layers)
@@ -144,16 +146,18 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
             h = checkpoint(layer, h, cos, sin, use_reentrant=False) if ckpt else layer(h, cos, sin)
         return model.lm_head(model.model.norm(h))
 
-    times = time_accumulated_steps(model, opt, dims.vocab_size, args, mb,
-                                   lambda x, y: causal_lm_loss(forward(x), y))
-    return {"times": times, "stalls": {}, "arena_gib": None,
+    step = accumulated_step(model, opt, dims.vocab_size, args, mb,
+                            lambda x, y: causal_lm_loss(forward(x), y))
+    times = time_steps(step, args.steps)
+    timeline = profile_step(lambda: step(args.steps)) if args.profile else None
+    return {"times": times, "stalls": {}, "arena_gib": None, "timeline": timeline,
             "plan": {"micro_batch": mb, "rounds": args.global_batch // mb, "checkpointing": ckpt}}
 
 
-def time_accumulated_steps(model, opt, vocab: int, args: argparse.Namespace, micro_batch: int,  # type: ignore[no-untyped-def]
-                           loss_of: Callable) -> list[float]:  # type: ignore[type-arg]
-    """Seconds of args.steps whole optimizer steps of a plain PyTorch model: global_batch /
-    micro_batch micro-batches of random tokens accumulated, clipped to norm 1, one step."""
+def accumulated_step(model, opt, vocab: int, args: argparse.Namespace, micro_batch: int,  # type: ignore[no-untyped-def]
+                     loss_of: Callable) -> Callable[[int], None]:  # type: ignore[type-arg]
+    """One whole optimizer step of a plain PyTorch model: global_batch / micro_batch
+    micro-batches of random tokens accumulated, clipped to norm 1, one step."""
     import torch
 
     data = RandomTokens(vocab, args.seq, "cuda")
@@ -167,7 +171,7 @@ def time_accumulated_steps(model, opt, vocab: int, args: argparse.Namespace, mic
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return _time_steps(step, args.steps)
+    return step
 
 
 def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
@@ -199,8 +203,8 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
     log.info("FSDP2 model sharded; %.1f GiB left on the device",
              torch.cuda.memory_allocated() / GIB)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times = time_accumulated_steps(model, opt, dims.vocab_size, args, 1,  # the root's forward
-                                   lambda x, y: causal_lm_loss(model(x), y))
+    times = time_steps(accumulated_step(model, opt, dims.vocab_size, args, 1,  # root's fwd
+                                         lambda x, y: causal_lm_loss(model(x), y)), args.steps)
     dist.destroy_process_group()
     return {"times": times, "stalls": {}, "arena_gib": None,
             "plan": {"micro_batch": 1, "rounds": args.global_batch, "checkpointing": True,
@@ -283,6 +287,7 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False) -> dict[str, o
     rt = WorkingSetRuntime(dims, ws_config(spec, plan), spec.optimizer, host)
     data = RandomTokens(dims.vocab_size, spec.seq_len, "cuda")
     stalls: dict[str, float] = {}
+    gc.freeze()  # as worker/main.py does once the runtime is built
 
     def step(i: int) -> None:
         stats = rt.train_step(data, i)
@@ -295,7 +300,7 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False) -> dict[str, o
 
     pauses = GcPauses()
     gc.callbacks.append(pauses)
-    times = _time_steps(step, steps)
+    times = time_steps(step, steps)
     gc.callbacks.remove(pauses)
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     timeline = profile_step(lambda: rt.train_step(data, steps)) if profile else None
@@ -380,10 +385,13 @@ def _table(rows: list[dict[str, object]]) -> str:
         stall = f"{r['stall_share']:.1%}" if r["stall_share"] is not None else "-"
         pred = f"{r['predicted_peak_device_gib']:.1f}" if r["predicted_peak_device_gib"] else "-"
         pred_s = f"{r['predicted_step_seconds']:.1f}" if r["predicted_step_seconds"] else "-"
-        lines.append(f"{r['name']:<14}{r['layers']:>3}{r['global_batch']:>6}"
+        label = f"{r['name']}*" if r.get("kernels") == "eager" else r["name"]
+        lines.append(f"{label:<14}{r['layers']:>3}{r['global_batch']:>6}"
                      f"{r['tokens_per_s']:>9.0f}{r['mfu']:>7.1%}{r['peak_device_gib']:>9.1f}"
                      f"{r['peak_reserved_gib']:>9.1f}{pred:>7}{r['peak_rss_gib']:>9.1f}{arena:>7}"
                      f"{stall:>7}{r['measured_step_seconds']:>8.2f}{pred_s:>8}")
+    if any(r.get("kernels") == "eager" for r in rows):
+        lines.append("* eager PyTorch elementwise ops (--eager-kernels)")
     return "\n".join(lines)
 
 
@@ -398,13 +406,14 @@ def main() -> None:
     p.add_argument("--link-share", type=float, default=0.0,
                    help="plan with this share of the D2H link for saved activations")
     p.add_argument("--profile", action="store_true",
-                   help="working-set rows: one extra step under the profiler (timeline)")
+                   help="resident and working-set rows: one extra step under the profiler")
     args = parse_or_run_row(p, "resident,resident-ckpt,ws-40,ws-20,ws-12,ws-24-32l", run_row)
     if args is None:
         return
     common = ["--layers", str(args.layers), "--seq", str(args.seq), "--steps", str(args.steps),
               "--resident-micro-batch", str(args.resident_micro_batch),
-              "--link-share", str(args.link_share), *(["--profile"] if args.profile else [])]
+              "--link-share", str(args.link_share), *(["--profile"] if args.profile else []),
+              *(["--eager-kernels"] if args.eager_kernels else [])]
     batch = {name: args.fsdp_global_batch if name == "fsdp2-offload" else args.global_batch
              for name in args.rows.split(",")}
     children = [(["bench.runtime", "--row", name, *common, "--global-batch", str(b)],
@@ -420,11 +429,18 @@ def parse_or_run_row(p: argparse.ArgumentParser, default_rows: str,
     p.add_argument("--rows", default=default_rows)
     p.add_argument("--row", help=argparse.SUPPRESS)  # child mode: run one row
     p.add_argument("--out")
+    p.add_argument("--eager-kernels", action="store_true",
+                   help="run PyTorch's eager elementwise ops instead of worker/fused_ops.py")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s: %(message)s")
     if args.row:
-        print(json.dumps(asdict(run_row(args))), flush=True)
+        from worker import fused_ops
+
+        fused_ops.ENABLED = not args.eager_kernels
+        row = run_row(args)
+        row.kernels = "eager" if args.eager_kernels else "fused"
+        print(json.dumps(asdict(row)), flush=True)
         return None
     return args
 

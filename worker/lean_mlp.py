@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.blocks import flat_tokens
-from worker.model import rms_norm
+from worker.model import rms_norm, silu_mul, silu_mul_backward
 
 NAMES = ("post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
          "mlp.down_proj.weight")
@@ -28,7 +28,7 @@ def lean_forward(h: torch.Tensor, w: dict[str, torch.Tensor],
     w_norm, w_gate, w_up, w_down = (w[n] for n in NAMES)
     n = rms_norm(h, w_norm, eps)
     g, u = F.linear(n, w_gate), F.linear(n, w_up)
-    return h + F.linear(F.silu(g) * u, w_down), g, u
+    return h + F.linear(silu_mul(g, u), w_down), g, u
 
 
 def lean_backward(dy: torch.Tensor, h: torch.Tensor,
@@ -44,12 +44,10 @@ def lean_backward(dy: torch.Tensor, h: torch.Tensor,
     n_flat = flat_tokens(n.detach())
     g, u = saved if saved is not None else (F.linear(n.detach(), w_gate),
                                             F.linear(n.detach(), w_up))
-    with torch.enable_grad():
-        g_, u_ = g.detach().requires_grad_(), u.detach().requires_grad_()
-        p = F.silu(g_) * u_  # (B, S, F): elementwise recompute
+    dg, du, p = silu_mul_backward(dy @ w_down, g, u)  # (B, S, F) each; p recomputed
     del g, u
-    dw_down = flat_tokens(dy).t() @ flat_tokens(p.detach())  # (D, F)
-    dg, du = torch.autograd.grad(p, (g_, u_), dy @ w_down)
+    dw_down = flat_tokens(dy).t() @ flat_tokens(p)  # (D, F)
+    del p
     dw_gate, dw_up = flat_tokens(dg).t() @ n_flat, flat_tokens(du).t() @ n_flat  # (F, D) each
     dh, dw_norm = torch.autograd.grad(n, (h_, wn_), dg @ w_gate + du @ w_up)
     return dy + dh, dict(zip(NAMES, (dw_norm, dw_gate, dw_up, dw_down)))

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from scheduler.model_dims import ModelDims
-from worker.model import rms_norm, shared_expert
+from worker.model import rms_norm, shared_expert, silu_mul, silu_mul_backward
 from worker.moe import (EXPERTS, ROUTER, SHARED, SHARED_GATE, Groups, grouped_linear,
                         grouped_outer, route)
 
@@ -58,7 +58,7 @@ def lean_moe_forward(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDim
     """(y, probs (T, E), top_idx (T, k), saved (top_idx, gate, up)); gate and up are
     (T*k, I) in expert-grouped order. h: (B, S, D)"""
     nf, probs, top_idx, top_w, groups, g, u = _route_and_up(h, w, dims)
-    ys = grouped_linear(F.silu(g) * u, w[EXPERTS[2]], groups) * \
+    ys = grouped_linear(silu_mul(g, u), w[EXPERTS[2]], groups) * \
         top_w.reshape(-1)[groups.order, None]
     m = nf.new_zeros(nf.shape).index_add(0, groups.token, ys)
     if SHARED_GATE in w:
@@ -89,14 +89,10 @@ def lean_moe_backward(dy: torch.Tensor, h: torch.Tensor, top_idx: torch.Tensor,
     groups = Groups(top_idx, dims.num_experts)
     weight = top_w.detach().reshape(-1)[groups.order, None]  # (T*k, 1)
     dy_tok = dy.reshape(-1, dims.hidden_size)[groups.token]  # (T*k, D)
-    sg = F.silu(g)
-    p = sg * u  # (T*k, I): elementwise recompute
     dp_raw = grouped_linear(dy_tok, w_down, groups, transpose=False)  # dy · W_down, (T*k, I)
+    dg, du, p = silu_mul_backward(dp_raw * weight, g, u)  # (T*k, I) each; p recomputed
     d_weight = (dp_raw.float() * p.float()).sum(-1)  # d top_w per grouped pair, (T*k,)
     dw_down = grouped_outer(dy_tok * weight, p, groups)  # (E, D, I)
-    dp = dp_raw * weight
-    du = dp * sg
-    dg = torch.ops.aten.silu_backward(dp * u, g)
     xs = nf.detach()[groups.token]  # (T*k, D)
     dw_gate, dw_up = grouped_outer(dg, xs, groups), grouped_outer(du, xs, groups)  # (E, I, D)
     dxs = (grouped_linear(dg, w_gate, groups, transpose=False)

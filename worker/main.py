@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import gc
 import os
 import signal
 import sys
@@ -123,6 +124,10 @@ class Worker:
             runtime.load_state(ckpt, extra)  # weights stream from the shards
             start = state.step
             log.info("job %s: resumed from %s at step %d", self.job_id, ckpt, start)
+        # the runtime's long-lived objects (tile views, slots, templates) leave the
+        # collector's generations: full collections then scan only what steps create (a
+        # 32-layer job paid ~0.2 s a step scanning them)
+        gc.freeze()
         self.emit(WorkerMessage(kind="started", step=start,
                                 message=f"pid {os.getpid()} on {self.plan.device}"))
         hf_config = dims.to_hf_config()

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scheduler.model_dims import ModelDims
-from worker import moe
+from worker import fused_ops, moe
 
 
 class RMSNorm(nn.Module):
@@ -31,7 +31,10 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Hugging Face's LlamaRMSNorm: normalise in fp32, scale in the input dtype. (B, S, D)"""
+    """Hugging Face's LlamaRMSNorm: normalise in fp32, scale in the input dtype (one fused
+    kernel each way on CUDA: worker/fused_ops.py). (B, S, D)"""
+    if fused_ops.available(x, weight):
+        return fused_ops.rms_norm_fused(x, weight, eps)
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -70,8 +73,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, S, H, hd) contiguous, cos/sin: (S, 1, hd); Hugging Face rotates the
-    transposed (B, H, S, hd) view, the same values through strided, unvectorised kernels."""
+    """x: (B, S, H, hd), cos/sin: (S, 1, hd); Hugging Face rotates the transposed
+    (B, H, S, hd) view, the same values through strided, unvectorised kernels. On CUDA one
+    fused kernel (worker/fused_ops.py) that also takes x strided and returns it contiguous."""
+    if fused_ops.available(x, cos, sin) and x.dim() == 4 and cos.shape[1] == 1:
+        return fused_ops.rope_autograd(x, cos.squeeze(1).contiguous(),
+                                       sin.squeeze(1).contiguous())
     return x * cos + _rotate_half(x) * sin
 
 
@@ -144,10 +151,31 @@ def attention(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Ten
     return F.linear(out.transpose(1, 2).reshape(b, s, -1), wo)
 
 
+def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's product silu(g) * u (one fused kernel each way on CUDA). g, u: same shape"""
+    if fused_ops.available(g, u):
+        return fused_ops.silu_mul_fused(g, u)
+    return F.silu(g) * u
+
+
+def silu_mul_backward(dp: torch.Tensor, g: torch.Tensor, u: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dL/dg, dL/du, silu(g)·u) from dp = dL/d(silu(g)·u), for explicit backwards that
+    also need the product (a weight gradient's input). All the same shape."""
+    if fused_ops.available(dp, g, u):
+        dg, du, p = fused_ops.swiglu_backward(dp, g, u, want_p=True)
+        return dg, du, p  # type: ignore[return-value]
+    with torch.enable_grad():
+        g_, u_ = g.detach().requires_grad_(), u.detach().requires_grad_()
+        p = F.silu(g_) * u_
+    dg, du = torch.autograd.grad(p, (g_, u_), dp)
+    return dg, du, p.detach()
+
+
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
            w_down: torch.Tensor) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)). x: (B, S, D) -> (B, S, D)"""
-    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+    return F.linear(silu_mul(F.linear(x, w_gate), F.linear(x, w_up)), w_down)
 
 
 class MLP(nn.Module):
