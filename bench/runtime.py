@@ -86,6 +86,9 @@ WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     "ws-40": (40, None, {}), "ws-20": (20, None, {}), "ws-12": (12, None, {}),
     "ws-24-32l": (24, 32, {}), "ws-20-host": (20, None, {"optimizer": "host"}),
     "ws-24-32l-host": (24, 32, {"optimizer": "host"}),
+    # the lead pass (worker/working_set.py lead_rounds) pinned, for A/B against the planner
+    "ws-12-lead1": (12, None, {"lead_rounds": 1}), "ws-20-lead2": (20, None, {"lead_rounds": 2}),
+    "ws-24-32l-lead2": (24, 32, {"lead_rounds": 2}),
 }
 HOST_BUDGET_GIB = 100
 

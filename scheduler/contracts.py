@@ -277,6 +277,9 @@ class PlanOverrides(_Strict):
                               "activation level of every (layer, chunk)")
     optimizer: Literal["host", "device"] | None = Field(
         default=None, description="working set: AdamW on the host CPU or on the device")
+    lead_rounds: int | None = Field(
+        default=None, ge=1, description="working set: rounds whose sequences the step's "
+        "first pass carries (more compute per weight load while last step's update lands)")
 
 
 class JobSpec(_Strict):
@@ -322,6 +325,10 @@ class WorkingSetPlan(BaseModel):
     optimizer: Literal["host", "device"] = Field(
         default="host", description="host: CPU AdamW after backward; device: AdamW on the "
         "device over streamed moments, deferred into the next forward")
+    lead_rounds: int = Field(
+        default=1, ge=1, description="the step's first pass carries the sequences of this "
+        "many rounds: each layer's weights then serve more compute while the deferred "
+        "optimizer update of the last step arrives layer by layer")
 
 
 class Plan(BaseModel):

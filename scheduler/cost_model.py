@@ -58,6 +58,7 @@ class Layout:
     r_grad: int = 2
     device_optimizer: bool = False  # two moment slots each for m and v on the device
     loss_tokens: int = 2048  # LM-head token block
+    lead_rounds: int = 1  # rounds the step's first pass carries (worker/working_set.py)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     S, D = spec.seq_len, dims.hidden_size
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
     rings = (lay.r_param + lay.r_grad + 4 * lay.device_optimizer) * dims.layer_params * e
-    transition = lay.micro_batch * S * D * e
+    transition = lay.lead_rounds * lay.micro_batch * S * D * e
     # LM-head block: logits, their fp32 copy and grad (the head's weight gradient
     # accumulates in place: worker/working_set.py _head_loss)
     loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8)
@@ -116,6 +117,13 @@ def spare_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     base = window * lay.micro_batch * saved_bytes(dims, spec, 0)
     return (spec.budget.device_bytes / ALLOCATOR_SLACK
             - fixed_device_bytes(dims, spec, lay, window) - base)
+
+
+def lead_pass_saved(lay: Layout, home_saved: int, window_inputs: int) -> int:
+    """Saved bytes a lead pass sends home beyond one round's `home_saved`: its other rounds'
+    home sets, and its window chunks past the first round's at level 1 (`window_inputs`:
+    one round's level-1 bytes over the window)."""
+    return (lay.lead_rounds - 1) * (home_saved + window_inputs)
 
 
 def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
@@ -222,13 +230,15 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
     if lay.device_optimizer and device == "cuda":
         # moments in and weights + moments home ride round 0's forward; the embedding and
         # head (on the device) update after backward with their moments streamed
-        optimizer = (L * max(0.0, 3 * weights / node.both_bytes_per_s - X * fwd_s)
+        optimizer = (L * max(0.0, 3 * weights / node.both_bytes_per_s
+                             - lay.lead_rounds * X * fwd_s)
                      + 2 * dims.embedding_params * 4 * e / node.both_bytes_per_s)
         if lay.r_grad == 1:  # each layer's gradient for its update loads only once the
             # previous layer's slot is free: no prefetch (measured: OLMoE at 20 GiB, +0.5 s)
             optimizer += L * weights / node.h2d_bytes_per_s
     else:
-        optimizer = host_optimizer_exposed_s(dims, X * fwd_s, node.optimizer_params_per_s)
+        optimizer = host_optimizer_exposed_s(dims, lay.lead_rounds * X * fwd_s,
+                                             node.optimizer_params_per_s)
     return StepTime(compute, rounds * recompute, rounds * exposed + grads_s, optimizer)
 
 

@@ -51,6 +51,11 @@ def ws_reasons(spec: JobSpec, dims: ModelDims, node: NodeProfile, lay: cm.Layout
         "optimizer": ("device: AdamW over streamed moments, hidden in the next forward"
                       if lay.device_optimizer else "host: CPU AdamW after backward")
                      + (" (override)" if o.optimizer else ""),
+        "lead_rounds": (f"{lay.lead_rounds}: the step's first pass carries "
+                        f"{lay.lead_rounds} rounds, so last step's deferred update hides "
+                        "behind more compute per layer" if lay.lead_rounds > 1
+                        else "1: every pass is one round")
+                       + (" (override)" if o.lead_rounds else ""),
         "loss_tokens": f"LM-head loss in blocks of {min(lay.loss_tokens, spec.seq_len)} tokens",
         "step_seconds": f"{time.total_s:.3g} s = {time.compute_s:.3g} compute + "
                         f"{time.recompute_s:.3g} recompute + {time.exposed_transfer_s:.3g} "

@@ -13,7 +13,9 @@ The search (AdaWS §3.2 with ProTrain's "try them all, the cost model picks"):
    window's levels are bought with the device memory left over;
 4. the candidate with the smallest predicted step (scheduler/cost_model.py) wins.
 Every candidate fits the device budget by construction, so more budget only adds candidates:
-a bigger budget never predicts a slower step.
+a bigger budget never predicts a slower step within a tier of step 1. The budget that first
+admits a micro-batch at the bound can predict a slower step than the smaller one below it
+did: the bound's tier wins by design (it keeps the weight stream hidden behind compute).
 """
 
 from __future__ import annotations
@@ -65,13 +67,16 @@ def micro_batches(spec: JobSpec, dims: ModelDims, node: NodeProfile
     return [tier for tier in (above, below) if tier], bound
 
 
-def _layouts(spec: JobSpec, mbs: list[int]) -> list[cm.Layout]:
+def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int]) -> list[cm.Layout]:
     o = spec.overrides
     rings = ([(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad)
              else [(3, 2), (2, 2), (2, 1)])
     optimizers = [o.optimizer == "device"] if o.optimizer else [True, False]
-    return [cm.Layout(m, rp, rg, dev_opt, lt) for m in mbs for dev_opt in optimizers
-            for rp, rg in rings for lt in (2048, 512)]
+    # a lead pass of two rounds where the model allows it (MoE routing balances per round)
+    leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
+    return [cm.Layout(m, rp, rg, dev_opt, lt, lead) for lead in leads for m in mbs
+            for dev_opt in optimizers for rp, rg in rings for lt in (2048, 512)
+            if lead <= spec.global_batch // m]
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,11 @@ def _finish(dims: ModelDims, spec: JobSpec, node: NodeProfile, lay: cm.Layout, s
         host -= nbytes - saved[0]
         home[k][c] = 0
     levels = home + window_rows
+    if lay.lead_rounds > 1:  # the lead pass's extra sets must fit as they are
+        host += cm.lead_pass_saved(lay, sum(saved[lv] for row in home for lv in row),
+                                   window * X * saved[1])
+        if host > spec.budget.host_bytes:
+            return None
     window_saved = sum(saved[lv] for row in window_rows for lv in row)
     dev = cm.device_bytes(dims, spec, lay, window, window_saved)
     if dev > spec.budget.device_bytes:
@@ -185,7 +195,7 @@ def _search(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str,
             mbs: list[int]) -> _Candidate | None:
     ranked: list[tuple[float, int, cm.Layout, Solution, int, _Window]] = []
     solutions: dict[int, Solution] = {}  # the DP depends on the micro-batch alone
-    for i, lay in enumerate(_layouts(spec, mbs)):
+    for i, lay in enumerate(_layouts(spec, dims, mbs)):
         lc = cm.layer_cost(dims, spec, lay, node)
         sol = solutions.get(lay.micro_batch) or solutions.setdefault(
             lay.micro_batch, solve([lc] * dims.num_layers))
@@ -193,12 +203,18 @@ def _search(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str,
         base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer
         for cost, w, win in _evaluate(dims, spec, lay, sol, lc):
             ranked.append((base.total_s + rounds * cost, i, lay, sol, w, win))
-    # The fastest first; ties go to the earlier layout (deeper rings, larger loss block).
-    for _, _, lay, sol, w, win in sorted(ranked, key=lambda r: (r[0], r[1], -r[4])):
+    # The fastest estimate first; ties go to the earlier layout (deeper rings, larger loss
+    # block). An estimate assumes the DP's levels all fit the host; where _finish must drop
+    # some to level 0 the candidate gets slower, so later ones are tried until no estimate
+    # can beat the best finished candidate (the estimate never exceeds the finished time).
+    best: _Candidate | None = None
+    for est, _, lay, sol, w, win in sorted(ranked, key=lambda r: (r[0], r[1], -r[4])):
+        if best is not None and est >= best.time.total_s * (1 - 1e-9):
+            break
         cand = _finish(dims, spec, node, lay, sol, w, win.rows(), device)
-        if cand is not None:
-            return cand
-    return None
+        if cand is not None and (best is None or cand.time.total_s < best.time.total_s):
+            best = cand
+    return best
 
 
 def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
@@ -209,6 +225,13 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     if spec.overrides.micro_batch and spec.global_batch % spec.overrides.micro_batch:
         raise InvalidSpec(f"overrides.micro_batch={spec.overrides.micro_batch} must divide "
                           f"global_batch={spec.global_batch}")
+    lead = spec.overrides.lead_rounds
+    if lead and lead > 1 and dims.is_moe:
+        raise InvalidSpec(f"overrides.lead_rounds={lead}: a mixture-of-experts model balances "
+                          "its routing per round; use lead_rounds 1")
+    if lead and lead > spec.global_batch // (spec.overrides.micro_batch or 1):
+        raise InvalidSpec(f"overrides.lead_rounds={lead} exceeds the step's rounds "
+                          f"(global_batch / micro_batch); lower it or the micro-batch")
     if spec.overrides.window is not None and spec.overrides.window > dims.num_layers:
         raise InvalidSpec(f"overrides.window={spec.overrides.window} exceeds the model's "
                           f"{dims.num_layers} layers")
@@ -253,6 +276,7 @@ def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: _Candidate, devi
         working_set=WorkingSetPlan(chunk=1, r_param=lay.r_param, r_grad=lay.r_grad,
                                    levels=c.levels, loss_tokens=min(lay.loss_tokens,
                                                                     spec.seq_len),
-                                   optimizer="device" if lay.device_optimizer else "host"),
+                                   optimizer="device" if lay.device_optimizer else "host",
+                                   lead_rounds=lay.lead_rounds),
         reasons=ws_reasons(spec, dims, node, c.lay, c.window, c.levels, c.time, c.device_bytes,
                            c.host_bytes, device, bound))

@@ -1,7 +1,9 @@
 """The working-set runtime: only a window of decoder layers lives on the device; host memory
 holds the whole training state. The step reads like AdaWS Algorithms 1-2:
 
-    for each round (a group of `chunks`, micro_batch sequences in all):
+    for each round (a group of `chunks`, micro_batch sequences in all; the step's first
+    pass may carry `lead_rounds` rounds, so each layer's weights, held back by last step's
+    deferred update, serve more compute):
       forward:  for k = 0..L-1: consume W_k from the weight ring (prefetching the next);
                 for each chunk c: T[c] = fwd(W_k, T[c]), saving (layer, chunk)'s
                 activations at its level, on device (last `window` layers) or sent home
@@ -75,13 +77,21 @@ class WorkingSetConfig:
     loss_tokens: int = 4096  # LM-head token block: logits never materialise whole
     gpu_optimizer: bool = False  # AdamW on the device over streamed moments (device_optim)
     write_buffer_bytes: int = 1 << 30  # saved activations in flight to the host, at most
+    lead_rounds: int = 1  # rounds whose sequences the step's first pass carries
 
     @property
     def chunks(self) -> int:
         return self.micro_batch // self.chunk
 
-    def level(self, layer: int, chunk: int) -> int:
-        return self.levels[layer][chunk] if self.levels else 0
+    def placement(self, layer: int, chunk: int, layers: int) -> tuple[int, bool]:
+        """(level, home) of a (layer, chunk). A lead pass's chunks past the first round's
+        take their round's levels, but in the window they go home at level 1: the window's
+        device memory is planned for one round."""
+        level = self.levels[layer][chunk % self.chunks] if self.levels else 0
+        home = layer < layers - self.window
+        if chunk >= self.chunks and not home:
+            return 1, True
+        return level, home
 
 
 @dataclass
@@ -109,6 +119,9 @@ class WorkingSetRuntime:
         assert cfg.micro_batch % cfg.chunk == 0, "chunk must divide micro_batch"
         assert 2 <= cfg.r_param and 1 <= cfg.r_grad and 0 <= cfg.window <= dims.num_layers
         assert all(lv in LEVELS for row in cfg.levels for lv in row)
+        assert 1 <= cfg.lead_rounds <= cfg.rounds
+        # a lead pass would balance MoE routing over two rounds' tokens at once
+        assert cfg.lead_rounds == 1 or not (dims.is_moe and dims.router_aux_loss_coef > 0)
         self.dims, self.cfg, self.opt_spec, self.host = dims, cfg, opt, host
         self.device = torch.device(cfg.device)
         self.streams = Streams(self.device)
@@ -210,8 +223,8 @@ class WorkingSetRuntime:
 
     def _forward_layer(self, k: int, c: int, x: torch.Tensor,
                        slot: Slot) -> tuple[torch.Tensor, _Graph]:
-        dims, level = self.dims, self.cfg.level(k, c)
-        home = k < self.dims.num_layers - self.cfg.window
+        dims = self.dims
+        level, home = self.cfg.placement(k, c, dims.num_layers)
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
         g = _Graph(x=self._stash(x, home, policy))
@@ -332,7 +345,8 @@ class WorkingSetRuntime:
 
     def _round(self, tokens: torch.Tensor, targets: torch.Tensor, first: bool, last: bool,
                scale: float) -> torch.Tensor:
-        """Forward, head and backward of one round. tokens/targets: (micro_batch, S)"""
+        """Forward, head and backward of one pass: a round's sequences, or the lead pass's
+        (cfg.lead_rounds rounds'). tokens/targets: (sequences, S)"""
         cfg, L = self.cfg, self.dims.num_layers
         self.acts.reset()
         self._refresh_resident(L)
@@ -346,7 +360,7 @@ class WorkingSetRuntime:
             slot = self.weights.consume(k, self._fwd_order[k + 1:] + self._bwd_order)
             if self.dopt is not None and self.dopt.needs(k):  # last step's update, deferred
                 self.dopt.apply(k, slot, self.weights, self._fwd_order[k + 1:])
-            for c in range(cfg.chunks):
+            for c in range(len(T)):
                 T[c], g = self._forward_layer(k, c, T[c], slot)
                 graphs[k].append(g)
             self.weights.release(slot)
@@ -362,13 +376,13 @@ class WorkingSetRuntime:
         # saved sets come back ahead of the chunks that take them
         ahead = BackwardPrefetch(self.streams, self.counters, cfg.write_buffer_bytes)
         for k in self._bwd_order:
-            for c in reversed(range(cfg.chunks)):
+            for c in reversed(range(len(T))):
                 for stashed in graphs[k][c].stashed():
                     ahead.add(stashed)
         for i, k in enumerate(self._bwd_order):
             slot = self.weights.consume(k, self._bwd_order[i + 1:] + self._fwd_order)
             dw = LazyGradViews(self.grads, k, self._bwd_order[i + 1:], first, self.host.layout)
-            for c in reversed(range(cfg.chunks)):
+            for c in reversed(range(len(T))):
                 ahead.top_up()
                 T[c] = self._backward_layer(k, graphs[k][c], T[c], slot, dw)
                 graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
@@ -391,10 +405,12 @@ class WorkingSetRuntime:
         self.head_grad.zero_()
         scale = 1.0 / (cfg.rounds * cfg.micro_batch * cfg.seq_len)
         loss = torch.zeros((), device=self.device, dtype=torch.float32)
-        for r in range(cfg.rounds):
-            tokens, targets = data.batch(step, r, cfg.micro_batch)
-            loss += self._round(tokens.to(self.device), targets.to(self.device), r == 0,
-                                r == cfg.rounds - 1, scale)
+        passes = [range(cfg.lead_rounds), *(range(r, r + 1)
+                                            for r in range(cfg.lead_rounds, cfg.rounds))]
+        for i, rounds in enumerate(passes):
+            batches = [data.batch(step, r, cfg.micro_batch) for r in rounds]
+            tokens, targets = (torch.cat(parts).to(self.device) for parts in zip(*batches))
+            loss += self._round(tokens, targets, i == 0, i == len(passes) - 1, scale)
         self.grads.flush()
         self.host.embed_g.copy_(self.embed_grad)
         self.host.head_g.copy_(self.head_grad)
