@@ -228,10 +228,14 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
     # hand-made levels may overrun the link: compute waits on the write buffer
     exposed += write_buffer_stall_s([lc] * len(home), home)
     if lay.device_optimizer and device == "cuda":
-        # moments in and weights + moments home ride round 0's forward; the embedding and
-        # head (on the device) update after backward with their moments streamed
-        optimizer = (L * max(0.0, 3 * weights / node.both_bytes_per_s
-                             - lay.lead_rounds * X * fwd_s)
+        # moments in and weights + moments home ride the step's first forward, beside the
+        # saved sets its home layers send (a lead pass sends lead_rounds rounds' sets but
+        # computes as much longer); the embedding and head (on the device) update after
+        # backward with their moments streamed
+        sent = [lay.lead_rounds * sum(saved_bytes(dims, spec, lv) for lv in row)
+                for row in home] + [0] * (L - len(home))
+        optimizer = (sum(max(0.0, (3 * weights + b) / node.both_bytes_per_s
+                             - lay.lead_rounds * X * fwd_s) for b in sent)
                      + 2 * dims.embedding_params * 4 * e / node.both_bytes_per_s)
         if lay.r_grad == 1:  # each layer's gradient for its update loads only once the
             # previous layer's slot is free: no prefetch (measured: OLMoE at 20 GiB, +0.5 s)
