@@ -2,11 +2,11 @@
 and backward, RoPE, and the SwiGLU product with its backward.
 
 Eager PyTorch runs Hugging Face's RMSNorm as seven kernels over fp32 copies, RoPE as five
-(two of them broadcasting, unvectorised), and SwiGLU's backward as four; on a Llama-3-8B
-layer at 8K tokens they were ~25% of a working-set step's GPU time. Each op here reads its
-inputs once and writes its outputs once, computing in fp32 and rounding where Hugging Face
-rounds (the normalised activations are rounded to the input dtype before the weight scales
-them). worker/model.py dispatches to these on CUDA tensors when Triton is importable and
+(two of them broadcasting, unvectorised), and SwiGLU's backward as four; at Llama-3-8B dims
+and 8K tokens they took ~2.9 s of a 17.2 s working-set step (bench/RESULTS.md, session 6).
+Each op here reads its inputs once and writes its outputs once, computing in fp32 and
+rounding where Hugging Face rounds (the normalised activations are rounded to the input
+dtype before the weight scales them). worker/model.py dispatches to these on CUDA tensors when Triton is importable and
 `ENABLED` is set; everywhere else (CPU, the CI) the eager code runs, so the tests against
 `transformers` exercise the same model code. tests/worker/test_fused_ops.py checks each
 kernel against the eager op on the GPU.

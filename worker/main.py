@@ -11,8 +11,8 @@ The exit code is contracts.WorkerExit: 0 succeeded, 3 cancelled, 1 failed.
 from __future__ import annotations
 
 import argparse
-import logging
 import gc
+import logging
 import os
 import signal
 import sys

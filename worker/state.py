@@ -109,13 +109,13 @@ class HostState:
         """AdamW on one group's tiles (layer k = k; embedding L; head L + 1), its gradient
         first scaled by the global-norm clipping factor."""
         p, opt = self.params[group], self.optimizers[group]
-        fused = bool(opt.defaults.get("fused"))
-        if clip_coef < 1.0 and not fused:
+        fused, clipped = bool(opt.defaults.get("fused")), clip_coef < 1.0
+        if clipped and not fused:
             p.grad.mul_(clip_coef)
         # the fused kernel divides the gradient by `grad_scale` as it reads it: clipping
         # then costs no pass of its own over the gradient (a fifth of the update's traffic)
-        opt.grad_scale = (torch.tensor(1.0 / clip_coef) if clip_coef < 1.0 and fused  # type: ignore[attr-defined]
-                          else None)
+        scale = torch.tensor(1.0 / clip_coef) if clipped and fused else None
+        opt.grad_scale = scale  # type: ignore[attr-defined]
         for g in opt.param_groups:
             g.update(lr=lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay)
         opt.step()
