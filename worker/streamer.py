@@ -68,6 +68,14 @@ class SlotStreamer:
             if self.ring.find(layer) is None:
                 self._load(layer, keep)
 
+    def prefetch(self, upcoming: list[int]) -> None:
+        """Start loading the first layers of `upcoming` before any is used, into all but one
+        slot (as a consume would prefetch)."""
+        wanted = list(dict.fromkeys(upcoming))[:len(self.ring.slots) - 1]
+        for layer in wanted:
+            if self.ring.find(layer) is None:
+                self._load(layer, set(wanted))
+
     def consume(self, layer: int, upcoming: list[int]) -> Slot:
         slot = self.ring.find(layer) or self._load(layer, {layer})
         self._prefetch(layer, upcoming)

@@ -365,10 +365,14 @@ class WorkingSetRuntime:
                 graphs[k].append(g)
             self.weights.release(slot)
         loss = torch.zeros((), device=self.device, dtype=torch.float32)
+        if not first:  # the first backward layers' accumulated gradients come in beside the head
+            self.grads.prefetch(self._bwd_order)
         self._refresh_resident(L + 1)
         for c, tgt in enumerate(targets.split(cfg.chunk)):
             part, T[c] = self._head_loss(T[c], tgt, scale)
             loss += part
+        if last:  # the head's gradient is final: home beside the backward, not after it
+            self._send_home(self.head_grad, self.host.head_g)
         coef = self.dims.router_aux_loss_coef
         if self.router is not None and coef > 0:  # HF: loss += coef * aux, per micro-batch
             self._aux_grad = self.router.prob_grad(coef / cfg.rounds)
@@ -398,6 +402,14 @@ class WorkingSetRuntime:
             dtable[self.dims.pad_token_id].zero_()
         return loss
 
+    def _send_home(self, grad: torch.Tensor, tile: torch.Tensor) -> None:
+        """A device gradient to its host tile on the outbound stream (grads.flush() waits)."""
+        s = self.streams
+        s.wait("outbound", s.record("comp"))
+        with s.on("outbound"):
+            tile.copy_(grad, non_blocking=True)
+        self.counters["d2h_bytes"] += grad.nbytes
+
     def forward_backward(self, data, step: int) -> float:  # type: ignore[no-untyped-def]
         """All rounds of step `step`: the mean loss; gradients end up in the host tiles."""
         cfg = self.cfg
@@ -411,9 +423,8 @@ class WorkingSetRuntime:
             batches = [data.batch(step, r, cfg.micro_batch) for r in rounds]
             tokens, targets = (torch.cat(parts).to(self.device) for parts in zip(*batches))
             loss += self._round(tokens, targets, i == 0, i == len(passes) - 1, scale)
-        self.grads.flush()
-        self.host.embed_g.copy_(self.embed_grad)
-        self.host.head_g.copy_(self.head_grad)
+        self._send_home(self.embed_grad, self.host.embed_g)
+        self.grads.flush()  # the layers' gradients, the head's and the embedding's are home
         return float(loss.item()) * scale
 
     def train_step(self, data, step: int) -> StepStats:  # type: ignore[no-untyped-def]
