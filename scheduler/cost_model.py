@@ -41,6 +41,8 @@ CHECKPOINT_SHARD_BYTES = GIB  # worker/checkpoint.py's SHARD_BYTES
 # 1.12-1.18 over five sweep points of 2026-11-22 with autograd recomputation; refitted to 1.22
 # on the five bench/runtime.py rows at commit 714a5f0 (lean attention set: measured/predicted
 # 1.05-1.08 at 1.15) and checked on three sweep points it had not seen (bench/RESULTS.md).
+# With the fused kernels (worker/fused_ops.py; the layer profile times them too) the six
+# session-6 rows at fc3a5a2 and later predict −2.6% to +2.2% of the measured step.
 RUNTIME_OVERHEAD = 1.22
 # Plan the D2H link to 80% of its measured rate for saved activations: gradients and the
 # device optimizer share it. With backward fetches inline on the compute stream (before
