@@ -42,7 +42,7 @@ CHECKPOINT_SHARD_BYTES = GIB  # worker/checkpoint.py's SHARD_BYTES
 # on the five bench/runtime.py rows at commit 714a5f0 (lean attention set: measured/predicted
 # 1.05-1.08 at 1.15) and checked on three sweep points it had not seen (bench/RESULTS.md).
 # With the fused kernels (worker/fused_ops.py; the layer profile times them too) the six
-# session-6 rows at fc3a5a2 and later predict −2.6% to +2.2% of the measured step.
+# session-6 rows at fc3a5a2 and later (eight) predict −2.6% to +2.2% of the measured step.
 RUNTIME_OVERHEAD = 1.22
 # Plan the D2H link to 80% of its measured rate for saved activations: gradients and the
 # device optimizer share it. With backward fetches inline on the compute stream (before
