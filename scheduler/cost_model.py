@@ -234,7 +234,8 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
         # saved sets its home layers send (a lead pass sends lead_rounds rounds' sets but
         # computes as much longer); the embedding and head (on the device) update after
         # backward with their moments streamed
-        sent = [lay.lead_rounds * sum(saved_bytes(dims, spec, lv) for lv in row)
+        per_level = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+        sent = [lay.lead_rounds * sum(per_level[lv] for lv in row)
                 for row in home] + [0] * (L - len(home))
         optimizer = (sum(max(0.0, (3 * weights + b) / node.both_bytes_per_s
                              - lay.lead_rounds * X * fwd_s) for b in sent)
