@@ -30,7 +30,7 @@ def main() -> None:
     from worker.state import HostState
     from worker.working_set import WorkingSetRuntime
 
-    spec, dims, plan = plan_for(args.row, args)
+    spec, dims, plan, _ = plan_for(args.row, args)
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, args.allow_gib * GIB / total), 0)
     host = HostState.create(dims, "bf16", pin=True, fused_adamw=True)

@@ -70,9 +70,10 @@ def run_ws(args: argparse.Namespace, budget_gib: float,
         "precision": "bf16", "optimizer": {"lr": 1e-4},
         "budget": {"device_gib": budget_gib, "host_gib": HOST_BUDGET_GIB},
         "overrides": {"runtime": "working_set", **overrides}})
-    plan = make_plan(spec, dims, measured_node(args.seq, dims))
+    node = measured_node(args.seq, dims)
+    plan = make_plan(spec, dims, node)
     log.info("plan %s", plan.model_dump_json(exclude={"reasons"}))
-    return run_plan(spec, dims, plan, args.steps)
+    return run_plan(spec, dims, plan, args.steps, node=node)
 
 
 def run_row(args: argparse.Namespace) -> Row:

@@ -89,6 +89,9 @@ WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     # the lead pass (worker/working_set.py lead_rounds) pinned, for A/B against the planner
     "ws-12-lead1": (12, None, {"lead_rounds": 1}), "ws-20-lead2": (20, None, {"lead_rounds": 2}),
     "ws-24-32l-lead2": (24, 32, {"lead_rounds": 2}),
+    # the split optimizer (worker/working_set.py device_opt_layers) pinned
+    "ws-24-32l-split": (24, 32, {"optimizer": "split"}),
+    "ws-20-split": (20, None, {"optimizer": "split"}),
 }
 HOST_BUDGET_GIB = 100
 
@@ -259,12 +262,15 @@ def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-de
     dims = _dims(layers or args.layers)
     spec = llama_spec(name, dims.num_layers, args.seq, args.global_batch, args.steps, budget,
                       HOST_BUDGET_GIB, overrides)
-    return spec, dims, make_plan(spec, dims, measured_node(args.seq, dims))
+    node = measured_node(args.seq, dims)
+    return spec, dims, make_plan(spec, dims, node), node
 
 
-def run_plan(spec, dims, plan, steps: int, profile: bool = False) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignore[no-untyped-def]
+             node=None) -> dict[str, object]:
     """Train `steps` steps of a working-set plan under the spec's device budget (and with
-    `profile`, one more under the profiler: bench/timeline.py)."""
+    `profile`, one more under the profiler: bench/timeline.py); the row keeps the node
+    profile the plan was made with, so it can be planned again elsewhere."""
     import torch
 
     from bench.timeline import profile_step
@@ -310,6 +316,8 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False) -> dict[str, o
     rt.finish()  # the last step's deferred update, outside the timing
     summary = plan.model_dump(exclude={"reasons"})
     summary["link_share"] = cost_model.LINK_SHARE
+    if node is not None:
+        summary["node"] = asdict(node)
     summary["working_set"]["levels"] = [sum(row.count(lv) for row in plan.working_set.levels)
                                         for lv in range(4)]  # chunks per level
     return {"times": times, "stalls": stalls, "arena_gib": host.arena.total_bytes / GIB,
@@ -322,8 +330,8 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False) -> dict[str, o
 
 
 def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
-    spec, dims, plan = plan_for(name, args)
-    return run_plan(spec, dims, plan, args.steps, args.profile)
+    spec, dims, plan, node = plan_for(name, args)
+    return run_plan(spec, dims, plan, args.steps, args.profile, node)
 
 
 def run_row(args: argparse.Namespace) -> Row:

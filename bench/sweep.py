@@ -67,7 +67,7 @@ def run_point(point: Point, steps: int) -> dict[str, object]:
     flops_only = make_plan(spec, dims, measured_node())
     node = measured_node(point.seq_len, dims)
     plan = make_plan(spec, dims, node)
-    res = run_plan(spec, dims, plan, steps)
+    res = run_plan(spec, dims, plan, steps, node=node)
     timed = res["times"][1:]  # type: ignore[index]
     step_s = sum(timed) / len(timed)
     tokens_per_s = point.global_batch * point.seq_len / step_s

@@ -275,8 +275,10 @@ class PlanOverrides(_Strict):
     r_grad: int | None = Field(default=None, ge=1, description="working set: gradient slots")
     level: int | None = Field(default=None, ge=0, le=3, description="working set: saved-"
                               "activation level of every (layer, chunk)")
-    optimizer: Literal["host", "device"] | None = Field(
-        default=None, description="working set: AdamW on the host CPU or on the device")
+    optimizer: Literal["host", "device", "split"] | None = Field(
+        default=None, description="working set: AdamW on the host CPU, on the device, or "
+        "split (the first layers on the device, the rest on the host; the planner picks how "
+        "many)")
     lead_rounds: int | None = Field(
         default=None, ge=1, description="working set: rounds whose sequences the step's "
         "first pass carries (more compute per weight load while last step's update lands)")
@@ -322,9 +324,13 @@ class WorkingSetPlan(BaseModel):
     r_grad: int
     levels: list[list[int]] = Field(description="saved-activation level per [layer][chunk]")
     loss_tokens: int
-    optimizer: Literal["host", "device"] = Field(
-        default="host", description="host: CPU AdamW after backward; device: AdamW on the "
-        "device over streamed moments, deferred into the next forward")
+    optimizer: Literal["host", "device", "split"] = Field(
+        default="host", description="deferred into the next step's first forward; host: CPU "
+        "AdamW in a thread; device: AdamW on the device over streamed moments; split: the "
+        "first device_layers layers and the embedding on the device, the others and the "
+        "head on the host, both at once")
+    device_layers: int = Field(default=0, ge=0, description="split: the leading layers "
+                               "whose update runs on the device")
     lead_rounds: int = Field(
         default=1, ge=1, description="the step's first pass carries the sequences of this "
         "many rounds: each layer's weights then serve more compute while the deferred "

@@ -58,9 +58,18 @@ class Layout:
     micro_batch: int  # sequences per round, one chunk each
     r_param: int = 3
     r_grad: int = 2
-    device_optimizer: bool = False  # two moment slots each for m and v on the device
+    # where last step's deferred AdamW runs (worker/working_set.py device_opt_layers):
+    # "host", "device" (two moment slots each for m and v on the device) or "split" (the
+    # first device_layers layers and the embedding on the device, the rest on the host)
+    optimizer: str = "host"
     loss_tokens: int = 2048  # LM-head token block
     lead_rounds: int = 1  # rounds the step's first pass carries (worker/working_set.py)
+    device_layers: int = 0  # split: 0 until the planner picks it (split_layers)
+
+    @property
+    def device_optimizer(self) -> bool:
+        """Moment slots on the device."""
+        return self.optimizer != "host"
 
 
 @dataclass(frozen=True)
@@ -92,7 +101,13 @@ def saved_bytes(dims: ModelDims, spec: JobSpec, level: int) -> int:
 
 
 def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> int:
-    """AdaWS's B: every device byte but the window's saved activations (before slack)."""
+    """AdaWS's B: every device byte but the window's saved activations. Tensors allocated
+    once at their exact size (embedding, head, slot rings) count as they are; what is
+    allocated and freed layer by layer (transition, loss block, workspace, copies in
+    flight, the reserve) takes ALLOCATOR_SLACK for the caching allocator's rounding and
+    fragmentation. (The window's saved sets, exact and freed in order, take none: with
+    slack on every byte the plans of 2026-11-22 predicted 1.12-1.25x the reserved peak;
+    bench/RESULTS.md, session 7.)"""
     e = ELEMENT_BYTES[spec.precision]
     S, D = spec.seq_len, dims.hidden_size
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
@@ -105,20 +120,23 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     # copies in flight home: bounded by the write buffer and by all the home layers can send
     home_layers = dims.num_layers - window
     home = min(WRITE_BUFFER_BYTES, home_layers * lay.micro_batch * saved_bytes(dims, spec, 3))
-    return groups + rings + transition + loss + workspace + home + DEVICE_RESERVE_BYTES
+    # a layer's weight gradients, whole before they accumulate into the slot (a MoE layer's
+    # experts: without it OLMoE at 12 GiB measured 0.14 GiB over the model)
+    dw = dims.layer_params * e
+    moving = transition + loss + workspace + home + dw + DEVICE_RESERVE_BYTES
+    return int(groups + rings + moving * ALLOCATOR_SLACK)
 
 
 def device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int,
                  window_saved: int) -> int:
-    return int((fixed_device_bytes(dims, spec, lay, window) + window_saved) * ALLOCATOR_SLACK)
+    return fixed_device_bytes(dims, spec, lay, window) + window_saved
 
 
 def spare_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> float:
     """Device bytes left for the window's saved sets beyond their inputs (AdaWS's
     C_dev - B - W·L_bytes with level-0 window layers); negative: W does not fit."""
     base = window * lay.micro_batch * saved_bytes(dims, spec, 0)
-    return (spec.budget.device_bytes / ALLOCATOR_SLACK
-            - fixed_device_bytes(dims, spec, lay, window) - base)
+    return spec.budget.device_bytes - fixed_device_bytes(dims, spec, lay, window) - base
 
 
 def lead_pass_saved(lay: Layout, home_saved: int, window_inputs: int) -> int:
@@ -229,40 +247,94 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
         exposed += float(lc.inbound_exposed(rec_w))
     # hand-made levels may overrun the link: compute waits on the write buffer
     exposed += write_buffer_stall_s([lc] * len(home), home)
-    if lay.device_optimizer and device == "cuda":
-        # moments in and weights + moments home ride the step's first forward, beside the
-        # saved sets its home layers send (a lead pass sends lead_rounds rounds' sets but
-        # computes as much longer); the embedding and head (on the device) update after
-        # backward with their moments streamed
-        per_level = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
-        sent = [lay.lead_rounds * sum(per_level[lv] for lv in row)
-                for row in home] + [0] * (L - len(home))
-        optimizer = (sum(max(0.0, (3 * weights + b) / node.both_bytes_per_s
-                             - lay.lead_rounds * X * fwd_s) for b in sent)
-                     + 2 * dims.embedding_params * 4 * e / node.both_bytes_per_s)
-        if lay.r_grad == 1:  # each layer's gradient for its update loads only once the
-            # previous layer's slot is free: no prefetch (measured: OLMoE at 20 GiB, +0.5 s)
-            optimizer += L * weights / node.h2d_bytes_per_s
-    else:
-        optimizer = host_optimizer_exposed_s(dims, lay.lead_rounds * X * fwd_s,
-                                             node.optimizer_params_per_s)
+    optimizer = optimizer_s(dims, spec, lay, first_forward_sent(dims, spec, lay, home), node,
+                            device)
     return StepTime(compute, rounds * recompute, rounds * exposed + grads_s, optimizer)
 
 
-def host_optimizer_exposed_s(dims: ModelDims, layer_forward_s: float,
-                             params_per_s: float) -> float:
-    """What the host AdamW adds to a step (worker/host_optim.py): it updates the embedding,
-    layers 0..L-1 and the head in a thread while the next step's first forward runs, and
-    layer k's forward waits for layer k's update. `layer_forward_s`: one layer's forward
-    over a round."""
-    embed_s = dims.embedding_params / params_per_s
+def first_forward_sent(dims: ModelDims, spec: JobSpec, lay: Layout,
+                       home: list[list[int]]) -> list[int]:
+    """Saved bytes each layer sends home in the step's first pass (its lead rounds' worth;
+    the window's layers, after the home ones, send none)."""
+    per_level = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    sent = [lay.lead_rounds * sum(per_level[lv] for lv in row) for row in home]
+    return sent + [0] * (dims.num_layers - len(home))
+
+
+def optimizer_s(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
+                node: NodeProfile, device: str) -> float:
+    """What last step's deferred AdamW adds to this step (worker/working_set.py). The device
+    part: layer k's gradient and moments come in and its weights and moments go home while
+    its first forward computes, beside the saved sets `sent[k]` it sends home; the embedding
+    (and head, if all is on the device) update right after backward with their moments
+    streamed. A split layout with no device_layers yet takes the best split for `sent`."""
+    if lay.optimizer == "split":
+        times = _split_times(dims, spec, lay, sent, node, device)
+        return times[lay.device_layers - 1] if lay.device_layers else min(times)
+    layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
+    rate = node.optimizer_params_per_s
+    if lay.optimizer == "host" or device != "cuda":  # a CPU worker's "device" is the host
+        return _deferred_s(dims, layer_fwd_s, rate, [], 0.0)
+    return _deferred_s(dims, layer_fwd_s, rate, device_s, 2 * staged_s)
+
+
+def split_layers(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
+                 node: NodeProfile, device: str) -> int:
+    """The number of leading layers a split layout updates on the device, fastest first."""
+    times = _split_times(dims, spec, lay, sent, node, device)
+    return 1 + times.index(min(times))
+
+
+def _split_times(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
+                 node: NodeProfile, device: str) -> list[float]:
+    """optimizer_s of a split with 1, 2, ... L-1 device layers (the embedding on the device,
+    the head on the host)."""
+    layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
+    rate = node.optimizer_params_per_s
+    if device != "cuda":  # a CPU worker's "device" is the host
+        return [_deferred_s(dims, layer_fwd_s, rate, [], 0.0)] * (dims.num_layers - 1)
+    return [_deferred_s(dims, layer_fwd_s, rate, device_s[:k], staged_s)
+            for k in range(1, dims.num_layers)]
+
+
+def _device_parts(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
+                  node: NodeProfile) -> tuple[float, list[float], float]:
+    """(one layer's first-pass forward, each layer's exposure if the device updates it, the
+    staged update of one resident group)."""
+    layer_fwd_s = lay.lead_rounds * lay.micro_batch * chunk_times(dims, spec.seq_len, node)[0]
+    e = ELEMENT_BYTES[spec.precision]
+    weights = dims.layer_params * e
+    # the saved sets at the link share planned for them (measured at 32 layers: ~23 ms a
+    # device layer exposed where the whole link would give 15)
+    device_s = [max(0.0, 3 * weights / node.both_bytes_per_s + link_seconds(b, node)
+                    - layer_fwd_s) for b in sent]
+    if lay.r_grad == 1:  # each layer's gradient for its update loads only once the
+        # previous layer's slot is free: no prefetch (measured: OLMoE at 20 GiB, +0.5 s)
+        device_s = [s + weights / node.h2d_bytes_per_s for s in device_s]
+    staged_s = dims.embedding_params * 4 * e / node.both_bytes_per_s  # in: m, v; out: w, m, v
+    return layer_fwd_s, device_s, staged_s
+
+
+def _deferred_s(dims: ModelDims, layer_fwd_s: float, params_per_s: float,
+                device_s: list[float], staged_s: float) -> float:
+    """The first forward's delay (`layer_fwd_s` a layer): the device updates the first
+    len(device_s) layers as they arrive (each exposing device_s[k]), after `staged_s` for its
+    resident groups; a host thread at `params_per_s` updates the others (starting with the
+    embedding when it has them all) and the head last, and layer k's forward waits for
+    layer k's update."""
+    L, k = dims.num_layers, len(device_s)
     layer_s = dims.layer_params / params_per_s
-    updated = forward_end = embed_s  # nothing computes before the embedding is updated
-    for _ in range(dims.num_layers):
-        updated += layer_s
-        forward_end = max(forward_end, updated) + layer_forward_s
-    head_ready = max(forward_end, updated + embed_s)  # the head is updated last
-    return head_ready - dims.num_layers * layer_forward_s
+    embed_s = dims.embedding_params / params_per_s
+    updated = forward_end = embed_s if k == 0 else 0.0  # the host thread's clock
+    forward_end = max(forward_end, staged_s)  # nothing computes before the embedding
+    for j in range(L):
+        if j < k:
+            forward_end += device_s[j] + layer_fwd_s
+        else:
+            updated += layer_s
+            forward_end = max(forward_end, updated) + layer_fwd_s
+    head_ready = forward_end if k == L else max(forward_end, updated + embed_s)
+    return head_ready - L * layer_fwd_s
 
 
 def link_seconds(nbytes: int, node: NodeProfile) -> float:

@@ -37,8 +37,8 @@ def ws_reasons(spec: JobSpec, dims: ModelDims, node: NodeProfile, lay: cm.Layout
         "rounds": f"{spec.global_batch // X} = global_batch {spec.global_batch} / micro_batch {X}",
         "window": (f"{window} (override)" if o.window is not None else
                    f"{window} of {L} layers keep saved activations on the device: W <= (C_dev "
-                   f"- B) / L_bytes = ({spec.budget.device_gib:.3g} GiB / "
-                   f"{cm.ALLOCATOR_SLACK} - {fixed / GIB:.2f} GiB) / {per_layer / GIB:.3f} GiB; "
+                   f"- B) / L_bytes = ({spec.budget.device_gib:.3g} GiB - {fixed / GIB:.2f} GiB)"
+                   f" / {per_layer / GIB:.3f} GiB; "
                    "the fastest window the cost model found"),
         "device": device + (" (override)" if o.device else ""),
         "rings": f"{lay.r_param} weight slots, {lay.r_grad} gradient slots"
@@ -48,9 +48,14 @@ def ws_reasons(spec: JobSpec, dims: ModelDims, node: NodeProfile, lay: cm.Layout
                   f"home layers by the write-buffer DP ({_count(home)}); window by spare "
                   f"device memory ({_count(in_window)}); 0 = recompute the layer, 1 = keep the "
                   "attention kernel's set, 2 = keep the MLP's lean set, 3 = keep both",
-        "optimizer": ("device: AdamW over streamed moments, hidden in the next forward"
-                      if lay.device_optimizer else "host: CPU AdamW after backward")
-                     + (" (override)" if o.optimizer else ""),
+        "optimizer": {
+            "device": "device: AdamW over streamed moments, in the next forward",
+            "host": "host: CPU AdamW in a thread beside the next forward",
+            "split": f"split: layers 0-{lay.device_layers - 1} and the embedding on the "
+                     f"device, the other {dims.num_layers - lay.device_layers} layers and the "
+                     "head on the host, both at once, so the host thread starts "
+                     f"{lay.device_layers} layers ahead of the forward that waits for it"}[
+            lay.optimizer] + (" (override)" if o.optimizer else ""),
         "lead_rounds": (f"{lay.lead_rounds}: the step's first pass carries "
                         f"{lay.lead_rounds} rounds, so last step's deferred update hides "
                         "behind more compute per layer" if lay.lead_rounds > 1

@@ -7,7 +7,8 @@ The search (AdaWS §3.2 with ProTrain's "try them all, the cost model picks"):
 1. micro-batch: from AdaWS's bound X >= (|τp|+|τg|)·ψ·P / (2·S·(ψ_active + S·d_attn)·BW)
    up, over divisors of the global batch (rounds = global_batch / X); below the bound only
    when none at or above it fits the budget (or the global batch is smaller);
-2. per micro-batch, ring sizes, device vs host AdamW and the LM-head block (layouts);
+2. per micro-batch, ring sizes, device, host or split AdamW (the split point is chosen
+   once the levels are known) and the LM-head block (layouts);
 3. per layout every window W <= (C_dev - B) / L_bytes; the home layers' saved-activation
    levels come from one pass of the DP (scheduler/levels.py) that answers for every W; the
    window's levels are bought with the device memory left over;
@@ -20,7 +21,7 @@ did: the bound's tier wins by design (it keeps the weight stream hidden behind c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -71,11 +72,13 @@ def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int]) -> list[cm.Layout]:
     o = spec.overrides
     rings = ([(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad)
              else [(3, 2), (2, 2), (2, 1)])
-    optimizers = [o.optimizer == "device"] if o.optimizer else [True, False]
+    # split: the first layers on the device, the rest on the host (_finish picks how many)
+    optimizers = ([o.optimizer] if o.optimizer else
+                  ["device", "host", "split"] if dims.num_layers > 1 else ["device", "host"])
     # a lead pass of two rounds where the model allows it (MoE routing balances per round)
     leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
-    return [cm.Layout(m, rp, rg, dev_opt, lt, lead) for lead in leads for m in mbs
-            for dev_opt in optimizers for rp, rg in rings for lt in (2048, 512)
+    return [cm.Layout(m, rp, rg, opt, lt, lead) for lead in leads for m in mbs
+            for opt in optimizers for rp, rg in rings for lt in (2048, 512)
             if lead <= spec.global_batch // m]
 
 
@@ -183,6 +186,9 @@ def _finish(dims: ModelDims, spec: JobSpec, node: NodeProfile, lay: cm.Layout, s
                                    window * X * saved[1])
         if host > spec.budget.host_bytes:
             return None
+    if lay.optimizer == "split":  # as many device layers as suit what the layers send home
+        sent = cm.first_forward_sent(dims, spec, lay, home)
+        lay = replace(lay, device_layers=cm.split_layers(dims, spec, lay, sent, node, device))
     window_saved = sum(saved[lv] for row in window_rows for lv in row)
     dev = cm.device_bytes(dims, spec, lay, window, window_saved)
     if dev > spec.budget.device_bytes:
@@ -232,6 +238,9 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     if lead and lead > spec.global_batch // (spec.overrides.micro_batch or 1):
         raise InvalidSpec(f"overrides.lead_rounds={lead} exceeds the step's rounds "
                           f"(global_batch / micro_batch); lower it or the micro-batch")
+    if spec.overrides.optimizer == "split" and dims.num_layers < 2:
+        raise InvalidSpec('overrides.optimizer="split" needs at least two layers to split; '
+                          'use "host" or "device"')
     if spec.overrides.window is not None and spec.overrides.window > dims.num_layers:
         raise InvalidSpec(f"overrides.window={spec.overrides.window} exceeds the model's "
                           f"{dims.num_layers} layers")
@@ -247,7 +256,7 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
 
 
 def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> InfeasibleBudget:
-    smallest = cm.Layout(min(mbs), 2, 1, False, 512)
+    smallest = cm.Layout(min(mbs), 2, 1, "host", 512)
     inputs_home = dims.num_layers * smallest.micro_batch * cm.saved_bytes(dims, spec, 0)
     need = MinBudget(
         device_gib=round(min(cm.device_bytes(dims, spec, smallest, w, w * smallest.micro_batch
@@ -276,7 +285,8 @@ def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: _Candidate, devi
         working_set=WorkingSetPlan(chunk=1, r_param=lay.r_param, r_grad=lay.r_grad,
                                    levels=c.levels, loss_tokens=min(lay.loss_tokens,
                                                                     spec.seq_len),
-                                   optimizer="device" if lay.device_optimizer else "host",
+                                   optimizer=lay.optimizer,
+                                   device_layers=lay.device_layers,
                                    lead_rounds=lay.lead_rounds),
         reasons=ws_reasons(spec, dims, node, c.lay, c.window, c.levels, c.time, c.device_bytes,
                            c.host_bytes, device, bound))

@@ -1,41 +1,36 @@
 """AdamW on the device over streamed moments, deferred into the next step's forward.
 
-At the end of step t the global gradient norm is known (summed on the device as gradients
-go home) but no layer is updated yet. In step t+1's first forward pass, layer k's update
+At the end of step t the global gradient norm is known (the runtime sums it on the device as
+gradients go home) but no layer is updated yet. In step t+1's first forward pass, layer k's update
 runs right where its weights arrive: its gradient and moments stream in beside the weights
 (prefetched on the inbound stream), one fused AdamW kernel updates the slot in place, and
 the new weights and moments stream home on the outbound stream while the layer computes.
 The CPU optimizer (HostState.optimizer_step) then never sits on the critical path.
 Embedding and head groups (resident on the device) update at the end of step t in slices
-staged through the moment slots. `flush()` applies whatever is pending (checkpoints).
+staged through the moment slots. `flush()` applies whatever is pending (checkpoints). The
+runtime may give it only the first layers (and the embedding) and the host the rest
+(worker/working_set.py device_opt_layers).
+
+    opt.start(update, layers, [(embed_w, embed_g, L)])   # at the end of step `update.step`
+    if opt.needs(k): opt.apply(k, slot, weights, upcoming)   # where layer k's weights arrive
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch.optim.adamw import adamw as functional_adamw
 
 from scheduler.contracts import OptimizerSpec
-from worker.optim import clip_coefficient, learning_rate, sq_norm_fp32
+from worker.optim import StepUpdate
 from worker.rings import Slot, Streams
 from worker.state import HostState
 from worker.streamer import SlotStreamer
 
 
-@dataclass(frozen=True)
-class PendingUpdate:
-    step: int  # 0-based optimizer step whose gradients are in the host tiles
-    lr: float
-    clip_coef: float  # global-norm clipping factor (1.0: none)
-
-
 class DeviceOptimizer:
-    def __init__(self, host: HostState, spec: OptimizerSpec, total_steps: int,
-                 streams: Streams, device: torch.device, grads: SlotStreamer,
-                 counters: dict[str, int]) -> None:
-        self.host, self.spec, self.total_steps = host, spec, total_steps
+    def __init__(self, host: HostState, spec: OptimizerSpec, streams: Streams,
+                 device: torch.device, grads: SlotStreamer, counters: dict[str, int]) -> None:
+        self.host, self.spec = host, spec
         self.streams, self.device, self.grads = streams, device, grads
         L = host.dims.num_layers
         states = [o.state[p] for o, p in zip(host.optimizers, host.params)]
@@ -47,30 +42,19 @@ class DeviceOptimizer:
                                         device, "optimizer", counters)
         self.v = SlotStreamer.for_tiles(2, [s["exp_avg_sq"] for s in states[:L]], streams,
                                         device, "optimizer", counters)
-        self.pending: PendingUpdate | None = None
+        self.pending: StepUpdate | None = None
         self.todo: set[int] = set()
-        self.sq_norm = torch.zeros((), device=device, dtype=torch.float32)
 
     # ------------------------------------------------------------ bookkeeping
 
-    def add_grad_norm(self, flat: torch.Tensor) -> None:
-        """Called on each final gradient before it goes home: accumulate its squared norm."""
-        self.sq_norm += sq_norm_fp32(flat)
-
-    def finish_step(self, step: int,
-                    resident: list[tuple[torch.Tensor, torch.Tensor, int]]) -> float:
-        """Gradients of `step` are complete: fix lr and clipping, update the resident groups
-        now and leave the layers pending. resident: (device weights, device grads, group)."""
-        for _, g, _ in resident:
-            self.add_grad_norm(g)
-        norm = float(self.sq_norm.sqrt())
-        self.sq_norm.zero_()
-        self.pending = PendingUpdate(step, learning_rate(step, self.spec, self.total_steps),
-                                     clip_coefficient(norm, self.spec))
-        self.todo = set(range(self.host.dims.num_layers))
+    def start(self, update: StepUpdate, layers: list[int],
+              resident: list[tuple[torch.Tensor, torch.Tensor, int]]) -> None:
+        """Gradients of `update.step` are complete: update the resident groups now and leave
+        `layers` pending. resident: (device weights, device grads, group)."""
+        self.pending = update
+        self.todo = set(layers)
         for w, g, group in resident:
             self._update_staged(w, g, group)
-        return norm
 
     def _adamw(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
                group: int) -> None:

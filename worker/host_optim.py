@@ -1,22 +1,20 @@
 """AdamW on the host (CPU), deferred into the next step's forward and overlapped with it.
 
 Clipping needs the global gradient norm before any update, so no layer can update during
-its own backward. Instead the squared norm is summed on the device as each layer's final
-gradient goes home (no host pass over the gradients), and when the step's backward ends a
-host thread updates the groups in the order the next step needs them — embedding, layers
-0..L-1, head — while the main thread already runs the next forward: loading layer k's
-weights waits only for layer k's update (the wait is the step's `optimizer` stall). This is
-the host counterpart of worker/device_optim.py, for budgets where four moment slots do not
-fit on the device.
+its own backward. Instead the runtime sums the squared norm on the device as each layer's
+final gradient goes home (no host pass over the gradients), and when the step's backward
+ends a host thread updates its groups in the order the next step needs them — embedding,
+layers 0..L-1, head; or only the later layers and the head where the device takes the first
+ones (worker/device_optim.py) — while the main thread already runs the next forward: loading
+layer k's weights waits only for layer k's update (the wait is the step's `optimizer` stall).
 
-    opt = HostOptimizerPipeline(host, spec, total_steps, device)
-    opt.add_grad_norm(flat)  ...  opt.start(step)   # at the end of step `step`
+    opt = HostOptimizerPipeline(host, spec, device)
+    opt.start(update, groups)   # at the end of step update.step, groups in update order
     opt.wait(k)          # before host tile k is read again;  opt.flush()  before checkpoints
 """
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -24,7 +22,7 @@ import time
 import torch
 
 from scheduler.contracts import OptimizerSpec
-from worker.optim import clip_coefficient, learning_rate, sq_norm_fp32
+from worker.optim import StepUpdate
 from worker.state import HostState
 
 
@@ -39,13 +37,11 @@ def leave_a_core_to_the_driver() -> None:
 
 
 class HostOptimizerPipeline:
-    def __init__(self, host: HostState, spec: OptimizerSpec, total_steps: int,
-                 device: torch.device) -> None:
-        self.host, self.spec, self.total_steps = host, spec, total_steps
+    def __init__(self, host: HostState, spec: OptimizerSpec, device: torch.device) -> None:
+        self.host, self.spec = host, spec
         if device.type == "cuda":
             leave_a_core_to_the_driver()
         self.groups = len(host.params)  # L layers, then the embedding (L), the head (L + 1)
-        self.sq_norm = torch.zeros((), device=device, dtype=torch.float32)
         self.done = [threading.Event() for _ in range(self.groups)]
         for event in self.done:
             event.set()
@@ -53,28 +49,18 @@ class HostOptimizerPipeline:
         self.error: BaseException | None = None
         self.wait_s = 0.0
 
-    def add_grad_norm(self, flat: torch.Tensor) -> None:
-        """A group's final gradient (device or host): add its squared norm, in fp32."""
-        self.sq_norm += sq_norm_fp32(flat)
-
-    def start(self, step: int) -> float:
-        """Gradients of `step` are complete and home: start updating; returns the pre-clip
-        global norm."""
+    def start(self, update: StepUpdate, groups: list[int]) -> None:
+        """Gradients of `update.step` are complete and home: start updating `groups`, in
+        that order."""
         self.flush()
-        norm = math.sqrt(float(self.sq_norm))
-        self.sq_norm.zero_()
-        coef = clip_coefficient(norm, self.spec)
-        lr = learning_rate(step, self.spec, self.total_steps)
-        layers = self.groups - 2
-        order = [layers, *range(layers), layers + 1]  # as the next step reads them
-        for event in self.done:
-            event.clear()
+        for group in groups:
+            self.done[group].clear()
         # not a daemon: an exiting interpreter finishes the update instead of killing a
         # thread inside a torch kernel (std::terminate)
-        self.thread = threading.Thread(target=self._run, args=(order, lr, coef),
+        self.thread = threading.Thread(target=self._run,
+                                       args=(groups, update.lr, update.clip_coef),
                                        name="host-adamw")
         self.thread.start()
-        return norm
 
     def _run(self, order: list[int], lr: float, coef: float) -> None:
         try:

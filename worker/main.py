@@ -71,7 +71,9 @@ def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
         chunk=ws.chunk, rounds=plan.rounds, steps=spec.steps, seed=spec.seed,
         seq_len=spec.seq_len, r_param=ws.r_param, r_grad=ws.r_grad, window=plan.window,
         levels=tuple(tuple(row) for row in ws.levels), loss_tokens=ws.loss_tokens,
-        gpu_optimizer=ws.optimizer == "device", lead_rounds=ws.lead_rounds)
+        device_opt_layers={"host": 0, "device": plan.layers,
+                           "split": ws.device_layers}[ws.optimizer],
+        lead_rounds=ws.lead_rounds)
 
 
 class Worker:

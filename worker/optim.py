@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -35,6 +36,22 @@ def clip_coefficient(grad_norm: float, spec: OptimizerSpec) -> float:
     if spec.grad_clip is None:
         return 1.0
     return min(1.0, spec.grad_clip / (grad_norm + 1e-6))
+
+
+@dataclass(frozen=True)
+class StepUpdate:
+    """One optimizer step's schedule and clipping, fixed once its gradients are complete;
+    the host and device AdamW apply it group by group."""
+
+    step: int  # 0-based optimizer step whose gradients are in the host tiles
+    lr: float
+    clip_coef: float  # global-norm clipping factor (1.0: none)
+
+    @classmethod
+    def of(cls, step: int, grad_norm: float, spec: OptimizerSpec,
+           total_steps: int) -> StepUpdate:
+        return cls(step, learning_rate(step, spec, total_steps),
+                   clip_coefficient(grad_norm, spec))
 
 
 def make_adamw(params: Iterable[torch.nn.Parameter], spec: OptimizerSpec, total_steps: int,

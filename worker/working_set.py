@@ -13,9 +13,11 @@ holds the whole training state. The step reads like AdaWS Algorithms 1-2:
                 grads into dW_k (accumulated grads, taken at the first accumulate);
                 send dW_k home
     optimizer:  global-norm clip (norm summed on the device as gradients go home), then
-                AdamW per group: on the host, in a thread beside the next step's forward
-                (worker/host_optim.py), or on the device over streamed moments, deferred
-                into the next forward (worker/device_optim.py)
+                AdamW per group, deferred into the next step's first forward: layers
+                0..device_opt_layers-1 on the device over streamed moments, where their
+                weights arrive (worker/device_optim.py), the others in a host thread
+                (worker/host_optim.py) that starts at once, so it is that many layers
+                ahead when the forward first waits for it
 
 Saved-activation levels per (layer, chunk), each keeping the layer's input: 0 nothing more
 (backward recomputes attention with its graph, then the MLP's gate/up — never the down
@@ -31,6 +33,7 @@ It never touches Redis; on CPU streams are no-ops and the same schedule runs.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +47,7 @@ from worker.blocks import (GradViews, accumulate_grads, add_grads, attn_block, f
                            leaves, out_proj)
 from worker.model import rms_norm, rope_tables
 from worker.moe import RouterTotals
+from worker.optim import StepUpdate, sq_norm_fp32
 from worker.device_optim import DeviceOptimizer
 from worker.hf_load import stream_into
 from worker.host_optim import HostOptimizerPipeline
@@ -75,7 +79,10 @@ class WorkingSetConfig:
     window: int = 2  # last layers whose saved activations stay on the device
     levels: tuple[tuple[int, ...], ...] = ()  # [layer][chunk]; () = all level 0
     loss_tokens: int = 4096  # LM-head token block: logits never materialise whole
-    gpu_optimizer: bool = False  # AdamW on the device over streamed moments (device_optim)
+    # Leading layers whose AdamW runs on the device over streamed moments; the rest run on
+    # the host. 0: all on the host; all layers: the embedding and head on the device too;
+    # in between ("split"): the embedding on the device, the head on the host.
+    device_opt_layers: int = 0
     write_buffer_bytes: int = 1 << 30  # saved activations in flight to the host, at most
     lead_rounds: int = 1  # rounds whose sequences the step's first pass carries
 
@@ -92,6 +99,16 @@ class WorkingSetConfig:
         if chunk >= self.chunks and not home:
             return 1, True
         return level, home
+
+    def optimizer_groups(self, layers: int) -> tuple[list[int], list[int]]:
+        """(device groups, host groups) in update order: layers, then embedding (group
+        `layers`) and head (`layers + 1`) as HostState numbers them."""
+        k, L = self.device_opt_layers, layers
+        if k == 0:
+            return [], [L, *range(L), L + 1]  # as the next step reads them
+        if k == L:
+            return [*range(L), L, L + 1], []
+        return [*range(k), L], [*range(k, L), L + 1]
 
 
 @dataclass
@@ -120,6 +137,7 @@ class WorkingSetRuntime:
         assert 2 <= cfg.r_param and 1 <= cfg.r_grad and 0 <= cfg.window <= dims.num_layers
         assert all(lv in LEVELS for row in cfg.levels for lv in row)
         assert 1 <= cfg.lead_rounds <= cfg.rounds
+        assert 0 <= cfg.device_opt_layers <= dims.num_layers
         # a lead pass would balance MoE routing over two rounds' tokens at once
         assert cfg.lead_rounds == 1 or not (dims.is_moe and dims.router_aux_loss_coef > 0)
         self.dims, self.cfg, self.opt_spec, self.host = dims, cfg, opt, host
@@ -139,13 +157,16 @@ class WorkingSetRuntime:
         self.embed_grad = torch.zeros_like(self.embed)
         self.head_grad = torch.zeros_like(self.head)
         self.acts = HostActivationStore(host.arena, cfg.write_buffer_bytes)
-        self.dopt = (DeviceOptimizer(host, opt, cfg.steps, self.streams, self.device,
-                                     self.grads, self.counters) if cfg.gpu_optimizer else None)
-        self.hopt = (None if cfg.gpu_optimizer
-                     else HostOptimizerPipeline(host, opt, cfg.steps, self.device))
+        self.device_groups, self.host_groups = cfg.optimizer_groups(L)
+        self.dopt = (DeviceOptimizer(host, opt, self.streams, self.device, self.grads,
+                                     self.counters) if self.device_groups else None)
+        self.hopt = (HostOptimizerPipeline(host, opt, self.device) if self.host_groups
+                     else None)
         if self.hopt is not None:
             self.weights.before_load = self.hopt.wait  # layer k's tile waits for its update
         self._stale: set[int] = set()  # embedding (L) / head (L + 1) awaiting a host update
+        # the global gradient norm, squared, summed in fp32 as final gradients go home
+        self.sq_norm = torch.zeros((), device=self.device, dtype=torch.float32)
         self.cos, self.sin = rope_tables(dims, cfg.seq_len, self.device, dtype)
         self._fwd_order = list(range(L))
         self._bwd_order = list(range(L - 1, -1, -1))
@@ -393,7 +414,7 @@ class WorkingSetRuntime:
             self.weights.release(slot)
             gslot = dw.take()
             if last:
-                (self.dopt or self.hopt).add_grad_norm(gslot.flat)  # type: ignore[union-attr]
+                self.sq_norm += sq_norm_fp32(gslot.flat)
             self.grads.send_home(gslot)
         dtable = self.host.embed_layout.views(self.embed_grad)["model.embed_tokens.weight"]
         for t, dx in zip(chunks_in, T):
@@ -427,6 +448,23 @@ class WorkingSetRuntime:
         self.grads.flush()  # the layers' gradients, the head's and the embedding's are home
         return float(loss.item()) * scale
 
+    def _start_optimizer(self, step: int) -> None:
+        """Gradients of `step` are home: clip and schedule once, then the host thread starts
+        on its groups while the device updates its resident ones now and leaves its layers
+        to the next forward."""
+        L = self.dims.num_layers
+        self.sq_norm += sq_norm_fp32(self.embed_grad) + sq_norm_fp32(self.head_grad)
+        norm = math.sqrt(float(self.sq_norm))  # waits for the backward's tail
+        self.sq_norm.zero_()
+        update = StepUpdate.of(step, norm, self.opt_spec, self.cfg.steps)
+        if self.hopt is not None:  # first: the host thread runs beside the device's work
+            self.hopt.start(update, self.host_groups)
+            self._stale = {g for g in self.host_groups if g >= L}
+        if self.dopt is not None:
+            resident = {L: (self.embed, self.embed_grad), L + 1: (self.head, self.head_grad)}
+            self.dopt.start(update, [g for g in self.device_groups if g < L],
+                            [(*resident[g], g) for g in self.device_groups if g >= L])
+
     def train_step(self, data, step: int) -> StepStats:  # type: ignore[no-untyped-def]
         """One optimizer step (0-based `step`) over cfg.rounds rounds."""
         cfg = self.cfg
@@ -434,16 +472,7 @@ class WorkingSetRuntime:
         self.counters.update(h2d_bytes=0, d2h_bytes=0)
         loss = self.forward_backward(data, step)
         t_opt = time.perf_counter()
-        L = self.dims.num_layers
-        if self.dopt is not None:  # layers update in the next forward; embedding/head now
-            self.dopt.finish_step(step, [(self.embed, self.embed_grad, L),
-                                         (self.head, self.head_grad, L + 1)])
-        else:  # on the host, beside the next step's forward
-            assert self.hopt is not None
-            self.hopt.add_grad_norm(self.embed_grad)
-            self.hopt.add_grad_norm(self.head_grad)
-            self.hopt.start(step)
-            self._stale = {L, L + 1}
+        self._start_optimizer(step)
         opt_s = time.perf_counter() - t_opt
         self.weights.invalidate()
         self.grads.invalidate()

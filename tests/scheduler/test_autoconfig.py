@@ -75,22 +75,28 @@ def test_adaws_micro_batch_bound_uses_total_and_active_params_for_moe() -> None:
 
 
 def test_window_is_adaws_formula_with_every_fixed_buffer() -> None:
-    """W = (C_dev - B) / L_bytes for Llama3-8B, X = 4 at S = 8192, C_dev = 20 GiB, with the
-    allocator slack 1.18 on every byte. B, by hand (bf16):
+    """W = (C_dev - B) / L_bytes for Llama3-8B, X = 4 at S = 8192, C_dev = 20 GiB; tensors
+    allocated once count exactly, what is allocated per layer takes the allocator slack
+    1.18. B, by hand (bf16):
       embedding + LM head, weights + grads  4·525,336,576·2 + 2·4096·2   = 4,202,708,992
       rings: 3 weight + 2 gradient slots    5·218,112,000·2             = 2,181,120,000
+    and 1.18 times
       transition table                      4·8192·4096·2               =   268,435,456
       chunked-loss block (2048 tokens)      2048·128256·(2 + 8)         = 2,626,682,880
       kernel workspace                      1.3·200,704·8192            = 2,137,417,318
       write buffer                          1 GiB                       = 1,073,741,824
+      a layer's weight gradients            218,112,000·2               =   436,224,000
       reserve                               0.5 GiB                     =   536,870,912
+                                                                          7,079,372,390
     L_bytes (level-0 window layer) = 4·8192·4096·2 = 268,435,456.
-    W = floor((20 GiB / 1.18 - 13,026,977,382) / 268,435,456) = floor(19.27) = 19."""
-    B = (4_202_708_992 + 2_181_120_000 + 268_435_456 + 2_626_682_880 + 2_137_417_318
-         + 1_073_741_824 + 536_870_912)
-    assert B == 13_026_977_382
-    expected = int((20 * GIB / 1.18 - B) // 268_435_456)
-    assert expected == 19
+    W = floor((20 GiB - 14,737,488,412) / 268,435,456) = floor(25.10) = 25."""
+    moving = (268_435_456 + 2_626_682_880 + 2_137_417_318 + 1_073_741_824 + 436_224_000
+              + 536_870_912)
+    assert moving == 7_079_372_390
+    B = int(4_202_708_992 + 2_181_120_000 + 1.18 * moving)
+    assert B == 14_737_488_412
+    expected = int((20 * GIB - B) // 268_435_456)
+    assert expected == 25
     spec = _spec(LLAMA3_8B, 8192, 32, 20, 400, micro_batch=4, r_param=3, r_grad=2, level=0,
                  optimizer="host", lead_rounds=1)
     plan = make_ws_plan(spec, LLAMA3_8B, H100_ADAWS)
@@ -266,3 +272,28 @@ def test_lead_pass_hides_the_host_adamw_and_is_validated() -> None:
         make_ws_plan(_spec(olmoe, 4096, 32, 20, 200, lead_rounds=2), olmoe, H200)
     with pytest.raises(InvalidSpec, match="exceeds the step's rounds"):
         make_ws_plan(_spec(dims, 8192, 8, 20, 200, micro_batch=4, lead_rounds=3), dims, H200)
+
+
+def test_split_adamw_starts_the_host_ahead_and_is_validated() -> None:
+    """Llama-3-8B (32 layers) at 24 GiB on the H200 profile, one round a pass: the host
+    updates a layer slower than the forward uses it and the device AdamW exposes its
+    moments' traffic per layer; the split gives the first layers (and the embedding) to the
+    device, so the host thread starts that many layers ahead, and beats both."""
+    dims = PRESETS["llama3-8b"]
+    plans = {opt: make_ws_plan(_spec(dims, 8192, 32, 24, 100, lead_rounds=1,
+                                     **({"optimizer": opt} if opt else {})), dims, H200)
+             for opt in (None, "host", "device", "split")}
+    auto = plans[None]
+    assert auto.working_set is not None and auto.working_set.optimizer == "split"
+    k = auto.working_set.device_layers
+    assert 0 < k < dims.num_layers
+    assert f"layers 0-{k - 1} and the embedding on the device" in auto.reasons["optimizer"]
+    for other in ("host", "device"):
+        mine, theirs = auto.predicted, plans[other].predicted
+        assert mine.step_seconds < theirs.step_seconds
+        assert mine.optimizer_seconds < theirs.optimizer_seconds  # type: ignore[operator]
+    assert "(override)" in plans["split"].reasons["optimizer"]
+    tiny = PRESETS["micro-llama"]
+    one_layer = ModelDims(**{**tiny.__dict__, "num_layers": 1})
+    with pytest.raises(InvalidSpec, match="at least two layers"):
+        make_ws_plan(_spec(one_layer, 64, 4, 1, 8, optimizer="split"), one_layer, H200)

@@ -135,13 +135,14 @@ def test_moe_matches_transformers_through_the_working_set(dims: ModelDims, level
     check_grads(rt, ref, data)
 
 
-@pytest.mark.parametrize("gpu_optimizer", [False, True], ids=["host-adamw", "device-adamw"])
-def test_eval_loss_matches_transformers_after_steps(gpu_optimizer: bool) -> None:
+@pytest.mark.parametrize("device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw",
+                                                     "split-adamw"])
+def test_eval_loss_matches_transformers_after_steps(device_layers: int) -> None:
     """The held-out forward (no saving, streamed layers, chunked head) gives the reference
     model's loss on the weights the runtime has reached, a deferred device update included."""
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
     rt = make_runtime(ref, micro_batch=2, chunk=1, rounds=1, r_param=2, r_grad=1, window=1,
-                      gpu_optimizer=gpu_optimizer, loss_tokens=11)
+                      device_opt_layers=device_layers, loss_tokens=11)
     for step in range(2):
         rt.train_step(data, step)
     x, y = data.batch(9, 0, 5)
@@ -185,24 +186,26 @@ def check_weights_after_steps(rt: WorkingSetRuntime, ref: LlamaForCausalLM, data
         assert rel(weights[name], p.detach().cpu()) < tol, name
 
 
-@pytest.mark.parametrize("gpu_optimizer", [False, True], ids=["host-adamw", "device-adamw"])
-def test_weights_after_steps_match_torch_adamw(gpu_optimizer: bool) -> None:
-    dims = BIG_VOCAB if gpu_optimizer else DIMS
+@pytest.mark.parametrize("device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw",
+                                                     "split-adamw"])
+def test_weights_after_steps_match_torch_adamw(device_layers: int) -> None:
+    dims = BIG_VOCAB if device_layers else DIMS
     ref, data = reference(dims), Batches(dims.vocab_size)
     rt = make_runtime(ref, dims=dims, micro_batch=2, chunk=1, rounds=2, r_param=2, r_grad=1,
-                      window=1, gpu_optimizer=gpu_optimizer)
+                      window=1, device_opt_layers=device_layers)
     check_weights_after_steps(rt, ref, data, 4, 1e-5)
 
 
-@pytest.mark.parametrize("gpu_optimizer", [False, True], ids=["host-adamw", "device-adamw"])
-def test_lead_pass_matches_torch_adamw(gpu_optimizer: bool) -> None:
+@pytest.mark.parametrize("device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw",
+                                                     "split-adamw"])
+def test_lead_pass_matches_torch_adamw(device_layers: int) -> None:
     """A first pass carrying two rounds' sequences; the window layer keeps level 3 for its
     own round's chunks and sends the lead pass's extra chunks home at level 1."""
-    dims = BIG_VOCAB if gpu_optimizer else DIMS
+    dims = BIG_VOCAB if device_layers else DIMS
     ref, data = reference(dims), Batches(dims.vocab_size)
     levels = tuple(((2, 0) if k % 2 else (1, 3)) for k in range(dims.num_layers - 1))
     rt = make_runtime(ref, dims=dims, micro_batch=2, chunk=1, rounds=3, r_param=2, r_grad=1,
-                      window=1, levels=(*levels, (3, 3)), gpu_optimizer=gpu_optimizer,
+                      window=1, levels=(*levels, (3, 3)), device_opt_layers=device_layers,
                       lead_rounds=2)
     assert rt.cfg.placement(dims.num_layers - 1, 3, dims.num_layers) == (1, True)
     # AdamW's first steps move a weight by about lr·sign(g): gradients near zero, whose sign
@@ -262,22 +265,27 @@ def test_cuda_moe_matches_transformers(level: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_device_adamw_matches_torch_adamw() -> None:
-    """The device optimizer with real streams, the embedding and head in several slices."""
+@pytest.mark.parametrize("device_layers", [4, 1], ids=["device-adamw", "split-adamw"])
+def test_cuda_device_adamw_matches_torch_adamw(device_layers: int) -> None:
+    """The device optimizer with real streams, the embedding (and head) in several slices;
+    split: the host thread updates the later layers and the head at the same time."""
     ref = reference(BIG_VOCAB).cuda()
     data = Batches(BIG_VOCAB.vocab_size)
     data.pool = data.pool.cuda()
     rt = make_runtime(ref, device="cuda", dims=BIG_VOCAB, micro_batch=2, chunk=1, rounds=2,
-                      r_param=2, r_grad=1, window=1, gpu_optimizer=True, loss_tokens=24)
+                      r_param=2, r_grad=1, window=1, device_opt_layers=device_layers,
+                      loss_tokens=24)
     check_weights_after_steps(rt, ref, data, 3, 1e-4)
 
 
-@pytest.mark.parametrize("gpu_optimizer", [False, True], ids=["host-adamw", "device-adamw"])
-def test_checkpoint_mid_run_resumes_bit_identical(gpu_optimizer: bool) -> None:
+@pytest.mark.parametrize("device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw",
+                                                     "split-adamw"])
+def test_checkpoint_mid_run_resumes_bit_identical(device_layers: int) -> None:
     """Saving state mid-run (which applies a deferred device update) and loading it into a
     fresh runtime gives exactly the weights of an uninterrupted run."""
     kw = dict(micro_batch=2, chunk=1, rounds=2, r_param=2, r_grad=1, window=1,
-              gpu_optimizer=gpu_optimizer, levels=tuple((2, 0) for _ in range(DIMS.num_layers)))
+              device_opt_layers=device_layers,
+              levels=tuple((2, 0) for _ in range(DIMS.num_layers)))
     ref = reference(DIMS)
     straight, data = make_runtime(ref, **kw), Batches(DIMS.vocab_size)
     for step in range(4):
