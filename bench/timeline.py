@@ -18,7 +18,7 @@ from pathlib import Path
 
 GAP_S = 1e-3  # idle stretches shorter than this are launch gaps, not stalls
 TOP = 30  # kernels named in the summary, by total time
-GAPS = 16  # idle stretches described by what ran around them
+GAPS = 48  # idle stretches described by what ran around them
 
 
 def kernel_kind(name: str) -> str:
