@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import torch
 
@@ -47,7 +46,6 @@ class HostOptimizerPipeline:
             event.set()
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
-        self.wait_s = 0.0
 
     def start(self, update: StepUpdate, groups: list[int]) -> None:
         """Gradients of `update.step` are complete and home: start updating `groups`, in
@@ -72,12 +70,12 @@ class HostOptimizerPipeline:
             for event in self.done:
                 event.set()
 
+    def is_done(self, group: int) -> bool:
+        return self.done[group].is_set()
+
     def wait(self, group: int) -> None:
-        """Block until `group`'s update is in its host tiles (counted as optimizer stall)."""
-        if not self.done[group].is_set():
-            start = time.perf_counter()
-            self.done[group].wait()
-            self.wait_s += time.perf_counter() - start
+        """Block until `group`'s update is in its host tiles."""
+        self.done[group].wait()
         self._raise()
 
     @property
@@ -87,15 +85,9 @@ class HostOptimizerPipeline:
     def flush(self) -> None:
         """Finish any update in flight (checkpoints, evaluation, loading state)."""
         if self.thread is not None:
-            start = time.perf_counter()
             self.thread.join()
-            self.wait_s += time.perf_counter() - start
             self.thread = None
         self._raise()
-
-    def take_wait_s(self) -> float:
-        waited, self.wait_s = self.wait_s, 0.0
-        return waited
 
     def _raise(self) -> None:
         if self.error is not None:

@@ -61,6 +61,23 @@ class Streams:
         after.record(self.comp)
         self._pending.append((dependency, before, after))
 
+    @contextlib.contextmanager
+    def host_waits(self, dependency: str) -> Iterator[None]:
+        """The host blocks in the block (on a copy, on the optimizer thread): timed as the
+        compute stream's idle while it does, not as the host's wait. Two compute-stream
+        events bracket the block; the GPU reaches the first once the work queued so far is
+        done and the second only after the host has resumed, so their distance is the idle
+        the block caused (0 while the queue still held work). CPU: the host's wall time."""
+        if not self.cuda:
+            start = time.perf_counter()
+            yield
+            self.stall_s[dependency] = (self.stall_s.get(dependency, 0.0)
+                                        + time.perf_counter() - start)
+            return
+        before = self.record("comp")
+        yield
+        self._pending.append((dependency, before, self.record("comp")))
+
     def record(self, stream: str) -> torch.cuda.Event | None:
         if not self.cuda:
             return None

@@ -13,7 +13,6 @@ every tensor autograd saves is either
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,14 +42,14 @@ class HostActivationStore:
         self.in_flight: deque[tuple[torch.cuda.Event, int]] = deque()
         self.in_flight_bytes = 0
 
-    def admit(self, nbytes: int, stall_s: dict[str, float]) -> None:
+    def admit(self, nbytes: int, streams: Streams) -> None:
         """Make room for a copy of `nbytes` in the write buffer (CUDA only)."""
         while self.in_flight and (self.in_flight[0][0].query()
                                   or self.in_flight_bytes + nbytes > self.write_buffer_bytes):
             event, size = self.in_flight.popleft()
-            start = time.perf_counter()
-            event.synchronize()
-            stall_s["write_buffer"] = stall_s.get("write_buffer", 0.0) + time.perf_counter() - start
+            if not event.query():
+                with streams.host_waits("write_buffer"):
+                    event.synchronize()
             self.in_flight_bytes -= size
 
     def track(self, event: torch.cuda.Event, nbytes: int) -> None:
@@ -146,7 +145,7 @@ class SavedTensorPolicy:
         host = self.store.take(t)
         s = self.streams
         if s.cuda:
-            self.store.admit(t.nbytes, s.stall_s)
+            self.store.admit(t.nbytes, s)
         ready = s.record("comp")
         s.wait("saves", ready)
         with s.on("saves"):

@@ -163,7 +163,7 @@ class WorkingSetRuntime:
         self.hopt = (HostOptimizerPipeline(host, opt, self.device) if self.host_groups
                      else None)
         if self.hopt is not None:
-            self.weights.before_load = self.hopt.wait  # layer k's tile waits for its update
+            self.weights.before_load = self._await_host_update  # layer k's tile: updated
         self._stale: set[int] = set()  # embedding (L) / head (L + 1) awaiting a host update
         # the global gradient norm, squared, summed in fp32 as final gradients go home
         self.sq_norm = torch.zeros((), device=self.device, dtype=torch.float32)
@@ -190,12 +190,22 @@ class WorkingSetRuntime:
         """Before the embedding (group L) or head (L + 1) is read: wait for its deferred host
         update and copy it to the device."""
         if group in self._stale:
-            self.hopt.wait(group)  # type: ignore[union-attr]
+            self._await_host_update(group)
             L = self.dims.num_layers
             dev, tile = ((self.embed, self.host.embed_w) if group == L
                          else (self.head, self.host.head_w))
             dev.copy_(tile)
             self._stale.discard(group)
+
+    def _await_host_update(self, group: int) -> None:
+        """Block until the host thread has updated `group` (an optimizer stall where the
+        compute stream runs dry meanwhile)."""
+        assert self.hopt is not None
+        if self.hopt.is_done(group):
+            self.hopt.wait(group)  # raises the thread's error, if any
+            return
+        with self.streams.host_waits("optimizer"):
+            self.hopt.wait(group)
 
     def finish(self) -> None:
         """Apply any deferred optimizer update (before the process ends or hands off)."""
@@ -471,14 +481,11 @@ class WorkingSetRuntime:
         start = time.perf_counter()
         self.counters.update(h2d_bytes=0, d2h_bytes=0)
         loss = self.forward_backward(data, step)
-        t_opt = time.perf_counter()
-        self._start_optimizer(step)
-        opt_s = time.perf_counter() - t_opt
+        with self.streams.host_waits("optimizer"):  # the norm's sync drains the queue
+            self._start_optimizer(step)
         self.weights.invalidate()
         self.grads.invalidate()
         stalls = self.streams.collect_stalls()
-        waited_s = self.hopt.take_wait_s() if self.hopt is not None else 0.0
-        stalls["optimizer"] = stalls.get("optimizer", 0.0) + opt_s + waited_s
         return StepStats(loss, time.perf_counter() - start,
                          cfg.rounds * cfg.micro_batch * cfg.seq_len, stalls,
                          self.counters["h2d_bytes"], self.counters["d2h_bytes"])
