@@ -44,8 +44,10 @@ class LayerCost:
     transfer_s: tuple[float, ...]  # per level: the chunk's saved set home over the link
     value_s: tuple[float, ...]  # per level: recomputation avoided in backward vs level 0
     cap_s: float  # the backlog allowed after any of its chunks (the write buffer)
-    # Its backward: saved sets come back on the inbound stream up to the prefetch cap,
-    # overlapped with compute; the rest are fetched when needed, on the compute stream.
+    # Its backward: saved sets come back on the inbound stream, overlapped with compute, by a
+    # rolling prefetch that keeps up to the cap in flight (worker/saved_acts.py
+    # BackwardPrefetch); a set larger than the cap is fetched when needed, on the compute
+    # stream.
     back_s: tuple[float, ...] = (0.0,) * LEVELS  # per level, at the inbound rate
     prefetch_cap_s: float = 0.0
     inbound_s: float = 0.0  # weights and accumulated gradients in
@@ -54,9 +56,10 @@ class LayerCost:
     def row_costs(self, pats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(recomputation, exposed backward transfer) seconds of each (P, C) pattern."""
         recompute = pats.shape[1] * self.compute_s - np.asarray(self.value_s)[pats].sum(axis=1)
-        back = np.asarray(self.back_s)[pats].sum(axis=1)
-        prefetched = np.minimum(back, self.prefetch_cap_s)
-        exposed = back - prefetched + self.inbound_exposed(recompute, prefetched)
+        back_s = np.asarray(self.back_s)
+        inline = np.where(back_s > self.prefetch_cap_s, back_s, 0.0)[pats].sum(axis=1)
+        prefetched = back_s[pats].sum(axis=1) - inline
+        exposed = inline + self.inbound_exposed(recompute, prefetched)
         return recompute, exposed
 
     def inbound_exposed(self, recompute_s: ArrayOrFloat,

@@ -4,9 +4,11 @@ models, budgets and profiles."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -154,6 +156,23 @@ def test_dp_is_near_the_exhaustive_optimum(lc: LayerCost, layers: int) -> None:
     assert solve(stack).best_s(layers) >= 0.85 * best - 1e-9
 
 
+def test_backward_prefetch_rolls_under_its_cap() -> None:
+    """worker/saved_acts.py BackwardPrefetch keeps up to the cap in flight, topping up before
+    each chunk: a layer's sets may total more than the cap and still come in behind its
+    backward, while the inbound link keeps up; a set over the cap is copied in when needed."""
+    lc = LayerCost(4, 0.007, (0.001, 0.006, 0.013, 0.017), (0.0, 0.002, 0.003, 0.007), 0.027,
+                   back_s=(0.001, 0.004, 0.010, 0.013), prefetch_cap_s=0.020,
+                   inbound_s=0.017, busy_s=0.060)
+    rec, exposed = lc.row_costs(np.array([[3, 3, 1, 1]]))  # 34 ms back: over the cap
+    assert exposed[0] == pytest.approx(max(0.0, 0.017 + 0.034 - 0.060 - rec[0]))
+    slow = dataclasses.replace(lc, busy_s=0.030)  # the link cannot keep up: the excess shows
+    rec, exposed = slow.row_costs(np.array([[3, 3, 1, 1]]))
+    assert exposed[0] == pytest.approx(0.017 + 0.034 - 0.030 - rec[0])
+    huge = dataclasses.replace(lc, prefetch_cap_s=0.012)  # level 3's set exceeds the cap
+    rec, exposed = huge.row_costs(np.array([[3, 1, 1, 1]]))
+    assert exposed[0] == pytest.approx(0.013 + max(0.0, 0.017 + 0.012 - 0.060 - rec[0]))
+
+
 def test_dp_meets_its_speed_on_64_layers_of_32_chunks() -> None:
     """Sanity bound only (the < 10 ms figure is measured in bench/planner.py)."""
     lc = LayerCost(32, 0.0078, (0.0012, 0.005, 0.006, 0.011),
@@ -258,7 +277,8 @@ def test_lead_pass_hides_the_host_adamw_and_is_validated() -> None:
     takes a lead pass of two rounds, which halves that exposure; it costs the lead pass's
     transition buffers on the device and its extra home sets on the host."""
     dims = PRESETS["llama3-8b-16l"]
-    plans = {lead: make_ws_plan(_spec(dims, 8192, 32, 12, 100, optimizer="host",
+    # micro-batch 4 each: 8 sequences a round would hide the update as a lead pass of two
+    plans = {lead: make_ws_plan(_spec(dims, 8192, 32, 12, 100, optimizer="host", micro_batch=4,
                                       **({"lead_rounds": lead} if lead else {})), dims, H200)
              for lead in (None, 1, 2)}
     assert plans[None].working_set.lead_rounds == 2  # type: ignore[union-attr]
