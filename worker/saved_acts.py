@@ -31,8 +31,8 @@ class HostActivationStore:
 
     It also bounds the write buffer: device tensors on their way home stay allocated until
     their copy finishes, so when more than `write_buffer_bytes` are in flight the host waits
-    for the oldest copy (a `write_buffer` stall) instead of letting the forward run ahead of
-    the link and the device budget."""
+    for the oldest copy instead of letting the forward run ahead of the link and the device
+    budget (a `write_buffer` stall as far as the GPU runs dry meanwhile)."""
 
     def __init__(self, arena: HostArena, write_buffer_bytes: int = 1 << 30) -> None:
         self.arena = arena
