@@ -31,7 +31,8 @@ from worker.model import LlamaModel
 from worker.resident import ResidentRuntime, RuntimeConfig
 from worker.state import HostState
 from worker.stats import StepStats, Telemetry
-from worker.working_set import WorkingSetConfig, WorkingSetRuntime
+from worker.working_set import WorkingSetRuntime
+from worker.ws_config import WorkingSetConfig
 
 log = logging.getLogger("worker")
 # Step reports are throttled so a fast CPU job does not flood its agent.

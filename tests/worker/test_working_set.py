@@ -20,7 +20,8 @@ from scheduler.model_dims import ModelDims
 from tests.worker.hf_models import hf_causal_lm, hub_grads, hub_state, perturb_norms
 from worker.optim import make_adamw
 from worker.state import HostState
-from worker.working_set import WorkingSetConfig, WorkingSetRuntime
+from worker.working_set import WorkingSetRuntime
+from worker.ws_config import WorkingSetConfig
 
 DIMS = ModelDims(101, 48, 80, 4, 4, 2, 12, 1e-5, 10000.0, 128)
 SEQ = 16
