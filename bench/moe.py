@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from bench.runtime import (HOST_BUDGET_GIB, Row, _table, accumulated_step, measured_node,
+from bench.baselines import accumulated_step
+from bench.runtime import (HOST_BUDGET_GIB, Row, _table, measured_node,
                            parse_or_run_row, row_from, run_children, run_plan, time_steps)
 
 log = logging.getLogger("bench.moe")

@@ -132,91 +132,6 @@ def time_steps(step_fn, steps: int) -> list[float]:  # type: ignore[no-untyped-d
     return times
 
 
-def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
-    import torch
-    from torch.utils.checkpoint import checkpoint
-
-    from bench.timeline import profile_step
-    from worker.model import LlamaModel, causal_lm_loss, rope_tables
-
-    dims = _dims(args.layers)
-    with torch.device("cuda"):
-        model = LlamaModel(dims).to(torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    mb = args.resident_micro_batch
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        h = model.model.embed_tokens(x)
-        cos, sin = rope_tables(dims, x.shape[1], h.device, h.dtype)
-        for layer in model.model.layers:
-            h = checkpoint(layer, h, cos, sin, use_reentrant=False) if ckpt else layer(h, cos, sin)
-        return model.lm_head(model.model.norm(h))
-
-    step = accumulated_step(model, opt, dims.vocab_size, args, mb,
-                            lambda x, y: causal_lm_loss(forward(x), y))
-    times = time_steps(step, args.steps)
-    timeline = profile_step(lambda: step(args.steps)) if args.profile else None
-    return {"times": times, "stalls": {}, "arena_gib": None, "timeline": timeline,
-            "plan": {"micro_batch": mb, "rounds": args.global_batch // mb, "checkpointing": ckpt}}
-
-
-def accumulated_step(model, opt, vocab: int, args: argparse.Namespace, micro_batch: int,  # type: ignore[no-untyped-def]
-                     loss_of: Callable) -> Callable[[int], None]:  # type: ignore[type-arg]
-    """One whole optimizer step of a plain PyTorch model: global_batch / micro_batch
-    micro-batches of random tokens accumulated, clipped to norm 1, one step."""
-    import torch
-
-    data = RandomTokens(vocab, args.seq, "cuda")
-    rounds = args.global_batch // micro_batch
-
-    def step(i: int) -> None:
-        for r in range(rounds):
-            x, y = data.batch(i, r, micro_batch)
-            (loss_of(x.cuda(), y.cuda()) / rounds).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
-
-
-def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
-    """FSDP2 on one GPU with CPUOffloadPolicy: parameters, gradients and AdamW state live in
-    pinned host memory, each layer is all-gathered to the device for its forward and backward
-    (full activation checkpointing per layer), and the optimizer steps on the CPU."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        checkpoint_wrapper)
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
-    from worker.model import LlamaModel, causal_lm_loss
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    torch.cuda.set_device(0)
-    dims = _dims(args.layers)
-    with torch.device("cuda"):  # fast init; fully_shard then moves the shards home
-        model = LlamaModel(dims).to(torch.bfloat16)
-    offload = CPUOffloadPolicy(pin_memory=True)
-    for i, layer in enumerate(model.model.layers):
-        model.model.layers[i] = checkpoint_wrapper(layer)  # full activation checkpointing
-        fully_shard(model.model.layers[i], offload_policy=offload)
-    fully_shard(model, offload_policy=offload)
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    log.info("FSDP2 model sharded; %.1f GiB left on the device",
-             torch.cuda.memory_allocated() / GIB)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times = time_steps(accumulated_step(model, opt, dims.vocab_size, args, 1,  # root's fwd
-                                         lambda x, y: causal_lm_loss(model(x), y)), args.steps)
-    dist.destroy_process_group()
-    return {"times": times, "stalls": {}, "arena_gib": None,
-            "plan": {"micro_batch": 1, "rounds": args.global_batch, "checkpointing": True,
-                     "offload": "FSDP2 CPUOffloadPolicy(pin_memory=True), CPU AdamW"}}
-
-
 def llama_spec(name: str, layers: int, seq: int, global_batch: int, steps: int,
                device_gib: float, host_gib: float, overrides: dict[str, object]):  # type: ignore[no-untyped-def]
     """A JobSpec for Llama-3-8B dimensions with `layers` layers, on synthetic tokens."""
@@ -336,6 +251,8 @@ def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
 
 def run_row(args: argparse.Namespace) -> Row:
     name = args.row
+    from bench.baselines import run_fsdp2_offload, run_resident
+
     if name.startswith("resident"):
         res = run_resident(args, ckpt=name == "resident-ckpt")
         budget = None
