@@ -101,3 +101,73 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
     return {"times": times, "stalls": {}, "arena_gib": None,
             "plan": {"micro_batch": 1, "rounds": args.global_batch, "checkpointing": True,
                      "offload": "FSDP2 CPUOffloadPolicy(pin_memory=True), CPU AdamW"}}
+
+
+def _deepspeed_cpu_adam_error() -> str:
+    """Build DeepSpeed's own CPU Adam, a C++ extension compiled on first use (it needs a
+    compiler and Python's headers on this host): '' when it loads, else why not."""
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        get_accelerator().create_op_builder("CPUAdamBuilder").load(verbose=False)
+        return ""
+    except Exception as exc:  # any build failure: the row steps torch's AdamW and says why
+        return f"{type(exc).__name__}: {exc}"[:400]
+
+
+def run_deepspeed_zero3_offload(args: argparse.Namespace) -> dict[str, object]:
+    """DeepSpeed ZeRO-3 on one GPU, parameters and optimizer state offloaded to pinned CPU
+    memory, full activation checkpointing per layer (as the FSDP2 row), bf16, one sequence a
+    micro-batch, AdamW on the CPU: DeepSpeed's own where its extension builds here, else
+    torch's (the row's plan says which, and why)."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        checkpoint_wrapper)
+
+    from worker.model import LlamaModel, causal_lm_loss
+
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29518", "RANK": "0",
+                       "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+    device = deepspeed.get_accelerator().device_name()
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    dims = _dims(args.layers)
+    build_error = _deepspeed_cpu_adam_error()
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": args.global_batch,
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": bool(build_error)}},
+        "zero_force_ds_cpu_optimizer": not build_error,
+        "zero_optimization": {"stage": 3,
+                              "offload_param": {"device": "cpu", "pin_memory": True},
+                              "offload_optimizer": {"device": "cpu", "pin_memory": True}},
+    }
+    with deepspeed.zero.Init(config_dict_or_path=config, dtype=torch.bfloat16):
+        model = LlamaModel(dims)  # each module's weights partitioned to the host as built
+    for i, layer in enumerate(model.model.layers):
+        model.model.layers[i] = checkpoint_wrapper(layer)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config)
+    data = RandomTokens(dims.vocab_size, args.seq, device)
+
+    def step(i: int) -> None:
+        for r in range(args.global_batch):  # DeepSpeed scales by the accumulation itself
+            x, y = data.batch(i, r, 1)
+            engine.backward(causal_lm_loss(engine(x.to(device)), y.to(device)))
+            engine.step()  # the optimizer steps at the accumulation boundary
+
+    times = time_steps(step, args.steps)
+    if engine.global_steps != args.steps:  # the accumulation boundary is DeepSpeed's count
+        raise RuntimeError(f"DeepSpeed stepped its optimizer {engine.global_steps} times in "
+                           f"{args.steps} steps of {args.global_batch} micro-batches")
+    dist.destroy_process_group()
+    adam = ("DeepSpeedCPUAdam" if not build_error
+            else f"torch AdamW (DeepSpeedCPUAdam did not build: {build_error})")
+    return {"times": times, "stalls": {}, "arena_gib": None,
+            "plan": {"micro_batch": 1, "rounds": args.global_batch, "checkpointing": True,
+                     "offload": "DeepSpeed ZeRO-3, offload_param and offload_optimizer to "
+                                f"pinned CPU memory; {adam}"}}

@@ -121,12 +121,13 @@ class RandomTokens:
 def time_steps(step_fn, steps: int) -> list[float]:  # type: ignore[no-untyped-def]
     import torch
 
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     times = []
     for i in range(steps):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         step_fn(i)
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t0)
         log.info("step %d: %.2f s", i, times[-1])
     return times
@@ -251,7 +252,7 @@ def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
 
 def run_row(args: argparse.Namespace) -> Row:
     name = args.row
-    from bench.baselines import run_fsdp2_offload, run_resident
+    from bench.baselines import run_deepspeed_zero3_offload, run_fsdp2_offload, run_resident
 
     if name.startswith("resident"):
         res = run_resident(args, ckpt=name == "resident-ckpt")
@@ -259,11 +260,15 @@ def run_row(args: argparse.Namespace) -> Row:
     elif name == "fsdp2-offload":
         res = run_fsdp2_offload(args)
         budget = None
+    elif name == "deepspeed-zero3-offload":
+        res = run_deepspeed_zero3_offload(args)
+        budget = None
     else:
         res = run_working_set(args, name)
         budget = float(WS_ROWS[name][0])
     dims = _dims(int(res.get("layers") or args.layers))
-    runtime = {"fsdp2-offload": "fsdp2_cpu_offload"}.get(name, "resident")
+    runtime = {"fsdp2-offload": "fsdp2_cpu_offload",
+               "deepspeed-zero3-offload": "deepspeed_zero3_cpu_offload"}.get(name, "resident")
     return row_from(name, runtime if budget is None else "working_set", dims, args.seq,
                     args.global_batch, budget, res)
 
@@ -330,7 +335,7 @@ def main() -> None:
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--resident-micro-batch", type=int, default=1)
     p.add_argument("--fsdp-global-batch", type=int, default=8,
-                   help="the FSDP2 offload row's sequences per step (it is slow)")
+                   help="the FSDP2 and DeepSpeed offload rows' sequences per step (slow)")
     p.add_argument("--link-share", type=float, default=0.0,
                    help="plan with this share of the D2H link for saved activations")
     p.add_argument("--profile", action="store_true",
@@ -342,7 +347,8 @@ def main() -> None:
               "--resident-micro-batch", str(args.resident_micro_batch),
               "--link-share", str(args.link_share), *(["--profile"] if args.profile else []),
               *(["--eager-kernels"] if args.eager_kernels else [])]
-    batch = {name: args.fsdp_global_batch if name == "fsdp2-offload" else args.global_batch
+    slow = ("fsdp2-offload", "deepspeed-zero3-offload")
+    batch = {name: args.fsdp_global_batch if name in slow else args.global_batch
              for name in args.rows.split(",")}
     children = [(["bench.runtime", "--row", name, *common, "--global-batch", str(b)],
                  {"name": name, "global_batch": b}) for name, b in batch.items()]
