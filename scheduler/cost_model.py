@@ -49,6 +49,11 @@ RUNTIME_OVERHEAD = 1.22
 # worker/saved_acts.py BackwardPrefetch) 80% left the GPU idle 4.8 s a step and 50% was
 # planned; with the rolling prefetch 80% runs 18.0 s against 17.7 predicted (H200, 20 GiB).
 LINK_SHARE = 0.8
+# Host memory traffic of a mixed-precision update over a bf16 one, per parameter (not yet
+# measured on the GPU host): bf16 fused AdamW reads weight, gradient and moments and writes
+# three back (14 bytes); mixed widens the gradient (2 + 4), runs fp32 AdamW (16 + 12) and
+# rounds the master into the bf16 tile (4 + 2): 40 bytes.
+MIXED_UPDATE_TRAFFIC = 40 / 14
 
 
 @dataclass(frozen=True)
@@ -146,13 +151,22 @@ def lead_pass_saved(lay: Layout, home_saved: int, window_inputs: int) -> int:
     return (lay.lead_rounds - 1) * (home_saved + window_inputs)
 
 
+def host_state_bytes(dims: ModelDims, precision: str) -> int:
+    """The host tiles (worker/state.py): weights, gradients and two moments, each of the
+    streamed element size; in mixed precision bf16 weights and gradients, an fp32 master and
+    fp32 moments, and the fp32 gradient scratch of the largest group."""
+    params = dims.num_layers * dims.layer_params + 2 * dims.embedding_params
+    if precision == "mixed":
+        return 16 * params + 4 * max(dims.layer_params, dims.embedding_params)
+    return 4 * ELEMENT_BYTES[precision] * params
+
+
 def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
-    """Training state (weights, grads, two moments) + saved sets sent home + the process +
-    the checkpoint shard being written (worker/checkpoint.py copies one out at a time)."""
-    e = ELEMENT_BYTES[spec.precision]
-    state = 4 * e * (dims.num_layers * dims.layer_params + 2 * dims.embedding_params)
+    """Training state + saved sets sent home + the process + the checkpoint shard being
+    written (worker/checkpoint.py copies one out at a time; mixed: from the fp32 master)."""
+    e = 4 if spec.precision == "mixed" else ELEMENT_BYTES[spec.precision]
     shard = min(CHECKPOINT_SHARD_BYTES, dims.params * e)
-    return state + home_saved + PROCESS_BYTES[device] + shard
+    return host_state_bytes(dims, spec.precision) + home_saved + PROCESS_BYTES[device] + shard
 
 
 # ------------------------------------------------------------------ time
@@ -273,6 +287,8 @@ def optimizer_s(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
         return times[lay.device_layers - 1] if lay.device_layers else min(times)
     layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
     rate = node.optimizer_params_per_s
+    if spec.precision == "mixed":  # the profile times bf16 state; the update is bound by
+        rate /= MIXED_UPDATE_TRAFFIC  # host memory traffic
     if lay.optimizer == "host" or device != "cuda":  # a CPU worker's "device" is the host
         return _deferred_s(dims, layer_fwd_s, rate, [], 0.0)
     return _deferred_s(dims, layer_fwd_s, rate, device_s, 2 * staged_s)

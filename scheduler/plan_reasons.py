@@ -55,7 +55,9 @@ def ws_reasons(spec: JobSpec, dims: ModelDims, node: NodeProfile, lay: cm.Layout
                      f"device, the other {dims.num_layers - lay.device_layers} layers and the "
                      "head on the host, both at once, so the host thread starts "
                      f"{lay.device_layers} layers ahead of the forward that waits for it"}[
-            lay.optimizer] + (" (override)" if o.optimizer else ""),
+            lay.optimizer] + (" (override)" if o.optimizer else "")
+        + ("; mixed precision: the fp32 master and moments live and update on the host only"
+           if spec.precision == "mixed" else ""),
         "lead_rounds": (f"{lay.lead_rounds}: the step's first pass carries "
                         f"{lay.lead_rounds} rounds, so last step's deferred update hides "
                         "behind more compute per layer" if lay.lead_rounds > 1

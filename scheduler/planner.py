@@ -76,7 +76,7 @@ def make_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
 
     if spec.overrides.runtime == "working_set":
         return make_ws_plan(spec, dims, node)
-    if spec.overrides.runtime == "resident" or spec.precision == "mixed":
+    if spec.overrides.runtime == "resident":
         return make_resident_plan(spec, dims, node)
     plans, errors = [], []
     for make in (make_resident_plan, make_ws_plan):

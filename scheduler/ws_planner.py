@@ -73,7 +73,7 @@ def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int]) -> list[cm.Layout]:
     rings = ([(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad)
              else [(3, 2), (2, 2), (2, 1)])
     # split: the first layers on the device, the rest on the host (_finish picks how many)
-    optimizers = ([o.optimizer] if o.optimizer else
+    optimizers = ([o.optimizer] if o.optimizer else ["host"] if spec.precision == "mixed" else
                   ["device", "host", "split"] if dims.num_layers > 1 else ["device", "host"])
     # a lead pass of two rounds where the model allows it (MoE routing balances per round)
     leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
@@ -224,9 +224,10 @@ def _search(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str,
 
 
 def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
-    if spec.precision == "mixed":
-        raise InvalidSpec('precision="mixed" runs only on the resident runtime; the working '
-                          'set keeps pure bf16 or fp32 state: use precision "bf16"')
+    if spec.precision == "mixed" and spec.overrides.optimizer not in (None, "host"):
+        raise InvalidSpec(f'precision="mixed" updates its fp32 master on the host; '
+                          f'overrides.optimizer="{spec.overrides.optimizer}" needs precision '
+                          '"bf16" (or use "host")')
     device = spec.overrides.device or node.device
     if spec.overrides.micro_batch and spec.global_batch % spec.overrides.micro_batch:
         raise InvalidSpec(f"overrides.micro_batch={spec.overrides.micro_batch} must divide "

@@ -10,7 +10,7 @@ training state (measured: bench/load_rss.py). The format is the safetensors spec
 8-byte little-endian header length, a JSON header of {name: {dtype, shape, data_offsets}},
 then the raw little-endian data.
 
-    stream_into(host.weight_views(), Path(spec.model.path))
+    stream_into(host.weight_views(), Path(spec.model.path))   # or HostState.stream_from
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def build_runtime(spec: JobSpec, plan: Plan) -> ResidentRuntime | WorkingSetRunt
     cuda = plan.device == "cuda"
     host = HostState.create(dims, spec.precision, pin=cuda, fused_adamw=cuda)
     if pretrained is not None:  # straight into the host tiles
-        stream_into(host.weight_views(), pretrained)
+        host.stream_from(pretrained)
     else:
         init = LlamaModel(dims)  # same initial weights as the resident runtime for this seed
         init.init_weights(spec.seed)

@@ -3,19 +3,28 @@ gradients and AdamW moments in one accounted `HostArena`, plus the embedding and
 group, and the CPU AdamW that updates them group by group (worker/host_optim.py runs it
 beside the next step's forward).
 
+Precision: "bf16" keeps every tile in bf16 (8 bytes a parameter, as AdaWS), "fp32" in fp32;
+"mixed" streams bf16 weights and gradients but keeps an fp32 master copy and fp32 moments
+(16 bytes a parameter, plus one fp32 gradient scratch the size of the largest group): the
+update runs on the master and rounds it into the bf16 weight tile the device reads.
+
     host = HostState.create(dims, "bf16", pin=torch.cuda.is_available())
     host.load_state_dict(hf_named_tensors); ...; host.step_group(k, lr, clip_coef, spec)
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from scheduler.contracts import OptimizerSpec
 from scheduler.model_dims import ModelDims
 from worker.arena import HostArena, LayerLayout
+from worker.hf_load import stream_into
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# what crosses PCIe and what the device computes in, by precision
+DTYPES = {"bf16": torch.bfloat16, "mixed": torch.bfloat16, "fp32": torch.float32}
 
 
 class HostState:
@@ -40,18 +49,27 @@ class HostState:
                                        ("gradients", self.embed_layout, "embed"),
                                        ("weights", self.head_layout, "head"),
                                        ("gradients", self.head_layout, "head")))
-        groups = [*zip(self.weights, self.grads), (self.embed_w, self.embed_g),
-                  (self.head_w, self.head_g)]
+        self.groups = [*zip(self.weights, self.grads), (self.embed_w, self.embed_g),
+                       (self.head_w, self.head_g)]
+        state_dtype = torch.float32 if precision == "mixed" else dtype
+        # mixed: the fp32 master of each group, and the fp32 gradient its update reads
+        self.master = [arena.alloc(f"group{i}.master", w.numel(), torch.float32, "master")
+                       for i, (w, _) in enumerate(self.groups)] if precision == "mixed" else []
+        self.grad_fp32 = (arena.alloc("grad_fp32", max(w.numel() for w, _ in self.groups),
+                                      torch.float32, "gradients") if self.master else None)
         self.params: list[torch.nn.Parameter] = []
         self.optimizers: list[torch.optim.AdamW] = []
-        for i, (w, g) in enumerate(groups):
-            p = torch.nn.Parameter(w, requires_grad=True)  # shares the tile's storage
-            p.grad = g
+        for i, (w, g) in enumerate(self.groups):
+            # shares the tile's storage: the weight tile, or in mixed the master
+            p = torch.nn.Parameter(self.master[i] if self.master else w, requires_grad=True)
+            p.grad = None if self.master else g
             opt = torch.optim.AdamW([p], fused=fused_adamw or None)
             # AdamW's moments live in the arena too, not in torch's own allocations.
             opt.state[p] = {"step": torch.tensor(0.0),
-                            "exp_avg": arena.alloc(f"group{i}.m", w.numel(), dtype, "moments"),
-                            "exp_avg_sq": arena.alloc(f"group{i}.v", w.numel(), dtype, "moments")}
+                            "exp_avg": arena.alloc(f"group{i}.m", w.numel(), state_dtype,
+                                                   "moments"),
+                            "exp_avg_sq": arena.alloc(f"group{i}.v", w.numel(), state_dtype,
+                                                      "moments")}
             self.params.append(p)
             self.optimizers.append(opt)
 
@@ -64,8 +82,10 @@ class HostState:
     # ------------------------------------------------------------ named tensors (HF names)
 
     def _named_views(self, grads: bool = False) -> dict[str, torch.Tensor]:
-        layers, embed, head = ((self.grads, self.embed_g, self.head_g) if grads
-                               else (self.weights, self.embed_w, self.head_w))
+        tiles = self.master or self.weights + [self.embed_w, self.head_w]
+        if grads:
+            tiles = self.grads + [self.embed_g, self.head_g]
+        layers, embed, head = tiles[:-2], tiles[-2], tiles[-1]
         out = {}
         for k, w in enumerate(layers):
             for n, v in self.layout.hub_views(w).items():
@@ -75,7 +95,9 @@ class HostState:
         return out
 
     def weight_views(self) -> dict[str, torch.Tensor]:
-        """Weight views under Hugging Face parameter names (no copies)."""
+        """Weight views under Hugging Face parameter names (no copies): in mixed precision
+        the fp32 master, so a checkpoint keeps full precision. Write them only through
+        load_state_dict or stream_from, which also round them into the bf16 tiles."""
         return self._named_views()
 
     def named_grads(self) -> dict[str, torch.Tensor]:
@@ -90,6 +112,19 @@ class HostState:
         with torch.no_grad():
             for n, v in views.items():
                 v.copy_(tensors[n])
+        self._round_master()
+
+    def stream_from(self, directory: Path) -> None:
+        """Weights from a Hugging Face or checkpoint directory, tensor by tensor."""
+        stream_into(self.weight_views(), directory)
+        self._round_master()
+
+    def _round_master(self, group: int | None = None) -> None:
+        """Mixed precision: the bf16 weight tiles the device reads, from the master."""
+        if not self.master:
+            return
+        for i in range(len(self.master)) if group is None else [group]:
+            self.groups[i][0].copy_(self.master[i])
 
 
     def optimizer_state(self) -> dict[str, object]:
@@ -109,6 +144,9 @@ class HostState:
         """AdamW on one group's tiles (layer k = k; embedding L; head L + 1), its gradient
         first scaled by the global-norm clipping factor."""
         p, opt = self.params[group], self.optimizers[group]
+        if self.grad_fp32 is not None:  # mixed: the bf16 gradient read once into fp32
+            p.grad = self.grad_fp32[:p.numel()]
+            p.grad.copy_(self.groups[group][1])
         fused, clipped = bool(opt.defaults.get("fused")), clip_coef < 1.0
         if clipped and not fused:
             p.grad.mul_(clip_coef)
@@ -119,3 +157,4 @@ class HostState:
         for g in opt.param_groups:
             g.update(lr=lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay)
         opt.step()
+        self._round_master(group)

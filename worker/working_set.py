@@ -49,7 +49,6 @@ from worker.model import rms_norm, rope_tables
 from worker.moe import RouterTotals
 from worker.optim import StepUpdate, sq_norm_fp32
 from worker.device_optim import DeviceOptimizer
-from worker.hf_load import stream_into
 from worker.host_optim import HostOptimizerPipeline
 from worker.lean_attn import CoreGraph, lean_attn_backward, lean_attn_forward
 from worker.lean_mlp import lean_backward, lean_forward
@@ -98,6 +97,9 @@ class WorkingSetRuntime:
         dtype = DTYPES[cfg.precision]
         L = dims.num_layers
         assert host.precision == cfg.precision
+        if cfg.precision == "mixed" and cfg.device_opt_layers:
+            raise ValueError("mixed precision updates its fp32 master on the host only; "
+                             "set device_opt_layers=0")
         self.weights = SlotStreamer.for_tiles(cfg.r_param, host.weights, self.streams,
                                               self.device, "weights", self.counters)
         self.grads = SlotStreamer.for_tiles(cfg.r_grad, host.grads, self.streams,
@@ -180,7 +182,7 @@ class WorkingSetRuntime:
             self.dopt.m.invalidate()
             self.dopt.v.invalidate()
         if isinstance(weights, Path):
-            stream_into(self.host.weight_views(), weights)
+            self.host.stream_from(weights)
         else:
             self.host.load_state_dict(weights)
         self.host.load_optimizer_state(extra)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from tests.conftest import REPO, Stack, tiny_spec, wait_job, wait_terminal
@@ -203,3 +204,20 @@ def test_moe_job_trains_on_the_working_set(stack: Stack) -> None:
     weights = _weights(done)
     assert "model.layers.3.mlp.experts.7.down_proj.weight" in weights
     assert "model.layers.0.mlp.gate.weight" in weights
+
+
+def test_mixed_precision_job_trains_on_the_working_set(stack: Stack) -> None:
+    """precision "mixed" through the whole service: bf16 weights stream to the layers, the
+    host AdamW steps an fp32 master, and the checkpoint holds that master in fp32."""
+    spec = tiny_spec("e2e-mixed", precision="mixed", steps=60, overrides=WS_OVERRIDES)
+    with stack.client() as c:
+        job = c.post("/v1/jobs", json=spec).json()
+        assert job["plan"]["runtime"] == "working_set", job
+        assert job["plan"]["working_set"]["optimizer"] == "host"
+        done = wait_terminal(c, job["id"])
+        assert done["state"] == "succeeded", done["error"]
+        events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+    losses = [e["data"]["loss"] for e in events if e["kind"] == "progress"]
+    assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5, losses
+    weights = _weights(done)
+    assert weights["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float32

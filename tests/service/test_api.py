@@ -287,6 +287,16 @@ def test_small_budget_gets_a_working_set_plan(api_only: Stack) -> None:
         spec["overrides"] = {"runtime": "working_set", "window": 99}
         r = c.post("/v1/plans", json=spec)
         assert r.status_code == 422 and "overrides.window=99 exceeds" in r.text
+        # mixed: an fp32 master and fp32 moments on the host, updated there (8 layers, so the
+        # 16 bytes a parameter fit the nodes' 16 GiB)
+        spec["model"]["hf_config"]["num_hidden_layers"] = 8
+        spec["overrides"] = {}
+        pure = c.post("/v1/plans", json=spec).json()
         spec["precision"] = "mixed"
+        mixed = c.post("/v1/plans", json=spec).json()
+        assert mixed.get("runtime") == "working_set", mixed
+        assert mixed["working_set"]["optimizer"] == "host"
+        assert mixed["predicted"]["peak_host_bytes"] > pure["predicted"]["peak_host_bytes"]
+        spec["overrides"] = {"runtime": "working_set", "optimizer": "device"}
         r = c.post("/v1/plans", json=spec)
-        assert r.status_code == 422 and "resident runtime" in r.text
+        assert r.status_code == 422 and "fp32 master on the host" in r.text

@@ -71,10 +71,10 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def make_runtime(ref: LlamaForCausalLM, device: str = "cpu", dims: ModelDims = DIMS,  # type: ignore[no-untyped-def]
-                 **kw) -> WorkingSetRuntime:
-    host = HostState.create(dims, "fp32", pin=device == "cuda")
+                 precision: str = "fp32", **kw) -> WorkingSetRuntime:
+    host = HostState.create(dims, precision, pin=device == "cuda")
     host.load_state_dict({k: v.detach().cpu() for k, v in hub_state(ref).items()})
-    cfg = WorkingSetConfig(precision="fp32", device=device, steps=10, seed=0, seq_len=SEQ,
+    cfg = WorkingSetConfig(precision=precision, device=device, steps=10, seed=0, seq_len=SEQ,
                            **kw)
     # eps 1e-6, not 1e-8: AdamW moves a weight by about lr·sign(g) wherever |g| >> eps, so with
     # eps 1e-8 gradients of ~1e-8, whose sign the fp32 summation order decides, set an error
@@ -200,6 +200,33 @@ def test_weights_after_steps_match_torch_adamw(device_layers: int) -> None:
     check_weights_after_steps(rt, ref, data, 4, 1e-5)
 
 
+def test_mixed_precision_steps_an_fp32_master_as_torch_adamw() -> None:
+    """precision "mixed": bf16 weights and gradients cross the link, an fp32 master and fp32
+    moments take the update on the host. After three steps the master equals torch's AdamW
+    stepping an fp32 copy of the starting weights on the runtime's own bf16 gradients,
+    widened, clipped and scheduled alike, and the bf16 tiles are the master rounded."""
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    rt = make_runtime(ref, precision="mixed", micro_batch=2, chunk=1, rounds=2, r_param=2,
+                      r_grad=1, window=1)
+    master = {n: t.detach().clone().requires_grad_() for n, t in hub_state(ref).items()}
+    opt, sched = make_adamw(master.values(), rt.opt_spec, rt.cfg.steps)
+    for step in range(3):
+        rt.train_step(data, step)  # its update runs in a thread that only reads the bf16 tiles
+        grads = rt.host.named_grads()
+        for name, p in master.items():
+            assert grads[name].dtype == torch.bfloat16
+            p.grad = grads[name].float()
+        torch.nn.utils.clip_grad_norm_(master.values(), rt.opt_spec.grad_clip)
+        opt.step()
+        sched.step()
+    weights = rt.state_tensors()
+    for name, p in master.items():
+        assert weights[name].dtype == torch.float32
+        assert rel(weights[name], p.detach()) < 1e-5, name
+    for (tile, _), fp32 in zip(rt.host.groups, rt.host.master):
+        assert torch.equal(tile, fp32.to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw",
                                                      "split-adamw"])
 def test_lead_pass_matches_torch_adamw(device_layers: int) -> None:
@@ -279,13 +306,15 @@ def test_cuda_device_adamw_matches_torch_adamw(device_layers: int) -> None:
     check_weights_after_steps(rt, ref, data, 3, 1e-4)
 
 
-@pytest.mark.parametrize("device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw",
-                                                     "split-adamw"])
-def test_checkpoint_mid_run_resumes_bit_identical(device_layers: int) -> None:
+@pytest.mark.parametrize("device_layers,precision", [(0, "fp32"), (4, "fp32"), (2, "fp32"),
+                                                     (0, "mixed")],
+                         ids=["host-adamw", "device-adamw", "split-adamw", "mixed"])
+def test_checkpoint_mid_run_resumes_bit_identical(device_layers: int, precision: str) -> None:
     """Saving state mid-run (which applies a deferred device update) and loading it into a
-    fresh runtime gives exactly the weights of an uninterrupted run."""
+    fresh runtime gives exactly the weights of an uninterrupted run (mixed: the fp32
+    master is what is saved)."""
     kw = dict(micro_batch=2, chunk=1, rounds=2, r_param=2, r_grad=1, window=1,
-              device_opt_layers=device_layers,
+              device_opt_layers=device_layers, precision=precision,
               levels=tuple((2, 0) for _ in range(DIMS.num_layers)))
     ref = reference(DIMS)
     straight, data = make_runtime(ref, **kw), Batches(DIMS.vocab_size)
