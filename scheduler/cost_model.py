@@ -49,10 +49,12 @@ RUNTIME_OVERHEAD = 1.22
 # worker/saved_acts.py BackwardPrefetch) 80% left the GPU idle 4.8 s a step and 50% was
 # planned; with the rolling prefetch 80% runs 18.0 s against 17.7 predicted (H200, 20 GiB).
 LINK_SHARE = 0.8
-# Host memory traffic of a mixed-precision update over a bf16 one, per parameter (not yet
-# measured on the GPU host): bf16 fused AdamW reads weight, gradient and moments and writes
-# three back (14 bytes); mixed widens the gradient (2 + 4), runs fp32 AdamW (16 + 12) and
-# rounds the master into the bf16 tile (4 + 2): 40 bytes.
+# Host memory traffic of a mixed-precision update over a bf16 one, per parameter: bf16 fused
+# AdamW reads weight, gradient and moments and writes three back (14 bytes); mixed widens the
+# gradient (2 + 4), runs fp32 AdamW (16 + 12) and rounds the master into the bf16 tile
+# (4 + 2): 40 bytes. A bound where the update is memory-bound, as bf16's nearly is on the
+# H200 host's 15 threads (98 of 107 GB/s); where it is compute-bound mixed is no slower
+# (2 cores: 141 ms a layer against bf16's 156, bench/host_adamw.py). Not yet measured there.
 MIXED_UPDATE_TRAFFIC = 40 / 14
 
 
