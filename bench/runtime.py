@@ -92,6 +92,8 @@ WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     # the split optimizer (worker/working_set.py device_opt_layers) pinned
     "ws-24-32l-split": (24, 32, {"optimizer": "split"}),
     "ws-20-split": (20, None, {"optimizer": "split"}),
+    # precision "mixed" (a row named *-mixed): fp32 master and moments on the host
+    "ws-20-mixed": (20, None, {}), "ws-40-mixed": (40, None, {}),
 }
 HOST_BUDGET_GIB = 100
 
@@ -134,7 +136,8 @@ def time_steps(step_fn, steps: int) -> list[float]:  # type: ignore[no-untyped-d
 
 
 def llama_spec(name: str, layers: int, seq: int, global_batch: int, steps: int,
-               device_gib: float, host_gib: float, overrides: dict[str, object]):  # type: ignore[no-untyped-def]
+               device_gib: float, host_gib: float, overrides: dict[str, object],
+               precision: str = "bf16"):  # type: ignore[no-untyped-def]
     """A JobSpec for Llama-3-8B dimensions with `layers` layers, on synthetic tokens."""
     from scheduler.contracts import JobSpec
 
@@ -146,7 +149,7 @@ def llama_spec(name: str, layers: int, seq: int, global_batch: int, steps: int,
             "num_attention_heads": dims.num_heads, "num_key_value_heads": dims.num_kv_heads,
             "rope_theta": dims.rope_theta, "max_position_embeddings": 131072}},
         "data": {"kind": "synthetic"}, "seq_len": seq, "global_batch": global_batch,
-        "steps": steps, "precision": "bf16", "optimizer": {"lr": 1e-4},
+        "steps": steps, "precision": precision, "optimizer": {"lr": 1e-4},
         "budget": {"device_gib": device_gib, "host_gib": host_gib},
         "overrides": {"runtime": "working_set", **overrides}})
 
@@ -177,7 +180,8 @@ def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-de
     budget, layers, overrides = WS_ROWS[name]
     dims = _dims(layers or args.layers)
     spec = llama_spec(name, dims.num_layers, args.seq, args.global_batch, args.steps, budget,
-                      HOST_BUDGET_GIB, overrides)
+                      HOST_BUDGET_GIB, overrides,
+                      precision="mixed" if name.endswith("-mixed") else "bf16")
     node = measured_node(args.seq, dims)
     return spec, dims, make_plan(spec, dims, node), node
 
@@ -198,7 +202,7 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignor
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, spec.budget.device_bytes / total), 0)
     t0 = time.perf_counter()
-    host = HostState.create(dims, "bf16", pin=True, fused_adamw=True)
+    host = HostState.create(dims, spec.precision, pin=True, fused_adamw=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     for tile in [*host.weights, host.embed_w, host.head_w]:  # init on the GPU, copy home
         noise = torch.randn(tile.numel(), device="cuda", generator=g, dtype=torch.bfloat16)
@@ -207,6 +211,8 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignor
         for n, v in host.layout.views(host.weights[k]).items():
             if n.endswith("norm.weight"):
                 v.fill_(1.0)
+    for (tile, _), master in zip(host.groups, host.master):  # mixed: its fp32 master
+        master.copy_(tile)
     log.info("host state %.1f GiB ready in %.1f s", host.arena.total_bytes / GIB,
              time.perf_counter() - t0)
     rt = WorkingSetRuntime(dims, ws_config(spec, plan), spec.optimizer, host)
