@@ -133,9 +133,12 @@ class HostArena:
         self.tensors: dict[str, torch.Tensor] = {}
         self.bytes_by_kind: dict[str, int] = {}
         self._registered: list[int] = []
+        self._pinned_bytes = 0
         self._maps: list[mmap.mmap] = []
 
-    def alloc(self, name: str, numel: int, dtype: torch.dtype, kind: str) -> torch.Tensor:
+    def alloc(self, name: str, numel: int, dtype: torch.dtype, kind: str,
+              crosses_pcie: bool = True) -> torch.Tensor:
+        """A zeroed tile; page-locked when the arena pins and the tile crosses PCIe."""
         assert name not in self.tensors, f"arena tile {name} allocated twice"
         itemsize = torch.empty((), dtype=dtype).element_size()
         pages = max(1, -(-numel * itemsize // mmap.PAGESIZE))
@@ -143,12 +146,13 @@ class HostArena:
         self._maps.append(region)
         t = (torch.frombuffer(region, dtype=dtype, count=numel) if numel
              else torch.zeros(0, dtype=dtype))
-        if self.pin and numel:
+        if self.pin and crosses_pcie and numel:
             cudart = torch.cuda.cudart()
             rc = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
             if int(rc) != 0:
                 raise RuntimeError(f"cudaHostRegister of {name} ({t.nbytes} bytes) failed: {rc}")
             self._registered.append(t.data_ptr())
+            self._pinned_bytes += t.nbytes
         self.tensors[name] = t
         self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + t.nbytes
         return t
@@ -159,7 +163,7 @@ class HostArena:
 
     @property
     def pinned_bytes(self) -> int:
-        return self.total_bytes if self.pin else 0
+        return self._pinned_bytes
 
     def close(self) -> None:
         """Unpin every tile; the memory itself goes when the last tensor view is dropped."""

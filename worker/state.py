@@ -53,10 +53,13 @@ class HostState:
                        (self.head_w, self.head_g)]
         state_dtype = torch.float32 if precision == "mixed" else dtype
         # mixed: the fp32 master of each group, and the fp32 gradient its update reads
-        self.master = [arena.alloc(f"group{i}.master", w.numel(), torch.float32, "master")
+        # (host-only tiles: never page-locked)
+        self.master = [arena.alloc(f"group{i}.master", w.numel(), torch.float32, "master",
+                                   crosses_pcie=False)
                        for i, (w, _) in enumerate(self.groups)] if precision == "mixed" else []
         self.grad_fp32 = (arena.alloc("grad_fp32", max(w.numel() for w, _ in self.groups),
-                                      torch.float32, "gradients") if self.master else None)
+                                      torch.float32, "gradients", crosses_pcie=False)
+                          if self.master else None)
         self.params: list[torch.nn.Parameter] = []
         self.optimizers: list[torch.optim.AdamW] = []
         for i, (w, g) in enumerate(self.groups):
@@ -65,11 +68,11 @@ class HostState:
             p.grad = None if self.master else g
             opt = torch.optim.AdamW([p], fused=fused_adamw or None)
             # AdamW's moments live in the arena too, not in torch's own allocations.
-            opt.state[p] = {"step": torch.tensor(0.0),
-                            "exp_avg": arena.alloc(f"group{i}.m", w.numel(), state_dtype,
-                                                   "moments"),
-                            "exp_avg_sq": arena.alloc(f"group{i}.v", w.numel(), state_dtype,
-                                                      "moments")}
+            # (the device optimizer streams bf16 moments; mixed keeps them on the host)
+            opt.state[p] = {"step": torch.tensor(0.0), **{
+                key: arena.alloc(f"group{i}.{short}", w.numel(), state_dtype, "moments",
+                                 crosses_pcie=not self.master)
+                for key, short in (("exp_avg", "m"), ("exp_avg_sq", "v"))}}
             self.params.append(p)
             self.optimizers.append(opt)
 
