@@ -188,11 +188,9 @@ def test_working_set_telemetry_reaches_metrics(stack: Stack) -> None:
         time.sleep(0.2)
 
 
-def test_moe_job_trains_on_the_working_set(stack: Stack) -> None:
-    """A mixture-of-experts preset through the whole service: planned onto the working set,
-    trained with the load-balancing loss, checkpointed with one tensor per expert."""
-    spec = tiny_spec("e2e-moe", model={"preset": "tiny-olmoe"}, steps=60,
-                     overrides={"runtime": "working_set", "level": 2})
+def _trains_on_the_working_set(stack: Stack, spec: dict) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    """Submit `spec`, check it is planned onto the working set, succeeds and its loss falls;
+    (its plan, its last checkpoint's weights)."""
     with stack.client() as c:
         job = c.post("/v1/jobs", json=spec).json()
         assert job["plan"]["runtime"] == "working_set", job
@@ -201,7 +199,15 @@ def test_moe_job_trains_on_the_working_set(stack: Stack) -> None:
         events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
     losses = [e["data"]["loss"] for e in events if e["kind"] == "progress"]
     assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5, losses
-    weights = _weights(done)
+    return job["plan"], _weights(done)
+
+
+def test_moe_job_trains_on_the_working_set(stack: Stack) -> None:
+    """A mixture-of-experts preset through the whole service: planned onto the working set,
+    trained with the load-balancing loss, checkpointed with one tensor per expert."""
+    spec = tiny_spec("e2e-moe", model={"preset": "tiny-olmoe"}, steps=60,
+                     overrides={"runtime": "working_set", "level": 2})
+    _, weights = _trains_on_the_working_set(stack, spec)
     assert "model.layers.3.mlp.experts.7.down_proj.weight" in weights
     assert "model.layers.0.mlp.gate.weight" in weights
 
@@ -210,14 +216,6 @@ def test_mixed_precision_job_trains_on_the_working_set(stack: Stack) -> None:
     """precision "mixed" through the whole service: bf16 weights stream to the layers, the
     host AdamW steps an fp32 master, and the checkpoint holds that master in fp32."""
     spec = tiny_spec("e2e-mixed", precision="mixed", steps=60, overrides=WS_OVERRIDES)
-    with stack.client() as c:
-        job = c.post("/v1/jobs", json=spec).json()
-        assert job["plan"]["runtime"] == "working_set", job
-        assert job["plan"]["working_set"]["optimizer"] == "host"
-        done = wait_terminal(c, job["id"])
-        assert done["state"] == "succeeded", done["error"]
-        events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
-    losses = [e["data"]["loss"] for e in events if e["kind"] == "progress"]
-    assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5, losses
-    weights = _weights(done)
+    plan, weights = _trains_on_the_working_set(stack, spec)
+    assert plan["working_set"]["optimizer"] == "host"
     assert weights["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float32
