@@ -157,10 +157,10 @@ def host_state_bytes(dims: ModelDims, precision: str) -> int:
     """The host tiles (worker/state.py): weights, gradients and two moments, each of the
     streamed element size; in mixed precision bf16 weights and gradients, an fp32 master and
     fp32 moments, and the fp32 gradient scratch of the largest group."""
-    params = dims.num_layers * dims.layer_params + 2 * dims.embedding_params
-    if precision == "mixed":
-        return 16 * params + 4 * max(dims.layer_params, dims.embedding_params)
-    return 4 * ELEMENT_BYTES[precision] * params
+    if precision == "mixed":  # the largest group: a layer, or the head with the final norm
+        largest = max(dims.layer_params, dims.embedding_params + dims.hidden_size)
+        return 16 * dims.params + 4 * largest
+    return 4 * ELEMENT_BYTES[precision] * dims.params
 
 
 def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:

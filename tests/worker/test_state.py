@@ -1,0 +1,37 @@
+"""worker/state.py HostState: the host arena holds exactly what the planner counts for the
+training state (scheduler/cost_model.py host_state_bytes), in every precision, and mixed
+precision's fp32 master, moments and gradient scratch are the only tiles kept pageable.
+
+    pytest tests/worker/test_state.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scheduler.cost_model import host_state_bytes
+from scheduler.model_dims import PRESETS
+from worker.state import HostState
+
+
+@pytest.mark.parametrize("preset", ["micro-llama", "tiny-olmoe"])
+@pytest.mark.parametrize("precision", ["bf16", "mixed", "fp32"])
+def test_arena_holds_what_the_planner_counts(preset: str, precision: str) -> None:
+    dims = PRESETS[preset]
+    host = HostState.create(dims, precision, pin=False)
+    # the rest is each tensor's alignment inside its tile (worker/arena.py ALIGN_ELEMS),
+    # up to 2% of these toy models (the fp32 gradient scratch alone is 7-11%)
+    extra = host.arena.total_bytes - host_state_bytes(dims, precision)
+    assert 0 <= extra < 0.02 * host.arena.total_bytes
+
+
+def test_mixed_keeps_bf16_tiles_for_the_link_and_an_fp32_master() -> None:
+    dims = PRESETS["micro-llama"]
+    host = HostState.create(dims, "mixed", pin=False)
+    assert {t.dtype for t in host.weights + host.grads} == {torch.bfloat16}
+    assert {t.dtype for t in host.master} == {torch.float32}
+    moments = [s["exp_avg"] for o, p in zip(host.optimizers, host.params)
+               for s in [o.state[p]]]
+    assert {t.dtype for t in moments} == {torch.float32}
+    assert host.arena.bytes_by_kind["master"] == 4 * sum(t.numel() for t in host.master)
