@@ -200,14 +200,17 @@ def test_weights_after_steps_match_torch_adamw(device_layers: int) -> None:
     check_weights_after_steps(rt, ref, data, 4, 1e-5)
 
 
-def test_mixed_precision_steps_an_fp32_master_as_torch_adamw() -> None:
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_mixed_precision_steps_an_fp32_master_as_torch_adamw(device: str) -> None:
     """precision "mixed": bf16 weights and gradients cross the link, an fp32 master and fp32
     moments take the update on the host. After three steps the master equals torch's AdamW
     stepping an fp32 copy of the starting weights on the runtime's own bf16 gradients,
     widened, clipped and scheduled alike, and the bf16 tiles are the master rounded."""
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
-    rt = make_runtime(ref, precision="mixed", micro_batch=2, chunk=1, rounds=2, r_param=2,
-                      r_grad=1, window=1)
+    rt = make_runtime(ref, device, precision="mixed", micro_batch=2, chunk=1, rounds=2,
+                      r_param=2, r_grad=1, window=1)
     master = {n: t.detach().clone().requires_grad_() for n, t in hub_state(ref).items()}
     opt, sched = make_adamw(master.values(), rt.opt_spec, rt.cfg.steps)
     for step in range(3):
