@@ -85,9 +85,10 @@ class HostState:
     # ------------------------------------------------------------ named tensors (HF names)
 
     def _named_views(self, grads: bool = False) -> dict[str, torch.Tensor]:
-        tiles = self.master or self.weights + [self.embed_w, self.head_w]
         if grads:
-            tiles = self.grads + [self.embed_g, self.head_g]
+            tiles = [*self.grads, self.embed_g, self.head_g]
+        else:  # mixed: the master is the weights of record
+            tiles = self.master or [*self.weights, self.embed_w, self.head_w]
         layers, embed, head = tiles[:-2], tiles[-2], tiles[-1]
         out = {}
         for k, w in enumerate(layers):
@@ -128,7 +129,6 @@ class HostState:
             return
         for i in range(len(self.master)) if group is None else [group]:
             self.groups[i][0].copy_(self.master[i])
-
 
     def optimizer_state(self) -> dict[str, object]:
         return {"adamw": [{k: v.clone() if k == "step" else v for k, v in o.state[p].items()}
