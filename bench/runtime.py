@@ -257,9 +257,9 @@ def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
 
 
 def run_row(args: argparse.Namespace) -> Row:
-    name = args.row
     from bench.baselines import run_deepspeed_zero3_offload, run_fsdp2_offload, run_resident
 
+    name = args.row
     if name.startswith("resident"):
         res = run_resident(args, ckpt=name == "resident-ckpt")
         budget = None

@@ -71,8 +71,7 @@ class Streams:
         if not self.cuda:
             start = time.perf_counter()
             yield
-            self.stall_s[dependency] = (self.stall_s.get(dependency, 0.0)
-                                        + time.perf_counter() - start)
+            self.time_host(dependency, start)
             return
         before = self.record("comp")
         yield

@@ -44,12 +44,14 @@ class HostActivationStore:
 
     def admit(self, nbytes: int, streams: Streams) -> None:
         """Make room for a copy of `nbytes` in the write buffer (CUDA only)."""
-        while self.in_flight and (self.in_flight[0][0].query()
-                                  or self.in_flight_bytes + nbytes > self.write_buffer_bytes):
-            event, size = self.in_flight.popleft()
-            if not event.query():
+        while self.in_flight:
+            event, size = self.in_flight[0]
+            if not event.query():  # the oldest copy is still going: wait only if full
+                if self.in_flight_bytes + nbytes <= self.write_buffer_bytes:
+                    return
                 with streams.host_waits("write_buffer"):
                     event.synchronize()
+            self.in_flight.popleft()
             self.in_flight_bytes -= size
 
     def track(self, event: torch.cuda.Event, nbytes: int) -> None:

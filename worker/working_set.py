@@ -61,6 +61,7 @@ from worker.stats import StepStats
 from worker.streamer import LazyGradViews, SlotStreamer
 from worker.ws_config import LEVELS, WorkingSetConfig
 
+
 @dataclass
 class _Graph:
     """What one (layer, chunk) forward left for its backward: each part a device tensor (in

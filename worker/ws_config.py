@@ -15,7 +15,7 @@ LEVELS = (0, 1, 2, 3)
 
 @dataclass(frozen=True)
 class WorkingSetConfig:
-    precision: str  # "bf16" (pure 16-bit state) | "fp32"
+    precision: str  # "bf16" (pure 16-bit state) | "mixed" (fp32 master on the host) | "fp32"
     device: str
     micro_batch: int  # sequences per round
     chunk: int  # sequences per chunk; divides micro_batch

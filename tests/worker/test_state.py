@@ -1,6 +1,6 @@
 """worker/state.py HostState: the host arena holds exactly what the planner counts for the
 training state (scheduler/cost_model.py host_state_bytes), in every precision, and mixed
-precision's fp32 master, moments and gradient scratch are the only tiles kept pageable.
+precision keeps bf16 tiles for the link beside an fp32 master and fp32 moments.
 
     pytest tests/worker/test_state.py
 """
