@@ -202,7 +202,10 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignor
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, spec.budget.device_bytes / total), 0)
     t0 = time.perf_counter()
-    host = HostState.create(dims, spec.precision, pin=True, fused_adamw=True)
+    # the worker's limit (worker/main.py): the arena refuses to grow past the host budget
+    arena_limit = spec.budget.host_bytes - cost_model.host_reserve_bytes(dims, spec, "cuda")
+    host = HostState.create(dims, spec.precision, pin=True, fused_adamw=True,
+                            arena_limit_bytes=arena_limit)
     g = torch.Generator(device="cuda").manual_seed(0)
     for tile in [*host.weights, host.embed_w, host.head_w]:  # init on the GPU, copy home
         noise = torch.randn(tile.numel(), device="cuda", generator=g, dtype=torch.bfloat16)

@@ -35,6 +35,11 @@ DEVICE_RESERVE_BYTES = GIB // 2
 PROCESS_BYTES = {"cuda": int(5.5 * GIB), "cpu": int(0.75 * GIB)}
 WRITE_BUFFER_BYTES = GIB  # worker/saved_acts.py's bound on copies in flight home
 CHECKPOINT_SHARD_BYTES = GIB  # worker/checkpoint.py's SHARD_BYTES
+# worker/saved_acts.py's host activation store: 64 MiB chunks filled first-fit, so beyond
+# the saved sets it holds at most a part-used last chunk and small tails (simulated at 8K
+# for the H200 plans of 2026-11-22: 0-45 MiB over 13-33 GiB of sets); counted as a chunk
+# and 1/256 of the sets.
+ACTIVATION_CHUNK_BYTES = 64 * 1024**2
 # The runtime's layer compute over the same layer timed alone (worker/layer_profile.py):
 # saved-tensor hooks, slot binding, stream waits, launch gaps, and the lean backwards'
 # elementwise work (norms recomputed in fp32, RoPE undone, transposes). Calibrated on the H200:
@@ -163,12 +168,23 @@ def host_state_bytes(dims: ModelDims, precision: str) -> int:
     return 4 * ELEMENT_BYTES[precision] * dims.params
 
 
-def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
-    """Training state + saved sets sent home + the process + the checkpoint shard being
-    written (worker/checkpoint.py copies one out at a time; mixed: from the fp32 master)."""
+def stored_bytes(saved: int) -> int:
+    """Host activation store bytes that hold `saved` bytes of saved sets (its chunking)."""
+    return saved + saved // 256 + ACTIVATION_CHUNK_BYTES if saved else 0
+
+
+def host_reserve_bytes(dims: ModelDims, spec: JobSpec, device: str) -> int:
+    """Host memory beside the arena: the process and the checkpoint shard being written
+    (worker/checkpoint.py copies one out at a time; mixed: from the fp32 master). The
+    worker's arena may hold the host budget less this (worker/main.py)."""
     e = 4 if spec.precision == "mixed" else ELEMENT_BYTES[spec.precision]
-    shard = min(CHECKPOINT_SHARD_BYTES, dims.params * e)
-    return host_state_bytes(dims, spec.precision) + home_saved + PROCESS_BYTES[device] + shard
+    return PROCESS_BYTES[device] + min(CHECKPOINT_SHARD_BYTES, dims.params * e)
+
+
+def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
+    """Training state + the store of saved sets sent home + the reserve beside the arena."""
+    return (host_state_bytes(dims, spec.precision) + stored_bytes(home_saved)
+            + host_reserve_bytes(dims, spec, device))
 
 
 # ------------------------------------------------------------------ time

@@ -41,3 +41,10 @@ class Conflict(WstrainError):
 
 class Unauthorized(WstrainError):
     status = 401
+
+
+class BudgetExceeded(WstrainError):
+    """A running job was about to take memory past its budget (a planner bug: the plan said
+    it fits); the worker fails the job with this instead of overrunning the budget."""
+
+    status = 500

@@ -182,8 +182,9 @@ def _finish(dims: ModelDims, spec: JobSpec, node: NodeProfile, lay: cm.Layout, s
         home[k][c] = 0
     levels = home + window_rows
     if lay.lead_rounds > 1:  # the lead pass's extra sets must fit as they are
-        host += cm.lead_pass_saved(lay, sum(saved[lv] for row in home for lv in row),
-                                   window * X * saved[1])
+        home_saved = sum(saved[lv] for row in home for lv in row)
+        extra = cm.lead_pass_saved(lay, home_saved, window * X * saved[1])
+        host = cm.host_bytes(dims, spec, home_saved + extra, device)
         if host > spec.budget.host_bytes:
             return None
     if lay.optimizer == "split":  # as many device layers as suit what the layers send home

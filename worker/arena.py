@@ -18,10 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from scheduler.errors import BudgetExceeded
 from scheduler.model_dims import ModelDims
 
 log = logging.getLogger(__name__)
 
+GIB = 1024**3
 ALIGN_ELEMS = 128  # every tensor view starts 256-byte aligned (bf16) inside a tile
 
 
@@ -128,8 +130,8 @@ class HostArena:
     only), so page-locking one tile never touches memory another allocation shares, and
     freeing the arena leaves no registered pages behind for the allocator to hand out."""
 
-    def __init__(self, pin: bool) -> None:
-        self.pin = pin
+    def __init__(self, pin: bool, limit_bytes: int | None = None) -> None:
+        self.pin, self.limit_bytes = pin, limit_bytes
         self.tensors: dict[str, torch.Tensor] = {}
         self.bytes_by_kind: dict[str, int] = {}
         self._registered: list[int] = []
@@ -141,6 +143,7 @@ class HostArena:
         """A zeroed tile; page-locked when the arena pins and the tile crosses PCIe."""
         assert name not in self.tensors, f"arena tile {name} allocated twice"
         itemsize = torch.empty((), dtype=dtype).element_size()
+        self._check_limit(name, kind, numel * itemsize)
         pages = max(1, -(-numel * itemsize // mmap.PAGESIZE))
         region = mmap.mmap(-1, pages * mmap.PAGESIZE)
         self._maps.append(region)
@@ -156,6 +159,19 @@ class HostArena:
         self.tensors[name] = t
         self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + t.nbytes
         return t
+
+    def _check_limit(self, name: str, kind: str, nbytes: int) -> None:
+        """The host budget is a contract: refuse a tile that would take the arena past it."""
+        if self.limit_bytes is None or self.total_bytes + nbytes <= self.limit_bytes:
+            return
+        held = ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.bytes_by_kind.items())
+        raise BudgetExceeded(
+            f"host arena tile {name} ({kind}, {nbytes / GIB:.3f} GiB) would take the arena to "
+            f"{(self.total_bytes + nbytes) / GIB:.2f} GiB, past its limit of "
+            f"{self.limit_bytes / GIB:.2f} GiB (the host budget less the process's reserve; "
+            f"held: {held} GiB). The plan under-counted host memory: raise budget.host_gib "
+            "or lower overrides.level, and report the plan",
+            arena_bytes=self.total_bytes, tile_bytes=nbytes, limit_bytes=self.limit_bytes)
 
     @property
     def total_bytes(self) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from scheduler.contracts import JobSpec, PathModel, Plan, WorkerExit, WorkerMessage
+from scheduler.cost_model import host_reserve_bytes
 from scheduler.model_dims import resolve_dims
 from worker import checkpoint
 from worker.data import TokenStream
@@ -52,7 +53,9 @@ def build_runtime(spec: JobSpec, plan: Plan) -> ResidentRuntime | WorkingSetRunt
             stream_into(dict(resident.model.named_parameters()), pretrained)
         return resident
     cuda = plan.device == "cuda"
-    host = HostState.create(dims, spec.precision, pin=cuda, fused_adamw=cuda)
+    arena_limit = spec.budget.host_bytes - host_reserve_bytes(dims, spec, plan.device)
+    host = HostState.create(dims, spec.precision, pin=cuda, fused_adamw=cuda,
+                            arena_limit_bytes=arena_limit)
     if pretrained is not None:  # straight into the host tiles
         host.stream_from(pretrained)
     else:

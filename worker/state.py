@@ -77,10 +77,11 @@ class HostState:
             self.optimizers.append(opt)
 
     @classmethod
-    def create(cls, dims: ModelDims, precision: str, pin: bool,
-               fused_adamw: bool = False) -> HostState:
-        """fused_adamw: torch's fused CPU AdamW (several times faster; rounds differently)."""
-        return cls(dims, precision, HostArena(pin), fused_adamw)
+    def create(cls, dims: ModelDims, precision: str, pin: bool, fused_adamw: bool = False,
+               arena_limit_bytes: int | None = None) -> HostState:
+        """fused_adamw: torch's fused CPU AdamW (several times faster; rounds differently);
+        arena_limit_bytes: what the arena may hold in all (worker/arena.py HostArena)."""
+        return cls(dims, precision, HostArena(pin, arena_limit_bytes), fused_adamw)
 
     # ------------------------------------------------------------ named tensors (HF names)
 

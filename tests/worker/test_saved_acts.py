@@ -79,3 +79,33 @@ def test_hooks_send_cuda_activations_home() -> None:
     assert len(packed) == 1 and next(iter(packed.values())).host.device.type == "cpu"
     y.backward()
     assert torch.allclose(x.grad, 2 * x)
+
+
+# A saved set's tensors in the order the runtime takes them, in KiB: the shapes of one
+# Llama-3-8B (layer, 8K sequence) at 1/1024 scale: input, k, q, v, log-sum-exp, output
+# (level 1), then gate and up (level 3).
+LEVEL1_KIB = (64, 16, 64, 16, 1, 64)
+LEVEL3_KIB = LEVEL1_KIB + (224, 224)
+
+
+def test_store_packs_a_rounds_sets_and_reuses_them() -> None:
+    """The host activation store holds a round's sets in their own bytes plus at most a
+    chunk (a bump cursor over 64-unit chunks took 35% more: bench/RESULTS.md, session 9),
+    and the next round's identical sets fit the same chunks."""
+    from worker.arena import HostArena
+    from worker.saved_acts import HostActivationStore
+
+    kib = 1024
+    store = HostActivationStore(HostArena(pin=False), chunk_bytes=64 * kib)
+    sets = [LEVEL3_KIB if i % 9 == 4 else LEVEL1_KIB for i in range(60)]
+    for _ in range(2):  # two rounds
+        store.reset()
+        taken = []
+        for sizes in sets:
+            for n in sizes:
+                host = store.take(torch.empty(n * kib, dtype=torch.uint8))
+                taken.append((host.data_ptr(), host.nbytes))
+        wanted = sum(map(sum, sets)) * kib
+        assert wanted <= store.arena.total_bytes <= wanted + 64 * kib
+    taken.sort()  # no two tensors of a round overlap
+    assert all(a + n <= b for (a, n), (b, _) in zip(taken, taken[1:]))

@@ -1,6 +1,7 @@
 """worker/state.py HostState: the host arena holds exactly what the planner counts for the
-training state (scheduler/cost_model.py host_state_bytes), in every precision, and mixed
-precision keeps bf16 tiles for the link beside an fp32 master and fp32 moments.
+training state (scheduler/cost_model.py host_state_bytes), in every precision, and never
+more than its limit (the host budget); mixed precision keeps bf16 tiles for the link beside
+an fp32 master and fp32 moments.
 
     pytest tests/worker/test_state.py
 """
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from scheduler.cost_model import host_state_bytes
+from scheduler.errors import BudgetExceeded
 from scheduler.model_dims import PRESETS
 from worker.state import HostState
 
@@ -35,3 +37,15 @@ def test_mixed_keeps_bf16_tiles_for_the_link_and_an_fp32_master() -> None:
                for s in [o.state[p]]]
     assert {t.dtype for t in moments} == {torch.float32}
     assert host.arena.bytes_by_kind["master"] == 4 * sum(t.numel() for t in host.master)
+
+
+def test_arena_refuses_to_grow_past_its_limit() -> None:
+    dims = PRESETS["micro-llama"]
+    state = host_state_bytes(dims, "bf16")
+    with pytest.raises(BudgetExceeded, match=r"past its limit .*raise budget.host_gib"):
+        HostState.create(dims, "bf16", pin=False, arena_limit_bytes=state // 2)
+    host = HostState.create(dims, "bf16", pin=False, arena_limit_bytes=state + 2**20)
+    before = host.arena.total_bytes
+    with pytest.raises(BudgetExceeded, match=r"activations"):
+        host.arena.alloc("acts0", 2**21, torch.uint8, "activations")
+    assert host.arena.total_bytes == before  # the refused tile took nothing

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
 
-from scheduler.contracts import OptimizerSpec
+from scheduler.contracts import JobSpec, OptimizerSpec
+from scheduler.cost_model import saved_bytes
 from scheduler.model_dims import ModelDims
 from tests.worker.hf_models import hf_causal_lm, hub_grads, hub_state, perturb_norms
 from worker.optim import make_adamw
@@ -102,6 +103,23 @@ def test_every_level_and_window_matches_transformers(level: int, window: int) ->
     rt = make_runtime(ref, micro_batch=4, chunk=2, rounds=2, r_param=3, r_grad=2,
                       window=window, levels=levels, loss_tokens=24)
     check_grads(rt, ref, data)
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_home_sets_take_what_the_planner_counts(level: int) -> None:
+    """What a round sends home is, byte for byte, what the planner counts for the host
+    budget (scheduler/cost_model.py saved_bytes), so the arena holds no more than it
+    planned (worker/saved_acts.py packs the sets within a chunk of that)."""
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    levels = tuple((level,) * 2 for _ in range(DIMS.num_layers))
+    rt = make_runtime(ref, micro_batch=2, chunk=1, rounds=1, r_param=3, r_grad=2, window=0,
+                      levels=levels, loss_tokens=24)
+    rt.forward_backward(data, 0)
+    spec = JobSpec.model_validate({
+        "name": "a", "model": {"hf_config": DIMS.to_hf_config()}, "data": {"kind": "synthetic"},
+        "seq_len": SEQ, "global_batch": 2, "steps": 1, "precision": "fp32",
+        "budget": {"device_gib": 1, "host_gib": 1}})
+    assert sum(rt.acts.used) == DIMS.num_layers * 2 * saved_bytes(DIMS, spec, level)
 
 
 QWEN3 = ModelDims(101, 48, 80, 3, 4, 2, 16, 1e-6, 1000000.0, 128, model_type="qwen3")
