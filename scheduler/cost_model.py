@@ -54,13 +54,13 @@ RUNTIME_OVERHEAD = 1.22
 # worker/saved_acts.py BackwardPrefetch) 80% left the GPU idle 4.8 s a step and 50% was
 # planned; with the rolling prefetch 80% runs 18.0 s against 17.7 predicted (H200, 20 GiB).
 LINK_SHARE = 0.8
-# Host memory traffic of a mixed-precision update over a bf16 one, per parameter: bf16 fused
-# AdamW reads weight, gradient and moments and writes three back (14 bytes); mixed widens the
-# gradient (2 + 4), runs fp32 AdamW (16 + 12) and rounds the master into the bf16 tile
-# (4 + 2): 40 bytes. A bound where the update is memory-bound, as bf16's nearly is on the
-# H200 host's 15 threads (98 of 107 GB/s); where it is compute-bound mixed is no slower
-# (2 cores: 141 ms a layer against bf16's 156, bench/host_adamw.py). Not yet measured there.
-MIXED_UPDATE_TRAFFIC = 40 / 14
+# A mixed-precision host update's time over a bf16 one, per parameter. By memory traffic
+# alone: bf16 fused AdamW reads weight, gradient and moments and writes three back (14
+# bytes); mixed widens the gradient (2 + 4), runs fp32 AdamW (16 + 12) and rounds the master
+# into the bf16 tile (4 + 2): 40 bytes, 2.86x. Measured on the H200 host with the runtime's
+# 15 threads (bench/host_adamw.py, 2026-11-22 session 9): 93.9 against 28.6 ms a layer,
+# 3.28x; the planner uses the measurement. (2 cores, compute-bound: 0.90x.)
+MIXED_UPDATE_SLOWDOWN = 93.9 / 28.6
 
 
 @dataclass(frozen=True)
@@ -305,8 +305,8 @@ def optimizer_s(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
         return times[lay.device_layers - 1] if lay.device_layers else min(times)
     layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
     rate = node.optimizer_params_per_s
-    if spec.precision == "mixed":  # the profile times bf16 state; the update is bound by
-        rate /= MIXED_UPDATE_TRAFFIC  # host memory traffic
+    if spec.precision == "mixed":  # the profile times bf16 state
+        rate /= MIXED_UPDATE_SLOWDOWN
     if lay.optimizer == "host" or device != "cuda":  # a CPU worker's "device" is the host
         return _deferred_s(dims, layer_fwd_s, rate, [], 0.0)
     return _deferred_s(dims, layer_fwd_s, rate, device_s, 2 * staged_s)
