@@ -59,7 +59,9 @@ LINK_SHARE = 0.8
 # bytes); mixed widens the gradient (2 + 4), runs fp32 AdamW (16 + 12) and rounds the master
 # into the bf16 tile (4 + 2): 40 bytes, 2.86x. Measured on the H200 host with the runtime's
 # 15 threads (bench/host_adamw.py, 2026-11-22 session 9): 93.9 against 28.6 ms a layer,
-# 3.28x; the planner uses the measurement. (2 cores, compute-bound: 0.90x.)
+# 3.28x; on a second H200 host (session 10) 73.4 against 38.8, 1.89x. The planner keeps the
+# larger: the ws-20-mixed rows still ran 5-7% over their predictions with it (bench/
+# RESULTS.md). (2 cores, compute-bound: 0.90x.)
 MIXED_UPDATE_SLOWDOWN = 93.9 / 28.6
 
 

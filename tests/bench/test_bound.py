@@ -1,0 +1,53 @@
+"""bench/bound.py's ceiling on CPU: the fractional knapsack on a hand-worked case, and the
+bound on the H200 reference profile where the budget holds everything or nothing spare.
+
+    pytest tests/bench/test_bound.py
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+
+import pytest
+
+from bench.bound import bound, micro_batches_at_bound, min_recompute_s
+from scheduler.hardware import H200, LayerTimes
+
+LAYER = LayerTimes(8192, forward_s=0.0059, backward_s=0.0122, attention_forward_s=0.002,
+                   mlp_forward_s=0.0039)
+
+
+def test_knapsack_takes_the_best_seconds_per_byte_first() -> None:
+    saved, recompute = [1, 3, 5, 6], [10.0, 5.0, 3.0, 0.0]
+    # from level 0: level 1 avoids 2.5 s a byte, level 2 1.75, level 3 2.0 -> level 1 first;
+    # from level 1: level 2 1.0, level 3 5/3 -> then level 3 (never level 2)
+    assert min_recompute_s(2, saved, recompute, 2) == 20.0  # inputs only
+    assert min_recompute_s(2, saved, recompute, 4) == pytest.approx(15.0)  # one at level 1
+    assert min_recompute_s(2, saved, recompute, 6) == pytest.approx(10.0)  # both at level 1
+    assert min_recompute_s(2, saved, recompute, 9) == pytest.approx(5.0)  # half to level 3
+    assert min_recompute_s(2, saved, recompute, 100) == 0.0  # everything saved
+    with pytest.raises(ValueError, match="exceed"):
+        min_recompute_s(2, saved, recompute, 1)
+
+
+def _row(budget_gib: float) -> dict[str, object]:
+    node = asdict(replace(H200, layer=LAYER))
+    return {"name": "ws", "layers": 16, "seq_len": 8192, "global_batch": 32,
+            "device_budget_gib": budget_gib, "plan": {"node": node}}
+
+
+def test_a_larger_budget_never_lowers_the_ceiling() -> None:
+    ceilings = [bound(_row(gib), 12.5, 4).ceiling for gib in (12, 20, 40, 80)]
+    assert ceilings == sorted(ceilings) and ceilings[0] < ceilings[-1] <= 1.0
+
+
+def test_a_budget_that_holds_every_set_leaves_only_level_3s_recomputation() -> None:
+    b = bound(_row(400), 12.5, 4)
+    rounds, pairs = 32 // 4, 16 * 4
+    assert b.min_recompute_s == pytest.approx(rounds * pairs * b.recompute_s[3])
+    assert b.recompute_s == tuple(sorted(b.recompute_s, reverse=True))  # more saved, less redone
+
+
+def test_micro_batches_start_at_adaws_bound() -> None:
+    xs = micro_batches_at_bound(_row(20))
+    assert xs and all(32 % x == 0 for x in xs) and min(xs) >= 2
