@@ -84,15 +84,23 @@ def min_recompute_s(n_pairs: int, saved: list[int], recompute: list[float],
     return total
 
 
-def bound(row: dict, resident_step_s: float, X: int) -> Bound:  # type: ignore[type-arg]
-    """The bound for the row's model, budget and node at micro-batch X."""
+def _spec_dims(row: dict):  # type: ignore[no-untyped-def,type-arg]
+    """The row's JobSpec and model dims, as bench/runtime.py planned them."""
     from bench.runtime import _dims, llama_spec
 
     dims = _dims(int(row["layers"]))
     spec = llama_spec(row["name"], dims.num_layers, int(row["seq_len"]),
                       int(row["global_batch"]), 3, float(row["device_budget_gib"]), 100, {})
+    return spec, dims
+
+
+def bound(row: dict, resident_step_s: float, X: int) -> Bound:  # type: ignore[type-arg]
+    """The bound for the row's model, budget and node at micro-batch X."""
+    spec, dims = _spec_dims(row)
     node = node_from_row(row)
-    assert node.layer is not None and node.layer.seq_len == spec.seq_len, "row has no layer"
+    if node.layer is None or node.layer.seq_len != spec.seq_len:
+        raise ValueError(f"row {row['name']!r} carries no layer timed at seq_len "
+                         f"{spec.seq_len}: use a working-set row from bench/runtime.py")
     fwd_s = node.layer.forward_s
     saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
     shares = cm.recompute_shares(dims, spec.seq_len, node)
@@ -112,12 +120,10 @@ def bound(row: dict, resident_step_s: float, X: int) -> Bound:  # type: ignore[t
 def micro_batches_at_bound(row: dict) -> list[int]:  # type: ignore[type-arg]
     """The micro-batches the planner tries first: divisors of the global batch at or above
     AdaWS's bound (below it the weights cannot stream in behind a layer's compute)."""
-    from bench.runtime import _dims, llama_spec
     from scheduler.ws_planner import micro_batches
 
-    spec = llama_spec(row["name"], int(row["layers"]), int(row["seq_len"]),
-                      int(row["global_batch"]), 3, float(row["device_budget_gib"]), 100, {})
-    tiers, _ = micro_batches(spec, _dims(int(row["layers"])), node_from_row(row))
+    spec, dims = _spec_dims(row)
+    tiers, _ = micro_batches(spec, dims, node_from_row(row))
     return tiers[0]
 
 
