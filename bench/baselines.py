@@ -23,7 +23,7 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
     from torch.utils.checkpoint import checkpoint
 
     from bench.timeline import profile_step
-    from worker.model import LlamaModel, causal_lm_loss, rope_tables
+    from wstrain.worker.models.dense import LlamaModel, causal_lm_loss, rope_tables
 
     dims = _dims(args.layers)
     with torch.device("cuda"):
@@ -76,7 +76,7 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
         checkpoint_wrapper)
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    from worker.model import LlamaModel, causal_lm_loss
+    from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
@@ -126,7 +126,7 @@ def run_deepspeed_zero3_offload(args: argparse.Namespace) -> dict[str, object]:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         checkpoint_wrapper)
 
-    from worker.model import LlamaModel, causal_lm_loss
+    from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29518", "RANK": "0",
                        "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():

@@ -6,7 +6,7 @@ bound on tokens/s over resident, from a benchmark row's own measurements. CPU on
 It prints the bound at each micro-batch the planner tries first (AdaWS's bound and above).
 
 The argument, per round of X sequences. Every (layer, sequence) of the round's forward
-produces a saved set (worker/working_set.py levels 0-3; level 0, the input, at the least).
+produces a saved set (worker/runtime/working_set/schedule.py levels 0-3; level 0, the input, at the least).
 When the round's forward (and its LM-head loss) ends, each byte of those sets has either left
 over the D2H link during it or is still in device memory, so
 
@@ -14,7 +14,7 @@ over the D2H link during it or is still in device memory, so
 
 and what does not fit is recomputed in backward. The link rate is the profiled one with both
 directions busy (the next layers' weights stream in meanwhile). The fixed bytes are the cost model's
-(scheduler/cost_model.py fixed_device_bytes) for the leanest layout: two weight slots, one
+(scheduler/planning/cost_model.py fixed_device_bytes) for the leanest layout: two weight slots, one
 gradient slot, the optimizer on the host, no copies in flight home. Levels are bought as a
 fractional knapsack (recomputation avoided per byte), so the bound is generous: it assumes a
 perfectly used link, the resident step's own kernel times, no idle, no extra weight-gradient
@@ -31,9 +31,9 @@ import json
 import logging
 from dataclasses import dataclass
 
-from scheduler import cost_model as cm
-from scheduler.hardware import LayerTimes, NodeProfile
-from scheduler.levels import LEVELS
+from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
+from wstrain.scheduler.planning.levels import LEVELS
 
 log = logging.getLogger("bench.bound")
 
@@ -120,7 +120,7 @@ def bound(row: dict, resident_step_s: float, X: int) -> Bound:  # type: ignore[t
 def micro_batches_at_bound(row: dict) -> list[int]:  # type: ignore[type-arg]
     """The micro-batches the planner tries first: divisors of the global batch at or above
     AdaWS's bound (below it the weights cannot stream in behind a layer's compute)."""
-    from scheduler.ws_planner import micro_batches
+    from wstrain.scheduler.planning.working_set import micro_batches
 
     spec, dims = _spec_dims(row)
     tiers, _ = micro_batches(spec, dims, node_from_row(row))

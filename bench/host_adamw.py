@@ -1,5 +1,5 @@
 """Host AdamW throughput: the working-set runtime's own update of one Llama-3-8B layer
-(218M parameters; `HostState.step_group` with torch's fused CPU AdamW, as worker/host_optim.py
+(218M parameters; `HostState.step_group` with torch's fused CPU AdamW, as worker/runtime/working_set/host_optim.py
 runs it) at several intra-op thread counts and precisions ("bf16": pure bf16 tiles; "mixed":
 bf16 gradient widened into fp32, fp32 master and moments, master rounded into the bf16 weight
 tile), beside a plain copy's memory bandwidth.
@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from scheduler.contracts import OptimizerSpec
-from scheduler.model_dims import PRESETS
-from worker.state import HostState
+from wstrain.scheduler.contracts.jobs import OptimizerSpec
+from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.worker.runtime.working_set.state import HostState
 
 # one Llama-3-8B decoder layer, and a vocabulary too small to matter next to it
 DIMS = dataclasses.replace(PRESETS["llama3-8b"], num_layers=1, vocab_size=256)

@@ -1,6 +1,6 @@
 """Host memory while fine-tuning starts from a multi-GB Hugging Face checkpoint: peak RSS of
 a worker process that builds the working-set runtime from a model directory (sharded
-safetensors streamed tensor by tensor into the host tiles, worker/hf_load.py), against the
+safetensors streamed tensor by tensor into the host tiles, worker/io/hf_load.py), against the
 training state it holds (weights, gradients, two AdamW moments: the arena's bytes), with
 checkpoint shards of several sizes.
 
@@ -29,7 +29,7 @@ GIB = 1024**3
 def dims_for(params_b: float):  # type: ignore[no-untyped-def]
     """Llama-shaped dims (d 2048, FFN 5632, 16 heads, 32K vocab) with about params_b
     billion parameters, by layer count."""
-    from scheduler.model_dims import ModelDims
+    from wstrain.scheduler.contracts.model_dims import ModelDims
 
     base = ModelDims(32000, 2048, 5632, 1, 16, 16, 128)
     layers = max(1, round((params_b * 1e9 - 2 * base.embedding_params) / base.layer_params))
@@ -41,8 +41,8 @@ def write_checkpoint(directory: Path, params_b: float, shard_gib: float) -> int:
     weights, written by the same code that writes wstrain's checkpoints."""
     import torch
 
-    from worker import checkpoint
-    from worker.state import HostState
+    from wstrain.worker.io import checkpoint
+    from wstrain.worker.runtime.working_set.state import HostState
 
     dims = dims_for(params_b)
     host = HostState.create(dims, "bf16", pin=False)
@@ -59,11 +59,11 @@ def write_checkpoint(directory: Path, params_b: float, shard_gib: float) -> int:
 def load(directory: Path) -> dict[str, object]:
     """Child: the worker's two steps for a model directory (worker/main.py build_runtime):
     the host state's arena, then the weights streamed into its tiles; report RSS."""
-    from scheduler.model_dims import resolve_dims
-    from scheduler.contracts import PathModel
-    from worker.hf_load import stream_into
-    from worker.state import HostState
-    from worker.stats import proc_status_bytes
+    from wstrain.scheduler.contracts.model_dims import resolve_dims
+    from wstrain.scheduler.contracts.jobs import PathModel
+    from wstrain.worker.io.hf_load import stream_into
+    from wstrain.worker.runtime.working_set.state import HostState
+    from wstrain.worker.runtime.stats import proc_status_bytes
 
     dims = resolve_dims(PathModel(path=str(directory)))
     baseline = proc_status_bytes("VmRSS")

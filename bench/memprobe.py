@@ -13,7 +13,7 @@ import json
 import torch
 
 from bench.runtime import RandomTokens, plan_for
-from scheduler.contracts import GIB
+from wstrain.scheduler.contracts.jobs import GIB
 
 
 def main() -> None:
@@ -26,9 +26,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--link-share", type=float, default=0.0)
     args = p.parse_args()
-    from worker.main import ws_config
-    from worker.state import HostState
-    from worker.working_set import WorkingSetRuntime
+    from wstrain.worker.main import ws_config
+    from wstrain.worker.runtime.working_set.state import HostState
+    from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 
     spec, dims, plan, _ = plan_for(args.row, args)
     total = torch.cuda.get_device_properties(0).total_memory

@@ -32,7 +32,7 @@ def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from scheduler.model_dims import PRESETS
+    from wstrain.scheduler.contracts.model_dims import PRESETS
 
     dims = PRESETS[PRESET]
     cfg = AutoConfig.for_model(**dims.to_hf_config())
@@ -60,9 +60,9 @@ def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
 
 def run_ws(args: argparse.Namespace, budget_gib: float,
            overrides: dict[str, object]) -> dict[str, object]:
-    from scheduler.contracts import JobSpec
-    from scheduler.model_dims import PRESETS
-    from scheduler.planner import make_plan
+    from wstrain.scheduler.contracts.jobs import JobSpec
+    from wstrain.scheduler.contracts.model_dims import PRESETS
+    from wstrain.scheduler.planning.planner import make_plan
 
     dims = PRESETS[PRESET]
     spec = JobSpec.model_validate({
@@ -78,7 +78,7 @@ def run_ws(args: argparse.Namespace, budget_gib: float,
 
 
 def run_row(args: argparse.Namespace) -> Row:
-    from scheduler.model_dims import PRESETS
+    from wstrain.scheduler.contracts.model_dims import PRESETS
 
     budget, overrides = WS_ROWS.get(args.row, (None, {}))
     res = (run_ws(args, budget, overrides) if budget is not None

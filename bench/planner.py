@@ -13,9 +13,9 @@ import platform
 import statistics
 import time
 
-from scheduler.hardware import H200
-from scheduler.levels import LayerCost, solve
-from scheduler.model_dims import PRESETS
+from wstrain.scheduler.contracts.hardware import H200
+from wstrain.scheduler.planning.levels import LayerCost, solve
+from wstrain.scheduler.contracts.model_dims import PRESETS
 
 
 def _dp_case() -> list[LayerCost]:
@@ -41,9 +41,9 @@ def time_dp(repeats: int) -> dict[str, float]:
 
 
 def time_presets() -> dict[str, float]:
-    from scheduler.contracts import JobSpec
-    from scheduler.errors import InfeasibleBudget
-    from scheduler.planner import make_plan
+    from wstrain.scheduler.contracts.jobs import JobSpec
+    from wstrain.scheduler.contracts.errors import InfeasibleBudget
+    from wstrain.scheduler.planning.planner import make_plan
 
     worst: dict[str, float] = {}
     for name, dims in PRESETS.items():

@@ -55,7 +55,7 @@ class Row:
     alloc_retries: int | None = None  # the caching allocator freed its cache to fit (syncs)
     timeline: dict[str, object] | None = None  # one extra step's GPU timeline (--profile)
     gc_pause_s: dict[str, float] | None = None  # GC pauses a step (warm-up included)
-    kernels: str = "fused"  # worker/fused_ops.py's Triton kernels, or "eager" (--eager-kernels)
+    kernels: str = "fused"  # worker/ops/fused.py's Triton kernels, or "eager" (--eager-kernels)
 
 
 class GcPauses:
@@ -81,15 +81,15 @@ class GcPauses:
 
 
 # Working-set rows: (device budget GiB, layers or None for --layers, plan overrides). Plans
-# come from the planner (scheduler/ws_planner.py), so the rows also check its predictions.
+# come from the planner (scheduler/planning/working_set.py), so the rows also check its predictions.
 WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     "ws-40": (40, None, {}), "ws-20": (20, None, {}), "ws-12": (12, None, {}),
     "ws-24-32l": (24, 32, {}), "ws-20-host": (20, None, {"optimizer": "host"}),
     "ws-24-32l-host": (24, 32, {"optimizer": "host"}),
-    # the lead pass (worker/working_set.py lead_rounds) pinned, for A/B against the planner
+    # the lead pass (worker/runtime/working_set/schedule.py lead_rounds) pinned, for A/B against the planner
     "ws-12-lead1": (12, None, {"lead_rounds": 1}), "ws-20-lead2": (20, None, {"lead_rounds": 2}),
     "ws-24-32l-lead2": (24, 32, {"lead_rounds": 2}),
-    # the split optimizer (worker/working_set.py device_opt_layers) pinned
+    # the split optimizer (worker/runtime/working_set/schedule.py device_opt_layers) pinned
     "ws-24-32l-split": (24, 32, {"optimizer": "split"}),
     "ws-20-split": (20, None, {"optimizer": "split"}),
     # precision "mixed" (a row named *-mixed): fp32 master and moments on the host
@@ -101,7 +101,7 @@ HOST_BUDGET_GIB = 100
 def _dims(layers: int):  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
-    from scheduler.model_dims import PRESETS
+    from wstrain.scheduler.contracts.model_dims import PRESETS
 
     return replace(PRESETS["llama3-8b"], num_layers=layers)
 
@@ -139,7 +139,7 @@ def llama_spec(name: str, layers: int, seq: int, global_batch: int, steps: int,
                device_gib: float, host_gib: float, overrides: dict[str, object],
                precision: str = "bf16"):  # type: ignore[no-untyped-def]
     """A JobSpec for Llama-3-8B dimensions with `layers` layers, on synthetic tokens."""
-    from scheduler.contracts import JobSpec
+    from wstrain.scheduler.contracts.jobs import JobSpec
 
     dims = _dims(layers)
     return JobSpec.model_validate({
@@ -155,13 +155,13 @@ def llama_spec(name: str, layers: int, seq: int, global_batch: int, steps: int,
 
 
 def measured_node(layer_seq: int | None = None, dims=None):  # type: ignore[no-untyped-def]
-    """This GPU's hardware profile (worker/profile.py), plus the job's layer timed here when
-    dims are given (worker/layer_profile.py): what the scheduler agent plans with."""
+    """This GPU's hardware profile (worker/profile/node.py), plus the job's layer timed here when
+    dims are given (worker/profile/layer.py): what the scheduler agent plans with."""
     import torch
 
-    from scheduler.hardware import LayerTimes, NodeProfile
-    from worker.layer_profile import measure
-    from worker.profile import cached_profile
+    from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
+    from wstrain.worker.profile.layer import measure
+    from wstrain.worker.profile.node import cached_profile
 
     measured = cached_profile(Path(os.environ.get("BENCH_PROFILE_DIR", "/tmp/wstrain-profiles")))
     total = torch.cuda.get_device_properties(0).total_memory
@@ -172,10 +172,10 @@ def measured_node(layer_seq: int | None = None, dims=None):  # type: ignore[no-u
 
 
 def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from scheduler import cost_model
-    from scheduler.planner import make_plan
+    from wstrain.scheduler.planning import cost_model
+    from wstrain.scheduler.planning.planner import make_plan
 
-    if args.link_share:  # a sweep knob for the planner's D2H share (scheduler/cost_model.py)
+    if args.link_share:  # a sweep knob for the planner's D2H share (scheduler/planning/cost_model.py)
         cost_model.LINK_SHARE = args.link_share
     budget, layers, overrides = WS_ROWS[name]
     dims = _dims(layers or args.layers)
@@ -194,10 +194,10 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignor
     import torch
 
     from bench.timeline import profile_step
-    from scheduler import cost_model
-    from worker.main import ws_config
-    from worker.state import HostState
-    from worker.working_set import WorkingSetRuntime
+    from wstrain.scheduler.planning import cost_model
+    from wstrain.worker.main import ws_config
+    from wstrain.worker.runtime.working_set.state import HostState
+    from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, spec.budget.device_bytes / total), 0)
@@ -288,7 +288,7 @@ def row_from(name: str, runtime: str, dims, seq_len: int, global_batch: int,  # 
     device and host peaks."""
     import torch
 
-    from worker.stats import proc_status_bytes
+    from wstrain.worker.runtime.stats import proc_status_bytes
 
     timed = res["times"][1:]  # the first step is warm-up
     step_s = sum(timed) / len(timed)
@@ -373,12 +373,12 @@ def parse_or_run_row(p: argparse.ArgumentParser, default_rows: str,
     p.add_argument("--row", help=argparse.SUPPRESS)  # child mode: run one row
     p.add_argument("--out")
     p.add_argument("--eager-kernels", action="store_true",
-                   help="run PyTorch's eager elementwise ops instead of worker/fused_ops.py")
+                   help="run PyTorch's eager elementwise ops instead of worker/ops/fused.py")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s: %(message)s")
     if args.row:
-        from worker import fused_ops
+        from wstrain.worker.ops import fused as fused_ops
 
         fused_ops.ENABLED = not args.eager_kernels
         row = run_row(args)

@@ -58,8 +58,8 @@ def run_point(point: Point, steps: int) -> dict[str, object]:
     import torch
 
     from bench.runtime import _dims, llama_spec, measured_node, run_plan
-    from scheduler.planner import make_plan
-    from worker.stats import proc_status_bytes
+    from wstrain.scheduler.planning.planner import make_plan
+    from wstrain.worker.runtime.stats import proc_status_bytes
 
     dims = _dims(point.layers)
     spec = llama_spec(point.name, point.layers, point.seq_len, point.global_batch, steps,

@@ -30,7 +30,7 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from service.serve import free_port, start_redis
+    from wstrain.service.serve import free_port, start_redis
 
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is not installed; run scripts/test.sh, which installs it")
@@ -76,7 +76,7 @@ class Stack:
 
     def start_api(self) -> None:
         self.api = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "service.app:create_app",
+            [sys.executable, "-m", "uvicorn", "--factory", "wstrain.service.app:create_app",
              "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
             env=self.env, cwd=REPO)
         _wait_http(f"{self.url}/healthz", self.api)
@@ -92,7 +92,7 @@ class Stack:
 
 
 def make_stack(redis_url: str, tmp: Path, prefix: str, with_agent: bool) -> Stack:
-    from service.serve import free_port
+    from wstrain.service.serve import free_port
 
     port, metrics_port = free_port(), free_port()
     env = dict(os.environ)
@@ -106,7 +106,7 @@ def make_stack(redis_url: str, tmp: Path, prefix: str, with_agent: bool) -> Stac
                   port, metrics_port)
     stack.start_api()
     if with_agent:
-        stack.agent = subprocess.Popen([sys.executable, "-m", "scheduler.agent"], env=env,
+        stack.agent = subprocess.Popen([sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=env,
                                        cwd=REPO)
         deadline = time.monotonic() + 60
         with stack.client() as c:

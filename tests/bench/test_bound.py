@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 import pytest
 
 from bench.bound import bound, micro_batches_at_bound, min_recompute_s
-from scheduler.hardware import H200, LayerTimes
+from wstrain.scheduler.contracts.hardware import H200, LayerTimes
 
 LAYER = LayerTimes(8192, forward_s=0.0059, backward_s=0.0122, attention_forward_s=0.002,
                    mlp_forward_s=0.0039)

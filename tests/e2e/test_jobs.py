@@ -137,7 +137,7 @@ def test_cli_against_the_running_service(stack: Stack, tmp_path: Path) -> None:
     import yaml
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "service.cli", "--server", stack.url,
+        return subprocess.run([sys.executable, "-m", "wstrain.service.cli", "--server", stack.url,
                                *args], capture_output=True, text=True, cwd=REPO, timeout=300)
 
     spec_file = tmp_path / "spec.yaml"

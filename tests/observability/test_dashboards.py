@@ -14,8 +14,8 @@ import pytest
 import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from scheduler.agent import AgentSettings
-from service.settings import ServiceSettings
+from wstrain.scheduler.agent.agent import AgentSettings
+from wstrain.service.settings import ServiceSettings
 from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"

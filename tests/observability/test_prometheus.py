@@ -37,7 +37,7 @@ def panel_queries() -> list[tuple[str, str, str]]:
 
 @pytest.fixture
 def prometheus(stack: Stack, tmp_path: Path) -> Iterator[str]:
-    from service.serve import free_port
+    from wstrain.service.serve import free_port
 
     exe = shutil.which("prometheus")
     if exe is None:

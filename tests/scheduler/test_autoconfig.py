@@ -1,4 +1,4 @@
-"""The autoconfigurator (scheduler/ws_planner.py, cost_model.py, levels.py) on synthetic
+"""The autoconfigurator (scheduler/planning/working_set.py, cost_model.py, levels.py) on synthetic
 hardware profiles: AdaWS's own worked numbers, and invariants as properties over random
 models, budgets and profiles."""
 
@@ -13,14 +13,14 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from scheduler import cost_model as cm
-from scheduler.contracts import GIB, JobSpec
-from scheduler.errors import InfeasibleBudget, InvalidSpec
-from scheduler.hardware import H100_ADAWS, H200, NodeProfile
-from scheduler.levels import BUCKETS, LEVELS, LayerCost, simulate, solve
-from scheduler.model_dims import PRESETS, ModelDims
-from scheduler.planner import make_plan
-from scheduler.ws_planner import make_ws_plan, micro_batches
+from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.contracts.jobs import GIB, JobSpec
+from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
+from wstrain.scheduler.contracts.hardware import H100_ADAWS, H200, NodeProfile
+from wstrain.scheduler.planning.levels import BUCKETS, LEVELS, LayerCost, simulate, solve
+from wstrain.scheduler.contracts.model_dims import PRESETS, ModelDims
+from wstrain.scheduler.planning.planner import make_plan
+from wstrain.scheduler.planning.working_set import make_ws_plan, micro_batches
 
 LLAMA3_8B = PRESETS["llama3-8b"]
 
@@ -157,7 +157,7 @@ def test_dp_is_near_the_exhaustive_optimum(lc: LayerCost, layers: int) -> None:
 
 
 def test_backward_prefetch_rolls_under_its_cap() -> None:
-    """worker/saved_acts.py BackwardPrefetch keeps up to the cap in flight, topping up before
+    """worker/runtime/working_set/saved_acts.py BackwardPrefetch keeps up to the cap in flight, topping up before
     each chunk: a layer's sets may total more than the cap and still come in behind its
     backward, while the inbound link keeps up; a set over the cap is copied in when needed."""
     lc = LayerCost(4, 0.007, (0.001, 0.006, 0.013, 0.017), (0.0, 0.002, 0.003, 0.007), 0.027,

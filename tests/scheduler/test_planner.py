@@ -6,11 +6,11 @@ from __future__ import annotations
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from scheduler.contracts import GIB, JobSpec
-from scheduler.errors import InfeasibleBudget
-from scheduler.model_dims import PRESETS
-from scheduler.hardware import DEFAULT_PROFILE
-from scheduler.planner import make_plan
+from wstrain.scheduler.contracts.jobs import GIB, JobSpec
+from wstrain.scheduler.contracts.errors import InfeasibleBudget
+from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
+from wstrain.scheduler.planning.planner import make_plan
 
 
 def _spec(preset: str, seq: int, batch: int, dev: float, host: float, prec: str) -> JobSpec:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from scheduler.model_dims import PRESETS, STATE_BYTES_PER_PARAM, preset_list
+from wstrain.scheduler.contracts.model_dims import PRESETS, STATE_BYTES_PER_PARAM, preset_list
 
 # AdaWS Table 1: V, L, d_model, h_dim, n_Q, n_ctx (KV heads), d_expert (the FFN for dense
 # models), E_routed, k

@@ -8,12 +8,12 @@ import uuid
 
 import pytest
 
-from scheduler.contracts import ALLOWED_TRANSITIONS, JobSpec, JobState
-from scheduler.errors import Conflict, NotFound
-from scheduler.model_dims import PRESETS
-from scheduler.hardware import DEFAULT_PROFILE
-from scheduler.planner import make_plan
-from scheduler.store import JobStore
+from wstrain.scheduler.contracts.jobs import ALLOWED_TRANSITIONS, JobSpec, JobState
+from wstrain.scheduler.contracts.errors import Conflict, NotFound
+from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
+from wstrain.scheduler.planning.planner import make_plan
+from wstrain.scheduler.store import JobStore
 from tests.conftest import tiny_spec
 
 

@@ -11,7 +11,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCa
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
-from scheduler.model_dims import ModelDims
+from wstrain.scheduler.contracts.model_dims import ModelDims
 
 CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
            "olmoe": (OlmoeConfig, OlmoeForCausalLM),

@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from scheduler.contracts import OptimizerSpec
-from scheduler.model_dims import PRESETS
-from worker import checkpoint
-from worker.model import LlamaModel, causal_lm_loss
-from worker.optim import make_adamw
+from wstrain.scheduler.contracts.jobs import OptimizerSpec
+from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.worker.io import checkpoint
+from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
+from wstrain.worker.runtime.optim import make_adamw
 
 
 def _trained_and_saved(root: Path, steps: int, preset: str = "micro-llama"):  # type: ignore[no-untyped-def]

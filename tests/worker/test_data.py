@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scheduler.contracts import TokenData
-from worker.data import TokenStream
+from wstrain.scheduler.contracts.jobs import TokenData
+from wstrain.worker.io.data import TokenStream
 
 
 def test_bin_and_npy_token_files_give_the_same_batches(tmp_path: Path) -> None:
@@ -54,8 +54,8 @@ def _tokenizer_json(path: Path) -> Path:
 
 
 def test_jsonl_documents_are_packed_with_end_of_text(tmp_path: Path) -> None:
-    from scheduler.contracts import TextData
-    from worker.data import _load_tokens
+    from wstrain.scheduler.contracts.jobs import TextData
+    from wstrain.worker.io.data import _load_tokens
 
     (tmp_path / "d.jsonl").write_text('{"text": "a b"}\n\n{"text": "c", "id": 2}\n'
                                       '{"body": "d a", "text": "d a"}\n')

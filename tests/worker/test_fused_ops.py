@@ -1,4 +1,4 @@
-"""worker/fused_ops.py's Triton kernels against the eager ops they replace, on the GPU: each
+"""worker/ops/fused.py's Triton kernels against the eager ops they replace, on the GPU: each
 fused op in bf16 is at least as close to an fp64 reference as eager bf16 is (within 30%),
 and in fp32 it matches eager to fp32 rounding. The whole-model tests (test_working_set.py's
 CUDA cases against transformers) run through these kernels too.
@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from worker import fused_ops
-from worker.model import apply_rope, rms_norm, silu_mul, silu_mul_backward
+from wstrain.worker.ops import fused as fused_ops
+from wstrain.worker.models.dense import apply_rope, rms_norm, silu_mul, silu_mul_backward
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not (torch.cuda.is_available() and fused_ops.triton),
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.fixture
 def eager() -> Iterator[Callable[[], None]]:
-    """Call it to run worker/model.py's eager ops until the test ends."""
+    """Call it to run worker/models/dense.py's eager ops until the test ends."""
     def off() -> None:
         fused_ops.ENABLED = False
     yield off

@@ -10,15 +10,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from scheduler.contracts import JobSpec
-from scheduler.hardware import DEFAULT_PROFILE
-from scheduler.model_dims import PRESETS, resolve_dims
-from scheduler.planner import make_plan
+from wstrain.scheduler.contracts.jobs import JobSpec
+from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
+from wstrain.scheduler.contracts.model_dims import PRESETS, resolve_dims
+from wstrain.scheduler.planning.planner import make_plan
 from tests.worker.hf_models import hf_causal_lm, hub_state, perturb_norms
-from worker import checkpoint
-from worker.data import TokenStream
-from worker.main import build_runtime
-from worker.model import LlamaModel
+from wstrain.worker.io import checkpoint
+from wstrain.worker.io.data import TokenStream
+from wstrain.worker.main import build_runtime
+from wstrain.worker.models.dense import LlamaModel
 
 
 @pytest.mark.parametrize("runtime", ["working_set", "resident"])
@@ -69,7 +69,7 @@ def test_save_pretrained_checkpoint_fine_tunes_and_round_trips(tmp_path: Path, r
 def test_missing_and_unexpected_weights_are_named(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    from worker.hf_load import stream_into
+    from wstrain.worker.io.hf_load import stream_into
 
     views = {"a": torch.zeros(2), "b": torch.zeros(3)}
     save_file({"a": torch.ones(2)}, str(tmp_path / "m.safetensors"))
@@ -92,7 +92,7 @@ def test_other_file_dtypes_convert_in_bounded_pieces(tmp_path: Path, monkeypatch
     buffer (here 1 KiB: many pieces per tensor), equal to a plain dtype cast."""
     from safetensors.torch import save_file
 
-    from worker import hf_load
+    from wstrain.worker.io import hf_load
 
     monkeypatch.setattr(hf_load, "CONVERT_BYTES", 1024)
     g = torch.Generator().manual_seed(0)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scheduler.model_dims import ModelDims
+from wstrain.scheduler.contracts.model_dims import ModelDims
 from tests.worker.hf_models import hf_causal_lm, hub_grads, hub_state, perturb_norms
-from worker.model import LlamaModel, causal_lm_loss
-from worker.moe import RouterTotals
+from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
+from wstrain.worker.models.moe import RouterTotals
 
 CONFIGS = [
     ModelDims(97, 48, 80, 2, 4, 2, 12, 1e-5, 10000.0, 256),   # GQA 2:1

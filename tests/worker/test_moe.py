@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.models.olmoe.modeling_olmoe import load_balancing_loss_func
 
-from worker.moe import RouterTotals, experts, route
+from wstrain.worker.models.moe import RouterTotals, experts, route
 
 
 def test_router_totals_equal_transformers_load_balancing_loss() -> None:
@@ -57,10 +57,10 @@ def test_lean_moe_matches_autograd_in_bf16_on_cuda() -> None:
     differ from fp32 by several percent at these sizes, and from each other by < 1%.)"""
     from dataclasses import replace
 
-    from scheduler.model_dims import PRESETS
-    from worker.arena import LayerLayout
-    from worker.lean_moe import lean_moe_backward, lean_moe_forward
-    from worker.model import moe_block
+    from wstrain.scheduler.contracts.model_dims import PRESETS
+    from wstrain.worker.runtime.working_set.arena import LayerLayout
+    from wstrain.worker.ops.lean_moe import lean_moe_backward, lean_moe_forward
+    from wstrain.worker.models.dense import moe_block
 
     dims = replace(PRESETS["tiny-qwen3-moe"], hidden_size=256, moe_intermediate_size=128)
     layout = LayerLayout.decoder(dims)

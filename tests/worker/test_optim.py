@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker import optim
+from wstrain.worker.runtime import optim
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -25,9 +25,9 @@ def test_host_step_with_clipping_matches_torch(fused: bool) -> None:
     """HostState.step_group (the fused kernel clips through its grad_scale) against
     clip_grad_norm_'s factor applied to the gradient and torch's AdamW, over two steps with
     and without clipping."""
-    from scheduler.contracts import OptimizerSpec
-    from scheduler.model_dims import PRESETS
-    from worker.state import HostState
+    from wstrain.scheduler.contracts.jobs import OptimizerSpec
+    from wstrain.scheduler.contracts.model_dims import PRESETS
+    from wstrain.worker.runtime.working_set.state import HostState
 
     host = HostState.create(PRESETS["tiny-llama"], "fp32", pin=False, fused_adamw=fused)
     spec = OptimizerSpec(lr=1e-2, weight_decay=0.1)

@@ -1,4 +1,4 @@
-"""worker/rings.py Streams: a host wait is a stall only as far as the compute stream runs
+"""worker/runtime/working_set/rings.py Streams: a host wait is a stall only as far as the compute stream runs
 dry during it (CUDA), and the host's wall time on CPU, where nothing runs behind the host.
 
     pytest tests/worker/test_rings.py
@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from worker.rings import Streams
+from wstrain.worker.runtime.working_set.rings import Streams
 
 HOST_WAIT_S = 0.05
 

@@ -1,4 +1,4 @@
-"""worker/saved_acts.py's backward prefetch on CPU (streams are no-ops, the bookkeeping is
+"""worker/runtime/working_set/saved_acts.py's backward prefetch on CPU (streams are no-ops, the bookkeeping is
 the one CUDA runs): sets start in queue order up to the byte cap, a set taken frees its
 bytes for the next, a set taken before its turn is never copied again, and what backward
 takes is the host copy's contents.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.rings import Streams
-from worker.saved_acts import BackwardPrefetch, HostCopy, SavedTensorPolicy
+from wstrain.worker.runtime.working_set.rings import Streams
+from wstrain.worker.runtime.working_set.saved_acts import BackwardPrefetch, HostCopy, SavedTensorPolicy
 
 
 def _copies(n: int, numel: int) -> list[HostCopy]:
@@ -49,8 +49,8 @@ def test_prefetch_keeps_the_cap_and_follows_what_backward_takes() -> None:
 def test_host_copy_keeps_a_transposed_layout() -> None:
     """SDPA's q/k/v and output are transposed views: their host room has the same strides,
     so the copy home is one plain copy and the copy back has the kernel's layout."""
-    from worker.arena import HostArena
-    from worker.saved_acts import HostActivationStore
+    from wstrain.worker.runtime.working_set.arena import HostArena
+    from wstrain.worker.runtime.working_set.saved_acts import HostActivationStore
 
     store = HostActivationStore(HostArena(pin=False))
     t = torch.randn(2, 5, 4, 3).transpose(1, 2)  # (B, H, S, hd) view of (B, S, H, hd)
@@ -65,8 +65,8 @@ def test_host_copy_keeps_a_transposed_layout() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_hooks_send_cuda_activations_home() -> None:
     """A runtime on "cuda" packs tensors on "cuda:0": they go home, scalars stay."""
-    from worker.arena import HostArena
-    from worker.saved_acts import HostActivationStore
+    from wstrain.worker.runtime.working_set.arena import HostArena
+    from wstrain.worker.runtime.working_set.saved_acts import HostActivationStore
 
     streams = Streams(torch.device("cuda"))
     policy = SavedTensorPolicy(streams, HostActivationStore(HostArena(pin=True)),
@@ -92,8 +92,8 @@ def test_store_packs_a_rounds_sets_and_reuses_them() -> None:
     """The host activation store holds a round's sets in their own bytes plus at most a
     chunk (a bump cursor over 64-unit chunks took 35% more: bench/RESULTS.md, session 9),
     and the next round's identical sets fit the same chunks."""
-    from worker.arena import HostArena
-    from worker.saved_acts import HostActivationStore
+    from wstrain.worker.runtime.working_set.arena import HostArena
+    from wstrain.worker.runtime.working_set.saved_acts import HostActivationStore
 
     kib = 1024
     store = HostActivationStore(HostArena(pin=False), chunk_bytes=64 * kib)

@@ -1,5 +1,5 @@
-"""worker/state.py HostState: the host arena holds exactly what the planner counts for the
-training state (scheduler/cost_model.py host_state_bytes), in every precision, and never
+"""worker/runtime/working_set/state.py HostState: the host arena holds exactly what the planner counts for the
+training state (scheduler/planning/cost_model.py host_state_bytes), in every precision, and never
 more than its limit (the host budget); mixed precision keeps bf16 tiles for the link beside
 an fp32 master and fp32 moments.
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scheduler.cost_model import host_state_bytes
-from scheduler.errors import BudgetExceeded
-from scheduler.model_dims import PRESETS
-from worker.state import HostState
+from wstrain.scheduler.planning.cost_model import host_state_bytes
+from wstrain.scheduler.contracts.errors import BudgetExceeded
+from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.worker.runtime.working_set.state import HostState
 
 
 @pytest.mark.parametrize("preset", ["micro-llama", "tiny-olmoe"])
@@ -22,7 +22,7 @@ from worker.state import HostState
 def test_arena_holds_what_the_planner_counts(preset: str, precision: str) -> None:
     dims = PRESETS[preset]
     host = HostState.create(dims, precision, pin=False)
-    # the rest is each tensor's alignment inside its tile (worker/arena.py ALIGN_ELEMS),
+    # the rest is each tensor's alignment inside its tile (worker/runtime/working_set/arena.py ALIGN_ELEMS),
     # up to 2% of these toy models (the fp32 gradient scratch alone is 7-11%)
     extra = host.arena.total_bytes - host_state_bytes(dims, precision)
     assert 0 <= extra < 0.02 * host.arena.total_bytes

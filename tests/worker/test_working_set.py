@@ -15,21 +15,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
 
-from scheduler.contracts import JobSpec, OptimizerSpec
-from scheduler.cost_model import saved_bytes
-from scheduler.model_dims import ModelDims
+from wstrain.scheduler.contracts.jobs import JobSpec, OptimizerSpec
+from wstrain.scheduler.planning.cost_model import saved_bytes
+from wstrain.scheduler.contracts.model_dims import ModelDims
 from tests.worker.hf_models import hf_causal_lm, hub_grads, hub_state, perturb_norms
-from worker.optim import make_adamw
-from worker.state import HostState
-from worker.working_set import WorkingSetRuntime
-from worker.ws_config import WorkingSetConfig
+from wstrain.worker.runtime.optim import make_adamw
+from wstrain.worker.runtime.working_set.state import HostState
+from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
+from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 
 DIMS = ModelDims(101, 48, 80, 4, 4, 2, 12, 1e-5, 10000.0, 128)
 SEQ = 16
 
 
 class Batches:
-    """A fixed token pool; batch(step, round, n) like worker.data.TokenStream."""
+    """A fixed token pool; batch(step, round, n) like wstrain.worker.io.data.TokenStream."""
 
     def __init__(self, vocab: int, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
@@ -108,8 +108,8 @@ def test_every_level_and_window_matches_transformers(level: int, window: int) ->
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_home_sets_take_what_the_planner_counts(level: int) -> None:
     """What a round sends home is, byte for byte, what the planner counts for the host
-    budget (scheduler/cost_model.py saved_bytes), so the arena holds no more than it
-    planned (worker/saved_acts.py packs the sets within a chunk of that)."""
+    budget (scheduler/planning/cost_model.py saved_bytes), so the arena holds no more than it
+    planned (worker/runtime/working_set/saved_acts.py packs the sets within a chunk of that)."""
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
     levels = tuple((level,) * 2 for _ in range(DIMS.num_layers))
     rt = make_runtime(ref, micro_batch=2, chunk=1, rounds=1, r_param=3, r_grad=2, window=0,

@@ -1,0 +1,1 @@
+"""wstrain: a training service for a shared lab GPU queue (service, scheduler, worker)."""

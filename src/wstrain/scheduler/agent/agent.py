@@ -1,0 +1,303 @@
+"""The scheduler agent: one per GPU host. Profiles the host, heartbeats it into Redis, claims
+queued jobs whose budgets fit a free device, plans them, launches one worker per job and
+supervises it; fails the jobs of nodes that stopped heartbeating.
+
+    python -m wstrain.scheduler.agent.agent        # settings from WSTRAIN_* env vars (AgentSettings)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from pydantic import Field
+
+from wstrain.scheduler.contracts.jobs import GIB, GPUInfo, Job, JobSpec, JobState, Node, job_dir
+from wstrain.scheduler.contracts.errors import Conflict, WstrainError
+from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
+from wstrain.scheduler.contracts.model_dims import resolve_dims
+from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
+from wstrain.scheduler.planning.planner import make_plan
+from wstrain.scheduler.settings import RedisSettings
+from wstrain.scheduler.store import JobStore
+from wstrain.scheduler.agent.supervisor import WorkerHandle, forward_cancel, pump, spawn
+
+log = logging.getLogger(__name__)
+
+_LIVE = (JobState.planning, JobState.running, JobState.cancelling)
+
+
+class AgentSettings(RedisSettings):
+    state_dir: Path = Path("wstrain-state")
+    node_name: str = Field(default_factory=socket.gethostname)
+    cpu_slots: int = Field(default=1, ge=1, description="concurrent jobs on a CPU-only node")
+    worker_threads: int = Field(default=0, ge=0, description="torch threads per CPU worker")
+    heartbeat_s: float = 1.0
+    node_ttl_s: float = 10.0
+    shutdown_grace_s: float = 60.0
+    profile_cache: bool = Field(default=True, description="reuse the hardware profile "
+                                "measured for this GPU/driver/torch under state_dir/profiles")
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=9464, ge=0, le=65535,
+                              description="the agent's /metrics port (0: not served)")
+    metrics_grace_s: float = Field(default=120.0, ge=0, description="seconds a finished "
+                                   "job's series stay exported")
+
+
+def _host_memory() -> tuple[int, int]:
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            info[key] = int(value.split()[0]) * 1024
+    return info["MemTotal"], info["MemAvailable"]
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, store: JobStore) -> None:
+        self.settings, self.store = settings, store
+        self.name = settings.node_name
+        self.workers: dict[str, WorkerHandle] = {}
+        self.stopping = asyncio.Event()
+        self.device = "cpu"
+        self.gpus: list[GPUInfo] = []
+        self.profile: dict[str, float] = {}
+        self.profile_key = ""
+        self.exporter = AgentExporter(settings.metrics_grace_s)
+
+    async def _measure(self) -> None:
+        cache = ["--cache-dir", str(self.settings.state_dir / "profiles")]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "wstrain.worker.profile.node", *(cache if self.settings.profile_cache
+                                                      else []),
+            stdout=asyncio.subprocess.PIPE)
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"hardware profiling failed with exit {proc.returncode}")
+        measured = json.loads(out)
+        self.device = measured["device"]
+        self.gpus = [GPUInfo(**g) for g in measured["gpus"]]
+        self.profile = measured["profile"]
+        self.profile_key = measured["key"]
+        log.info("node %s: %s, %d GPU(s), matmul %.3g TFLOP/s, H2D %.3g GB/s, D2H %.3g GB/s "
+                 "(profile %s%s)", self.name, self.device, len(self.gpus),
+                 self.profile["matmul_flops"] / 1e12, self.profile["h2d_bytes_per_s"] / 1e9,
+                 self.profile["d2h_bytes_per_s"] / 1e9, measured["key"],
+                 ", cached" if measured.get("cached") else "")
+
+    # ------------------------------------------------------------ capacity
+
+    @property
+    def slots(self) -> int:
+        return len(self.gpus) if self.gpus else self.settings.cpu_slots
+
+    def _free_gpu(self) -> int | None:
+        busy = {h.gpu for h in self.workers.values()}
+        return next((g.index for g in self.gpus if g.index not in busy), None)
+
+    def _free_bytes(self) -> tuple[int, int]:
+        host_total, _ = _host_memory()
+        reserved_host = sum(h.host_bytes for h in self.workers.values())
+        if self.gpus:
+            gpu = self._free_gpu()
+            device = 0 if gpu is None else self.gpus[gpu].total_bytes
+            return device, host_total - reserved_host
+        # On a CPU node the "device" is host memory too.
+        reserved_dev = sum(h.device_bytes for h in self.workers.values())
+        free = host_total - reserved_host - reserved_dev
+        return free, free
+
+    def node(self) -> Node:
+        host_total, host_free = _host_memory()
+        return Node(name=self.name, device=self.device, gpus=self.gpus,
+                    host_total_bytes=host_total, host_free_bytes=host_free, slots=self.slots,
+                    running=sorted(self.workers), profile=self.profile,
+                    heartbeat_at=time.time())
+
+    def node_gauges(self) -> NodeGauges:
+        host_total, _ = _host_memory()
+        free_dev, free_host = self._free_bytes()
+        if self.gpus:
+            busy = {h.gpu for h in self.workers.values()}
+            capacity = {f"cuda:{g.index}": g.total_bytes for g in self.gpus}
+            free = {f"cuda:{g.index}": 0 if g.index in busy else g.total_bytes
+                    for g in self.gpus}
+        else:
+            capacity, free = {"cpu": host_total}, {"cpu": free_dev}
+        ceilings = {d: self.profile[f"{d}_bytes_per_s"] for d in ("h2d", "d2h", "both")
+                    if f"{d}_bytes_per_s" in self.profile}
+        return NodeGauges(self.name, capacity, free, host_total, free_host, self.slots,
+                          len(self.workers), ceilings)
+
+    def node_profile(self) -> NodeProfile:
+        host_total, _ = _host_memory()
+        dev_total = max((g.total_bytes for g in self.gpus), default=host_total)
+        return NodeProfile.from_profile(self.device, self.profile, dev_total, host_total)
+
+    # ------------------------------------------------------------ jobs
+
+    async def _layer_times(self, spec: JobSpec, jdir: Path) -> LayerTimes | None:
+        """The job's layer timed on this node's GPU (ProTrain's refinement), cached per model
+        shape, sequence length, precision and hardware; None on a CPU node or on failure."""
+        if not self.gpus:
+            return None
+        dims = resolve_dims(spec.model)
+        key = hashlib.sha256(json.dumps([dataclasses.asdict(dims), spec.seq_len,
+                                         spec.precision, self.profile_key]).encode())
+        cache = self.settings.state_dir / "profiles" / "layers" / f"{key.hexdigest()[:16]}.json"
+        if not cache.exists():
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "wstrain.worker.profile.layer", "--spec", str(jdir / "spec.json"),
+                stdout=asyncio.subprocess.PIPE, env={**os.environ, "CUDA_VISIBLE_DEVICES":
+                                                     str(self._free_gpu() or 0)})
+            out, _ = await proc.communicate()
+            if proc.returncode != 0:
+                log.warning("layer profile failed (exit %s); planning from FLOPs",
+                            proc.returncode)
+                return None
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_bytes(out)
+        return LayerTimes.from_json(json.loads(cache.read_text()))
+
+    async def _start(self, job_id: str) -> None:
+        job = await self.store.get(job_id)
+        jdir = job_dir(self.settings.state_dir, job_id).resolve()
+        jdir.mkdir(parents=True, exist_ok=True)
+        (jdir / "spec.json").write_text(job.spec.model_dump_json(indent=1))
+        try:
+            layer = await self._layer_times(job.spec, jdir)
+            plan = make_plan(job.spec, resolve_dims(job.spec.model),
+                             self.node_profile().with_layer(layer))
+        except WstrainError as exc:
+            await self.store.transition(job_id, JobState.failed, f"planning failed: "
+                                        f"{exc.message}", error=exc.message)
+            return
+        (jdir / "plan.json").write_text(plan.model_dump_json(indent=1))
+        try:
+            await self.store.transition(job_id, JobState.running, f"running on {self.name}",
+                                        sources=frozenset({JobState.planning}),
+                                        plan=plan.model_dump(mode="json"))
+        except Conflict:  # cancelled while we planned
+            return
+        gpu = self._free_gpu() if self.gpus else None
+        proc = await spawn(job, jdir, self.profile.get("peak_flops", 989e12),
+                           self.settings.worker_threads, gpu, dict(os.environ))
+        handle = WorkerHandle(job, proc, job.spec.budget.device_bytes,
+                              job.spec.budget.host_bytes, gpu, self.exporter)
+        self.exporter.job_started(job.model_copy(update={"plan": plan}))
+        self.workers[job_id] = handle
+        await self.store.update(job_id, worker_pid=proc.pid)
+        log.info("job %s: worker pid %d started (attempt %d)", job_id, proc.pid, job.attempt)
+        asyncio.create_task(self._supervise(handle))
+
+    async def _supervise(self, handle: WorkerHandle) -> None:
+        try:
+            await pump(self.store, handle)
+        finally:
+            self.workers.pop(handle.job.id, None)
+
+    async def _claim_one(self) -> bool:
+        if len(self.workers) >= self.slots:
+            return False
+        free_dev, free_host = self._free_bytes()
+        job_id = await self.store.claim(self.name, free_dev, free_host)
+        if job_id is None:
+            return False
+        log.info("job %s: claimed by %s", job_id, self.name)
+        await self._start(job_id)
+        return True
+
+    async def _reap_orphans(self) -> None:
+        """Fail live jobs whose node is gone, or which this agent no longer runs."""
+        alive = {n.name for n in await self.store.nodes()}
+        for state in _LIVE:
+            jobs, _ = await self.store.list(state=state, limit=10000)
+            for job in jobs:
+                if job.node == self.name and job.id not in self.workers:
+                    reason = f"agent {self.name} restarted and lost the worker"
+                elif job.node and job.node != self.name and job.node not in alive:
+                    reason = f"node {job.node} stopped heartbeating"
+                else:
+                    continue
+                await self._fail_orphan(job, reason)
+
+    async def _fail_orphan(self, job: Job, reason: str) -> None:
+        try:
+            await self.store.transition(job.id, JobState.failed, f"failed: {reason}",
+                                        sources=frozenset(_LIVE), error=reason + "; resume it")
+            log.warning("job %s: %s", job.id, reason)
+        except Conflict:
+            pass
+
+    # ------------------------------------------------------------ main loop
+
+    async def run(self) -> None:
+        await self._measure()
+        if self.settings.metrics_port:
+            self.exporter.serve(self.settings.metrics_host, self.settings.metrics_port)
+            log.info("node %s: /metrics on %s:%d", self.name, self.settings.metrics_host,
+                     self.settings.metrics_port)
+        await self.store.put_node(self.node(), self.settings.node_ttl_s)
+        await self._reap_orphans()
+        last_reap = time.monotonic()
+        while not self.stopping.is_set():
+            await self.store.put_node(self.node(), self.settings.node_ttl_s)
+            self.exporter.set_node(self.node_gauges())
+            while await self._claim_one():
+                pass
+            for handle in list(self.workers.values()):
+                await forward_cancel(self.store, handle)
+            if time.monotonic() - last_reap > self.settings.node_ttl_s:
+                await self._reap_orphans()
+                last_reap = time.monotonic()
+            try:
+                await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_s / 4)
+            except TimeoutError:
+                pass
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        """Give running jobs back: workers checkpoint, their jobs are requeued."""
+        for handle in self.workers.values():
+            handle.shutting_down = True
+            if handle.proc.returncode is None:
+                handle.proc.send_signal(signal.SIGTERM)
+        waits = [h.done.wait() for h in self.workers.values()]
+        if waits:
+            await asyncio.wait_for(asyncio.gather(*waits), self.settings.shutdown_grace_s)
+        await self.store.remove_node(self.name)
+        log.info("node %s: stopped", self.name)
+
+
+async def _amain(settings: AgentSettings) -> None:
+    store = JobStore.from_url(settings.redis_url, settings.key_prefix)
+    agent = Agent(settings, store)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, agent.stopping.set)
+    try:
+        await agent.run()
+    finally:
+        await store.close()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = AgentSettings()
+    log.info("agent %s: redis %s, state dir %s, %.0f GiB host", settings.node_name,
+             settings.redis_url, settings.state_dir, _host_memory()[0] / GIB)
+    asyncio.run(_amain(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Supervision of one worker process: spawn it, turn its JSON-line reports into job-store
+updates and events, forward cancel as SIGTERM, and map its exit to the job's final state.
+
+Used by scheduler/agent/agent.py; one `WorkerHandle` per running job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wstrain.scheduler.contracts.jobs import Job, JobState, WorkerExit, WorkerMessage
+from wstrain.scheduler.contracts.errors import Conflict
+from wstrain.scheduler.agent.exporter import AgentExporter
+from wstrain.scheduler.store import JobStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerHandle:
+    job: Job
+    proc: asyncio.subprocess.Process
+    device_bytes: int  # budgets reserved on this node while the worker lives
+    host_bytes: int
+    gpu: int | None
+    exporter: AgentExporter
+    started: bool = False  # the worker reported `started`: its SIGTERM handler is in place
+    cancel_sent: bool = False
+    shutting_down: bool = False
+    error: str | None = None
+    last_step: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def spawn(job: Job, job_dir: Path, peak_flops: float, threads: int,
+                gpu: int | None, env: dict[str, str]) -> asyncio.subprocess.Process:
+    env = dict(env)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    # Segments that grow in place instead of fixed blocks: far less memory reserved but
+    # unusable, so the device budget buys working set, not fragmentation.
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    log_file = open(job_dir / "worker.log", "ab")  # noqa: SIM115 - the child owns it
+    try:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "wstrain.worker.main", "--job-dir", str(job_dir),
+            "--peak-flops", str(peak_flops), "--threads", str(threads),
+            stdout=asyncio.subprocess.PIPE, stderr=log_file, env=env,
+            start_new_session=True)  # a Ctrl-C to the agent must not kill workers mid-write
+    finally:
+        log_file.close()
+
+
+async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) -> None:
+    jid = h.job.id
+    if msg.kind == "step" and msg.step is not None:
+        h.last_step = msg.step
+        h.exporter.job_step(jid, msg)
+        remaining = h.job.steps - msg.step
+        eta = remaining * msg.step_seconds if msg.step_seconds else None
+        await store.update(jid, step=msg.step, loss=msg.loss, tokens_per_s=msg.tokens_per_s,
+                           mfu=msg.mfu, step_seconds=msg.step_seconds, eta_s=eta,
+                           telemetry=msg.metrics)
+        await store.add_event(jid, "progress", f"step {msg.step}/{h.job.steps} loss "
+                              f"{msg.loss:.4f}", msg.model_dump(exclude_none=True,
+                                                                exclude={"metrics"}))
+    elif msg.kind == "eval" and msg.loss is not None:
+        h.exporter.job_eval(jid, msg.loss)
+        await store.update(jid, eval_loss=msg.loss)
+        await store.add_event(jid, "eval", f"step {msg.step}: held-out loss {msg.loss:.4f}",
+                              {"step": msg.step, "loss": msg.loss})
+    elif msg.kind == "checkpoint":
+        await store.update(jid, last_checkpoint=msg.path)
+        await store.add_event(jid, "checkpoint", f"checkpoint at step {msg.step}: {msg.path}",
+                              {"step": msg.step, "path": msg.path})
+    elif msg.kind == "error":
+        h.error = msg.message
+        await store.add_event(jid, "error", msg.message or "worker error")
+    else:
+        h.started = h.started or msg.kind == "started"
+        await store.add_event(jid, msg.kind, msg.message or msg.kind)
+
+
+async def pump(store: JobStore, h: WorkerHandle) -> None:
+    """Read the worker's reports until it exits, then settle the job's state."""
+    assert h.proc.stdout is not None
+    async for line in h.proc.stdout:
+        try:
+            msg = WorkerMessage.model_validate_json(line)
+        except ValueError:
+            log.warning("job %s: unparseable worker line %r", h.job.id, line[:200])
+            continue
+        await _handle_message(store, h, msg)
+    code = await h.proc.wait()
+    h.exporter.job_ended(h.job.id)
+    await settle(store, h, code)
+    h.done.set()
+
+
+async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
+    jid = h.job.id
+    try:
+        if code == WorkerExit.succeeded:
+            await store.transition(jid, JobState.succeeded, "training finished",
+                                   sources=frozenset({JobState.running, JobState.cancelling}))
+        elif code == WorkerExit.cancelled and h.shutting_down and not h.cancel_sent:
+            await store.transition(jid, JobState.queued,
+                                   "agent shut down; requeued from the last checkpoint",
+                                   sources=frozenset({JobState.running}),
+                                   attempt=h.job.attempt + 1, node=None, worker_pid=None)
+        elif code == WorkerExit.cancelled or (h.cancel_sent and code == -signal.SIGTERM):
+            await store.transition(jid, JobState.cancelled,
+                                   f"cancelled at step {h.last_step}; checkpoint written",
+                                   sources=frozenset({JobState.running, JobState.cancelling}))
+        else:
+            reason = h.error or _describe_exit(code)
+            await store.transition(jid, JobState.failed, f"failed: {reason}",
+                                   sources=frozenset({JobState.running, JobState.cancelling}),
+                                   error=reason)
+    except Conflict as exc:  # someone else settled it (e.g. an operator); keep theirs
+        log.warning("job %s: could not settle after exit %d: %s", jid, code, exc.message)
+    log.info("job %s: worker exited with %d", jid, code)
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name
+        return (f"worker killed by {name} (exit {code}); resume the job to continue from "
+                "its last checkpoint")
+    return f"worker exited with code {code} without reporting an error; see worker.log"
+
+
+async def forward_cancel(store: JobStore, h: WorkerHandle) -> None:
+    """SIGTERM the worker once its job is `cancelling`: it checkpoints and exits 3."""
+    if h.cancel_sent or not h.started or h.proc.returncode is not None:
+        return
+    state = await store.redis.hget(store.keys.job(h.job.id), "state")
+    if state == JobState.cancelling.value:
+        h.cancel_sent = True
+        h.proc.send_signal(signal.SIGTERM)
+        log.info("job %s: cancel forwarded to pid %d at %.0f", h.job.id, h.proc.pid,
+                 time.time())

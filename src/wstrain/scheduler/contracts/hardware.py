@@ -1,0 +1,86 @@
+"""What the planners know about a node: the measured hardware profile (worker/profile/node.py,
+taken by the scheduler agent once per GPU model / driver / torch and cached), as numbers the
+cost model uses. Torch-free, so the API can dry-run plans.
+
+    node = NodeProfile.from_profile("cuda", node_record.profile, gpu_bytes, host_bytes)
+    node.attention_flops(8192)       # FLOP/s of causal attention fwd+bwd at that length
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """One real decoder layer of the job's model, timed on the node (worker/profile/layer.py):
+    seconds per sequence of `seq_len` tokens."""
+
+    seq_len: int
+    forward_s: float
+    backward_s: float
+    attention_forward_s: float
+    mlp_forward_s: float
+
+    @classmethod
+    def from_json(cls, measured: dict[str, float]) -> LayerTimes:
+        return cls(int(measured["seq_len"]), measured["forward_s"], measured["backward_s"],
+                   measured["attention_forward_s"], measured["mlp_forward_s"])
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    device: str  # "cpu" | "cuda"
+    matmul_flops: float  # practical dense-matmul FLOP/s at a decoder layer's GEMM shape
+    optimizer_params_per_s: float  # CPU AdamW parameter updates per second
+    device_total_bytes: int
+    host_total_bytes: int
+    h2d_bytes_per_s: float = 5.0e10  # pinned host->device copies
+    d2h_bytes_per_s: float = 5.0e10  # pinned device->host copies
+    both_bytes_per_s: float = 4.5e10  # each direction while both run
+    # (seq_len, FLOP/s) of causal attention fwd+bwd, ascending; empty: matmul rate
+    attention_points: tuple[tuple[int, float], ...] = ()
+    layer: LayerTimes | None = None  # the job's layer measured here, when the agent did
+
+    @classmethod
+    def from_profile(cls, device: str, profile: dict[str, float], device_total_bytes: int,
+                     host_total_bytes: int) -> NodeProfile:
+        # Defaults for records of agents that predate a key: a CPU node's "link" is memcpy.
+        link = 5.0e10 if device == "cuda" else 1.0e10
+        points = tuple(sorted((int(k.split(".", 1)[1]), v) for k, v in profile.items()
+                              if k.startswith("attention_flops.")))
+        return cls(device, profile.get("matmul_flops", 1e10),
+                   profile.get("optimizer_params_per_s", 1e8), device_total_bytes,
+                   host_total_bytes, profile.get("h2d_bytes_per_s", link),
+                   profile.get("d2h_bytes_per_s", link),
+                   profile.get("both_bytes_per_s", 0.9 * link), points)
+
+    def with_layer(self, layer: LayerTimes | None) -> NodeProfile:
+        return replace(self, layer=layer)
+
+    def attention_flops(self, seq_len: int) -> float:
+        """Attention FLOP/s at seq_len: log-linear between measured lengths, clamped."""
+        pts = self.attention_points
+        if not pts:
+            return self.matmul_flops
+        if seq_len <= pts[0][0]:
+            return pts[0][1]
+        for (s0, f0), (s1, f1) in zip(pts, pts[1:]):
+            if seq_len <= s1:
+                w = math.log(seq_len / s0) / math.log(s1 / s0)
+                return f0 + w * (f1 - f0)
+        return pts[-1][1]
+
+
+# A conservative profile for dry runs when no agent has registered yet.
+DEFAULT_PROFILE = NodeProfile("cpu", 2e10, 5e7, 16 * GIB, 16 * GIB, 1e10, 1e10, 5e9)
+
+# Reference GPUs for tests and examples. H200: DESIGN.md's measured ceilings (55.3 / 55.0 /
+# 50.6 GB/s, 787 TFLOP/s matmul, SDPA 521 TFLOP/s at 8K and 571 at 32K); CPU AdamW 4.1 G/s.
+H200 = NodeProfile("cuda", 787e12, 4.1e9, 141 * 10**9, 1536 * GIB, 55.3e9, 55.0e9, 50.6e9,
+                   ((8192, 521e12), (32768, 571e12)))
+# AdaWS's H100 (§4.1): 989 TFLOP/s peak, PCIe 5 at ~64 GB/s, 512 GiB host.
+H100_ADAWS = NodeProfile("cuda", 989e12, 4.1e9, 80 * GIB, 512 * GIB, 64e9, 64e9, 64e9)

@@ -1,0 +1,378 @@
+"""The working-set cost model: for one candidate layout, the peak device and host bytes and
+the step time with its breakdown (compute, recompute, exposed transfer, exposed optimizer),
+from the model's dimensions and the node's measured profile (scheduler/contracts/hardware.py).
+
+Memory terms were calibrated on H200 runs of bench/runtime.py (Llama-3-8B dims, 8K tokens);
+time terms follow AdaWS §3.2: a layer's forward takes 2·S·(ψ_active + S·d_attn)/P (what a
+token computes with), its weights ψ_total (what crosses PCIe); its backward
+twice that (flash attention 2.5x), recomputation adds a share of a forward per (layer,
+chunk) by saved-activation level, and weights, gradients and saved sets crossing PCIe are
+exposed only where they outlast the compute they overlap.
+
+    cost = step_time(dims, spec, layout, levels, window, node)   # StepTime
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wstrain.scheduler.contracts.jobs import GIB, JobSpec
+from wstrain.scheduler.contracts.hardware import NodeProfile
+from wstrain.scheduler.planning.levels import LEVELS, LayerCost, write_buffer_stall_s
+from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.planning.planner import ALLOCATOR_SLACK, ELEMENT_BYTES, activation_bytes_per_token
+
+# The SwiGLU GEMMs a backward recomputes when the MLP's lean set was not saved: gate and up,
+# two of three (the down projection's output is never needed, worker/ops/lean_mlp.py).
+MLP_RECOMPUTED_SHARE = 2 / 3
+# The MLP's share of a layer's backward (Llama-8B at 8K: its GEMMs are 3/4 of the FLOPs).
+MLP_BACKWARD_SHARE = 0.7
+DEVICE_RESERVE_BYTES = GIB // 2
+# Interpreter, torch, CUDA context and runtime libraries next to the arena (measured 5.2 GiB
+# on the H200 host; a CPU worker needs far less).
+PROCESS_BYTES = {"cuda": int(5.5 * GIB), "cpu": int(0.75 * GIB)}
+WRITE_BUFFER_BYTES = GIB  # worker/runtime/working_set/saved_acts.py's bound on copies in flight home
+CHECKPOINT_SHARD_BYTES = GIB  # worker/io/checkpoint.py's SHARD_BYTES
+# worker/runtime/working_set/saved_acts.py's host activation store: 64 MiB chunks filled first-fit, so beyond
+# the saved sets it holds at most a part-used last chunk and small tails (simulated at 8K
+# for the H200 plans of 2026-11-22: 0-45 MiB over 13-33 GiB of sets); counted as a chunk
+# and 1/256 of the sets.
+ACTIVATION_CHUNK_BYTES = 64 * 1024**2
+# The runtime's layer compute over the same layer timed alone (worker/profile/layer.py):
+# saved-tensor hooks, slot binding, stream waits, launch gaps, and the lean backwards'
+# elementwise work (norms recomputed in fp32, RoPE undone, transposes). Calibrated on the H200:
+# 1.12-1.18 over five sweep points of 2026-11-22 with autograd recomputation; refitted to 1.22
+# on the five bench/runtime.py rows at commit 714a5f0 (lean attention set: measured/predicted
+# 1.05-1.08 at 1.15) and checked on three sweep points it had not seen (bench/RESULTS.md).
+# With the fused kernels (worker/ops/fused.py; the layer profile times them too) the six
+# session-6 rows at fc3a5a2 and later (eight) predict −2.6% to +2.2% of the measured step.
+RUNTIME_OVERHEAD = 1.22
+# Plan the D2H link to 80% of its measured rate for saved activations: gradients and the
+# device optimizer share it. With backward fetches inline on the compute stream (before
+# worker/runtime/working_set/saved_acts.py BackwardPrefetch) 80% left the GPU idle 4.8 s a step and 50% was
+# planned; with the rolling prefetch 80% runs 18.0 s against 17.7 predicted (H200, 20 GiB).
+LINK_SHARE = 0.8
+# A mixed-precision host update's time over a bf16 one, per parameter. By memory traffic
+# alone: bf16 fused AdamW reads weight, gradient and moments and writes three back (14
+# bytes); mixed widens the gradient (2 + 4), runs fp32 AdamW (16 + 12) and rounds the master
+# into the bf16 tile (4 + 2): 40 bytes, 2.86x. Measured on the H200 host with the runtime's
+# 15 threads (bench/host_adamw.py, 2026-11-22 session 9): 93.9 against 28.6 ms a layer,
+# 3.28x; on a second H200 host (session 10) 73.4 against 38.8, 1.89x. The planner keeps the
+# larger: the ws-20-mixed rows still ran 5-7% over their predictions with it (bench/
+# RESULTS.md). (2 cores, compute-bound: 0.90x.)
+MIXED_UPDATE_SLOWDOWN = 93.9 / 28.6
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The discrete choices of a working-set plan besides window and levels."""
+
+    micro_batch: int  # sequences per round, one chunk each
+    r_param: int = 3
+    r_grad: int = 2
+    # where last step's deferred AdamW runs (worker/runtime/working_set/schedule.py device_opt_layers):
+    # "host", "device" (two moment slots each for m and v on the device) or "split" (the
+    # first device_layers layers and the embedding on the device, the rest on the host)
+    optimizer: str = "host"
+    loss_tokens: int = 2048  # LM-head token block
+    lead_rounds: int = 1  # rounds the step's first pass carries (worker/runtime/working_set/schedule.py)
+    device_layers: int = 0  # split: 0 until the planner picks it (split_layers)
+
+    @property
+    def device_optimizer(self) -> bool:
+        """Moment slots on the device."""
+        return self.optimizer != "host"
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    recompute_s: float
+    exposed_transfer_s: float
+    optimizer_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.recompute_s + self.exposed_transfer_s + self.optimizer_s
+
+
+# ------------------------------------------------------------------ memory
+
+
+def saved_bytes(dims: ModelDims, spec: JobSpec, level: int) -> int:
+    """What one (layer, sequence) saves at `level` (worker/runtime/working_set/schedule.py): its input, at
+    levels 1 and 3 the attention kernel's set (q, k, v, output, fp32 log-sum-exp), at 2 and 3
+    the MLP's lean set (gate and up; MoE: per routed copy, plus the routing)."""
+    e = ELEMENT_BYTES[spec.precision]
+    hd = dims.head_dim
+    core = e * 2 * (dims.num_heads + dims.num_kv_heads) * hd + 4 * dims.num_heads
+    lean = (dims.experts_per_token * (2 * dims.moe_intermediate_size * e + 8) if dims.is_moe
+            else 2 * dims.intermediate_size * e)
+    per_token = dims.hidden_size * e + core * (level in (1, 3)) + lean * (level in (2, 3))
+    return spec.seq_len * per_token
+
+
+def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> int:
+    """AdaWS's B: every device byte but the window's saved activations. Tensors allocated
+    once at their exact size (embedding, head, slot rings) count as they are; what is
+    allocated and freed layer by layer (transition, loss block, workspace, copies in
+    flight, the reserve) takes ALLOCATOR_SLACK for the caching allocator's rounding and
+    fragmentation. (The window's saved sets, exact and freed in order, take none: with
+    slack on every byte the plans of 2026-11-22 predicted 1.12-1.25x the reserved peak;
+    bench/RESULTS.md, session 7.)"""
+    e = ELEMENT_BYTES[spec.precision]
+    S, D = spec.seq_len, dims.hidden_size
+    groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
+    rings = (lay.r_param + lay.r_grad + 4 * lay.device_optimizer) * dims.layer_params * e
+    transition = lay.lead_rounds * lay.micro_batch * S * D * e
+    # LM-head block: logits, their fp32 copy and grad (the head's weight gradient
+    # accumulates in place: worker/runtime/working_set/schedule.py _head_loss)
+    loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8)
+    workspace = int(1.3 * activation_bytes_per_token(dims, spec.precision) * S)
+    # copies in flight home: bounded by the write buffer and by all the home layers can send
+    home_layers = dims.num_layers - window
+    home = min(WRITE_BUFFER_BYTES, home_layers * lay.micro_batch * saved_bytes(dims, spec, 3))
+    # a layer's weight gradients, whole before they accumulate into the slot (a MoE layer's
+    # experts: without it OLMoE at 12 GiB measured 0.14 GiB over the model)
+    dw = dims.layer_params * e
+    moving = transition + loss + workspace + home + dw + DEVICE_RESERVE_BYTES
+    return int(groups + rings + moving * ALLOCATOR_SLACK)
+
+
+def device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int,
+                 window_saved: int) -> int:
+    return fixed_device_bytes(dims, spec, lay, window) + window_saved
+
+
+def spare_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> float:
+    """Device bytes left for the window's saved sets beyond their inputs (AdaWS's
+    C_dev - B - W·L_bytes with level-0 window layers); negative: W does not fit."""
+    base = window * lay.micro_batch * saved_bytes(dims, spec, 0)
+    return spec.budget.device_bytes - fixed_device_bytes(dims, spec, lay, window) - base
+
+
+def lead_pass_saved(lay: Layout, home_saved: int, window_inputs: int) -> int:
+    """Saved bytes a lead pass sends home beyond one round's `home_saved`: its other rounds'
+    home sets, and its window chunks past the first round's at level 1 (`window_inputs`:
+    one round's level-1 bytes over the window)."""
+    return (lay.lead_rounds - 1) * (home_saved + window_inputs)
+
+
+def host_state_bytes(dims: ModelDims, precision: str) -> int:
+    """The host tiles (worker/runtime/working_set/state.py): weights, gradients and two moments, each of the
+    streamed element size; in mixed precision bf16 weights and gradients, an fp32 master and
+    fp32 moments, and the fp32 gradient scratch of the largest group."""
+    if precision == "mixed":  # the largest group: a layer, or the head with the final norm
+        largest = max(dims.layer_params, dims.embedding_params + dims.hidden_size)
+        return 16 * dims.params + 4 * largest
+    return 4 * ELEMENT_BYTES[precision] * dims.params
+
+
+def stored_bytes(saved: int) -> int:
+    """Host activation store bytes that hold `saved` bytes of saved sets (its chunking)."""
+    return saved + saved // 256 + ACTIVATION_CHUNK_BYTES if saved else 0
+
+
+def host_reserve_bytes(dims: ModelDims, spec: JobSpec, device: str) -> int:
+    """Host memory beside the arena: the process and the checkpoint shard being written
+    (worker/io/checkpoint.py copies one out at a time; mixed: from the fp32 master). The
+    worker's arena may hold the host budget less this (worker/main.py)."""
+    e = 4 if spec.precision == "mixed" else ELEMENT_BYTES[spec.precision]
+    return PROCESS_BYTES[device] + min(CHECKPOINT_SHARD_BYTES, dims.params * e)
+
+
+def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
+    """Training state + the store of saved sets sent home + the reserve beside the arena."""
+    return (host_state_bytes(dims, spec.precision) + stored_bytes(home_saved)
+            + host_reserve_bytes(dims, spec, device))
+
+
+# ------------------------------------------------------------------ time
+
+
+def adaws_min_micro_batch(psi_total: int, psi_active: int, seq_len: int, d_attn: int,
+                          param_bytes: int, grad_bytes: int, flops: float,
+                          link_bytes_per_s: float) -> float:
+    """AdaWS §3.2.2: X >= (|τp|+|τg|)·ψ_total·P / (2·S·(ψ_active + S·d_attn)·BW), so a
+    layer's forward outlasts streaming its weights in and its gradients out."""
+    return ((param_bytes + grad_bytes) * psi_total * flops
+            / (2 * seq_len * (psi_active + seq_len * d_attn) * link_bytes_per_s))
+
+
+def recompute_shares(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float, ...]:
+    """Share of a layer's forward each level recomputes in backward: 0 the attention block
+    and the MLP's gate/up, 1 the output projection (with q/k norms also the QKV projections)
+    and gate/up, 2 the attention block, 3 the output projection. The blocks' times are
+    measured where the node carries them; the split inside attention is by FLOPs at the
+    profiled GEMM and attention rates."""
+    S, D, hd = seq_len, dims.hidden_size, dims.head_dim
+    qkv_s = 2 * S * D * (dims.num_heads + 2 * dims.num_kv_heads) * hd / node.matmul_flops
+    o_s = 2 * S * D * dims.num_heads * hd / node.matmul_flops
+    core_s = 2 * S * S * dims.num_heads * hd / node.attention_flops(S)
+    attn_s = qkv_s + o_s + core_s
+    mlp_s = max(0.0, 2 * S * dims.layer_params_active / node.matmul_flops - qkv_s - o_s)
+    lt = node.layer
+    if lt is not None and lt.seq_len == seq_len:
+        attn_s, mlp_s = lt.attention_forward_s, lt.mlp_forward_s
+    o_share = (o_s + (qkv_s if dims.qk_norm else 0.0)) / (qkv_s + o_s + core_s)
+    fwd_s, up_s = attn_s + mlp_s, MLP_RECOMPUTED_SHARE * mlp_s
+    return ((attn_s + up_s) / fwd_s, (o_share * attn_s + up_s) / fwd_s, attn_s / fwd_s,
+            o_share * attn_s / fwd_s)
+
+
+def chunk_times(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float, float]:
+    """(forward, backward) seconds of one sequence through one decoder layer: measured when
+    the node carries the job's layer times, else from FLOPs at the profiled rates."""
+    k = RUNTIME_OVERHEAD
+    if node.layer is not None and node.layer.seq_len == seq_len:
+        return k * node.layer.forward_s, k * node.layer.backward_s
+    gemm = 2 * seq_len * dims.layer_params_active / node.matmul_flops  # MoE: Ψ_active
+    attn = 2 * seq_len * seq_len * dims.num_heads * dims.head_dim
+    attn_s = attn / node.attention_flops(seq_len)
+    return k * (gemm + attn_s), k * (2 * gemm + 2.5 * attn_s)  # flash bwd: 5x vs 4x FLOPs
+
+
+def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -> LayerCost:
+    """One home layer as the levels DP sees it (scheduler/planning/levels.py), per round."""
+    fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node)
+    saved = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
+    return LayerCost(
+        chunks=lay.micro_batch, compute_s=fwd_s,
+        transfer_s=tuple(link_seconds(b, node) for b in saved),
+        value_s=tuple(fwd_s * (1.0 - r) for r in recompute_shares(dims, spec.seq_len, node)),
+        cap_s=link_seconds(WRITE_BUFFER_BYTES, node),
+        back_s=tuple(b / node.h2d_bytes_per_s for b in saved),
+        prefetch_cap_s=WRITE_BUFFER_BYTES / node.h2d_bytes_per_s,
+        inbound_s=2 * weights / node.both_bytes_per_s, busy_s=lay.micro_batch * bwd_s)
+
+
+def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int]],
+              window: int, node: NodeProfile, device: str) -> StepTime:
+    """Step time of a plan; `levels=[]` gives the part that does not depend on levels."""
+    L, X, S = dims.num_layers, lay.micro_batch, spec.seq_len
+    e = ELEMENT_BYTES[spec.precision]
+    rounds = spec.global_batch // X
+    fwd_s, bwd_s = chunk_times(dims, S, node)
+    head_s = 6 * S * dims.embedding_params / node.matmul_flops
+    compute = rounds * X * (L * (fwd_s + bwd_s) + head_s)
+    weights = dims.layer_params * e
+    # forward: the next layer's weights must arrive while this one computes
+    exposed = L * max(0.0, weights / node.h2d_bytes_per_s - X * fwd_s)
+    # Each layer's gradients going home show once a step (measured: one transfer per layer
+    # on the H200). With one gradient slot, every later round also sends k home and fetches
+    # k-1's accumulated gradients in series, overlapped with the first chunk's MLP backward
+    # (the slot is taken at the layer's first accumulate).
+    grads_s = L * weights / node.d2h_bytes_per_s
+    if lay.r_grad == 1:
+        in_series = weights / node.d2h_bytes_per_s + weights / node.h2d_bytes_per_s
+        grads_s += (rounds - 1) * L * max(0.0, in_series - MLP_BACKWARD_SHARE * bwd_s)
+    lc = layer_cost(dims, spec, lay, node)
+    home, in_window = levels[:L - window], levels[L - window:]
+    recompute = 0.0
+    if home:
+        rec, exp = lc.row_costs(np.asarray(home))
+        recompute, exposed = recompute + float(rec.sum()), exposed + float(exp.sum())
+    for row in in_window:
+        rec_w = sum(lc.compute_s - lc.value_s[lv] for lv in row)
+        recompute += rec_w
+        exposed += float(lc.inbound_exposed(rec_w))
+    # hand-made levels may overrun the link: compute waits on the write buffer
+    exposed += write_buffer_stall_s([lc] * len(home), home)
+    optimizer = optimizer_s(dims, spec, lay, first_forward_sent(dims, spec, lay, home), node,
+                            device)
+    return StepTime(compute, rounds * recompute, rounds * exposed + grads_s, optimizer)
+
+
+def first_forward_sent(dims: ModelDims, spec: JobSpec, lay: Layout,
+                       home: list[list[int]]) -> list[int]:
+    """Saved bytes each layer sends home in the step's first pass (its lead rounds' worth;
+    the window's layers, after the home ones, send none)."""
+    per_level = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    sent = [lay.lead_rounds * sum(per_level[lv] for lv in row) for row in home]
+    return sent + [0] * (dims.num_layers - len(home))
+
+
+def optimizer_s(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
+                node: NodeProfile, device: str) -> float:
+    """What last step's deferred AdamW adds to this step (worker/runtime/working_set/schedule.py). The device
+    part: layer k's gradient and moments come in and its weights and moments go home while
+    its first forward computes, beside the saved sets `sent[k]` it sends home; the embedding
+    (and head, if all is on the device) update right after backward with their moments
+    streamed. A split layout with no device_layers yet takes the best split for `sent`."""
+    if lay.optimizer == "split":
+        times = _split_times(dims, spec, lay, sent, node, device)
+        return times[lay.device_layers - 1] if lay.device_layers else min(times)
+    layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
+    rate = node.optimizer_params_per_s
+    if spec.precision == "mixed":  # the profile times bf16 state
+        rate /= MIXED_UPDATE_SLOWDOWN
+    if lay.optimizer == "host" or device != "cuda":  # a CPU worker's "device" is the host
+        return _deferred_s(dims, layer_fwd_s, rate, [], 0.0)
+    return _deferred_s(dims, layer_fwd_s, rate, device_s, 2 * staged_s)
+
+
+def split_layers(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
+                 node: NodeProfile, device: str) -> int:
+    """The number of leading layers a split layout updates on the device, fastest first."""
+    times = _split_times(dims, spec, lay, sent, node, device)
+    return 1 + times.index(min(times))
+
+
+def _split_times(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
+                 node: NodeProfile, device: str) -> list[float]:
+    """optimizer_s of a split with 1, 2, ... L-1 device layers (the embedding on the device,
+    the head on the host)."""
+    layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
+    rate = node.optimizer_params_per_s
+    if device != "cuda":  # a CPU worker's "device" is the host
+        return [_deferred_s(dims, layer_fwd_s, rate, [], 0.0)] * (dims.num_layers - 1)
+    return [_deferred_s(dims, layer_fwd_s, rate, device_s[:k], staged_s)
+            for k in range(1, dims.num_layers)]
+
+
+def _device_parts(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
+                  node: NodeProfile) -> tuple[float, list[float], float]:
+    """(one layer's first-pass forward, each layer's exposure if the device updates it, the
+    staged update of one resident group)."""
+    layer_fwd_s = lay.lead_rounds * lay.micro_batch * chunk_times(dims, spec.seq_len, node)[0]
+    e = ELEMENT_BYTES[spec.precision]
+    weights = dims.layer_params * e
+    # the saved sets at the link share planned for them (measured at 32 layers: ~23 ms a
+    # device layer exposed where the whole link would give 15)
+    device_s = [max(0.0, 3 * weights / node.both_bytes_per_s + link_seconds(b, node)
+                    - layer_fwd_s) for b in sent]
+    if lay.r_grad == 1:  # each layer's gradient for its update loads only once the
+        # previous layer's slot is free: no prefetch (measured: OLMoE at 20 GiB, +0.5 s)
+        device_s = [s + weights / node.h2d_bytes_per_s for s in device_s]
+    staged_s = dims.embedding_params * 4 * e / node.both_bytes_per_s  # in: m, v; out: w, m, v
+    return layer_fwd_s, device_s, staged_s
+
+
+def _deferred_s(dims: ModelDims, layer_fwd_s: float, params_per_s: float,
+                device_s: list[float], staged_s: float) -> float:
+    """The first forward's delay (`layer_fwd_s` a layer): the device updates the first
+    len(device_s) layers as they arrive (each exposing device_s[k]), after `staged_s` for its
+    resident groups; a host thread at `params_per_s` updates the others (starting with the
+    embedding when it has them all) and the head last, and layer k's forward waits for
+    layer k's update."""
+    L, k = dims.num_layers, len(device_s)
+    layer_s = dims.layer_params / params_per_s
+    embed_s = dims.embedding_params / params_per_s
+    updated = forward_end = embed_s if k == 0 else 0.0  # the host thread's clock
+    forward_end = max(forward_end, staged_s)  # nothing computes before the embedding
+    for j in range(L):
+        if j < k:
+            forward_end += device_s[j] + layer_fwd_s
+        else:
+            updated += layer_s
+            forward_end = max(forward_end, updated) + layer_fwd_s
+    head_ready = forward_end if k == L else max(forward_end, updated + embed_s)
+    return head_ready - L * layer_fwd_s
+
+
+def link_seconds(nbytes: int, node: NodeProfile) -> float:
+    """Time a saved set takes home at the share of the link planned for activations."""
+    return nbytes / (LINK_SHARE * node.both_bytes_per_s)

@@ -1,0 +1,294 @@
+"""The autoconfigurator for the working-set runtime: from (model, seq_len, global batch,
+budgets, node profile) to a Plan that fits and is the fastest the cost model knows.
+
+    plan = make_ws_plan(spec, dims, node)     # InfeasibleBudget names the smallest budgets
+
+The search (AdaWS §3.2 with ProTrain's "try them all, the cost model picks"):
+1. micro-batch: from AdaWS's bound X >= (|τp|+|τg|)·ψ·P / (2·S·(ψ_active + S·d_attn)·BW)
+   up, over divisors of the global batch (rounds = global_batch / X); below the bound only
+   when none at or above it fits the budget (or the global batch is smaller);
+2. per micro-batch, ring sizes, device, host or split AdamW (the split point is chosen
+   once the levels are known) and the LM-head block (layouts);
+3. per layout every window W <= (C_dev - B) / L_bytes; the home layers' saved-activation
+   levels come from one pass of the DP (scheduler/planning/levels.py) that answers for every W; the
+   window's levels are bought with the device memory left over;
+4. the candidate with the smallest predicted step (scheduler/planning/cost_model.py) wins.
+Every candidate fits the device budget by construction, so more budget only adds candidates:
+a bigger budget never predicts a slower step within a tier of step 1. The budget that first
+admits a micro-batch at the bound can predict a slower step than the smaller one below it
+did: the bound's tier wins by design (it keeps the weight stream hidden behind compute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.contracts.jobs import GIB, JobSpec, MinBudget, Plan, Predicted, WorkingSetPlan
+from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
+from wstrain.scheduler.contracts.hardware import NodeProfile
+from wstrain.scheduler.planning.levels import LEVELS, LayerCost, Solution, solve
+from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.planning.reasons import ws_reasons
+from wstrain.scheduler.planning.planner import ELEMENT_BYTES
+
+MAX_MICRO_BATCH = 32  # sequences per round the search considers
+MICRO_BATCHES_TRIED = 4  # divisors from the AdaWS bound up
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    lay: cm.Layout
+    window: int
+    time: cm.StepTime
+    levels: list[list[int]]
+    device_bytes: int
+    host_bytes: int
+
+
+def micro_batches(spec: JobSpec, dims: ModelDims, node: NodeProfile
+                  ) -> tuple[list[list[int]], float]:
+    """Micro-batch candidates in tiers, and the AdaWS bound: divisors of the global batch at
+    or above the bound first (the cost model picks among them), then, only if none fits the
+    budget (or the global batch is below the bound), the smaller ones (AdaWS's guards: at
+    least one sequence, and fewer tokens where memory demands it)."""
+    e = ELEMENT_BYTES[spec.precision]
+    bound = cm.adaws_min_micro_batch(dims.layer_params, dims.layer_params_active,
+                                     spec.seq_len,
+                                     dims.num_heads * dims.head_dim, e, e, node.matmul_flops,
+                                     node.h2d_bytes_per_s)
+    if spec.overrides.micro_batch:
+        return [[spec.overrides.micro_batch]], bound
+    divisors = [d for d in range(1, min(spec.global_batch, MAX_MICRO_BATCH) + 1)
+                if spec.global_batch % d == 0]
+    above = [d for d in divisors if d >= bound - 1e-9][:MICRO_BATCHES_TRIED]
+    below = [d for d in reversed(divisors) if d < bound - 1e-9]
+    return [tier for tier in (above, below) if tier], bound
+
+
+def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int]) -> list[cm.Layout]:
+    o = spec.overrides
+    rings = ([(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad)
+             else [(3, 2), (2, 2), (2, 1)])
+    # split: the first layers on the device, the rest on the host (_finish picks how many)
+    optimizers = ([o.optimizer] if o.optimizer else ["host"] if spec.precision == "mixed" else
+                  ["device", "host", "split"] if dims.num_layers > 1 else ["device", "host"])
+    # a lead pass of two rounds where the model allows it (MoE routing balances per round)
+    leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
+    return [cm.Layout(m, rp, rg, opt, lt, lead) for lead in leads for m in mbs
+            for opt in optimizers for rp, rg in rings for lt in (2048, 512)
+            if lead <= spec.global_batch // m]
+
+
+@dataclass(frozen=True)
+class _Window:
+    """Window levels bought with spare device memory, as counts over the window's chunks in
+    backward order (last layer first): `top` at level 3, then up to `n` at `level`."""
+
+    layers: int
+    chunks: int
+    level: int = 0
+    n: int = 0
+    top: int = 0
+
+    def rows(self) -> list[list[int]]:
+        flat = [3] * self.top + [self.level] * (self.n - self.top)
+        flat += [0] * (self.layers * self.chunks - self.n)
+        X = self.chunks
+        return [flat[i * X:(i + 1) * X] for i in range(self.layers)][::-1]
+
+    def cost_s(self, lc: LayerCost) -> float:
+        """Per round: recomputation left in the window plus its exposed backward transfer
+        (rows wholly at one level are counted in bulk; at most two rows are mixed)."""
+        X = self.chunks
+        rec = [lc.compute_s - v for v in lc.value_s]
+
+        def row(n3: int, nl: int) -> float:
+            r = n3 * rec[3] + nl * rec[self.level] + (X - n3 - nl) * rec[0]
+            return r + float(lc.inbound_exposed(r))
+
+        def overlap(r: int, lo: int, hi: int) -> int:
+            return max(0, min(hi, (r + 1) * X) - max(lo, r * X))
+
+        bounds = (self.top, self.n)
+        mixed = {b // X for b in bounds if b % X and b // X < self.layers}
+        full3, full_l = self.top // X, self.n // X - -(-self.top // X)
+        cost = full3 * row(X, 0) + max(0, full_l) * row(0, X)
+        cost += (self.layers - full3 - max(0, full_l) - len(mixed)) * row(0, 0)
+        for r in mixed:
+            cost += row(overlap(r, 0, self.top), overlap(r, self.top, self.n))
+        return cost
+
+
+def _fill_window(window: int, lc: LayerCost, saved: list[int], spare_bytes: float) -> _Window:
+    """The best value per byte first, then level 3, last layers first (backward meets them
+    first)."""
+    X = lc.chunks
+    extra = [b - saved[0] for b in saved]
+    best = max(range(1, LEVELS), key=lambda lv: lc.value_s[lv] / max(extra[lv], 1))
+    n_best = int(min(window * X, max(0.0, spare_bytes) // max(extra[best], 1)))
+    spare_bytes -= n_best * extra[best]
+    n_top = 0
+    if best != 3 and lc.value_s[3] > lc.value_s[best]:
+        n_top = int(min(n_best, max(0.0, spare_bytes) // max(extra[3] - extra[best], 1)))
+    return _Window(window, X, best, n_best, n_top)
+
+
+def _evaluate(dims: ModelDims, spec: JobSpec, lay: cm.Layout, sol: Solution,
+              lc: LayerCost) -> list[tuple[float, int, _Window]]:
+    """(per-round recomputation + exposed backward transfer, window, window levels) for
+    every window this layout fits."""
+    L, X, forced = dims.num_layers, lay.micro_batch, spec.overrides.level
+    windows = [spec.overrides.window] if spec.overrides.window is not None else range(L + 1)
+    saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    forced_value = None if forced is None else float(lc.pattern_value(np.full((1, X), forced))[0])
+    out = []
+    for w in windows:
+        spare = cm.spare_window_bytes(dims, spec, lay, w)
+        if spare < 0:
+            continue
+        if forced_value is None:
+            home_value = sol.best_s(L - w)
+            win = _fill_window(w, lc, saved, spare)
+        else:
+            if w * X * (saved[forced] - saved[0]) > spare:
+                continue
+            home_value, win = (L - w) * forced_value, _Window(w, X, forced, w * X)
+        if home_value == float("-inf"):
+            continue
+        home_cost = (L - w) * X * lc.compute_s - home_value
+        out.append((home_cost + win.cost_s(lc), w, win))
+    return out
+
+
+def _finish(dims: ModelDims, spec: JobSpec, node: NodeProfile, lay: cm.Layout, sol: Solution,
+            window: int, window_rows: list[list[int]], device: str) -> _Candidate | None:
+    L, X = dims.num_layers, lay.micro_batch
+    saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    if cm.host_bytes(dims, spec, (L - window) * X * saved[0], device) > spec.budget.host_bytes:
+        return None  # even level 0 everywhere does not fit the host
+    home = sol.levels(L - window) if spec.overrides.level is None else \
+        [[spec.overrides.level] * X for _ in range(L - window)]
+    host = cm.host_bytes(dims, spec, sum(saved[lv] for row in home for lv in row), device)
+    # Over the host budget: drop home chunks to level 0, the largest saved sets first.
+    by_size = sorted(((saved[lv], k, c) for k, row in enumerate(home)
+                      for c, lv in enumerate(row) if lv), reverse=True)
+    for nbytes, k, c in by_size:
+        if host <= spec.budget.host_bytes:
+            break
+        host -= nbytes - saved[0]
+        home[k][c] = 0
+    levels = home + window_rows
+    if lay.lead_rounds > 1:  # the lead pass's extra sets must fit as they are
+        home_saved = sum(saved[lv] for row in home for lv in row)
+        extra = cm.lead_pass_saved(lay, home_saved, window * X * saved[1])
+        host = cm.host_bytes(dims, spec, home_saved + extra, device)
+        if host > spec.budget.host_bytes:
+            return None
+    if lay.optimizer == "split":  # as many device layers as suit what the layers send home
+        sent = cm.first_forward_sent(dims, spec, lay, home)
+        lay = replace(lay, device_layers=cm.split_layers(dims, spec, lay, sent, node, device))
+    window_saved = sum(saved[lv] for row in window_rows for lv in row)
+    dev = cm.device_bytes(dims, spec, lay, window, window_saved)
+    if dev > spec.budget.device_bytes:
+        return None
+    time = cm.step_time(dims, spec, lay, levels, window, node, device)
+    return _Candidate(lay, window, time, levels, dev, host)
+
+
+def _search(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str,
+            mbs: list[int]) -> _Candidate | None:
+    ranked: list[tuple[float, int, cm.Layout, Solution, int, _Window]] = []
+    solutions: dict[int, Solution] = {}  # the DP depends on the micro-batch alone
+    for i, lay in enumerate(_layouts(spec, dims, mbs)):
+        lc = cm.layer_cost(dims, spec, lay, node)
+        sol = solutions.get(lay.micro_batch) or solutions.setdefault(
+            lay.micro_batch, solve([lc] * dims.num_layers))
+        rounds = spec.global_batch // lay.micro_batch
+        base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer
+        for cost, w, win in _evaluate(dims, spec, lay, sol, lc):
+            ranked.append((base.total_s + rounds * cost, i, lay, sol, w, win))
+    # The fastest estimate first; ties go to the earlier layout (deeper rings, larger loss
+    # block). An estimate assumes the DP's levels all fit the host; where _finish must drop
+    # some to level 0 the candidate gets slower, so later ones are tried until no estimate
+    # can beat the best finished candidate (the estimate never exceeds the finished time).
+    best: _Candidate | None = None
+    for est, _, lay, sol, w, win in sorted(ranked, key=lambda r: (r[0], r[1], -r[4])):
+        if best is not None and est >= best.time.total_s * (1 - 1e-9):
+            break
+        cand = _finish(dims, spec, node, lay, sol, w, win.rows(), device)
+        if cand is not None and (best is None or cand.time.total_s < best.time.total_s):
+            best = cand
+    return best
+
+
+def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
+    if spec.precision == "mixed" and spec.overrides.optimizer not in (None, "host"):
+        raise InvalidSpec(f'precision="mixed" updates its fp32 master on the host; '
+                          f'overrides.optimizer="{spec.overrides.optimizer}" needs precision '
+                          '"bf16" (or use "host")')
+    device = spec.overrides.device or node.device
+    if spec.overrides.micro_batch and spec.global_batch % spec.overrides.micro_batch:
+        raise InvalidSpec(f"overrides.micro_batch={spec.overrides.micro_batch} must divide "
+                          f"global_batch={spec.global_batch}")
+    lead = spec.overrides.lead_rounds
+    if lead and lead > 1 and dims.is_moe:
+        raise InvalidSpec(f"overrides.lead_rounds={lead}: a mixture-of-experts model balances "
+                          "its routing per round; use lead_rounds 1")
+    if lead and lead > spec.global_batch // (spec.overrides.micro_batch or 1):
+        raise InvalidSpec(f"overrides.lead_rounds={lead} exceeds the step's rounds "
+                          f"(global_batch / micro_batch); lower it or the micro-batch")
+    if spec.overrides.optimizer == "split" and dims.num_layers < 2:
+        raise InvalidSpec('overrides.optimizer="split" needs at least two layers to split; '
+                          'use "host" or "device"')
+    if spec.overrides.window is not None and spec.overrides.window > dims.num_layers:
+        raise InvalidSpec(f"overrides.window={spec.overrides.window} exceeds the model's "
+                          f"{dims.num_layers} layers")
+    tiers, bound = micro_batches(spec, dims, node)
+    best = None
+    for tier in tiers:
+        best = _search(spec, dims, node, device, tier)
+        if best is not None:
+            break
+    else:
+        raise _infeasible(spec, dims, device, [m for tier in tiers for m in tier])
+    return _plan(spec, dims, node, best, device, bound)
+
+
+def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> InfeasibleBudget:
+    smallest = cm.Layout(min(mbs), 2, 1, "host", 512)
+    inputs_home = dims.num_layers * smallest.micro_batch * cm.saved_bytes(dims, spec, 0)
+    need = MinBudget(
+        device_gib=round(min(cm.device_bytes(dims, spec, smallest, w, w * smallest.micro_batch
+                                             * cm.saved_bytes(dims, spec, 0))
+                             for w in (0, dims.num_layers)) / GIB + 0.005, 2),
+        host_gib=round(cm.host_bytes(dims, spec, inputs_home, device) / GIB + 0.005, 2))
+    return InfeasibleBudget(
+        f"budget device_gib={spec.budget.device_gib}, host_gib={spec.budget.host_gib} cannot "
+        f"hold {dims.params / 1e6:.1f}M parameters at seq_len={spec.seq_len} even with the "
+        f"working-set runtime; raise the budget to at least device_gib={need.device_gib}, "
+        f"host_gib={need.host_gib}", min_budget=need.model_dump())
+
+
+def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: _Candidate, device: str,
+          bound: float) -> Plan:
+    L, lay = dims.num_layers, c.lay
+    return Plan(
+        runtime="working_set", device=device, micro_batch=lay.micro_batch,
+        rounds=spec.global_batch // lay.micro_batch, window=c.window, layers=L,
+        params=dims.params,
+        predicted=Predicted(step_seconds=c.time.total_s, peak_device_bytes=c.device_bytes,
+                            peak_host_bytes=c.host_bytes, compute_seconds=c.time.compute_s,
+                            recompute_seconds=c.time.recompute_s,
+                            exposed_transfer_seconds=c.time.exposed_transfer_s,
+                            optimizer_seconds=c.time.optimizer_s),
+        working_set=WorkingSetPlan(chunk=1, r_param=lay.r_param, r_grad=lay.r_grad,
+                                   levels=c.levels, loss_tokens=min(lay.loss_tokens,
+                                                                    spec.seq_len),
+                                   optimizer=lay.optimizer,
+                                   device_layers=lay.device_layers,
+                                   lead_rounds=lay.lead_rounds),
+        reasons=ws_reasons(spec, dims, node, c.lay, c.window, c.levels, c.time, c.device_bytes,
+                           c.host_bytes, device, bound))

@@ -1,0 +1,231 @@
+"""The job store: every piece of job state, the queue, events and node heartbeats in Redis.
+
+Used by the API (service/) and the scheduler agent; both are asyncio programs. State changes
+run as Lua scripts so a transition is atomic: it checks the current state against
+contracts.ALLOWED_TRANSITIONS, writes the new fields, moves the job between per-state sets
+and the queue, and appends an event, or changes nothing. Two agents can therefore never
+claim one job.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from wstrain.scheduler.contracts.jobs import (ALLOWED_TRANSITIONS, Event, Job, JobSpec, JobState, Keys, Node,
+                                 Plan)
+from wstrain.scheduler.contracts.errors import Conflict, NotFound
+
+_TRANSITION_LUA = """
+local job, events, queue = KEYS[1], KEYS[2], KEYS[3]
+local prefix, id, dst, allowed, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local kind, msg, data = ARGV[6], ARGV[7], ARGV[8]
+local cur = redis.call('HGET', job, 'state')
+if not cur then return {0, ''} end
+if not string.find(',' .. allowed .. ',', ',' .. cur .. ',', 1, true) then return {0, cur} end
+redis.call('HSET', job, 'state', dst, 'updated_at', now)
+for i = 9, #ARGV, 2 do redis.call('HSET', job, ARGV[i], ARGV[i + 1]) end
+redis.call('SREM', prefix .. ':state:' .. cur, id)
+redis.call('SADD', prefix .. ':state:' .. dst, id)
+if dst == 'queued' then
+  redis.call('ZADD', queue, redis.call('HGET', job, 'queue_score'), id)
+else
+  redis.call('ZREM', queue, id)
+end
+redis.call('XADD', events, '*', 'ts', now, 'kind', kind, 'message', msg, 'data', data)
+return {1, cur}
+"""
+
+# Scan the queue in priority order and claim the first job whose budgets fit the node.
+_CLAIM_LUA = """
+local queue = KEYS[1]
+local prefix, node, now = ARGV[1], ARGV[2], ARGV[5]
+local free_dev, free_host = tonumber(ARGV[3]), tonumber(ARGV[4])
+for _, id in ipairs(redis.call('ZRANGE', queue, 0, 99)) do
+  local job = prefix .. ':job:' .. id
+  local f = redis.call('HMGET', job, 'state', 'device_bytes', 'host_bytes')
+  if f[1] == 'queued' and tonumber(f[2]) <= free_dev and tonumber(f[3]) <= free_host then
+    redis.call('ZREM', queue, id)
+    redis.call('HSET', job, 'state', 'planning', 'node', node, 'updated_at', now)
+    redis.call('SREM', prefix .. ':state:queued', id)
+    redis.call('SADD', prefix .. ':state:planning', id)
+    redis.call('XADD', prefix .. ':events:' .. id, '*', 'ts', now, 'kind', 'state',
+               'message', 'planning on node ' .. node, 'data', '{"state":"planning"}')
+    return id
+  end
+end
+return false
+"""
+
+_OPTIONAL_FLOATS = ("loss", "eval_loss", "tokens_per_s", "mfu", "step_seconds", "eta_s")
+_OPTIONAL_STRS = ("error", "node", "last_checkpoint")
+
+
+def _encode(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+class JobStore:
+    def __init__(self, redis: aioredis.Redis, prefix: str = "wstrain") -> None:
+        self.redis = redis
+        self.keys = Keys(prefix)
+        self._transition = redis.register_script(_TRANSITION_LUA)
+        self._claim = redis.register_script(_CLAIM_LUA)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "wstrain") -> JobStore:
+        return cls(aioredis.from_url(url, decode_responses=True), prefix)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    # ------------------------------------------------------------ jobs
+
+    async def create(self, spec: JobSpec, owner: str, plan: Plan) -> Job:
+        job_id = uuid.uuid4().hex[:12]
+        now = time.time()
+        # Higher priority first, then first come first served.
+        queue_score = -spec.priority * 1e11 + now
+        fields = {
+            "id": job_id, "name": spec.name, "owner": owner, "state": JobState.queued.value,
+            "attempt": 1, "step": 0, "steps": spec.steps, "created_at": now,
+            "updated_at": now, "spec": spec.model_dump_json(), "plan": plan.model_dump_json(),
+            "device_bytes": spec.budget.device_bytes, "host_bytes": spec.budget.host_bytes,
+            "queue_score": queue_score,
+        }
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.job(job_id), mapping={k: _encode(v) for k, v in fields.items()})
+            pipe.zadd(self.keys.jobs, {job_id: now})
+            pipe.zadd(self.keys.queue, {job_id: queue_score})
+            pipe.sadd(f"{self.keys.prefix}:state:queued", job_id)
+            pipe.xadd(self.keys.events(job_id), {"ts": now, "kind": "state",
+                                                 "message": f"queued by {owner}",
+                                                 "data": json.dumps({"state": "queued"})})
+            await pipe.execute()
+        return await self.get(job_id)
+
+    async def get(self, job_id: str) -> Job:
+        raw = await self.redis.hgetall(self.keys.job(job_id))
+        if not raw:
+            raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /v1/jobs")
+        return _job_from_hash(raw)
+
+    async def list(self, state: JobState | None = None, owner: str | None = None,
+                   offset: int = 0, limit: int = 50) -> tuple[list[Job], int]:
+        ids = await self.redis.zrevrange(self.keys.jobs, 0, -1)
+        if state is not None:
+            members = await self.redis.smembers(f"{self.keys.prefix}:state:{state.value}")
+            ids = [i for i in ids if i in members]
+        jobs = []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for i in ids:
+                pipe.hgetall(self.keys.job(i))
+            raws = await pipe.execute()
+        jobs = [_job_from_hash(r) for r in raws if r]
+        if owner is not None:
+            jobs = [j for j in jobs if j.owner == owner]
+        return jobs[offset:offset + limit], len(jobs)
+
+    async def counts_by_state(self) -> dict[JobState, int]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for s in JobState:
+                pipe.scard(f"{self.keys.prefix}:state:{s.value}")
+            counts = await pipe.execute()
+        return dict(zip(JobState, counts))
+
+    async def queue_depth(self) -> int:
+        return int(await self.redis.zcard(self.keys.queue))
+
+    async def transition(self, job_id: str, dst: JobState, message: str,
+                         sources: frozenset[JobState] | None = None,
+                         **fields: Any) -> JobState:
+        """Move a job to `dst` if the state machine allows it; returns the previous state.
+        Raises NotFound or Conflict (with the current state) and then changes nothing."""
+        allowed = sources if sources is not None else frozenset(
+            s for s, dsts in ALLOWED_TRANSITIONS.items() if dst in dsts)
+        now = time.time()
+        args: list[str] = [self.keys.prefix, job_id, dst.value,
+                           ",".join(s.value for s in allowed), str(now), "state", message,
+                           json.dumps({"state": dst.value})]
+        for k, v in fields.items():
+            args += [k, _encode(v)]
+        ok, cur = await self._transition(
+            keys=[self.keys.job(job_id), self.keys.events(job_id), self.keys.queue], args=args)
+        if not cur:
+            raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /v1/jobs")
+        if not ok:
+            raise Conflict(f"job {job_id} is {cur}; it cannot become {dst.value}",
+                           state=cur)
+        return JobState(cur)
+
+    async def claim(self, node: str, free_device_bytes: int, free_host_bytes: int) -> str | None:
+        return await self._claim(keys=[self.keys.queue],
+                                 args=[self.keys.prefix, node, free_device_bytes,
+                                       free_host_bytes, time.time()])
+
+    async def update(self, job_id: str, **fields: Any) -> None:
+        """Progress fields of a live job (step, loss, ...); never touches `state`."""
+        assert "state" not in fields, "state changes go through transition()"
+        fields["updated_at"] = time.time()
+        await self.redis.hset(self.keys.job(job_id),
+                              mapping={k: _encode(v) for k, v in fields.items()})
+
+    # ------------------------------------------------------------ events
+
+    async def add_event(self, job_id: str, kind: str, message: str,
+                        data: dict[str, Any] | None = None) -> None:
+        await self.redis.xadd(self.keys.events(job_id),
+                              {"ts": time.time(), "kind": kind, "message": message,
+                               "data": json.dumps(data or {})}, maxlen=10000, approximate=True)
+
+    async def events(self, job_id: str, after: str | None = None,
+                     limit: int = 100) -> list[Event]:
+        start = f"({after}" if after else "-"
+        rows = await self.redis.xrange(self.keys.events(job_id), min=start, max="+", count=limit)
+        return [Event(id=eid, ts=float(f["ts"]), kind=f["kind"], message=f["message"],
+                      data=json.loads(f.get("data") or "{}")) for eid, f in rows]
+
+    # ------------------------------------------------------------ nodes
+
+    async def put_node(self, node: Node, ttl_s: float) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.node(node.name), node.model_dump_json(), px=int(ttl_s * 1000))
+            pipe.sadd(self.keys.nodes, node.name)
+            await pipe.execute()
+
+    async def remove_node(self, name: str) -> None:
+        await self.redis.delete(self.keys.node(name))
+        await self.redis.srem(self.keys.nodes, name)
+
+    async def nodes(self) -> list[Node]:
+        names = sorted(await self.redis.smembers(self.keys.nodes))
+        if not names:
+            return []
+        raws = await self.redis.mget([self.keys.node(n) for n in names])
+        return [Node.model_validate_json(r) for r in raws if r]
+
+
+def _job_from_hash(raw: dict[str, str]) -> Job:
+    data: dict[str, Any] = {
+        "id": raw["id"], "name": raw["name"], "owner": raw["owner"], "state": raw["state"],
+        "attempt": int(raw["attempt"]), "step": int(raw.get("step") or 0),
+        "steps": int(raw["steps"]), "created_at": float(raw["created_at"]),
+        "updated_at": float(raw["updated_at"]),
+        "spec": JobSpec.model_validate_json(raw["spec"]),
+        "plan": Plan.model_validate_json(raw["plan"]) if raw.get("plan") else None,
+        "worker_pid": int(raw["worker_pid"]) if raw.get("worker_pid") else None,
+        "telemetry": json.loads(raw.get("telemetry") or "{}"),
+    }
+    for k in _OPTIONAL_FLOATS:
+        data[k] = float(raw[k]) if raw.get(k) else None
+    for k in _OPTIONAL_STRS:
+        data[k] = raw.get(k) or None
+    return Job.model_validate(data)

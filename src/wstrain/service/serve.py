@@ -1,0 +1,93 @@
+"""`wstrain serve`: the API in this process, one scheduler agent as a child process, and a
+private `redis-server` child (persisting to STATE_DIR/redis with AOF) when REDIS_URL is unset.
+Stopping it (Ctrl-C / SIGTERM) stops the agent first, which checkpoints and requeues running
+jobs, then Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+import uvicorn
+
+from wstrain.service.app import create_app
+from wstrain.service.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    """A private redis-server on loopback, persisting to data_dir; waits until it answers."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("wstrain: redis-server is not installed and REDIS_URL is unset; "
+                         "install it (apt-get install redis-server) or set REDIS_URL")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+         "--appendonly", "yes", "--save", "", "--protected-mode", "yes"],
+        stdout=open(data_dir / "redis.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            return proc
+        except redis.ConnectionError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"wstrain: redis-server did not start; see {data_dir}/redis.log")
+            time.sleep(0.05)
+
+
+def _stop(proc: subprocess.Popen[bytes], name: str, timeout_s: float) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        log.warning("%s did not stop in %.0f s; killing it", name, timeout_s)
+        proc.kill()
+
+
+def serve(host: str, port: int, state_dir: Path, metrics_port: int) -> int:
+    state_dir = state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    redis_proc = None
+    redis_url = env.get("WSTRAIN_REDIS_URL") or env.get("REDIS_URL")
+    if not redis_url:
+        rport = free_port()
+        redis_proc = start_redis(state_dir / "redis", rport)
+        redis_url = f"redis://127.0.0.1:{rport}/0"
+        log.info("started private redis-server on %s", redis_url)
+    env.update(WSTRAIN_REDIS_URL=redis_url, WSTRAIN_STATE_DIR=str(state_dir),
+               WSTRAIN_METRICS_HOST=host, WSTRAIN_METRICS_PORT=str(metrics_port))
+    agent = subprocess.Popen([sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=env)
+    # uvicorn re-raises SIGTERM/SIGINT once it has shut down; with these no-op handlers in
+    # place that lands here instead of killing the process, so the children stop cleanly.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    try:
+        settings = ServiceSettings(redis_url=redis_url)
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    finally:
+        _stop(agent, "agent", 90)
+        if redis_proc is not None:
+            _stop(redis_proc, "redis-server", 10)
+    return 0

@@ -1,0 +1,199 @@
+"""The worker process: runs one attempt of one job, started by the scheduler agent.
+
+    python -m wstrain.worker.main --job-dir STATE/jobs/ID --device cpu --peak-flops 1e12
+
+It reads `spec.json` and `plan.json` from the job dir, resumes from the latest checkpoint
+there, trains, and reports to its agent as JSON lines on stdout (contracts.WorkerMessage);
+logs go to stderr. SIGTERM asks it to stop at the next step boundary with a checkpoint.
+The exit code is contracts.WorkerExit: 0 succeeded, 3 cancelled, 1 failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from wstrain.scheduler.contracts.jobs import JobSpec, PathModel, Plan, WorkerExit, WorkerMessage
+from wstrain.scheduler.planning.cost_model import host_reserve_bytes
+from wstrain.scheduler.contracts.model_dims import resolve_dims
+from wstrain.worker.io import checkpoint
+from wstrain.worker.io.data import TokenStream
+from wstrain.worker.io.hf_load import stream_into
+from wstrain.worker.models.dense import LlamaModel
+from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
+from wstrain.worker.runtime.working_set.state import HostState
+from wstrain.worker.runtime.stats import StepStats, Telemetry
+from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
+from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+
+log = logging.getLogger("worker")
+# Step reports are throttled so a fast CPU job does not flood its agent.
+REPORT_INTERVAL_S = 0.2
+
+
+def build_runtime(spec: JobSpec, plan: Plan) -> ResidentRuntime | WorkingSetRuntime:
+    """The runtime the plan names, initialised from the spec's seed, or from the weights of
+    the Hugging Face directory the spec's model names."""
+    dims = resolve_dims(spec.model)
+    pretrained = Path(spec.model.path) if isinstance(spec.model, PathModel) else None
+    if plan.runtime == "resident":
+        cfg = RuntimeConfig(spec.precision, plan.device, plan.micro_batch, plan.rounds,
+                            spec.steps, spec.seed)
+        resident = ResidentRuntime(dims, cfg, spec.optimizer)
+        if pretrained is not None:
+            stream_into(dict(resident.model.named_parameters()), pretrained)
+        return resident
+    cuda = plan.device == "cuda"
+    arena_limit = spec.budget.host_bytes - host_reserve_bytes(dims, spec, plan.device)
+    host = HostState.create(dims, spec.precision, pin=cuda, fused_adamw=cuda,
+                            arena_limit_bytes=arena_limit)
+    if pretrained is not None:  # straight into the host tiles
+        host.stream_from(pretrained)
+    else:
+        init = LlamaModel(dims)  # same initial weights as the resident runtime for this seed
+        init.init_weights(spec.seed)
+        host.load_state_dict(init.state_dict())
+        del init
+    return WorkingSetRuntime(dims, ws_config(spec, plan), spec.optimizer, host)
+
+
+def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
+    """The working-set runtime's configuration for a working_set plan."""
+    ws = plan.working_set
+    assert ws is not None, "a working_set plan carries its working_set section"
+    return WorkingSetConfig(
+        precision=spec.precision, device=plan.device, micro_batch=plan.micro_batch,
+        chunk=ws.chunk, rounds=plan.rounds, steps=spec.steps, seed=spec.seed,
+        seq_len=spec.seq_len, r_param=ws.r_param, r_grad=ws.r_grad, window=plan.window,
+        levels=tuple(tuple(row) for row in ws.levels), loss_tokens=ws.loss_tokens,
+        device_opt_layers={"host": 0, "device": plan.layers,
+                           "split": ws.device_layers}[ws.optimizer],
+        lead_rounds=ws.lead_rounds)
+
+
+class Worker:
+    def __init__(self, job_dir: Path, peak_flops: float) -> None:
+        self.job_dir, self.peak_flops = job_dir, peak_flops
+        self.spec = JobSpec.model_validate_json((job_dir / "spec.json").read_text())
+        self.plan = Plan.model_validate_json((job_dir / "plan.json").read_text())
+        self.job_id = job_dir.name
+        self.cancel_requested = False
+
+    def emit(self, msg: WorkerMessage) -> None:
+        sys.stdout.write(msg.model_dump_json(exclude_none=True) + "\n")
+        sys.stdout.flush()
+
+    def _request_cancel(self, signum: int, _frame: object) -> None:
+        log.info("job %s: signal %d, stopping at the next step boundary", self.job_id, signum)
+        self.cancel_requested = True
+
+    def _enforce_device_budget(self) -> None:
+        if self.plan.device != "cuda":
+            return
+        total = torch.cuda.get_device_properties(0).total_memory
+        fraction = min(1.0, self.spec.budget.device_bytes / total)
+        torch.cuda.set_per_process_memory_fraction(fraction, 0)
+        log.info("job %s: device budget %.2f GiB = %.3f of the GPU", self.job_id,
+                 self.spec.budget.device_gib, fraction)
+
+    def _telemetry(self, telemetry: Telemetry, last: StepStats,
+                   runtime: ResidentRuntime | WorkingSetRuntime) -> dict[str, float]:
+        arena = runtime.host.arena if isinstance(runtime, WorkingSetRuntime) else None
+        device_peak = None
+        if self.plan.device == "cuda":
+            device_peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+        return telemetry.snapshot(last, arena.total_bytes if arena else 0,
+                                  arena.pinned_bytes if arena else 0, device_peak)
+
+    def run(self) -> WorkerExit:
+        signal.signal(signal.SIGTERM, self._request_cancel)
+        torch.manual_seed(self.spec.seed)
+        self._enforce_device_budget()
+        dims = resolve_dims(self.spec.model)
+        runtime = build_runtime(self.spec, self.plan)
+        evals = self.spec.eval
+        data = TokenStream.open(self.spec.data, dims.vocab_size, self.spec.seq_len,
+                                self.spec.seed, evals.heldout_fraction if evals else 0.0)
+        root = self.job_dir / "checkpoints"
+        start = 0
+        if (ckpt := checkpoint.latest(root)) is not None:
+            state, extra = checkpoint.load_meta(ckpt)
+            runtime.load_state(ckpt, extra)  # weights stream from the shards
+            start = state.step
+            log.info("job %s: resumed from %s at step %d", self.job_id, ckpt, start)
+        # the runtime's long-lived objects (tile views, slots, templates) leave the
+        # collector's generations: full collections then scan only what steps create (a
+        # 32-layer job paid ~0.2 s a step scanning them)
+        gc.freeze()
+        self.emit(WorkerMessage(kind="started", step=start,
+                                message=f"pid {os.getpid()} on {self.plan.device}"))
+        hf_config = dims.to_hf_config()
+
+        def save(step: int) -> None:
+            path = checkpoint.save(root, checkpoint.TrainerState(step, step),
+                                   runtime.state_tensors(), runtime.optimizer_state(), hf_config)
+            self.emit(WorkerMessage(kind="checkpoint", step=step, path=str(path)))
+
+        flops_per_token = dims.flops_per_token(self.spec.seq_len)
+        last_report = 0.0
+        telemetry = Telemetry()
+        for step in range(start, self.spec.steps):
+            if self.cancel_requested:
+                save(step)
+                return WorkerExit.cancelled
+            res = runtime.train_step(data, step)
+            telemetry.add(res)
+            done = step + 1
+            tokens_per_s = res.tokens / res.step_seconds
+            now = time.monotonic()
+            if now - last_report >= REPORT_INTERVAL_S or done == self.spec.steps:
+                last_report = now
+                self.emit(WorkerMessage(
+                    kind="step", step=done, loss=res.loss, step_seconds=res.step_seconds,
+                    tokens_per_s=tokens_per_s, mfu=flops_per_token * tokens_per_s / self.peak_flops,
+                    metrics=self._telemetry(telemetry, res, runtime)))
+            if evals and (done % evals.every_steps == 0 or done == self.spec.steps):
+                held_out = runtime.eval_loss(*data.eval_batch(evals.sequences))
+                self.emit(WorkerMessage(kind="eval", step=done, loss=held_out))
+            every = self.spec.checkpoint_every
+            if every and done % every == 0 and done < self.spec.steps:
+                save(done)
+        save(self.spec.steps)
+        return WorkerExit.succeeded
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job-dir", type=Path, required=True)
+    parser.add_argument("--peak-flops", type=float, default=989e12,
+                        help="peak FLOP/s the MFU is measured against")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    worker = Worker(args.job_dir, args.peak_flops)
+    try:
+        return int(worker.run())
+    except torch.cuda.OutOfMemoryError as exc:
+        msg = (f"device memory budget {worker.spec.budget.device_gib} GiB exceeded: {exc}; "
+               "this is a planner bug, please report it with the plan")
+    except Exception as exc:  # every failure becomes a reported error with its reason
+        msg = f"{type(exc).__name__}: {exc}"
+    log.error("job %s: failed: %s\n%s", worker.job_id, msg, traceback.format_exc())
+    worker.emit(WorkerMessage(kind="error", message=msg))
+    return int(WorkerExit.failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The attention block with a lean saved set: h = x + o_proj(SDPA(q, k, v)), q/k/v the
+RoPE'd projections of n = RMSNorm(x).
+
+Autograd would keep n and its fp32 copies, q and k before and after RoPE, v, the kernel's
+output, its transpose and the log-sum-exp — about 510 MB a sequence at Llama-3-8B dims and
+8K tokens. Here the forward runs the norm, projections, RoPE and output projection without a
+graph; only the attention kernel records one, so what is saved is the kernel's own set:
+q, k, v, its output and log-sum-exp, e·(2·H + 2·KV)·hd + 4·H bytes a token (168 MB a
+sequence), and it goes through the runtime's saved-tensor hooks (home, or kept on the
+device). The backward recomputes the norm (elementwise) and, for h, the output projection's
+forward (one GEMM), runs the kernel's own backward, and undoes RoPE exactly (a rotation: its
+transpose rotates by -θ), so no QKV GEMM or attention forward is recomputed. With q/k norms
+(OLMoE, Qwen3) the projections are recomputed with their graph instead: the norm's backward
+needs its input. It is level 1's and level 3's attention in worker/runtime/working_set/schedule.py.
+
+    h, out, core = lean_attn_forward(x, w, dims, cos, sin)    # under the saved-tensor hooks
+    h = out_proj(x, out, w)                                   # in backward, from the saved out
+    dx, dws = lean_attn_backward(dh, x, out, core, w, dims, cos, sin)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+
+from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.worker.models.blocks import flat_tokens, leaves, out_proj, qkv
+from wstrain.worker.models.dense import apply_rope, causal_attention, rms_norm
+
+NORM, O_PROJ = "input_layernorm.weight", "self_attn.o_proj.weight"
+PROJ = tuple(f"self_attn.{p}_proj" for p in "qkv")
+
+
+class _Entry(torch.autograd.Function):
+    """q, k, v as views that require grad yet that no autograd object owns: the kernel's
+    saved set is then their only owner (sent home or kept, as the hooks decide). The 0-d
+    `anchor` leaf makes them require grad; gradients are taken at the entry's outputs, so its
+    backward never runs."""
+
+    @staticmethod
+    def forward(ctx, anchor, q, k, v):  # type: ignore[no-untyped-def, override]
+        return q.view_as(q), k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):  # type: ignore[no-untyped-def, override]
+        return None, dq, dk, dv
+
+
+@dataclass(frozen=True)
+class CoreGraph:
+    """The attention kernel's graph, held by its edges alone (no tensor)."""
+
+    out: GradientEdge
+    inputs: tuple[GradientEdge, GradientEdge, GradientEdge]
+
+
+def lean_attn_forward(x: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
+                      cos: torch.Tensor, sin: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, CoreGraph]:
+    """(h (B, S, D), the kernel's output (B, H, S, hd), its graph). x: (B, S, D)"""
+    with torch.no_grad():
+        q, k, v = qkv(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)
+    anchor = torch.zeros((), requires_grad=True)
+    with torch.enable_grad():
+        qa, ka, va = _Entry.apply(anchor, q, k, v)
+        out = causal_attention(qa, ka, va)  # (B, H, S, hd)
+    core = CoreGraph(get_gradient_edge(out), tuple(get_gradient_edge(t) for t in (qa, ka, va)))
+    with torch.no_grad():
+        h = out_proj(x, out, w)
+    return h, out.detach(), core
+
+
+def _unrope(d: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The gradient through RoPE: (B, H, S, hd) -> (B, S, H·hd)."""
+    b, _, s, _ = d.shape
+    return apply_rope(d.transpose(1, 2), cos[:, None], -sin[:, None]).reshape(b, s, -1)
+
+
+def lean_attn_backward(dh: torch.Tensor, x: torch.Tensor, out: torch.Tensor, core: CoreGraph,
+                       w: dict[str, torch.Tensor], dims: ModelDims, cos: torch.Tensor,
+                       sin: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """dL/dx and the block's weight gradients from dh = dL/dh. (B, S, D) in and out."""
+    b, s, _ = x.shape
+    out_tokens = out.transpose(1, 2).reshape(b * s, -1)  # (B*S, H·hd)
+    dws = {O_PROJ: flat_tokens(dh).t() @ out_tokens}  # (D, H·hd)
+    d_out = (dh @ w[O_PROJ]).view(b, s, dims.num_heads, -1).transpose(1, 2)  # (B, H, S, hd)
+    dq, dk, dv = torch.autograd.grad(core.out, core.inputs, d_out)
+    with torch.enable_grad():
+        x_, wn_ = x.detach().requires_grad_(), w[NORM].detach().requires_grad_()
+        n = rms_norm(x_, wn_, dims.rms_norm_eps)  # (B, S, D): elementwise recompute
+    if dims.qk_norm:  # the projections again, with their graph
+        wl = leaves({n_: t for n_, t in w.items() if n_.startswith("self_attn.")
+                     and n_ != O_PROJ})
+        with torch.enable_grad():
+            proj = qkv(n, wl, dims, cos, sin)
+        torch.autograd.backward(proj, (dq, dk, dv))
+        dws.update({n_: leaf.grad for n_, leaf in wl.items()})  # type: ignore[misc]
+    else:
+        n_flat = flat_tokens(n.detach())
+        d_proj = (_unrope(dq, cos, sin), _unrope(dk, cos, sin),
+                  dv.transpose(1, 2).reshape(b, s, -1))  # (B, S, H·hd), (B, S, KV·hd) x2
+        dn = sum(dp @ w[f"{p}.weight"] for p, dp in zip(PROJ, d_proj))  # (B, S, D)
+        for p, dp in zip(PROJ, d_proj):
+            dws[f"{p}.weight"] = flat_tokens(dp).t() @ n_flat
+            if dims.qkv_bias:
+                dws[f"{p}.bias"] = flat_tokens(dp).sum(0)
+        torch.autograd.backward(n, dn)
+    dws[NORM] = wn_.grad  # type: ignore[assignment]
+    return dh + x_.grad, dws  # type: ignore[operator]

@@ -1,0 +1,202 @@
+"""The hardware profile of this host, printed as JSON for the scheduler agent.
+
+    python -m wstrain.worker.profile.node [--cache-dir DIR]   # ~2 s on a CPU host, ~10 s on an H200
+
+Measures what the autoconfigurator's cost model needs (scheduler/planning/working_set.py): pinned
+host->device, device->host and both-at-once copy bandwidth (on a CPU host the "link" is a
+host memcpy), host memcpy bandwidth, practical matmul FLOP/s at a decoder layer's GEMM shape,
+causal-attention FLOP/s at several sequence lengths, and CPU AdamW parameter updates per
+second; it lists the GPUs. The agent caches the result per (GPU model, driver, torch) key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+# bf16 dense peak of an H100/H200, the MFU denominator AdaWS uses.
+HOPPER_PEAK_FLOPS = 989e12
+# Profile-key format: bump when the measured keys change meaning, so caches refresh.
+PROFILE_VERSION = 5
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _time(fn: Callable[[], object], repeats: int) -> float:
+    """Seconds per call after one warm-up call."""
+    fn()
+    _sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    _sync()
+    return (time.perf_counter() - start) / repeats
+
+
+def _pinned(nbytes: int) -> torch.Tensor:
+    host = torch.empty(nbytes, dtype=torch.uint8)
+    if torch.cuda.is_available():
+        torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, 0)
+    return host
+
+
+def link_bandwidth(nbytes: int) -> dict[str, float]:
+    """Bytes/s of pinned H2D, D2H, and each direction while both run on two streams."""
+    host_in, host_out = _pinned(nbytes), _pinned(nbytes)
+    if not torch.cuda.is_available():
+        dev = torch.empty(nbytes, dtype=torch.uint8)
+        memcpy = nbytes / _time(lambda: dev.copy_(host_in), 5)
+        return {"h2d_bytes_per_s": memcpy, "d2h_bytes_per_s": memcpy,
+                "both_bytes_per_s": memcpy / 2}
+    dev_in = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dev_out = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    h2d = nbytes / _time(lambda: dev_in.copy_(host_in, non_blocking=True), 5)
+    d2h = nbytes / _time(lambda: host_out.copy_(dev_out, non_blocking=True), 5)
+    s_in, s_out = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def both() -> None:
+        with torch.cuda.stream(s_in):
+            dev_in.copy_(host_in, non_blocking=True)
+        with torch.cuda.stream(s_out):
+            host_out.copy_(dev_out, non_blocking=True)
+
+    both_s = _time(both, 5)
+    for t in (host_in, host_out):
+        torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+    return {"h2d_bytes_per_s": h2d, "d2h_bytes_per_s": d2h, "both_bytes_per_s": nbytes / both_s}
+
+
+def host_memcpy(nbytes: int) -> float:
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    return nbytes / _time(lambda: dst.copy_(src), 5)
+
+
+def matmul_flops(dev: torch.device, dtype: torch.dtype, tokens: int, hidden: int,
+                 ffn: int) -> float:
+    """FLOP/s of one (tokens, hidden) x (hidden, ffn) GEMM, an MLP projection's shape."""
+    a = torch.randn(tokens, hidden, device=dev, dtype=dtype)
+    b = torch.randn(hidden, ffn, device=dev, dtype=dtype)
+    return 2 * tokens * hidden * ffn / _time(lambda: a @ b, 10)
+
+
+def attention_flops(dev: torch.device, dtype: torch.dtype, seq: int, heads: int,
+                    kv_heads: int, head_dim: int) -> float:
+    """FLOP/s of causal SDPA forward + backward for one sequence, counted as AdaWS counts
+    attention: 2·S²·nQ·hd forward (causal half of 4·S²·nQ·hd), backward twice that."""
+    q = torch.randn(1, heads, seq, head_dim, device=dev, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, kv_heads, seq, head_dim, device=dev, dtype=dtype, requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    grad = torch.randn(1, heads, seq, head_dim, device=dev, dtype=dtype)
+
+    def fwd_bwd() -> None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out.backward(grad)
+
+    flops = 3 * 2 * seq * seq * heads * head_dim  # fwd 2·S²·nQ·hd (causal), bwd 2x fwd
+    return flops / _time(fwd_bwd, 3)
+
+
+def optimizer_params_per_s(numel: int) -> float:
+    """Host AdamW updates per second as worker/runtime/working_set/host_optim.py runs them on the working set's
+    tiles (HostState.step_group): bf16 state, clipping, then fused CPU AdamW (the global norm
+    is summed on the device)."""
+    p = torch.nn.Parameter(torch.randn(numel, dtype=torch.bfloat16))
+    p.grad = torch.randn_like(p)
+    try:
+        opt = torch.optim.AdamW([p], fused=True)
+        opt.step()
+    except (RuntimeError, TypeError):
+        opt = torch.optim.AdamW([p])
+
+    def step() -> None:
+        p.grad.mul_(0.999)  # type: ignore[union-attr]
+        opt.step()
+
+    return numel / _time(step, 3)
+
+
+def _gpus() -> list[dict[str, object]]:
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(i)
+        gpus.append({"index": i, "name": torch.cuda.get_device_name(i),
+                     "total_bytes": total, "free_bytes": free})
+    return gpus
+
+
+def cache_key() -> str:
+    """What a cached profile is valid for: GPU model, driver, torch, profile format."""
+    if torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(0).replace(" ", "-")
+        driver = str(torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version")
+                     else torch.version.cuda)
+    else:
+        gpu, driver = "cpu", f"{os.cpu_count()}cpus"
+    return f"v{PROFILE_VERSION}_{gpu}_{driver}_torch{torch.__version__}"
+
+
+def profile() -> dict[str, object]:
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    # Llama-3-8B shapes on a GPU; small ones keep a CPU host's profile to a couple of seconds.
+    tokens, hidden, ffn = (8192, 4096, 14336) if cuda else (256, 256, 1024)
+    heads, kv_heads, head_dim = (32, 8, 128) if cuda else (4, 2, 64)
+    seqs = (2048, 4096, 8192, 16384, 32768) if cuda else (128, 256, 512)
+    start = time.perf_counter()
+    measured: dict[str, float] = link_bandwidth((512 if cuda else 64) << 20)
+    measured["host_memcpy_bytes_per_s"] = host_memcpy(256 << 20 if cuda else 64 << 20)
+    measured["matmul_flops"] = matmul_flops(dev, dtype, tokens, hidden, ffn)
+    for seq in seqs:
+        measured[f"attention_flops.{seq}"] = attention_flops(dev, dtype, seq, heads,
+                                                             kv_heads, head_dim)
+    measured["optimizer_params_per_s"] = optimizer_params_per_s(256 << 20 if cuda else 4 << 20)
+    measured["peak_flops"] = HOPPER_PEAK_FLOPS if cuda else measured["matmul_flops"]
+    measured["cpu_threads"] = float(torch.get_num_threads())
+    measured["host_cpus"] = float(os.cpu_count() or 1)
+    measured["profile_seconds"] = time.perf_counter() - start
+    return {"device": "cuda" if cuda else "cpu", "gpus": _gpus() if cuda else [],
+            "key": cache_key(), "profile": measured}
+
+
+def cached_profile(cache_dir: Path | None) -> dict[str, object]:
+    """The profile from cache_dir/<cache_key>.json when present, else measured and saved."""
+    if cache_dir is None:
+        return profile()
+    path = cache_dir / f"{cache_key()}.json"
+    if path.exists():
+        found = json.loads(path.read_text())
+        found["gpus"] = _gpus()  # free memory changes; the measured ceilings do not
+        found["cached"] = True
+        return found
+    measured = profile()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(measured))
+    tmp.rename(path)
+    return measured
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache-dir", type=Path, help="reuse/save profiles here")
+    args = parser.parse_args()
+    json.dump(cached_profile(args.cache_dir), sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

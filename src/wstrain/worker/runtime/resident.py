@@ -1,0 +1,106 @@
+"""The resident runtime: the whole model, its optimizer state and its activations live on
+the device. It is the baseline the working-set runtime is measured against
+(`runtime: resident` in a Plan). It never touches Redis: it takes dims, a plan-derived
+config and data, and returns per-step results.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from wstrain.scheduler.contracts.jobs import OptimizerSpec
+from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.worker.io.data import TokenStream
+from wstrain.worker.io.hf_load import stream_into
+from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
+from wstrain.worker.models.moe import RouterTotals
+from wstrain.worker.runtime.optim import make_adamw
+from wstrain.worker.runtime.stats import StepStats
+
+PARAM_DTYPE = {"bf16": torch.bfloat16, "mixed": torch.float32, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    precision: str  # "bf16" | "mixed" | "fp32"
+    device: str  # "cpu" | "cuda"
+    micro_batch: int
+    rounds: int
+    steps: int
+    seed: int
+
+
+class ResidentRuntime:
+    def __init__(self, dims: ModelDims, cfg: RuntimeConfig, opt: OptimizerSpec) -> None:
+        self.dims, self.cfg, self.opt_spec = dims, cfg, opt
+        self.device = torch.device(cfg.device)
+        model = LlamaModel(dims)
+        model.init_weights(cfg.seed)
+        self.model = model.to(device=self.device, dtype=PARAM_DTYPE[cfg.precision])
+        self.optimizer, self.schedule = make_adamw(self.model.parameters(), opt, cfg.steps)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def optimizer_state(self) -> dict[str, object]:
+        return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict()}
+
+    def load_state(self, weights: dict[str, torch.Tensor] | Path,
+                   extra: dict[str, object]) -> None:
+        """Weights by name, or a checkpoint directory to stream them from."""
+        if isinstance(weights, Path):
+            stream_into(dict(self.model.named_parameters()), weights)
+        else:
+            self.model.load_state_dict(weights, strict=True)
+        self.optimizer.load_state_dict(extra["optimizer"])  # type: ignore[arg-type]
+        self.schedule.load_state_dict(extra["schedule"])  # type: ignore[arg-type]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.no_grad()
+    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Mean next-token loss of (B, S) inputs, micro_batch sequences at a time."""
+        total, n = 0.0, 0
+        for x, y in zip(inputs.split(self.cfg.micro_batch), targets.split(self.cfg.micro_batch)):
+            with torch.autocast(self.device.type, torch.bfloat16,
+                                enabled=self.cfg.precision == "mixed"):
+                logits = self.model(x.to(self.device))  # (b, S, V)
+            total += float(causal_lm_loss(logits, y.to(self.device))) * y.numel()
+            n += y.numel()
+        return total / n
+
+    def train_step(self, data: TokenStream, step: int) -> StepStats:
+        """One optimizer step (0-based `step`) over cfg.rounds micro-batches."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for r in range(cfg.rounds):
+            inputs, targets = data.batch(step, r, cfg.micro_batch)
+            inputs, targets = inputs.to(self.device), targets.to(self.device)
+            coef = self.dims.router_aux_loss_coef
+            router = (RouterTotals(self.dims.num_experts, self.device)
+                      if self.dims.is_moe and coef > 0 else None)
+            with torch.autocast(self.device.type, torch.bfloat16,
+                                enabled=cfg.precision == "mixed"):
+                logits = self.model(inputs, router)  # (B, S, V)
+            loss = causal_lm_loss(logits, targets)
+            if router is not None:  # HF's MoE models: + coef * load-balancing loss
+                loss = loss + coef * router.loss()
+            loss = loss / cfg.rounds
+            loss.backward()
+            total += loss.detach()
+        if self.opt_spec.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opt_spec.grad_clip)
+        self.optimizer.step()
+        self.schedule.step()
+        loss_value = float(total.item())  # .item() synchronises the device
+        self._sync()
+        return StepStats(loss_value, time.perf_counter() - start,
+                         cfg.rounds * cfg.micro_batch * data.seq_len)

@@ -1,0 +1,193 @@
+"""The host arena: every large host buffer of the working-set runtime, accounted in one place.
+
+Training state lives here in layer-contiguous flat tiles (one DMA per layer): weights,
+gradients and the two AdamW moments of each decoder layer, plus the embedding and the
+head group (final norm + LM head). Tiles are allocated at exact size and, on a CUDA host,
+page-locked with cudaHostRegister — not `pin_memory()`, whose caching allocator rounds up
+to powers of two and can double host use.
+
+    layout = LayerLayout.decoder(dims); arena = HostArena(pin=torch.cuda.is_available())
+    tile = arena.alloc("layer3.weights", layout.numel, torch.bfloat16)
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+from dataclasses import dataclass
+
+import torch
+
+from wstrain.scheduler.contracts.errors import BudgetExceeded
+from wstrain.scheduler.contracts.model_dims import ModelDims
+
+log = logging.getLogger(__name__)
+
+GIB = 1024**3
+ALIGN_ELEMS = 128  # every tensor view starts 256-byte aligned (bf16) inside a tile
+
+
+@dataclass(frozen=True)
+class Slice:
+    # Hugging Face name relative to the group, e.g. "self_attn.q_proj.weight"; a "*" marks
+    # a stack of experts, shape (E, ...), whose checkpoint names replace it with 0..E-1
+    name: str
+    offset: int  # elements from the tile start
+    shape: tuple[int, ...]
+
+    def hub(self, view: torch.Tensor) -> dict[str, torch.Tensor]:
+        """This slice's view under checkpoint names (one per expert for a stack)."""
+        if "*" not in self.name:
+            return {self.name: view}
+        return {self.name.replace("*", str(e)): view[e] for e in range(self.shape[0])}
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """Where each parameter of a group sits inside its flat tile."""
+
+    slices: tuple[Slice, ...]
+    numel: int  # tile length in elements, alignment padding included
+
+    @classmethod
+    def of(cls, shapes: list[tuple[str, tuple[int, ...]]]) -> LayerLayout:
+        slices, offset = [], 0
+        for name, shape in shapes:
+            s = Slice(name, offset, shape)
+            slices.append(s)
+            offset += -(-s.numel // ALIGN_ELEMS) * ALIGN_ELEMS
+        return cls(tuple(slices), offset)
+
+    @classmethod
+    def decoder(cls, dims: ModelDims) -> LayerLayout:
+        d, f, hd = dims.hidden_size, dims.intermediate_size, dims.head_dim
+        q, kv = dims.num_heads * hd, dims.num_kv_heads * hd
+        per_head = dims.qk_norm_per_head
+        qk_norms = [("self_attn.q_norm.weight", (hd if per_head else q,)),
+                    ("self_attn.k_norm.weight", (hd if per_head else kv,))
+                    ] if dims.qk_norm else []
+        biases = [("self_attn.q_proj.bias", (q,)), ("self_attn.k_proj.bias", (kv,)),
+                  ("self_attn.v_proj.bias", (kv,))] if dims.qkv_bias else []
+        if dims.is_moe:  # router, then each projection of all experts stacked
+            e, fe = dims.num_experts, dims.moe_intermediate_size
+            mlp = [("mlp.gate.weight", (e, d)),
+                   ("mlp.experts.*.gate_proj.weight", (e, fe, d)),
+                   ("mlp.experts.*.up_proj.weight", (e, fe, d)),
+                   ("mlp.experts.*.down_proj.weight", (e, d, fe))]
+            if fs := dims.shared_expert_intermediate_size:
+                mlp += [("mlp.shared_expert.gate_proj.weight", (fs, d)),
+                        ("mlp.shared_expert.up_proj.weight", (fs, d)),
+                        ("mlp.shared_expert.down_proj.weight", (d, fs)),
+                        ("mlp.shared_expert_gate.weight", (1, d))]
+        else:
+            mlp = [("mlp.gate_proj.weight", (f, d)), ("mlp.up_proj.weight", (f, d)),
+                   ("mlp.down_proj.weight", (d, f))]
+        return cls.of([
+            ("input_layernorm.weight", (d,)),
+            ("self_attn.q_proj.weight", (q, d)),
+            ("self_attn.k_proj.weight", (kv, d)),
+            ("self_attn.v_proj.weight", (kv, d)),
+            ("self_attn.o_proj.weight", (d, q)),
+            *qk_norms,
+            *biases,
+            ("post_attention_layernorm.weight", (d,)),
+            *mlp,
+        ])
+
+    @classmethod
+    def embedding(cls, dims: ModelDims) -> LayerLayout:
+        return cls.of([("model.embed_tokens.weight", (dims.vocab_size, dims.hidden_size))])
+
+    @classmethod
+    def head(cls, dims: ModelDims) -> LayerLayout:
+        return cls.of([("model.norm.weight", (dims.hidden_size,)),
+                       ("lm_head.weight", (dims.vocab_size, dims.hidden_size))])
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Named views into one flat tile (host or device) laid out by this layout; experts
+        stacked (E, ., .) under their "*" names, as the runtime computes with them."""
+        return {s.name: flat[s.offset:s.offset + s.numel].view(s.shape) for s in self.slices}
+
+    def hub_views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The same views under checkpoint names: one per expert, as safetensors hold them."""
+        out: dict[str, torch.Tensor] = {}
+        for s in self.slices:
+            out.update(s.hub(flat[s.offset:s.offset + s.numel].view(s.shape)))
+        return out
+
+
+class HostArena:
+    """Exact-size host allocations, optionally page-locked, with a byte count per purpose.
+
+    Each tile is its own anonymous mapping (page-aligned, zero-filled, rounded up to a page
+    only), so page-locking one tile never touches memory another allocation shares, and
+    freeing the arena leaves no registered pages behind for the allocator to hand out."""
+
+    def __init__(self, pin: bool, limit_bytes: int | None = None) -> None:
+        self.pin, self.limit_bytes = pin, limit_bytes
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.bytes_by_kind: dict[str, int] = {}
+        self._registered: list[int] = []
+        self._pinned_bytes = 0
+        self._maps: list[mmap.mmap] = []
+
+    def alloc(self, name: str, numel: int, dtype: torch.dtype, kind: str,
+              crosses_pcie: bool = True) -> torch.Tensor:
+        """A zeroed tile; page-locked when the arena pins and the tile crosses PCIe."""
+        assert name not in self.tensors, f"arena tile {name} allocated twice"
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self._check_limit(name, kind, numel * itemsize)
+        pages = max(1, -(-numel * itemsize // mmap.PAGESIZE))
+        region = mmap.mmap(-1, pages * mmap.PAGESIZE)
+        self._maps.append(region)
+        t = (torch.frombuffer(region, dtype=dtype, count=numel) if numel
+             else torch.zeros(0, dtype=dtype))
+        if self.pin and crosses_pcie and numel:
+            cudart = torch.cuda.cudart()
+            rc = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+            if int(rc) != 0:
+                raise RuntimeError(f"cudaHostRegister of {name} ({t.nbytes} bytes) failed: {rc}")
+            self._registered.append(t.data_ptr())
+            self._pinned_bytes += t.nbytes
+        self.tensors[name] = t
+        self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + t.nbytes
+        return t
+
+    def _check_limit(self, name: str, kind: str, nbytes: int) -> None:
+        """The host budget is a contract: refuse a tile that would take the arena past it."""
+        if self.limit_bytes is None or self.total_bytes + nbytes <= self.limit_bytes:
+            return
+        held = ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.bytes_by_kind.items())
+        raise BudgetExceeded(
+            f"host arena tile {name} ({kind}, {nbytes / GIB:.3f} GiB) would take the arena to "
+            f"{(self.total_bytes + nbytes) / GIB:.2f} GiB, past its limit of "
+            f"{self.limit_bytes / GIB:.2f} GiB (the host budget less the process's reserve; "
+            f"held: {held} GiB). The plan under-counted host memory: raise budget.host_gib "
+            "or lower overrides.level, and report the plan",
+            arena_bytes=self.total_bytes, tile_bytes=nbytes, limit_bytes=self.limit_bytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes_by_kind.values())
+
+    @property
+    def pinned_bytes(self) -> int:
+        return self._pinned_bytes
+
+    def close(self) -> None:
+        """Unpin every tile; the memory itself goes when the last tensor view is dropped."""
+        if self._registered:
+            cudart = torch.cuda.cudart()
+            for ptr in self._registered:
+                cudart.cudaHostUnregister(ptr)
+        self._registered.clear()
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,60 @@
+"""What the working-set runtime (worker/runtime/working_set/schedule.py) is told to do: the plan's rings,
+window, saved-activation levels, LM-head block, lead pass and optimizer placement, with the
+two rules derived from them (where a (layer, chunk)'s saved set lives, which optimizer
+groups update where). worker/main.py builds it from a Plan; tests build it directly.
+
+    cfg = WorkingSetConfig(precision="bf16", device="cuda", micro_batch=4, chunk=1, ...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LEVELS = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class WorkingSetConfig:
+    precision: str  # "bf16" (pure 16-bit state) | "mixed" (fp32 master on the host) | "fp32"
+    device: str
+    micro_batch: int  # sequences per round
+    chunk: int  # sequences per chunk; divides micro_batch
+    rounds: int
+    steps: int
+    seed: int
+    seq_len: int
+    r_param: int = 3  # weight slots on the device
+    r_grad: int = 2  # gradient slots on the device
+    window: int = 2  # last layers whose saved activations stay on the device
+    levels: tuple[tuple[int, ...], ...] = ()  # [layer][chunk]; () = all level 0
+    loss_tokens: int = 4096  # LM-head token block: logits never materialise whole
+    # Leading layers whose AdamW runs on the device over streamed moments; the rest run on
+    # the host. 0: all on the host; all layers: the embedding and head on the device too;
+    # in between ("split"): the embedding on the device, the head on the host.
+    device_opt_layers: int = 0
+    write_buffer_bytes: int = 1 << 30  # saved activations in flight to the host, at most
+    lead_rounds: int = 1  # rounds whose sequences the step's first pass carries
+
+    @property
+    def chunks(self) -> int:
+        return self.micro_batch // self.chunk
+
+    def placement(self, layer: int, chunk: int, layers: int) -> tuple[int, bool]:
+        """(level, home) of a (layer, chunk). A lead pass's chunks past the first round's
+        take their round's levels, but in the window they go home at level 1: the window's
+        device memory is planned for one round."""
+        level = self.levels[layer][chunk % self.chunks] if self.levels else 0
+        home = layer < layers - self.window
+        if chunk >= self.chunks and not home:
+            return 1, True
+        return level, home
+
+    def optimizer_groups(self, layers: int) -> tuple[list[int], list[int]]:
+        """(device groups, host groups) in update order: layers, then embedding (group
+        `layers`) and head (`layers + 1`) as HostState numbers them."""
+        k, L = self.device_opt_layers, layers
+        if k == 0:
+            return [], [L, *range(L), L + 1]  # as the next step reads them
+        if k == L:
+            return [*range(L), L, L + 1], []
+        return [*range(k), L], [*range(k, L), L + 1]

@@ -1,0 +1,236 @@
+"""Where a layer's saved activations live between its forward and its backward.
+
+The runtime runs each decoder layer's forward under `saved_tensors_hooks` made here, so
+every tensor autograd saves is either
+- a weight (it lives in a device weight slot): saved as a reference and re-bound in backward
+  to whichever slot then holds that layer — layer modules are stateless templates;
+- a resident constant (RoPE tables): kept as is;
+- an activation: kept on the device (the window of last layers) or sent home into the host
+  activation store and fetched back when backward unpacks it.
+
+    store = HostActivationStore(arena); hooks = SavedTensorPolicy(...).hooks(home=True)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from wstrain.worker.runtime.working_set.arena import HostArena
+from wstrain.worker.runtime.working_set.rings import Streams
+
+CHUNK_BYTES = 64 * 1024**2
+
+
+class HostActivationStore:
+    """First-fit allocator over arena chunks, reset every round: host activation memory grows
+    to the largest round's need and is then reused (and accounted in the arena). First fit,
+    not a bump cursor: a level-1 set is 64+64+16+16+64+1 MiB at 8K tokens, and a cursor that
+    only moves on left ~95 MiB of every set's chunk tails unused (the arena measured 10-12 GiB
+    over the planner's count on the H200, 2026-11-22); the small tensors now fill those tails.
+
+    It also bounds the write buffer: device tensors on their way home stay allocated until
+    their copy finishes, so when more than `write_buffer_bytes` are in flight the host waits
+    for the oldest copy instead of letting the forward run ahead of the link and the device
+    budget (a `write_buffer` stall as far as the GPU runs dry meanwhile)."""
+
+    def __init__(self, arena: HostArena, write_buffer_bytes: int = 1 << 30,
+                 chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.arena, self.chunk_bytes = arena, chunk_bytes
+        self.chunks: list[torch.Tensor] = []  # uint8 tiles
+        self.used: list[int] = []  # bytes of each chunk taken this round
+        self.open: list[int] = []  # chunks with room left this round, in order
+        self.smallest = chunk_bytes  # the smallest request seen: a chunk with less room is full
+        self.write_buffer_bytes = write_buffer_bytes
+        self.in_flight: deque[tuple[torch.cuda.Event, int]] = deque()
+        self.in_flight_bytes = 0
+
+    def admit(self, nbytes: int, streams: Streams) -> None:
+        """Make room for a copy of `nbytes` in the write buffer (CUDA only)."""
+        while self.in_flight:
+            event, size = self.in_flight[0]
+            if not event.query():  # the oldest copy is still going: wait only if full
+                if self.in_flight_bytes + nbytes <= self.write_buffer_bytes:
+                    return
+                with streams.host_waits("write_buffer"):
+                    event.synchronize()
+            self.in_flight.popleft()
+            self.in_flight_bytes -= size
+
+    def track(self, event: torch.cuda.Event, nbytes: int) -> None:
+        self.in_flight.append((event, nbytes))
+        self.in_flight_bytes += nbytes
+
+    def reset(self) -> None:
+        self.used = [0] * len(self.chunks)
+        self.open = list(range(len(self.chunks)))
+
+    def _place(self, nbytes: int) -> tuple[int, int]:
+        """(chunk, byte offset) for `nbytes`: the first chunk with room, else a new one."""
+        self.smallest = min(self.smallest, nbytes)
+        for pos, idx in enumerate(self.open):
+            off = self.used[idx]
+            if off + nbytes <= self.chunks[idx].numel():
+                self.used[idx] = off + nbytes
+                if self.chunks[idx].numel() - self.used[idx] < self.smallest:
+                    del self.open[pos]
+                return idx, off
+        idx, size = len(self.chunks), max(self.chunk_bytes, nbytes)
+        self.chunks.append(self.arena.alloc(f"acts{idx}", size, torch.uint8, "activations"))
+        self.used.append(nbytes)
+        if size - nbytes >= self.smallest:
+            self.open.append(idx)
+        return idx, 0
+
+    def take(self, like: torch.Tensor) -> torch.Tensor:
+        """Host room for `like`, laid out with its strides when it is a permuted contiguous
+        tensor (SDPA's transposed q/k/v and output), so the copy home is one plain DMA."""
+        nbytes = -(-like.numel() * like.element_size() // 256) * 256
+        idx, off = self._place(nbytes)
+        raw = self.chunks[idx][off:off + like.numel() * like.element_size()].view(like.dtype)
+        order = sorted(range(like.dim()), key=lambda d: -like.stride(d))  # outermost first
+        if not like.permute(order).is_contiguous():
+            return raw.view(like.shape)
+        inverse = sorted(range(like.dim()), key=lambda i: order[i])
+        return raw.view([like.shape[d] for d in order]).permute(inverse)
+
+
+def tensor_key(t: torch.Tensor) -> tuple[object, ...]:
+    """Which tensor this is: address and layout (views can share an address)."""
+    return t.data_ptr(), tuple(t.shape), tuple(t.stride())
+
+
+@dataclass(frozen=True)
+class _WeightRef:
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+@dataclass
+class HostCopy:
+    host: torch.Tensor
+    done: torch.cuda.Event | None  # its copy home finished
+    device: torch.Tensor | None = None  # back on the device for backward (kept until freed)
+    arrived: torch.cuda.Event | None = None  # its prefetch finished
+    used: bool = False  # backward has taken it (prefetched or not)
+
+
+class SavedTensorPolicy:
+    """Pack/unpack hooks for one (layer, chunk) forward."""
+
+    def __init__(self, streams: Streams, store: HostActivationStore,
+                 weight_storage: Callable[[], torch.Tensor],
+                 resident: list[torch.Tensor], counters: dict[str, int]) -> None:
+        self.streams, self.store = streams, store
+        self.weight_storage = weight_storage  # the slot holding this layer *now*
+        self.resident_ptrs = {t.untyped_storage().data_ptr() for t in resident}
+        self.counters = counters
+
+    def hooks(self, home: bool, packed: dict[tuple[object, ...], HostCopy] | None = None
+              ) -> torch.autograd.graph.saved_tensors_hooks:
+        """Hooks for the forward; what goes home is also entered in `packed` by tensor_key
+        (the runtime finds the attention output's copy there and prefetches all)."""
+        forward_slot = self.weight_storage()
+        slot_ptr = forward_slot.untyped_storage().data_ptr()
+
+        def pack(t: torch.Tensor) -> object:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr == slot_ptr:
+                return _WeightRef(t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+            # resident constants and scalars (SDPA's RNG seed and offset) stay where they are
+            # (device types: the streams' "cuda" and a tensor's "cuda:0" are not equal)
+            if (ptr in self.resident_ptrs or not home or t.dim() == 0
+                    or t.device.type != self.streams.device.type):
+                return t
+            copy = self.send_home(t)
+            if packed is not None:
+                packed[tensor_key(t)] = copy
+            return copy
+
+        def unpack(obj: object) -> torch.Tensor:
+            if isinstance(obj, _WeightRef):
+                return torch.as_strided(self.weight_storage(), obj.size, obj.stride, obj.offset)
+            if isinstance(obj, HostCopy):
+                return self.fetch(obj)
+            assert isinstance(obj, torch.Tensor)
+            return obj
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def send_home(self, t: torch.Tensor) -> HostCopy:
+        host = self.store.take(t)
+        s = self.streams
+        if s.cuda:
+            self.store.admit(t.nbytes, s)
+        ready = s.record("comp")
+        s.wait("saves", ready)
+        with s.on("saves"):
+            host.copy_(t, non_blocking=True)
+            # the device tensor must outlive the copy: keep the caching allocator from
+            # reusing its memory until the saves stream is past it
+            if s.cuda:
+                t.record_stream(s.saves)
+        self.counters["d2h_bytes"] += t.nbytes
+        done = s.record("saves")
+        if s.cuda:
+            self.store.track(done, t.nbytes)
+        return HostCopy(host, done)
+
+    def fetch(self, copy: HostCopy) -> torch.Tensor:
+        """The saved tensor back on the device: its prefetch, or a copy on the compute stream
+        now. Taken again (the attention output: by the runtime, then by the kernel's
+        backward) it is the same tensor."""
+        s = self.streams
+        copy.used = True
+        if copy.device is None:
+            s.compute_waits("activations", copy.done)
+            copy.device = torch.empty_like(copy.host, device=s.device)
+            copy.device.copy_(copy.host, non_blocking=True)
+            self.counters["h2d_bytes"] += copy.host.nbytes
+        elif copy.arrived is not None:  # prefetched
+            s.compute_waits("activations", copy.arrived)
+            copy.arrived = None
+        return copy.device
+
+
+class BackwardPrefetch:
+    """Stashed sets on their way back for backward: every set a round sent home, queued in
+    the order backward takes them and kept up to `cap_bytes` ahead on the inbound stream.
+    Topped up before each chunk's backward, so a set arrives while the chunks before it
+    compute; one is copied in on the compute stream (a `fetch` without prefetch) only when
+    the inbound link fell behind. The cap is the write buffer's bytes, idle in backward."""
+
+    def __init__(self, streams: Streams, counters: dict[str, int], cap_bytes: int) -> None:
+        self.streams, self.counters, self.cap_bytes = streams, counters, cap_bytes
+        self.queue: deque[HostCopy] = deque()
+        self.started: list[HostCopy] = []  # prefetched, not yet taken
+
+    def add(self, stashed: object) -> None:
+        if isinstance(stashed, HostCopy):  # on CPU too, so the test suite runs this path
+            self.queue.append(stashed)
+
+    def top_up(self) -> None:
+        self.started = [c for c in self.started if not c.used]
+        ahead = sum(c.host.nbytes for c in self.started)
+        while self.queue and ahead + self.queue[0].host.nbytes <= self.cap_bytes:
+            copy = self.queue.popleft()
+            if not copy.used:
+                self._start(copy)
+                self.started.append(copy)
+                ahead += copy.host.nbytes
+
+    def _start(self, copy: HostCopy) -> None:
+        s = self.streams
+        # allocated in the compute stream's pool: the inbound copy must not start before
+        # compute queued so far is past whatever used this memory before
+        out = torch.empty_like(copy.host, device=s.device)
+        s.wait("inbound", s.record("comp"))
+        s.wait("inbound", copy.done)
+        with s.on("inbound"):
+            out.copy_(copy.host, non_blocking=True)
+        copy.device, copy.arrived = out, s.record("inbound")
+        self.counters["h2d_bytes"] += copy.host.nbytes

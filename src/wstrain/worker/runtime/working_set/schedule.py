@@ -1,0 +1,445 @@
+"""The working-set runtime: only a window of decoder layers lives on the device; host memory
+holds the whole training state. The step reads like AdaWS Algorithms 1-2:
+
+    for each round (a group of `chunks`, micro_batch sequences in all; the step's first
+    pass may carry `lead_rounds` rounds, so each layer's weights, held back by last step's
+    deferred update, serve more compute):
+      forward:  for k = 0..L-1: consume W_k from the weight ring (prefetching the next);
+                for each chunk c: T[c] = fwd(W_k, T[c]), saving (layer, chunk)'s
+                activations at its level, on device (last `window` layers) or sent home
+      head:     chunked LM-head loss per chunk; T[c] = dLoss/dx_L
+      backward: for k = L-1..0: consume W_k; for each chunk c (reverse): top up the
+                saved sets coming home ahead of their chunks, T[c] = bwd(W_k, T[c]),
+                grads into dW_k (accumulated grads, taken at the first accumulate);
+                send dW_k home
+    optimizer:  global-norm clip (norm summed on the device as gradients go home), then
+                AdamW per group, deferred into the next step's first forward: layers
+                0..device_opt_layers-1 on the device over streamed moments, where their
+                weights arrive (worker/runtime/working_set/device_optim.py), the others in a host thread
+                (worker/runtime/working_set/host_optim.py) that starts at once, so it is that many layers
+                ahead when the forward first waits for it
+
+Saved-activation levels per (layer, chunk), each keeping the layer's input: 0 nothing more
+(backward recomputes attention with its graph, then the MLP's gate/up — never the down
+projection, whose output backward does not need), 1 + the attention kernel's own saved set
+(q, k, v, output, log-sum-exp: worker/ops/lean_attn.py; backward recomputes the output
+projection for h and the MLP's gate/up, no QKV GEMM, no attention forward), 2 + the MLP's lean
+set (gate and up, worker/ops/lean_mlp.py; MoE: routing and grouped gate/up, worker/ops/lean_moe.py;
+backward recomputes attention), 3 both. MoE layers add their routing to the round's router
+totals, and the load-balancing loss's gradient (worker/models/moe.py) enters each layer's MLP
+backward.
+It never touches Redis; on CPU streams are no-ops and the same schedule runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from wstrain.scheduler.contracts.jobs import OptimizerSpec
+from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.worker.models.blocks import (GradViews, accumulate_grads, add_grads, attn_block, ffn_block,
+                           leaves, out_proj)
+from wstrain.worker.models.dense import rms_norm, rope_tables
+from wstrain.worker.models.moe import RouterTotals
+from wstrain.worker.runtime.optim import StepUpdate, sq_norm_fp32
+from wstrain.worker.runtime.working_set.device_optim import DeviceOptimizer
+from wstrain.worker.runtime.working_set.host_optim import HostOptimizerPipeline
+from wstrain.worker.ops.lean_attn import CoreGraph, lean_attn_backward, lean_attn_forward
+from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
+from wstrain.worker.ops.lean_moe import lean_moe_backward, lean_moe_forward, lean_moe_saved
+from wstrain.worker.runtime.working_set.rings import Slot, Streams
+from wstrain.worker.runtime.working_set.saved_acts import (BackwardPrefetch, HostActivationStore, HostCopy,
+                               SavedTensorPolicy, tensor_key)
+from wstrain.worker.runtime.working_set.state import DTYPES, HostState
+from wstrain.worker.runtime.stats import StepStats
+from wstrain.worker.runtime.working_set.streamer import LazyGradViews, SlotStreamer
+from wstrain.worker.runtime.working_set.config import LEVELS, WorkingSetConfig
+
+
+@dataclass
+class _Graph:
+    """What one (layer, chunk) forward left for its backward: each part a device tensor (in
+    the window) or a HostCopy (sent home)."""
+
+    x: object  # the layer input
+    # levels 1 and 3: the attention kernel's graph, its output, and its saved tensors that
+    # went home (worker/ops/lean_attn.py)
+    core: CoreGraph | None = None
+    out: object = None
+    core_copies: tuple[HostCopy, ...] = ()
+    # levels 2 and 3: the MLP's lean set (gate, up), or (top_idx, gate, up) for MoE
+    lean: tuple[object, ...] | None = None
+
+    def stashed(self) -> tuple[object, ...]:
+        """Everything sent home, in the order backward takes it."""
+        return (self.x, self.out, *(self.lean or ()), *self.core_copies)
+
+
+class WorkingSetRuntime:
+    def __init__(self, dims: ModelDims, cfg: WorkingSetConfig, opt: OptimizerSpec,
+                 host: HostState) -> None:
+        assert cfg.micro_batch % cfg.chunk == 0, "chunk must divide micro_batch"
+        assert 2 <= cfg.r_param and 1 <= cfg.r_grad and 0 <= cfg.window <= dims.num_layers
+        assert all(lv in LEVELS for row in cfg.levels for lv in row)
+        assert 1 <= cfg.lead_rounds <= cfg.rounds
+        assert 0 <= cfg.device_opt_layers <= dims.num_layers
+        # a lead pass would balance MoE routing over two rounds' tokens at once
+        assert cfg.lead_rounds == 1 or not (dims.is_moe and dims.router_aux_loss_coef > 0)
+        self.dims, self.cfg, self.opt_spec, self.host = dims, cfg, opt, host
+        self.device = torch.device(cfg.device)
+        self.streams = Streams(self.device)
+        self.counters = {"h2d_bytes": 0, "d2h_bytes": 0}
+        dtype = DTYPES[cfg.precision]
+        L = dims.num_layers
+        assert host.precision == cfg.precision
+        if cfg.precision == "mixed" and cfg.device_opt_layers:
+            raise ValueError("mixed precision updates its fp32 master on the host only; "
+                             "set device_opt_layers=0")
+        self.weights = SlotStreamer.for_tiles(cfg.r_param, host.weights, self.streams,
+                                              self.device, "weights", self.counters)
+        self.grads = SlotStreamer.for_tiles(cfg.r_grad, host.grads, self.streams,
+                                            self.device, "gradients", self.counters)
+        # Embedding and head group stay resident on the device for the whole step.
+        self.embed = host.embed_w.to(self.device)
+        self.head = host.head_w.to(self.device)
+        self.embed_grad = torch.zeros_like(self.embed)
+        self.head_grad = torch.zeros_like(self.head)
+        self.acts = HostActivationStore(host.arena, cfg.write_buffer_bytes)
+        self.device_groups, self.host_groups = cfg.optimizer_groups(L)
+        self.dopt = (DeviceOptimizer(host, opt, self.streams, self.device, self.grads,
+                                     self.counters) if self.device_groups else None)
+        self.hopt = (HostOptimizerPipeline(host, opt, self.device) if self.host_groups
+                     else None)
+        if self.hopt is not None:
+            self.weights.before_load = self._await_host_update  # layer k's tile: updated
+        self._stale: set[int] = set()  # embedding (L) / head (L + 1) awaiting a host update
+        # the global gradient norm, squared, summed in fp32 as final gradients go home
+        self.sq_norm = torch.zeros((), device=self.device, dtype=torch.float32)
+        self.cos, self.sin = rope_tables(dims, cfg.seq_len, self.device, dtype)
+        self._fwd_order = list(range(L))
+        self._bwd_order = list(range(L - 1, -1, -1))
+        self.router: RouterTotals | None = None  # this round's MoE routing
+        self._aux_grad: torch.Tensor | None = None  # (E,): d loss / d router probs
+
+    # ---------------------------------------------------------------- state for checkpoints
+
+    def _apply_pending(self) -> None:
+        if self.streams.cuda:  # copies home may be in flight (the resident groups' moments)
+            torch.cuda.synchronize(self.device)
+        if self.dopt is not None and self.dopt.todo:
+            self.dopt.flush(self.weights)
+            self.weights.invalidate()
+        if self.hopt is not None and self.hopt.pending:
+            self.hopt.flush()
+            for group in sorted(self._stale):
+                self._refresh_resident(group)
+
+    def _refresh_resident(self, group: int) -> None:
+        """Before the embedding (group L) or head (L + 1) is read: wait for its deferred host
+        update and copy it to the device."""
+        if group in self._stale:
+            self._await_host_update(group)
+            L = self.dims.num_layers
+            dev, tile = ((self.embed, self.host.embed_w) if group == L
+                         else (self.head, self.host.head_w))
+            dev.copy_(tile)
+            self._stale.discard(group)
+
+    def _await_host_update(self, group: int) -> None:
+        """Block until the host thread has updated `group` (an optimizer stall where the
+        compute stream runs dry meanwhile)."""
+        assert self.hopt is not None
+        if self.hopt.is_done(group):
+            self.hopt.wait(group)  # raises the thread's error, if any
+            return
+        with self.streams.host_waits("optimizer"):
+            self.hopt.wait(group)
+
+    def finish(self) -> None:
+        """Apply any deferred optimizer update (before the process ends or hands off)."""
+        self._apply_pending()
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Weight views into the host tiles (a checkpoint copies them out shard by shard)."""
+        self._apply_pending()
+        return self.host.weight_views()
+
+    def optimizer_state(self) -> dict[str, object]:
+        self._apply_pending()
+        return self.host.optimizer_state()
+
+    def load_state(self, weights: dict[str, torch.Tensor] | Path,
+                   extra: dict[str, object]) -> None:
+        """Weights by name, or a checkpoint directory to stream them from into the tiles."""
+        self._apply_pending()  # no update in flight may write the tiles being loaded
+        if self.dopt is not None:  # nothing pending, and no moment slot is current
+            self.dopt.todo.clear()
+            self.dopt.m.invalidate()
+            self.dopt.v.invalidate()
+        if isinstance(weights, Path):
+            self.host.stream_from(weights)
+        else:
+            self.host.load_state_dict(weights)
+        self.host.load_optimizer_state(extra)
+        if self.dopt is not None:
+            self.dopt.load_steps()
+        self.weights.invalidate()
+        self.grads.invalidate()
+        self.embed.copy_(self.host.embed_w)
+        self.head.copy_(self.host.head_w)
+
+    # ---------------------------------------------------------------- forward
+
+    def _policy(self, layer: int) -> SavedTensorPolicy:
+        return SavedTensorPolicy(self.streams, self.acts, lambda: self.weights.storage_of(layer),
+                                 [self.cos, self.sin], self.counters)
+
+    def _stash(self, t: torch.Tensor, home: bool, policy: SavedTensorPolicy) -> object:
+        return policy.send_home(t) if home else t
+
+    def _unstash(self, obj: object, policy: SavedTensorPolicy) -> torch.Tensor:
+        return obj if isinstance(obj, torch.Tensor) else policy.fetch(obj)  # type: ignore[arg-type]
+
+    def _forward_layer(self, k: int, c: int, x: torch.Tensor,
+                       slot: Slot) -> tuple[torch.Tensor, _Graph]:
+        dims = self.dims
+        level, home = self.cfg.placement(k, c, dims.num_layers)
+        policy = self._policy(k)
+        w = self.host.layout.views(slot.flat)
+        g = _Graph(x=self._stash(x, home, policy))
+        if level in (1, 3):  # the attention kernel's own saved set, through the hooks
+            packed: dict[tuple[object, ...], HostCopy] = {}
+            with policy.hooks(home, packed):
+                h, out, g.core = lean_attn_forward(x, w, dims, self.cos, self.sin)
+            g.out = packed.pop(tensor_key(out), None) or self._stash(out, home, policy)
+            g.core_copies = tuple(packed.values())
+        else:
+            with torch.no_grad():
+                h = attn_block(x, w, dims, self.cos, self.sin)
+        if level in (2, 3):
+            if dims.is_moe:
+                y, probs, top_idx, saved = lean_moe_forward(h, w, dims)
+                if self.router is not None:
+                    self.router.add(probs, top_idx)
+            else:
+                y, *saved = lean_forward(h, w, dims.rms_norm_eps)
+            g.lean = tuple(self._stash(t, home, policy) for t in saved)
+        else:
+            with torch.no_grad():
+                y, _ = ffn_block(h, w, dims, self.router)
+        return y, g
+
+    # ---------------------------------------------------------------- backward
+
+    def _backward_layer(self, k: int, g: _Graph, dy: torch.Tensor, slot: Slot,
+                        dw: GradViews) -> torch.Tensor:
+        dims = self.dims
+        policy = self._policy(k)
+        w = self.host.layout.views(slot.flat)
+        x = self._unstash(g.x, policy)  # (B, S, D)
+        if g.core is not None:  # levels 1, 3: h from the saved attention output
+            out = self._unstash(g.out, policy)
+            with torch.no_grad():
+                h = out_proj(x, out, w)
+        else:  # levels 0, 2: the attention block's graph, recomputed
+            xa, wa = x.detach().requires_grad_(), leaves(w)
+            h_graph = attn_block(xa, wa, dims, self.cos, self.sin)
+            h = h_graph.detach()
+        # the MLP's lean set, saved (levels 2, 3) or recomputed without its down projection
+        saved = tuple(self._unstash(t, policy) for t in g.lean) if g.lean is not None else None
+        if dims.is_moe:
+            moe_saved = saved or lean_moe_saved(h, w, dims)
+            dh, dws = lean_moe_backward(dy, h, *moe_saved, w, dims, self._aux_grad)
+            del moe_saved
+        else:
+            dh, dws = lean_backward(dy, h, saved, w, dims.rms_norm_eps)  # type: ignore[arg-type]
+        del saved
+        add_grads(dw, dws)
+        if g.core is not None:
+            dx, dws = lean_attn_backward(dh, x, out, g.core, w, dims, self.cos, self.sin)
+            add_grads(dw, dws)
+            return dx
+        torch.autograd.backward(h_graph, dh)
+        accumulate_grads(dw, wa)
+        return xa.grad  # type: ignore[return-value]
+
+    # ---------------------------------------------------------------- head and loss
+
+    def _head_loss(self, x: torch.Tensor, targets: torch.Tensor,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss sum and dLoss/dx for one chunk, in token blocks. x: (B, S, D), targets (B, S)"""
+        dims = self.dims
+        views = self.host.head_layout.views(self.head)
+        gviews = self.host.head_layout.views(self.head_grad)
+        w_head, g_head = views["lm_head.weight"], gviews["lm_head.weight"]  # (V, D)
+        xf, tf = x.reshape(-1, dims.hidden_size), targets.reshape(-1)
+        dx = torch.empty_like(xf)
+        total = torch.zeros((), device=self.device, dtype=torch.float32)
+        step = self.cfg.loss_tokens
+        for i in range(0, xf.shape[0], step):
+            xb = xf[i:i + step].detach().requires_grad_()
+            norm_w = views["model.norm.weight"].detach().requires_grad_()
+            h = rms_norm(xb, norm_w, dims.rms_norm_eps)  # (T, D)
+            logits = F.linear(h.detach(), w_head).requires_grad_()  # (T, V)
+            loss = F.cross_entropy(logits.float(), tf[i:i + step], reduction="sum")
+            (loss * scale).backward()
+            # The head's gradient accumulates in place: autograd would allocate a whole
+            # (V, D) weight gradient per block first (1 GiB at Llama-3's vocabulary).
+            g_head.addmm_(logits.grad.t(), h.detach())  # type: ignore[union-attr]
+            h.backward(logits.grad @ w_head)  # (T, D)
+            dx[i:i + step] = xb.grad
+            gviews["model.norm.weight"].add_(norm_w.grad)  # type: ignore[arg-type]
+            total += loss.detach()
+        return total, dx.view_as(x)
+
+    @torch.no_grad()
+    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Mean next-token loss of (B, S) inputs: a forward through the streamed layers that
+        saves nothing, micro_batch sequences at a time."""
+        self._apply_pending()  # a deferred device update belongs to the weights evaluated
+        dims, total = self.dims, 0.0
+        views = self.host.head_layout.views(self.head)
+        table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
+        for x_mb, y_mb in zip(inputs.split(self.cfg.micro_batch),
+                              targets.split(self.cfg.micro_batch)):
+            T = [F.embedding(t.to(self.device), table) for t in x_mb.split(self.cfg.chunk)]
+            for k in self._fwd_order:
+                slot = self.weights.consume(k, self._fwd_order[k + 1:])
+                w = self.host.layout.views(slot.flat)
+                T = [ffn_block(attn_block(h, w, dims, self.cos, self.sin), w, dims)[0]
+                     for h in T]
+                self.weights.release(slot)
+            h = rms_norm(torch.cat(T).reshape(-1, dims.hidden_size), views["model.norm.weight"],
+                         dims.rms_norm_eps)  # (tokens, D)
+            y = y_mb.to(self.device).reshape(-1)
+            for i in range(0, h.shape[0], self.cfg.loss_tokens):  # logits never whole
+                logits = F.linear(h[i:i + self.cfg.loss_tokens], views["lm_head.weight"])
+                total += float(F.cross_entropy(logits.float(), y[i:i + self.cfg.loss_tokens],
+                                               reduction="sum"))
+        self.weights.invalidate()
+        self.streams.collect_stalls()  # an evaluation's waits are not the next step's
+        return total / targets.numel()
+
+    # ---------------------------------------------------------------- one step
+
+    def _round(self, tokens: torch.Tensor, targets: torch.Tensor, first: bool, last: bool,
+               scale: float) -> torch.Tensor:
+        """Forward, head and backward of one pass: a round's sequences, or the lead pass's
+        (cfg.lead_rounds rounds'). tokens/targets: (sequences, S)"""
+        cfg, L = self.cfg, self.dims.num_layers
+        self.acts.reset()
+        self._refresh_resident(L)
+        if self.dims.is_moe:
+            self.router = RouterTotals(self.dims.num_experts, self.device)
+        chunks_in = tokens.split(cfg.chunk)
+        table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
+        T = [F.embedding(t, table) for t in chunks_in]  # transition table, (b, S, D) each
+        graphs: list[list[_Graph]] = [[] for _ in range(L)]
+        for k in self._fwd_order:
+            slot = self.weights.consume(k, self._fwd_order[k + 1:] + self._bwd_order)
+            if self.dopt is not None and self.dopt.needs(k):  # last step's update, deferred
+                self.dopt.apply(k, slot, self.weights, self._fwd_order[k + 1:])
+            for c in range(len(T)):
+                T[c], g = self._forward_layer(k, c, T[c], slot)
+                graphs[k].append(g)
+            self.weights.release(slot)
+        loss = torch.zeros((), device=self.device, dtype=torch.float32)
+        if not first:  # the first backward layers' accumulated gradients come in beside the head
+            self.grads.prefetch(self._bwd_order)
+        self._refresh_resident(L + 1)
+        for c, tgt in enumerate(targets.split(cfg.chunk)):
+            part, T[c] = self._head_loss(T[c], tgt, scale)
+            loss += part
+        if last:  # the head's gradient is final: home beside the backward, not after it
+            self._send_home(self.head_grad, self.host.head_g)
+        coef = self.dims.router_aux_loss_coef
+        if self.router is not None and coef > 0:  # HF: loss += coef * aux, per micro-batch
+            self._aux_grad = self.router.prob_grad(coef / cfg.rounds)
+            loss += coef * self.router.loss() * cfg.micro_batch * cfg.seq_len  # x scale later
+        # saved sets come back ahead of the chunks that take them
+        ahead = BackwardPrefetch(self.streams, self.counters, cfg.write_buffer_bytes)
+        for k in self._bwd_order:
+            for c in reversed(range(len(T))):
+                for stashed in graphs[k][c].stashed():
+                    ahead.add(stashed)
+        for i, k in enumerate(self._bwd_order):
+            slot = self.weights.consume(k, self._bwd_order[i + 1:] + self._fwd_order)
+            dw = LazyGradViews(self.grads, k, self._bwd_order[i + 1:], first, self.host.layout)
+            for c in reversed(range(len(T))):
+                ahead.top_up()
+                T[c] = self._backward_layer(k, graphs[k][c], T[c], slot, dw)
+                graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
+            self.weights.release(slot)
+            gslot = dw.take()
+            if last:
+                self.sq_norm += sq_norm_fp32(gslot.flat)
+            self.grads.send_home(gslot)
+        dtable = self.host.embed_layout.views(self.embed_grad)["model.embed_tokens.weight"]
+        for t, dx in zip(chunks_in, T):
+            dtable.index_add_(0, t.reshape(-1), dx.reshape(-1, dx.shape[-1]).to(dtable.dtype))
+        if self.dims.pad_token_id is not None:  # as Hugging Face's padding_idx
+            dtable[self.dims.pad_token_id].zero_()
+        return loss
+
+    def _send_home(self, grad: torch.Tensor, tile: torch.Tensor) -> None:
+        """A device gradient to its host tile on the outbound stream (grads.flush() waits)."""
+        s = self.streams
+        s.wait("outbound", s.record("comp"))
+        with s.on("outbound"):
+            tile.copy_(grad, non_blocking=True)
+        self.counters["d2h_bytes"] += grad.nbytes
+
+    def forward_backward(self, data, step: int) -> float:  # type: ignore[no-untyped-def]
+        """All rounds of step `step`: the mean loss; gradients end up in the host tiles."""
+        cfg = self.cfg
+        self.embed_grad.zero_()
+        self.head_grad.zero_()
+        scale = 1.0 / (cfg.rounds * cfg.micro_batch * cfg.seq_len)
+        loss = torch.zeros((), device=self.device, dtype=torch.float32)
+        passes = [range(cfg.lead_rounds), *(range(r, r + 1)
+                                            for r in range(cfg.lead_rounds, cfg.rounds))]
+        for i, rounds in enumerate(passes):
+            batches = [data.batch(step, r, cfg.micro_batch) for r in rounds]
+            tokens, targets = (torch.cat(parts).to(self.device) for parts in zip(*batches))
+            loss += self._round(tokens, targets, i == 0, i == len(passes) - 1, scale)
+        self._send_home(self.embed_grad, self.host.embed_g)
+        self.grads.flush()  # the layers' gradients, the head's and the embedding's are home
+        return float(loss.item()) * scale
+
+    def _start_optimizer(self, step: int) -> None:
+        """Gradients of `step` are home: clip and schedule once, then the host thread starts
+        on its groups while the device updates its resident ones now and leaves its layers
+        to the next forward."""
+        L = self.dims.num_layers
+        self.sq_norm += sq_norm_fp32(self.embed_grad) + sq_norm_fp32(self.head_grad)
+        norm = math.sqrt(float(self.sq_norm))  # waits for the backward's tail
+        self.sq_norm.zero_()
+        update = StepUpdate.of(step, norm, self.opt_spec, self.cfg.steps)
+        if self.hopt is not None:  # first: the host thread runs beside the device's work
+            self.hopt.start(update, self.host_groups)
+            self._stale = {g for g in self.host_groups if g >= L}
+        if self.dopt is not None:
+            resident = {L: (self.embed, self.embed_grad), L + 1: (self.head, self.head_grad)}
+            self.dopt.start(update, [g for g in self.device_groups if g < L],
+                            [(*resident[g], g) for g in self.device_groups if g >= L])
+
+    def train_step(self, data, step: int) -> StepStats:  # type: ignore[no-untyped-def]
+        """One optimizer step (0-based `step`) over cfg.rounds rounds."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        self.counters.update(h2d_bytes=0, d2h_bytes=0)
+        loss = self.forward_backward(data, step)
+        with self.streams.host_waits("optimizer"):  # the norm's sync drains the queue
+            self._start_optimizer(step)
+        self.weights.invalidate()
+        self.grads.invalidate()
+        stalls = self.streams.collect_stalls()
+        return StepStats(loss, time.perf_counter() - start,
+                         cfg.rounds * cfg.micro_batch * cfg.seq_len, stalls,
+                         self.counters["h2d_bytes"], self.counters["d2h_bytes"])
