@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from wstrain.scheduler.planning import cost_model as cm
 from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
-from wstrain.scheduler.planning.levels import LEVELS
+from wstrain.scheduler.contracts.calibration import LEVELS
 
 log = logging.getLogger("bench.bound")
 

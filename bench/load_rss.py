@@ -22,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from wstrain.scheduler.contracts.calibration import GIB
+
 log = logging.getLogger("bench.load_rss")
-GIB = 1024**3
 
 
 def dims_for(params_b: float):  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ import json
 import torch
 
 from bench.runtime import RandomTokens, plan_for
-from wstrain.scheduler.contracts.jobs import GIB
+from wstrain.scheduler.contracts.calibration import GIB
 
 
 def main() -> None:

@@ -22,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from wstrain.scheduler.contracts.calibration import GIB, GPU_PEAK_FLOPS
+
 log = logging.getLogger("bench.runtime")
 
-PEAK_FLOPS = 989e12  # H100/H200 dense bf16, AdaWS's MFU denominator
-GIB = 1024**3
+PEAK_FLOPS = GPU_PEAK_FLOPS  # AdaWS's MFU denominator
 
 
 @dataclass
@@ -194,6 +195,7 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignor
     import torch
 
     from bench.timeline import profile_step
+    from wstrain.scheduler.contracts.calibration import host_reserve_bytes
     from wstrain.scheduler.planning import cost_model
     from wstrain.worker.main import ws_config
     from wstrain.worker.runtime.working_set.state import HostState
@@ -203,7 +205,7 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignor
     torch.cuda.set_per_process_memory_fraction(min(1.0, spec.budget.device_bytes / total), 0)
     t0 = time.perf_counter()
     # the worker's limit (worker/main.py): the arena refuses to grow past the host budget
-    arena_limit = spec.budget.host_bytes - cost_model.host_reserve_bytes(dims, spec, "cuda")
+    arena_limit = spec.budget.host_bytes - host_reserve_bytes(dims.params, spec.precision, "cuda")
     host = HostState.create(dims, spec.precision, pin=True, fused_adamw=True,
                             arena_limit_bytes=arena_limit)
     g = torch.Generator(device="cuda").manual_seed(0)

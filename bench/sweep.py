@@ -20,8 +20,9 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 
+from wstrain.scheduler.contracts.calibration import GIB
+
 log = logging.getLogger("bench.sweep")
-GIB = 1024**3
 HOST_BUDGET_GIB = 100
 
 

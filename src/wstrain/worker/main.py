@@ -23,12 +23,13 @@ from pathlib import Path
 import torch
 
 from wstrain.scheduler.contracts.jobs import JobSpec, PathModel, Plan, WorkerExit, WorkerMessage
-from wstrain.scheduler.planning.cost_model import host_reserve_bytes
+from wstrain.scheduler.contracts.calibration import GPU_PEAK_FLOPS, host_reserve_bytes
 from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.models.dense import LlamaModel
+from wstrain.worker.runtime.base import Runtime
 from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
 from wstrain.worker.runtime.working_set.state import HostState
 from wstrain.worker.runtime.stats import StepStats, Telemetry
@@ -40,7 +41,7 @@ log = logging.getLogger("worker")
 REPORT_INTERVAL_S = 0.2
 
 
-def build_runtime(spec: JobSpec, plan: Plan) -> ResidentRuntime | WorkingSetRuntime:
+def build_runtime(spec: JobSpec, plan: Plan) -> Runtime:
     """The runtime the plan names, initialised from the spec's seed, or from the weights of
     the Hugging Face directory the spec's model names."""
     dims = resolve_dims(spec.model)
@@ -53,7 +54,7 @@ def build_runtime(spec: JobSpec, plan: Plan) -> ResidentRuntime | WorkingSetRunt
             stream_into(dict(resident.model.named_parameters()), pretrained)
         return resident
     cuda = plan.device == "cuda"
-    arena_limit = spec.budget.host_bytes - host_reserve_bytes(dims, spec, plan.device)
+    arena_limit = spec.budget.host_bytes - host_reserve_bytes(dims.params, spec.precision, plan.device)
     host = HostState.create(dims, spec.precision, pin=cuda, fused_adamw=cuda,
                             arena_limit_bytes=arena_limit)
     if pretrained is not None:  # straight into the host tiles
@@ -106,13 +107,12 @@ class Worker:
                  self.spec.budget.device_gib, fraction)
 
     def _telemetry(self, telemetry: Telemetry, last: StepStats,
-                   runtime: ResidentRuntime | WorkingSetRuntime) -> dict[str, float]:
-        arena = runtime.host.arena if isinstance(runtime, WorkingSetRuntime) else None
+                   runtime: Runtime) -> dict[str, float]:
+        host = runtime.host_memory()
         device_peak = None
         if self.plan.device == "cuda":
             device_peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
-        return telemetry.snapshot(last, arena.total_bytes if arena else 0,
-                                  arena.pinned_bytes if arena else 0, device_peak)
+        return telemetry.snapshot(last, host.arena_bytes, host.pinned_bytes, device_peak)
 
     def run(self) -> WorkerExit:
         signal.signal(signal.SIGTERM, self._request_cancel)
@@ -174,7 +174,7 @@ class Worker:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job-dir", type=Path, required=True)
-    parser.add_argument("--peak-flops", type=float, default=989e12,
+    parser.add_argument("--peak-flops", type=float, default=GPU_PEAK_FLOPS,
                         help="peak FLOP/s the MFU is measured against")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     args = parser.parse_args(argv)

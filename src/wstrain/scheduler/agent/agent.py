@@ -21,7 +21,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from wstrain.scheduler.contracts.jobs import GIB, GPUInfo, Job, JobSpec, JobState, Node, job_dir
+from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.jobs import GPUInfo, Job, JobSpec, JobState, Node, job_dir
 from wstrain.scheduler.contracts.errors import Conflict, WstrainError
 from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
 from wstrain.scheduler.contracts.model_dims import resolve_dims

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-GIB = 1 << 30
+from wstrain.scheduler.contracts.calibration import GIB
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, field_validator,
                       model_validator)
 
-GIB = 1024**3
+from wstrain.scheduler.contracts.calibration import GIB
 
 
 class JobState(str, enum.Enum):

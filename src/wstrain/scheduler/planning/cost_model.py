@@ -18,52 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wstrain.scheduler.contracts.jobs import GIB, JobSpec
+from wstrain.scheduler.contracts.calibration import (ACTIVATION_CHUNK_BYTES, ALLOCATOR_SLACK,
+                                                    DEVICE_RESERVE_BYTES,
+                                                    ELEMENT_BYTES, LAYER_WORKSPACE_FACTOR,
+                                                    LEVELS, LINK_SHARE, MIXED_UPDATE_SLOWDOWN,
+                                                    MLP_BACKWARD_SHARE, MLP_RECOMPUTED_SHARE,
+                                                    RUNTIME_OVERHEAD,
+                                                    WRITE_BUFFER_BYTES, host_reserve_bytes)
 from wstrain.scheduler.contracts.hardware import NodeProfile
-from wstrain.scheduler.planning.levels import LEVELS, LayerCost, write_buffer_stall_s
+from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.scheduler.planning.planner import ALLOCATOR_SLACK, ELEMENT_BYTES, activation_bytes_per_token
-
-# The SwiGLU GEMMs a backward recomputes when the MLP's lean set was not saved: gate and up,
-# two of three (the down projection's output is never needed, worker/ops/lean_mlp.py).
-MLP_RECOMPUTED_SHARE = 2 / 3
-# The MLP's share of a layer's backward (Llama-8B at 8K: its GEMMs are 3/4 of the FLOPs).
-MLP_BACKWARD_SHARE = 0.7
-DEVICE_RESERVE_BYTES = GIB // 2
-# Interpreter, torch, CUDA context and runtime libraries next to the arena (measured 5.2 GiB
-# on the H200 host; a CPU worker needs far less).
-PROCESS_BYTES = {"cuda": int(5.5 * GIB), "cpu": int(0.75 * GIB)}
-WRITE_BUFFER_BYTES = GIB  # worker/runtime/working_set/saved_acts.py's bound on copies in flight home
-CHECKPOINT_SHARD_BYTES = GIB  # worker/io/checkpoint.py's SHARD_BYTES
-# worker/runtime/working_set/saved_acts.py's host activation store: 64 MiB chunks filled first-fit, so beyond
-# the saved sets it holds at most a part-used last chunk and small tails (simulated at 8K
-# for the H200 plans of 2026-11-22: 0-45 MiB over 13-33 GiB of sets); counted as a chunk
-# and 1/256 of the sets.
-ACTIVATION_CHUNK_BYTES = 64 * 1024**2
-# The runtime's layer compute over the same layer timed alone (worker/profile/layer.py):
-# saved-tensor hooks, slot binding, stream waits, launch gaps, and the lean backwards'
-# elementwise work (norms recomputed in fp32, RoPE undone, transposes). Calibrated on the H200:
-# 1.12-1.18 over five sweep points of 2026-11-22 with autograd recomputation; refitted to 1.22
-# on the five bench/runtime.py rows at commit 714a5f0 (lean attention set: measured/predicted
-# 1.05-1.08 at 1.15) and checked on three sweep points it had not seen (bench/RESULTS.md).
-# With the fused kernels (worker/ops/fused.py; the layer profile times them too) the six
-# session-6 rows at fc3a5a2 and later (eight) predict −2.6% to +2.2% of the measured step.
-RUNTIME_OVERHEAD = 1.22
-# Plan the D2H link to 80% of its measured rate for saved activations: gradients and the
-# device optimizer share it. With backward fetches inline on the compute stream (before
-# worker/runtime/working_set/saved_acts.py BackwardPrefetch) 80% left the GPU idle 4.8 s a step and 50% was
-# planned; with the rolling prefetch 80% runs 18.0 s against 17.7 predicted (H200, 20 GiB).
-LINK_SHARE = 0.8
-# A mixed-precision host update's time over a bf16 one, per parameter. By memory traffic
-# alone: bf16 fused AdamW reads weight, gradient and moments and writes three back (14
-# bytes); mixed widens the gradient (2 + 4), runs fp32 AdamW (16 + 12) and rounds the master
-# into the bf16 tile (4 + 2): 40 bytes, 2.86x. Measured on the H200 host with the runtime's
-# 15 threads (bench/host_adamw.py, 2026-11-22 session 9): 93.9 against 28.6 ms a layer,
-# 3.28x; on a second H200 host (session 10) 73.4 against 38.8, 1.89x. The planner keeps the
-# larger: the ws-20-mixed rows still ran 5-7% over their predictions with it (bench/
-# RESULTS.md). (2 cores, compute-bound: 0.90x.)
-MIXED_UPDATE_SLOWDOWN = 93.9 / 28.6
-
+from wstrain.scheduler.planning.levels import LayerCost, write_buffer_stall_s
 
 @dataclass(frozen=True)
 class Layout:
@@ -101,6 +66,18 @@ class StepTime:
 # ------------------------------------------------------------------ memory
 
 
+def activation_bytes_per_token(dims: ModelDims, precision: str) -> int:
+    """Bytes autograd saves per token per layer in the resident model: inputs, norm outputs,
+    q/k/v, attention output, residual, SwiGLU gate/up/silu/product, fp32 norm copies; a MoE
+    layer's k experts add each routed copy of the input and its weighted output, and the
+    router's fp32 probabilities."""
+    e = ELEMENT_BYTES[precision]
+    d, kv = dims.hidden_size, dims.num_kv_heads * dims.head_dim
+    q = dims.num_heads * dims.head_dim
+    routed = (2 * dims.experts_per_token * d * e + 8 * dims.num_experts) if dims.is_moe else 0
+    return e * (4 * d + 2 * q + 2 * kv + 4 * dims.ffn_width) + 8 * d + routed
+
+
 def saved_bytes(dims: ModelDims, spec: JobSpec, level: int) -> int:
     """What one (layer, sequence) saves at `level` (worker/runtime/working_set/schedule.py): its input, at
     levels 1 and 3 the attention kernel's set (q, k, v, output, fp32 log-sum-exp), at 2 and 3
@@ -130,7 +107,7 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     # LM-head block: logits, their fp32 copy and grad (the head's weight gradient
     # accumulates in place: worker/runtime/working_set/schedule.py _head_loss)
     loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8)
-    workspace = int(1.3 * activation_bytes_per_token(dims, spec.precision) * S)
+    workspace = int(LAYER_WORKSPACE_FACTOR * activation_bytes_per_token(dims, spec.precision) * S)
     # copies in flight home: bounded by the write buffer and by all the home layers can send
     home_layers = dims.num_layers - window
     home = min(WRITE_BUFFER_BYTES, home_layers * lay.micro_batch * saved_bytes(dims, spec, 3))
@@ -175,18 +152,10 @@ def stored_bytes(saved: int) -> int:
     return saved + saved // 256 + ACTIVATION_CHUNK_BYTES if saved else 0
 
 
-def host_reserve_bytes(dims: ModelDims, spec: JobSpec, device: str) -> int:
-    """Host memory beside the arena: the process and the checkpoint shard being written
-    (worker/io/checkpoint.py copies one out at a time; mixed: from the fp32 master). The
-    worker's arena may hold the host budget less this (worker/main.py)."""
-    e = 4 if spec.precision == "mixed" else ELEMENT_BYTES[spec.precision]
-    return PROCESS_BYTES[device] + min(CHECKPOINT_SHARD_BYTES, dims.params * e)
-
-
 def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
     """Training state + the store of saved sets sent home + the reserve beside the arena."""
     return (host_state_bytes(dims, spec.precision) + stored_bytes(home_saved)
-            + host_reserve_bytes(dims, spec, device))
+            + host_reserve_bytes(dims.params, spec.precision, device))
 
 
 # ------------------------------------------------------------------ time

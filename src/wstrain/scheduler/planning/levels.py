@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LEVELS = 4
+from wstrain.scheduler.contracts.calibration import LEVELS
+
 ArrayOrFloat = np.ndarray | float
 BUCKETS = 64  # backlog states up to the largest cap, at least
 MAX_BUCKETS = 256

@@ -7,7 +7,8 @@ and `wstrain plan spec.yaml`: what was chosen, the numbers that chose it, and ov
 from __future__ import annotations
 
 from wstrain.scheduler.planning import cost_model as cm
-from wstrain.scheduler.contracts.jobs import GIB, JobSpec
+from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.hardware import NodeProfile
 from wstrain.scheduler.contracts.model_dims import ModelDims
 

@@ -26,13 +26,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from wstrain.scheduler.planning import cost_model as cm
-from wstrain.scheduler.contracts.jobs import GIB, JobSpec, MinBudget, Plan, Predicted, WorkingSetPlan
+from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.jobs import JobSpec, MinBudget, Plan, Predicted, WorkingSetPlan
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.scheduler.contracts.hardware import NodeProfile
-from wstrain.scheduler.planning.levels import LEVELS, LayerCost, Solution, solve
+from wstrain.scheduler.contracts.calibration import LEVELS
+from wstrain.scheduler.planning.levels import LayerCost, Solution, solve
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.planning.reasons import ws_reasons
-from wstrain.scheduler.planning.planner import ELEMENT_BYTES
+from wstrain.scheduler.contracts.calibration import ELEMENT_BYTES
 
 MAX_MICRO_BATCH = 32  # sequences per round the search considers
 MICRO_BATCHES_TRIED = 4  # divisors from the AdaWS bound up

@@ -22,10 +22,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from wstrain.scheduler.contracts.calibration import CHECKPOINT_SHARD_BYTES
+
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
-SHARD_BYTES = 1 << 30
+SHARD_BYTES = CHECKPOINT_SHARD_BYTES  # a module attribute so tests can shrink it
 INDEX = "model.safetensors.index.json"
 
 

@@ -8,7 +8,7 @@ Each op here reads its inputs once and writes its outputs once, computing in fp3
 rounding where Hugging Face rounds (the normalised activations are rounded to the input
 dtype before the weight scales them). worker/models/dense.py dispatches to these on CUDA tensors when Triton is importable and
 `ENABLED` is set; everywhere else (CPU, the CI) the eager code runs, so the tests against
-`transformers` exercise the same model code. tests/worker/test_fused_ops.py checks each
+`transformers` exercise the same model code. tests/worker/ops/test_fused.py checks each
 kernel against the eager op on the GPU.
 
     y = rms_norm_fused(x, w, eps)        # autograd-aware; x (..., D)

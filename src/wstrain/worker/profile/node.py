@@ -22,9 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from wstrain.scheduler.contracts.calibration import GPU_PEAK_FLOPS
 
-# bf16 dense peak of an H100/H200, the MFU denominator AdaWS uses.
-HOPPER_PEAK_FLOPS = 989e12
 # Profile-key format: bump when the measured keys change meaning, so caches refresh.
 PROFILE_VERSION = 5
 
@@ -164,7 +163,7 @@ def profile() -> dict[str, object]:
         measured[f"attention_flops.{seq}"] = attention_flops(dev, dtype, seq, heads,
                                                              kv_heads, head_dim)
     measured["optimizer_params_per_s"] = optimizer_params_per_s(256 << 20 if cuda else 4 << 20)
-    measured["peak_flops"] = HOPPER_PEAK_FLOPS if cuda else measured["matmul_flops"]
+    measured["peak_flops"] = GPU_PEAK_FLOPS if cuda else measured["matmul_flops"]
     measured["cpu_threads"] = float(torch.get_num_threads())
     measured["host_cpus"] = float(os.cpu_count() or 1)
     measured["profile_seconds"] = time.perf_counter() - start

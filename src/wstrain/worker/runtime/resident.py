@@ -14,10 +14,10 @@ import torch
 
 from wstrain.scheduler.contracts.jobs import OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.worker.io.data import TokenStream
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 from wstrain.worker.models.moe import RouterTotals
+from wstrain.worker.runtime.base import Batches, HostMemory
 from wstrain.worker.runtime.optim import make_adamw
 from wstrain.worker.runtime.stats import StepStats
 
@@ -59,6 +59,12 @@ class ResidentRuntime:
         self.optimizer.load_state_dict(extra["optimizer"])  # type: ignore[arg-type]
         self.schedule.load_state_dict(extra["schedule"])  # type: ignore[arg-type]
 
+    def host_memory(self) -> HostMemory:
+        return HostMemory()  # the training state lives on the device
+
+    def finish(self) -> None:
+        """Nothing is deferred: each step's update is applied within the step."""
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -75,7 +81,7 @@ class ResidentRuntime:
             n += y.numel()
         return total / n
 
-    def train_step(self, data: TokenStream, step: int) -> StepStats:
+    def train_step(self, data: Batches, step: int) -> StepStats:
         """One optimizer step (0-based `step`) over cfg.rounds micro-batches."""
         cfg = self.cfg
         start = time.perf_counter()

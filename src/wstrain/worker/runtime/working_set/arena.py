@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 
 from wstrain.scheduler.contracts.errors import BudgetExceeded
+from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.model_dims import ModelDims
 
 log = logging.getLogger(__name__)
 
-GIB = 1024**3
 ALIGN_ELEMS = 128  # every tensor view starts 256-byte aligned (bf16) inside a tile
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LEVELS = (0, 1, 2, 3)
+from wstrain.scheduler.contracts.calibration import WRITE_BUFFER_BYTES
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class WorkingSetConfig:
     # the host. 0: all on the host; all layers: the embedding and head on the device too;
     # in between ("split"): the embedding on the device, the head on the host.
     device_opt_layers: int = 0
-    write_buffer_bytes: int = 1 << 30  # saved activations in flight to the host, at most
+    write_buffer_bytes: int = WRITE_BUFFER_BYTES  # saved activations in flight to the host, at most
     lead_rounds: int = 1  # rounds whose sequences the step's first pass carries
 
     @property

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from wstrain.scheduler.contracts.calibration import ACTIVATION_CHUNK_BYTES, WRITE_BUFFER_BYTES
 from wstrain.worker.runtime.working_set.arena import HostArena
 from wstrain.worker.runtime.working_set.rings import Streams
 
-CHUNK_BYTES = 64 * 1024**2
 
 
 class HostActivationStore:
@@ -37,8 +37,8 @@ class HostActivationStore:
     for the oldest copy instead of letting the forward run ahead of the link and the device
     budget (a `write_buffer` stall as far as the GPU runs dry meanwhile)."""
 
-    def __init__(self, arena: HostArena, write_buffer_bytes: int = 1 << 30,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, arena: HostArena, write_buffer_bytes: int = WRITE_BUFFER_BYTES,
+                 chunk_bytes: int = ACTIVATION_CHUNK_BYTES) -> None:
         self.arena, self.chunk_bytes = arena, chunk_bytes
         self.chunks: list[torch.Tensor] = []  # uint8 tiles
         self.used: list[int] = []  # bytes of each chunk taken this round

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from wstrain.scheduler.contracts.calibration import LEVELS
 from wstrain.scheduler.contracts.jobs import OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.worker.models.blocks import (GradViews, accumulate_grads, add_grads, attn_block, ffn_block,
@@ -57,9 +58,10 @@ from wstrain.worker.runtime.working_set.rings import Slot, Streams
 from wstrain.worker.runtime.working_set.saved_acts import (BackwardPrefetch, HostActivationStore, HostCopy,
                                SavedTensorPolicy, tensor_key)
 from wstrain.worker.runtime.working_set.state import DTYPES, HostState
+from wstrain.worker.runtime.base import Batches, HostMemory
 from wstrain.worker.runtime.stats import StepStats
 from wstrain.worker.runtime.working_set.streamer import LazyGradViews, SlotStreamer
-from wstrain.worker.runtime.working_set.config import LEVELS, WorkingSetConfig
+from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 
 
 @dataclass
@@ -86,7 +88,7 @@ class WorkingSetRuntime:
                  host: HostState) -> None:
         assert cfg.micro_batch % cfg.chunk == 0, "chunk must divide micro_batch"
         assert 2 <= cfg.r_param and 1 <= cfg.r_grad and 0 <= cfg.window <= dims.num_layers
-        assert all(lv in LEVELS for row in cfg.levels for lv in row)
+        assert all(0 <= lv < LEVELS for row in cfg.levels for lv in row)
         assert 1 <= cfg.lead_rounds <= cfg.rounds
         assert 0 <= cfg.device_opt_layers <= dims.num_layers
         # a lead pass would balance MoE routing over two rounds' tokens at once
@@ -164,6 +166,9 @@ class WorkingSetRuntime:
     def finish(self) -> None:
         """Apply any deferred optimizer update (before the process ends or hands off)."""
         self._apply_pending()
+
+    def host_memory(self) -> HostMemory:
+        return HostMemory(self.host.arena.total_bytes, self.host.arena.pinned_bytes)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Weight views into the host tiles (a checkpoint copies them out shard by shard)."""
@@ -395,7 +400,7 @@ class WorkingSetRuntime:
             tile.copy_(grad, non_blocking=True)
         self.counters["d2h_bytes"] += grad.nbytes
 
-    def forward_backward(self, data, step: int) -> float:  # type: ignore[no-untyped-def]
+    def forward_backward(self, data: Batches, step: int) -> float:
         """All rounds of step `step`: the mean loss; gradients end up in the host tiles."""
         cfg = self.cfg
         self.embed_grad.zero_()
@@ -429,7 +434,7 @@ class WorkingSetRuntime:
             self.dopt.start(update, [g for g in self.device_groups if g < L],
                             [(*resident[g], g) for g in self.device_groups if g >= L])
 
-    def train_step(self, data, step: int) -> StepStats:  # type: ignore[no-untyped-def]
+    def train_step(self, data: Batches, step: int) -> StepStats:
         """One optimizer step (0-based `step`) over cfg.rounds rounds."""
         cfg = self.cfg
         start = time.perf_counter()

@@ -14,10 +14,12 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from wstrain.scheduler.planning import cost_model as cm
-from wstrain.scheduler.contracts.jobs import GIB, JobSpec
+from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.scheduler.contracts.hardware import H100_ADAWS, H200, NodeProfile
-from wstrain.scheduler.planning.levels import BUCKETS, LEVELS, LayerCost, simulate, solve
+from wstrain.scheduler.contracts.calibration import LEVELS
+from wstrain.scheduler.planning.levels import BUCKETS, LayerCost, simulate, solve
 from wstrain.scheduler.contracts.model_dims import PRESETS, ModelDims
 from wstrain.scheduler.planning.planner import make_plan
 from wstrain.scheduler.planning.working_set import make_ws_plan, micro_batches

@@ -3,7 +3,7 @@ training state (scheduler/planning/cost_model.py host_state_bytes), in every pre
 more than its limit (the host budget); mixed precision keeps bf16 tiles for the link beside
 an fp32 master and fp32 moments.
 
-    pytest tests/worker/test_state.py
+    pytest tests/worker/runtime/working_set/test_state.py
 """
 
 from __future__ import annotations

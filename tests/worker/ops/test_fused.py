@@ -3,7 +3,7 @@ fused op in bf16 is at least as close to an fp64 reference as eager bf16 is (wit
 and in fp32 it matches eager to fp32 rounding. The whole-model tests (test_working_set.py's
 CUDA cases against transformers) run through these kernels too.
 
-    pytest -m gpu tests/worker/test_fused_ops.py
+    pytest -m gpu tests/worker/ops/test_fused.py
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the one CUDA runs): sets start in queue order up to the byte cap, a set taken fr
 bytes for the next, a set taken before its turn is never copied again, and what backward
 takes is the host copy's contents.
 
-    pytest tests/worker/test_saved_acts.py
+    pytest tests/worker/runtime/working_set/test_saved_acts.py
 """
 
 from __future__ import annotations

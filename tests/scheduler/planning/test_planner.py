@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from wstrain.scheduler.contracts.jobs import GIB, JobSpec
+from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.errors import InfeasibleBudget
 from wstrain.scheduler.contracts.model_dims import PRESETS
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE

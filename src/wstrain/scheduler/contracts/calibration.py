@@ -1,0 +1,91 @@
+"""Every measured or chosen number that the planner and the worker share, defined once.
+
+The planner predicts with these and the worker sizes its buffers with the same ones, so a
+plan's memory prediction and the process that runs it cannot drift apart. Each number says
+where it was measured; `bench/RESULTS.md` has the rows behind them. Pure constants: this
+module imports nothing, so the API, the agent and the worker all read it.
+
+    from wstrain.scheduler.contracts.calibration import GIB, DEVICE_RESERVE_BYTES
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+MIB: Final = 1 << 20
+GIB: Final = 1 << 30
+
+# Bytes of one streamed element by precision: bf16 state, "mixed" (bf16 weights and
+# gradients computed and streamed, fp32 master on the host) and fp32.
+ELEMENT_BYTES: Final = {"bf16": 2, "mixed": 2, "fp32": 4}
+
+# Saved-activation levels of a (layer, chunk): 0 the input only, 1 + the attention kernel's
+# set, 2 + the MLP's lean set, 3 both (worker/runtime/working_set/schedule.py).
+LEVELS: Final = 4
+
+# ----------------------------------------------------------------- device memory
+
+# Fixed device reserve beside what the memory models count: kernel workspaces, cuBLAS and
+# cuDNN handles, RNG and loss scalars. 512 MiB keeps the working-set rows' reserved peak
+# under their 12-24 GiB budgets on the H200 (bench/RESULTS.md, fused kernels).
+DEVICE_RESERVE_BYTES: Final = 512 * MIB
+# The caching allocator's reserved peak over the bytes we count: the resident 16-layer
+# Llama-8B row reserved 73.0 GiB where the counted terms add up to 64.5 (H200); the
+# working-set rows fit 1.18 as well. Budgets are a contract, so over-predict.
+ALLOCATOR_SLACK: Final = 1.18
+# Workspace of one layer's forward and backward over the resident model's saved bytes for
+# one sequence (transient GEMM and attention buffers; H200, Llama-8B at 8K).
+LAYER_WORKSPACE_FACTOR: Final = 1.3
+
+# ----------------------------------------------------------------- host memory
+
+# Host memory of a worker process before any model state: interpreter, torch, CUDA context
+# and runtime libraries (measured 5.2 GiB RSS on the H200 host; a CPU worker ~0.7 GiB).
+PROCESS_BYTES: Final = {"cuda": int(5.5 * GIB), "cpu": 768 * MIB}
+# Checkpoints are written one safetensors shard at a time, each copied out of the training
+# state only while it is written: this bounds the host memory a save adds.
+CHECKPOINT_SHARD_BYTES: Final = GIB
+# Saved activations in flight to the host at most (the D2H write buffer): a forward that
+# would exceed it waits for the oldest copy.
+WRITE_BUFFER_BYTES: Final = GIB
+# The host activation store's chunk: sets are placed first-fit in 64 MiB chunks, so it
+# holds at most a part-used last chunk and small tails beyond the sets (simulated at 8K on
+# the H200 plans: 0-45 MiB over 13-33 GiB of sets).
+ACTIVATION_CHUNK_BYTES: Final = 64 * MIB
+
+# ----------------------------------------------------------------- time
+
+# A layer's compute inside the working-set runtime over the same layer timed alone
+# (worker/profile/layer.py): saved-tensor hooks, slot binding, stream waits, launch gaps
+# and the lean backwards' elementwise work. Fitted on five H200 bench rows (measured over
+# predicted 1.05-1.08 at 1.15 before the fit); with the fused kernels eight rows predict
+# -2.6% to +2.2% of the measured step.
+RUNTIME_OVERHEAD: Final = 1.22
+# Share of the D2H link planned for saved activations; gradients and the device optimizer
+# share the rest. With the rolling backward prefetch 80% ran 18.0 s a step against 17.7 s
+# predicted (H200, 20 GiB budget).
+LINK_SHARE: Final = 0.8
+# The SwiGLU GEMMs a backward recomputes when the MLP's lean set was not saved: gate and
+# up, two of three (the down projection's output is never needed).
+MLP_RECOMPUTED_SHARE: Final = 2 / 3
+# The MLP's share of a layer's backward (Llama-8B at 8K: its GEMMs are 3/4 of the FLOPs).
+MLP_BACKWARD_SHARE: Final = 0.7
+# A mixed-precision host AdamW update over a bf16 one, per parameter. Memory traffic alone
+# gives 40 / 14 bytes = 2.86x; measured with the runtime's 15 threads
+# (bench/host_adamw.py): 93.9 against 28.6 ms a layer on one H200 host (3.28x), 73.4
+# against 38.8 on another (1.89x). The planner keeps the larger.
+MIXED_UPDATE_SLOWDOWN: Final = 93.9 / 28.6
+# A resident AdamW step on a GPU: one fused kernel reading and writing ~14 bytes a
+# parameter of bf16 state at ~3 TB/s of HBM (H100/H200).
+DEVICE_ADAMW_BYTES_PER_PARAM: Final = 14
+DEVICE_MEMORY_BYTES_PER_S: Final = 3e12
+# Peak dense bf16 FLOP/s that MFU is measured against on a GPU (H100 SXM's datasheet).
+GPU_PEAK_FLOPS: Final = 989e12
+
+
+def host_reserve_bytes(params: int, precision: str, device: str) -> int:
+    """Host memory a worker needs beside its arena: the process and the checkpoint shard
+    being written (copied from the fp32 master in mixed precision). The planner counts it
+    and the worker caps its arena at the host budget less it."""
+    element = 4 if precision == "mixed" else ELEMENT_BYTES[precision]
+    return PROCESS_BYTES[device] + min(CHECKPOINT_SHARD_BYTES, params * element)
