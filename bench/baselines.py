@@ -38,16 +38,28 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
             h = checkpoint(layer, h, cos, sin, use_reentrant=False) if ckpt else layer(h, cos, sin)
         return model.lm_head(model.model.norm(h))
 
-    step = accumulated_step(model, opt, dims.vocab_size, args, mb,
-                            lambda x, y: causal_lm_loss(forward(x), y))
+    step = accumulated_step(
+        model, opt, dims.vocab_size, args, mb, lambda x, y: causal_lm_loss(forward(x), y)
+    )
     times = time_steps(step, args.steps)
     timeline = profile_step(lambda: step(args.steps)) if args.profile else None
-    return {"times": times, "stalls": {}, "arena_gib": None, "timeline": timeline,
-            "plan": {"micro_batch": mb, "rounds": args.global_batch // mb, "checkpointing": ckpt}}
+    return {
+        "times": times,
+        "stalls": {},
+        "arena_gib": None,
+        "timeline": timeline,
+        "plan": {"micro_batch": mb, "rounds": args.global_batch // mb, "checkpointing": ckpt},
+    }
 
 
-def accumulated_step(model, opt, vocab: int, args: argparse.Namespace, micro_batch: int,  # type: ignore[no-untyped-def]
-                     loss_of: Callable) -> Callable[[int], None]:  # type: ignore[type-arg]
+def accumulated_step(
+    model,
+    opt,
+    vocab: int,
+    args: argparse.Namespace,
+    micro_batch: int,  # type: ignore[no-untyped-def]
+    loss_of: Callable,
+) -> Callable[[int], None]:  # type: ignore[type-arg]
     """One whole optimizer step of a plain PyTorch model: global_batch / micro_batch
     micro-batches of random tokens accumulated, clipped to norm 1, one step."""
     import torch
@@ -72,8 +84,7 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
     (full activation checkpointing per layer), and the optimizer steps on the CPU."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        checkpoint_wrapper)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
@@ -92,15 +103,33 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
     fully_shard(model, offload_policy=offload)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    log.info("FSDP2 model sharded; %.1f GiB left on the device",
-             torch.cuda.memory_allocated() / GIB)
+    log.info(
+        "FSDP2 model sharded; %.1f GiB left on the device", torch.cuda.memory_allocated() / GIB
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times = time_steps(accumulated_step(model, opt, dims.vocab_size, args, 1,  # root's fwd
-                                         lambda x, y: causal_lm_loss(model(x), y)), args.steps)
+    times = time_steps(
+        accumulated_step(
+            model,
+            opt,
+            dims.vocab_size,
+            args,
+            1,  # root's fwd
+            lambda x, y: causal_lm_loss(model(x), y),
+        ),
+        args.steps,
+    )
     dist.destroy_process_group()
-    return {"times": times, "stalls": {}, "arena_gib": None,
-            "plan": {"micro_batch": 1, "rounds": args.global_batch, "checkpointing": True,
-                     "offload": "FSDP2 CPUOffloadPolicy(pin_memory=True), CPU AdamW"}}
+    return {
+        "times": times,
+        "stalls": {},
+        "arena_gib": None,
+        "plan": {
+            "micro_batch": 1,
+            "rounds": args.global_batch,
+            "checkpointing": True,
+            "offload": "FSDP2 CPUOffloadPolicy(pin_memory=True), CPU AdamW",
+        },
+    }
 
 
 def _deepspeed_cpu_adam_error() -> str:
@@ -123,13 +152,17 @@ def run_deepspeed_zero3_offload(args: argparse.Namespace) -> dict[str, object]:
     import deepspeed
     import torch
     import torch.distributed as dist
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        checkpoint_wrapper)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29518", "RANK": "0",
-                       "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+    for key, value in {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29518",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }.items():
         os.environ.setdefault(key, value)
     device = deepspeed.get_accelerator().device_name()
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
@@ -142,16 +175,19 @@ def run_deepspeed_zero3_offload(args: argparse.Namespace) -> dict[str, object]:
         "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": bool(build_error)}},
         "zero_force_ds_cpu_optimizer": not build_error,
-        "zero_optimization": {"stage": 3,
-                              "offload_param": {"device": "cpu", "pin_memory": True},
-                              "offload_optimizer": {"device": "cpu", "pin_memory": True}},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_param": {"device": "cpu", "pin_memory": True},
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+        },
     }
     with deepspeed.zero.Init(config_dict_or_path=config, dtype=torch.bfloat16):
         model = LlamaModel(dims)  # each module's weights partitioned to the host as built
     for i, layer in enumerate(model.model.layers):
         model.model.layers[i] = checkpoint_wrapper(layer)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                      config=config)
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=config
+    )
     data = RandomTokens(dims.vocab_size, args.seq, device)
 
     def step(i: int) -> None:
@@ -162,12 +198,25 @@ def run_deepspeed_zero3_offload(args: argparse.Namespace) -> dict[str, object]:
 
     times = time_steps(step, args.steps)
     if engine.global_steps != args.steps:  # the accumulation boundary is DeepSpeed's count
-        raise RuntimeError(f"DeepSpeed stepped its optimizer {engine.global_steps} times in "
-                           f"{args.steps} steps of {args.global_batch} micro-batches")
+        raise RuntimeError(
+            f"DeepSpeed stepped its optimizer {engine.global_steps} times in "
+            f"{args.steps} steps of {args.global_batch} micro-batches"
+        )
     dist.destroy_process_group()
-    adam = ("DeepSpeedCPUAdam" if not build_error
-            else f"torch AdamW (DeepSpeedCPUAdam did not build: {build_error})")
-    return {"times": times, "stalls": {}, "arena_gib": None,
-            "plan": {"micro_batch": 1, "rounds": args.global_batch, "checkpointing": True,
-                     "offload": "DeepSpeed ZeRO-3, offload_param and offload_optimizer to "
-                                f"pinned CPU memory; {adam}"}}
+    adam = (
+        "DeepSpeedCPUAdam"
+        if not build_error
+        else f"torch AdamW (DeepSpeedCPUAdam did not build: {build_error})"
+    )
+    return {
+        "times": times,
+        "stalls": {},
+        "arena_gib": None,
+        "plan": {
+            "micro_batch": 1,
+            "rounds": args.global_batch,
+            "checkpointing": True,
+            "offload": "DeepSpeed ZeRO-3, offload_param and offload_optimizer to "
+            f"pinned CPU memory; {adam}",
+        },
+    }

@@ -31,9 +31,9 @@ import json
 import logging
 from dataclasses import dataclass
 
-from wstrain.scheduler.planning import cost_model as cm
-from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
 from wstrain.scheduler.contracts.calibration import LEVELS
+from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
+from wstrain.scheduler.planning import cost_model as cm
 
 log = logging.getLogger("bench.bound")
 
@@ -54,12 +54,12 @@ def node_from_row(row: dict) -> NodeProfile:  # type: ignore[type-arg]
     n = dict(row["plan"]["node"])
     points = tuple((int(s), float(f)) for s, f in n.pop("attention_points"))
     layer = n.pop("layer")
-    return NodeProfile(**n, attention_points=points,
-                       layer=LayerTimes(**layer) if layer else None)
+    return NodeProfile(**n, attention_points=points, layer=LayerTimes(**layer) if layer else None)
 
 
-def min_recompute_s(n_pairs: int, saved: list[int], recompute: list[float],
-                    capacity_bytes: float) -> float:
+def min_recompute_s(
+    n_pairs: int, saved: list[int], recompute: list[float], capacity_bytes: float
+) -> float:
     """Least recomputation of `n_pairs` identical (layer, sequence) pairs whose saved sets
     share `capacity_bytes`: all at level 0, then upgrades by the best seconds per byte
     first, fractionally. Raises ValueError where even level 0 does not fit."""
@@ -68,9 +68,11 @@ def min_recompute_s(n_pairs: int, saved: list[int], recompute: list[float],
         raise ValueError(f"{n_pairs} inputs of {saved[0]} bytes exceed {capacity_bytes:.3g}")
     level, total = 0, n_pairs * recompute[0]
     while left > 0:  # walk the upper hull of (bytes, avoided seconds) from `level`
-        steps = [((recompute[level] - recompute[u]) / (saved[u] - saved[level]), u)
-                 for u in range(LEVELS) if saved[u] > saved[level]
-                 and recompute[u] < recompute[level]]
+        steps = [
+            ((recompute[level] - recompute[u]) / (saved[u] - saved[level]), u)
+            for u in range(LEVELS)
+            if saved[u] > saved[level] and recompute[u] < recompute[level]
+        ]
         if not steps:
             break
         rate, up = max(steps)
@@ -89,8 +91,16 @@ def _spec_dims(row: dict):  # type: ignore[no-untyped-def,type-arg]
     from bench.runtime import _dims, llama_spec
 
     dims = _dims(int(row["layers"]))
-    spec = llama_spec(row["name"], dims.num_layers, int(row["seq_len"]),
-                      int(row["global_batch"]), 3, float(row["device_budget_gib"]), 100, {})
+    spec = llama_spec(
+        row["name"],
+        dims.num_layers,
+        int(row["seq_len"]),
+        int(row["global_batch"]),
+        3,
+        float(row["device_budget_gib"]),
+        100,
+        {},
+    )
     return spec, dims
 
 
@@ -99,8 +109,10 @@ def bound(row: dict, resident_step_s: float, X: int) -> Bound:  # type: ignore[t
     spec, dims = _spec_dims(row)
     node = node_from_row(row)
     if node.layer is None or node.layer.seq_len != spec.seq_len:
-        raise ValueError(f"row {row['name']!r} carries no layer timed at seq_len "
-                         f"{spec.seq_len}: use a working-set row from bench/runtime.py")
+        raise ValueError(
+            f"row {row['name']!r} carries no layer timed at seq_len "
+            f"{spec.seq_len}: use a working-set row from bench/runtime.py"
+        )
     fwd_s = node.layer.forward_s
     saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
     shares = cm.recompute_shares(dims, spec.seq_len, node)
@@ -113,8 +125,15 @@ def bound(row: dict, resident_step_s: float, X: int) -> Bound:  # type: ignore[t
     capacity = round_fwd_s * node.both_bytes_per_s + spare
     rounds = spec.global_batch // X
     rec_s = rounds * min_recompute_s(dims.num_layers * X, saved, recompute, capacity)
-    return Bound(X, tuple(saved), tuple(recompute), capacity, rec_s, resident_step_s,
-                 resident_step_s / (resident_step_s + rec_s))
+    return Bound(
+        X,
+        tuple(saved),
+        tuple(recompute),
+        capacity,
+        rec_s,
+        resident_step_s,
+        resident_step_s / (resident_step_s + rec_s),
+    )
 
 
 def micro_batches_at_bound(row: dict) -> list[int]:  # type: ignore[type-arg]
@@ -138,16 +157,28 @@ def main() -> None:
     res = next(r for r in rows if r["name"] == args.resident)
     row = next(r for r in rows if r["name"] == args.row)
     measured = res["measured_step_seconds"] / row["measured_step_seconds"]
-    log.info("%s: measured %.3fx resident at X=%d (plan: recompute %.2f s a step)", args.row,
-             measured, row["plan"]["micro_batch"], row["plan"]["predicted"]["recompute_seconds"])
+    log.info(
+        "%s: measured %.3fx resident at X=%d (plan: recompute %.2f s a step)",
+        args.row,
+        measured,
+        row["plan"]["micro_batch"],
+        row["plan"]["predicted"]["recompute_seconds"],
+    )
     for i, X in enumerate(micro_batches_at_bound(row)):
         b = bound(row, res["measured_step_seconds"], X)
         if i == 0:
-            log.info("per (layer, sequence) and level: saved %s MB, recomputed %s ms",
-                     [round(s / 1e6) for s in b.saved_bytes],
-                     [round(r * 1e3, 2) for r in b.recompute_s])
-        log.info("X=%d: a round's capacity %.1f GB, least recomputation %.2f s a step: "
-                 "ceiling %.3fx", X, b.capacity_bytes / 1e9, b.min_recompute_s, b.ceiling)
+            log.info(
+                "per (layer, sequence) and level: saved %s MB, recomputed %s ms",
+                [round(s / 1e6) for s in b.saved_bytes],
+                [round(r * 1e3, 2) for r in b.recompute_s],
+            )
+        log.info(
+            "X=%d: a round's capacity %.1f GB, least recomputation %.2f s a step: ceiling %.3fx",
+            X,
+            b.capacity_bytes / 1e9,
+            b.min_recompute_s,
+            b.ceiling,
+        )
 
 
 if __name__ == "__main__":

@@ -63,12 +63,21 @@ def main() -> None:
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
             layer_s, copy_bps = update_s(host, spec), copy_bytes_per_s(4 * n)
-            rows.append({"precision": precision, "threads": threads,
-                         "adamw_s_per_layer": layer_s, "params_per_s": n / layer_s,
-                         "copy_bytes_per_s": copy_bps})
-            print(f"{precision:>5} threads {threads:>2}: AdamW {layer_s * 1e3:6.1f} ms a layer "
-                  f"({n / layer_s / 1e9:.2f} G params/s), copy {copy_bps / 1e9:.1f} GB/s "
-                  "read+write", flush=True)
+            rows.append(
+                {
+                    "precision": precision,
+                    "threads": threads,
+                    "adamw_s_per_layer": layer_s,
+                    "params_per_s": n / layer_s,
+                    "copy_bytes_per_s": copy_bps,
+                }
+            )
+            print(
+                f"{precision:>5} threads {threads:>2}: AdamW {layer_s * 1e3:6.1f} ms a layer "
+                f"({n / layer_s / 1e9:.2f} G params/s), copy {copy_bps / 1e9:.1f} GB/s "
+                "read+write",
+                flush=True,
+            )
         del host
     if args.out:
         with open(args.out, "w") as f:

@@ -60,11 +60,11 @@ def write_checkpoint(directory: Path, params_b: float, shard_gib: float) -> int:
 def load(directory: Path) -> dict[str, object]:
     """Child: the worker's two steps for a model directory (worker/main.py build_runtime):
     the host state's arena, then the weights streamed into its tiles; report RSS."""
-    from wstrain.scheduler.contracts.model_dims import resolve_dims
     from wstrain.scheduler.contracts.jobs import PathModel
+    from wstrain.scheduler.contracts.model_dims import resolve_dims
     from wstrain.worker.io.hf_load import stream_into
-    from wstrain.worker.runtime.working_set.state import HostState
     from wstrain.worker.runtime.stats import proc_status_bytes
+    from wstrain.worker.runtime.working_set.state import HostState
 
     dims = resolve_dims(PathModel(path=str(directory)))
     baseline = proc_status_bytes("VmRSS")
@@ -77,13 +77,19 @@ def load(directory: Path) -> dict[str, object]:
     load_s = time.perf_counter() - t0
     peak, state_bytes = proc_status_bytes("VmHWM"), host.arena.total_bytes
     files = list(directory.glob("*.safetensors"))
-    return {"params": dims.params, "arena_bytes": state_bytes,
-            "arena_by_kind": host.arena.bytes_by_kind, "baseline_rss_bytes": baseline,
-            "rss_before_load_bytes": before, "peak_rss_bytes": peak, "load_s": load_s,
-            "overhead_bytes": peak - baseline - state_bytes,
-            "overhead_share_of_state": (peak - baseline - state_bytes) / state_bytes,
-            "checkpoint_bytes": sum(f.stat().st_size for f in files),
-            "largest_shard_bytes": max(f.stat().st_size for f in files)}
+    return {
+        "params": dims.params,
+        "arena_bytes": state_bytes,
+        "arena_by_kind": host.arena.bytes_by_kind,
+        "baseline_rss_bytes": baseline,
+        "rss_before_load_bytes": before,
+        "peak_rss_bytes": peak,
+        "load_s": load_s,
+        "overhead_bytes": peak - baseline - state_bytes,
+        "overhead_share_of_state": (peak - baseline - state_bytes) / state_bytes,
+        "checkpoint_bytes": sum(f.stat().st_size for f in files),
+        "largest_shard_bytes": max(f.stat().st_size for f in files),
+    }
 
 
 def main() -> None:
@@ -93,8 +99,9 @@ def main() -> None:
     p.add_argument("--load", type=Path, help=argparse.SUPPRESS)  # child mode
     p.add_argument("--out")
     args = p.parse_args()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
     if args.load:
         print(json.dumps(load(args.load)), flush=True)
         return
@@ -104,15 +111,25 @@ def main() -> None:
             directory = Path(tmp) / "model"
             params = write_checkpoint(directory, args.params_b, shard_gib)
             log.info("wrote %.2f B parameters in %.1f GiB shards", params / 1e9, shard_gib)
-            proc = subprocess.run([sys.executable, "-m", "bench.load_rss", "--load",
-                                   str(directory)], capture_output=True, text=True, check=True)
+            proc = subprocess.run(
+                [sys.executable, "-m", "bench.load_rss", "--load", str(directory)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             row = {"shard_gib": shard_gib, **json.loads(proc.stdout.strip().splitlines()[-1])}
         rows.append(row)
-        log.info("shard %.1f GiB: state %.2f GiB, peak RSS %.2f GiB over a %.2f GiB baseline: "
-                 "overhead %.3f GiB (%.1f%% of the state), load %.1f s", shard_gib,
-                 row["arena_bytes"] / GIB, row["peak_rss_bytes"] / GIB,
-                 row["baseline_rss_bytes"] / GIB, row["overhead_bytes"] / GIB,
-                 100 * row["overhead_share_of_state"], row["load_s"])
+        log.info(
+            "shard %.1f GiB: state %.2f GiB, peak RSS %.2f GiB over a %.2f GiB baseline: "
+            "overhead %.3f GiB (%.1f%% of the state), load %.1f s",
+            shard_gib,
+            row["arena_bytes"] / GIB,
+            row["peak_rss_bytes"] / GIB,
+            row["baseline_rss_bytes"] / GIB,
+            row["overhead_bytes"] / GIB,
+            100 * row["overhead_share_of_state"],
+            row["load_s"],
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 

@@ -27,8 +27,8 @@ def main() -> None:
     p.add_argument("--link-share", type=float, default=0.0)
     args = p.parse_args()
     from wstrain.worker.main import ws_config
-    from wstrain.worker.runtime.working_set.state import HostState
     from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
+    from wstrain.worker.runtime.working_set.state import HostState
 
     spec, dims, plan, _ = plan_for(args.row, args)
     total = torch.cuda.get_device_properties(0).total_memory
@@ -44,6 +44,7 @@ def main() -> None:
             key = f"{name}{k:02d}"
             peaks[key] = max(peaks.get(key, 0.0), torch.cuda.max_memory_allocated() / GIB)
             return out
+
         return inner
 
     rt._forward_layer = wrap("fwd", rt._forward_layer)  # type: ignore[method-assign]
@@ -52,10 +53,17 @@ def main() -> None:
     for i in range(args.steps):
         rt.train_step(data, i)
     torch.cuda.synchronize()
-    print(json.dumps({"predicted_gib": plan.predicted.peak_device_bytes / GIB,
-                      "levels": plan.working_set.levels, "window": plan.window,
-                      "peak_gib": max(peaks.values()),
-                      "peaks": {k: round(v, 2) for k, v in sorted(peaks.items())}}))
+    print(
+        json.dumps(
+            {
+                "predicted_gib": plan.predicted.peak_device_bytes / GIB,
+                "levels": plan.working_set.levels,
+                "window": plan.window,
+                "peak_gib": max(peaks.values()),
+                "peaks": {k: round(v, 2) for k, v in sorted(peaks.items())},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

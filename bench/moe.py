@@ -15,15 +15,28 @@ import argparse
 import logging
 
 from bench.baselines import accumulated_step
-from bench.runtime import (HOST_BUDGET_GIB, Row, _table, measured_node,
-                           parse_or_run_row, row_from, run_children, run_plan, time_steps)
+from bench.runtime import (
+    HOST_BUDGET_GIB,
+    Row,
+    _table,
+    measured_node,
+    parse_or_run_row,
+    row_from,
+    run_children,
+    run_plan,
+    time_steps,
+)
 
 log = logging.getLogger("bench.moe")
 
 PRESET = "olmoe-7b-a1b"
 # working-set rows: (device budget GiB, plan overrides)
-WS_ROWS = {"ws-20": (20.0, {}), "ws-12": (12.0, {}), "ws-40": (40.0, {}),
-           "ws-20-host": (20.0, {"optimizer": "host"})}
+WS_ROWS = {
+    "ws-20": (20.0, {}),
+    "ws-12": (12.0, {}),
+    "ws-40": (40.0, {}),
+    "ws-20-host": (20.0, {"optimizer": "host"}),
+}
 
 
 def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
@@ -37,8 +50,9 @@ def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
     dims = PRESETS[PRESET]
     cfg = AutoConfig.for_model(**dims.to_hf_config())
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa",
-                                                 dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(
+            cfg, attn_implementation="sdpa", dtype=torch.bfloat16
+        )
     experts = "eager"
     try:
         model.set_experts_implementation("grouped_mm")
@@ -50,27 +64,52 @@ def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     # transformers' own loss: it shifts the labels and adds coef x the load-balancing loss
-    times = time_steps(accumulated_step(
-        model, opt, dims.vocab_size, args, 1,
-        lambda x, _: model(input_ids=x, labels=x, output_router_logits=True).loss), args.steps)
-    return {"times": times, "stalls": {}, "arena_gib": None,
-            "plan": {"micro_batch": 1, "rounds": args.global_batch, "checkpointing": ckpt,
-                     "experts_implementation": experts}}
+    times = time_steps(
+        accumulated_step(
+            model,
+            opt,
+            dims.vocab_size,
+            args,
+            1,
+            lambda x, _: model(input_ids=x, labels=x, output_router_logits=True).loss,
+        ),
+        args.steps,
+    )
+    return {
+        "times": times,
+        "stalls": {},
+        "arena_gib": None,
+        "plan": {
+            "micro_batch": 1,
+            "rounds": args.global_batch,
+            "checkpointing": ckpt,
+            "experts_implementation": experts,
+        },
+    }
 
 
-def run_ws(args: argparse.Namespace, budget_gib: float,
-           overrides: dict[str, object]) -> dict[str, object]:
+def run_ws(
+    args: argparse.Namespace, budget_gib: float, overrides: dict[str, object]
+) -> dict[str, object]:
     from wstrain.scheduler.contracts.jobs import JobSpec
     from wstrain.scheduler.contracts.model_dims import PRESETS
     from wstrain.scheduler.planning.planner import make_plan
 
     dims = PRESETS[PRESET]
-    spec = JobSpec.model_validate({
-        "name": args.row, "model": {"preset": PRESET}, "data": {"kind": "synthetic"},
-        "seq_len": args.seq, "global_batch": args.global_batch, "steps": args.steps,
-        "precision": "bf16", "optimizer": {"lr": 1e-4},
-        "budget": {"device_gib": budget_gib, "host_gib": HOST_BUDGET_GIB},
-        "overrides": {"runtime": "working_set", **overrides}})
+    spec = JobSpec.model_validate(
+        {
+            "name": args.row,
+            "model": {"preset": PRESET},
+            "data": {"kind": "synthetic"},
+            "seq_len": args.seq,
+            "global_batch": args.global_batch,
+            "steps": args.steps,
+            "precision": "bf16",
+            "optimizer": {"lr": 1e-4},
+            "budget": {"device_gib": budget_gib, "host_gib": HOST_BUDGET_GIB},
+            "overrides": {"runtime": "working_set", **overrides},
+        }
+    )
     node = measured_node(args.seq, dims)
     plan = make_plan(spec, dims, node)
     log.info("plan %s", plan.model_dump_json(exclude={"reasons"}))
@@ -81,10 +120,20 @@ def run_row(args: argparse.Namespace) -> Row:
     from wstrain.scheduler.contracts.model_dims import PRESETS
 
     budget, overrides = WS_ROWS.get(args.row, (None, {}))
-    res = (run_ws(args, budget, overrides) if budget is not None
-           else run_hf_resident(args, ckpt=args.row == "hf-resident-ckpt"))
-    return row_from(args.row, "working_set" if budget is not None else "resident_hf",
-                    PRESETS[PRESET], args.seq, args.global_batch, budget, res)
+    res = (
+        run_ws(args, budget, overrides)
+        if budget is not None
+        else run_hf_resident(args, ckpt=args.row == "hf-resident-ckpt")
+    )
+    return row_from(
+        args.row,
+        "working_set" if budget is not None else "resident_hf",
+        PRESETS[PRESET],
+        args.seq,
+        args.global_batch,
+        budget,
+        res,
+    )
 
 
 def main() -> None:
@@ -94,11 +143,18 @@ def main() -> None:
     args = parse_or_run_row(p, "hf-resident,ws-20,ws-12", run_row)
     if args is None:
         return
-    common = ["--seq", str(args.seq), "--global-batch", str(args.global_batch),
-              "--steps", str(args.steps)]
-    children = [(["bench.moe", "--row", name, *common],
-                 {"name": name, "global_batch": args.global_batch})
-                for name in args.rows.split(",")]
+    common = [
+        "--seq",
+        str(args.seq),
+        "--global-batch",
+        str(args.global_batch),
+        "--steps",
+        str(args.steps),
+    ]
+    children = [
+        (["bench.moe", "--row", name, *common], {"name": name, "global_batch": args.global_batch})
+        for name in args.rows.split(",")
+    ]
     print(_table(run_children(children, args.out)))
 
 

@@ -14,16 +14,23 @@ import statistics
 import time
 
 from wstrain.scheduler.contracts.hardware import H200
-from wstrain.scheduler.planning.levels import LayerCost, solve
 from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.planning.levels import LayerCost, solve
 
 
 def _dp_case() -> list[LayerCost]:
     """Llama-3-8B at 8K on an H200: 7.8 ms forward per chunk, a lean set ~3x that over half
     the link, a 1 GiB write buffer."""
     fwd = 0.0078
-    return [LayerCost(32, fwd, (0.0027, 0.024, 0.024, 0.047),
-                      tuple(fwd * (1 - r) for r in (1.0, 0.7, 0.3, 0.02)), 0.042)] * 64
+    return [
+        LayerCost(
+            32,
+            fwd,
+            (0.0027, 0.024, 0.024, 0.047),
+            tuple(fwd * (1 - r) for r in (1.0, 0.7, 0.3, 0.02)),
+            0.042,
+        )
+    ] * 64
 
 
 def time_dp(repeats: int) -> dict[str, float]:
@@ -36,22 +43,32 @@ def time_dp(repeats: int) -> dict[str, float]:
         start = time.perf_counter()
         solve(case).levels(64)
         warm.append(time.perf_counter() - start)
-    return {"cold_ms": cold * 1e3, "warm_median_ms": statistics.median(warm) * 1e3,
-            "warm_max_ms": max(warm) * 1e3}
+    return {
+        "cold_ms": cold * 1e3,
+        "warm_median_ms": statistics.median(warm) * 1e3,
+        "warm_max_ms": max(warm) * 1e3,
+    }
 
 
 def time_presets() -> dict[str, float]:
-    from wstrain.scheduler.contracts.jobs import JobSpec
     from wstrain.scheduler.contracts.errors import InfeasibleBudget
+    from wstrain.scheduler.contracts.jobs import JobSpec
     from wstrain.scheduler.planning.planner import make_plan
 
     worst: dict[str, float] = {}
     for name, dims in PRESETS.items():
         for dev in (4, 12, 24, 40, 80):
-            spec = JobSpec.model_validate({
-                "name": "b", "model": {"preset": name}, "data": {"kind": "synthetic"},
-                "seq_len": min(8192, dims.max_position_embeddings), "global_batch": 32,
-                "steps": 1, "budget": {"device_gib": dev, "host_gib": 256}})
+            spec = JobSpec.model_validate(
+                {
+                    "name": "b",
+                    "model": {"preset": name},
+                    "data": {"kind": "synthetic"},
+                    "seq_len": min(8192, dims.max_position_embeddings),
+                    "global_batch": 32,
+                    "steps": 1,
+                    "budget": {"device_gib": dev, "host_gib": 256},
+                }
+            )
             start = time.perf_counter()
             try:
                 make_plan(spec, dims, H200)
@@ -66,9 +83,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out")
     args = p.parse_args()
-    result = {"dp_64x32x4": time_dp(args.repeats), "plan_worst_ms_by_preset": time_presets(),
-              "machine": platform.processor() or platform.machine(),
-              "python": platform.python_version()}
+    result = {
+        "dp_64x32x4": time_dp(args.repeats),
+        "plan_worst_ms_by_preset": time_presets(),
+        "machine": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+    }
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:

@@ -56,7 +56,7 @@ class Row:
     alloc_retries: int | None = None  # the caching allocator freed its cache to fit (syncs)
     timeline: dict[str, object] | None = None  # one extra step's GPU timeline (--profile)
     gc_pause_s: dict[str, float] | None = None  # GC pauses a step (warm-up included)
-    kernels: str = "fused"  # worker/ops/fused.py's Triton kernels, or "eager" (--eager-kernels)
+    kernels: str = "fused"  # worker/kernels/fused.py's Triton kernels, or "eager" (--eager-kernels)
 
 
 class GcPauses:
@@ -84,17 +84,22 @@ class GcPauses:
 # Working-set rows: (device budget GiB, layers or None for --layers, plan overrides). Plans
 # come from the planner (scheduler/planning/working_set.py), so the rows also check its predictions.
 WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
-    "ws-40": (40, None, {}), "ws-20": (20, None, {}), "ws-12": (12, None, {}),
-    "ws-24-32l": (24, 32, {}), "ws-20-host": (20, None, {"optimizer": "host"}),
+    "ws-40": (40, None, {}),
+    "ws-20": (20, None, {}),
+    "ws-12": (12, None, {}),
+    "ws-24-32l": (24, 32, {}),
+    "ws-20-host": (20, None, {"optimizer": "host"}),
     "ws-24-32l-host": (24, 32, {"optimizer": "host"}),
     # the lead pass (worker/runtime/working_set/schedule.py lead_rounds) pinned, for A/B against the planner
-    "ws-12-lead1": (12, None, {"lead_rounds": 1}), "ws-20-lead2": (20, None, {"lead_rounds": 2}),
+    "ws-12-lead1": (12, None, {"lead_rounds": 1}),
+    "ws-20-lead2": (20, None, {"lead_rounds": 2}),
     "ws-24-32l-lead2": (24, 32, {"lead_rounds": 2}),
     # the split optimizer (worker/runtime/working_set/schedule.py device_opt_layers) pinned
     "ws-24-32l-split": (24, 32, {"optimizer": "split"}),
     "ws-20-split": (20, None, {"optimizer": "split"}),
     # precision "mixed" (a row named *-mixed): fp32 master and moments on the host
-    "ws-20-mixed": (20, None, {}), "ws-40-mixed": (40, None, {}),
+    "ws-20-mixed": (20, None, {}),
+    "ws-40-mixed": (40, None, {}),
 }
 HOST_BUDGET_GIB = 100
 
@@ -136,23 +141,46 @@ def time_steps(step_fn, steps: int) -> list[float]:  # type: ignore[no-untyped-d
     return times
 
 
-def llama_spec(name: str, layers: int, seq: int, global_batch: int, steps: int,
-               device_gib: float, host_gib: float, overrides: dict[str, object],
-               precision: str = "bf16"):  # type: ignore[no-untyped-def]
+def llama_spec(
+    name: str,
+    layers: int,
+    seq: int,
+    global_batch: int,
+    steps: int,
+    device_gib: float,
+    host_gib: float,
+    overrides: dict[str, object],
+    precision: str = "bf16",
+):  # type: ignore[no-untyped-def]
     """A JobSpec for Llama-3-8B dimensions with `layers` layers, on synthetic tokens."""
     from wstrain.scheduler.contracts.jobs import JobSpec
 
     dims = _dims(layers)
-    return JobSpec.model_validate({
-        "name": name, "model": {"hf_config": {
-            "vocab_size": dims.vocab_size, "hidden_size": dims.hidden_size,
-            "intermediate_size": dims.intermediate_size, "num_hidden_layers": dims.num_layers,
-            "num_attention_heads": dims.num_heads, "num_key_value_heads": dims.num_kv_heads,
-            "rope_theta": dims.rope_theta, "max_position_embeddings": 131072}},
-        "data": {"kind": "synthetic"}, "seq_len": seq, "global_batch": global_batch,
-        "steps": steps, "precision": precision, "optimizer": {"lr": 1e-4},
-        "budget": {"device_gib": device_gib, "host_gib": host_gib},
-        "overrides": {"runtime": "working_set", **overrides}})
+    return JobSpec.model_validate(
+        {
+            "name": name,
+            "model": {
+                "hf_config": {
+                    "vocab_size": dims.vocab_size,
+                    "hidden_size": dims.hidden_size,
+                    "intermediate_size": dims.intermediate_size,
+                    "num_hidden_layers": dims.num_layers,
+                    "num_attention_heads": dims.num_heads,
+                    "num_key_value_heads": dims.num_kv_heads,
+                    "rope_theta": dims.rope_theta,
+                    "max_position_embeddings": 131072,
+                }
+            },
+            "data": {"kind": "synthetic"},
+            "seq_len": seq,
+            "global_batch": global_batch,
+            "steps": steps,
+            "precision": precision,
+            "optimizer": {"lr": 1e-4},
+            "budget": {"device_gib": device_gib, "host_gib": host_gib},
+            "overrides": {"runtime": "working_set", **overrides},
+        }
+    )
 
 
 def measured_node(layer_seq: int | None = None, dims=None):  # type: ignore[no-untyped-def]
@@ -176,19 +204,35 @@ def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-de
     from wstrain.scheduler.planning import cost_model
     from wstrain.scheduler.planning.planner import make_plan
 
-    if args.link_share:  # a sweep knob for the planner's D2H share (scheduler/planning/cost_model.py)
+    if (
+        args.link_share
+    ):  # a sweep knob for the planner's D2H share (scheduler/planning/cost_model.py)
         cost_model.LINK_SHARE = args.link_share
     budget, layers, overrides = WS_ROWS[name]
     dims = _dims(layers or args.layers)
-    spec = llama_spec(name, dims.num_layers, args.seq, args.global_batch, args.steps, budget,
-                      HOST_BUDGET_GIB, overrides,
-                      precision="mixed" if name.endswith("-mixed") else "bf16")
+    spec = llama_spec(
+        name,
+        dims.num_layers,
+        args.seq,
+        args.global_batch,
+        args.steps,
+        budget,
+        HOST_BUDGET_GIB,
+        overrides,
+        precision="mixed" if name.endswith("-mixed") else "bf16",
+    )
     node = measured_node(args.seq, dims)
     return spec, dims, make_plan(spec, dims, node), node
 
 
-def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignore[no-untyped-def]
-             node=None) -> dict[str, object]:
+def run_plan(
+    spec,
+    dims,
+    plan,
+    steps: int,
+    profile: bool = False,  # type: ignore[no-untyped-def]
+    node=None,
+) -> dict[str, object]:
     """Train `steps` steps of a working-set plan under the spec's device budget (and with
     `profile`, one more under the profiler: bench/timeline.py); the row keeps the node
     profile the plan was made with, so it can be planned again elsewhere."""
@@ -198,16 +242,17 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignor
     from wstrain.scheduler.contracts.calibration import host_reserve_bytes
     from wstrain.scheduler.planning import cost_model
     from wstrain.worker.main import ws_config
-    from wstrain.worker.runtime.working_set.state import HostState
     from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
+    from wstrain.worker.runtime.working_set.state import HostState
 
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, spec.budget.device_bytes / total), 0)
     t0 = time.perf_counter()
     # the worker's limit (worker/main.py): the arena refuses to grow past the host budget
     arena_limit = spec.budget.host_bytes - host_reserve_bytes(dims.params, spec.precision, "cuda")
-    host = HostState.create(dims, spec.precision, pin=True, fused_adamw=True,
-                            arena_limit_bytes=arena_limit)
+    host = HostState.create(
+        dims, spec.precision, pin=True, fused_adamw=True, arena_limit_bytes=arena_limit
+    )
     g = torch.Generator(device="cuda").manual_seed(0)
     for tile in [*host.weights, host.embed_w, host.head_w]:  # init on the GPU, copy home
         noise = torch.randn(tile.numel(), device="cuda", generator=g, dtype=torch.bfloat16)
@@ -218,8 +263,11 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignor
                 v.fill_(1.0)
     for (tile, _), master in zip(host.groups, host.master):  # mixed: its fp32 master
         master.copy_(tile)
-    log.info("host state %.1f GiB ready in %.1f s", host.arena.total_bytes / GIB,
-             time.perf_counter() - t0)
+    log.info(
+        "host state %.1f GiB ready in %.1f s",
+        host.arena.total_bytes / GIB,
+        time.perf_counter() - t0,
+    )
     rt = WorkingSetRuntime(dims, ws_config(spec, plan), spec.optimizer, host)
     data = RandomTokens(dims.vocab_size, spec.seq_len, "cuda")
     stalls: dict[str, float] = {}
@@ -230,9 +278,14 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignor
         if i > 0:
             for k, v in stats.stall_s.items():
                 stalls[k] = stalls.get(k, 0.0) + v
-        log.info("step %d loss %.4f h2d %.1f GB d2h %.1f GB stalls %s", i, stats.loss,
-                 stats.h2d_bytes / 1e9, stats.d2h_bytes / 1e9,
-                 {k: round(v, 3) for k, v in stats.stall_s.items()})
+        log.info(
+            "step %d loss %.4f h2d %.1f GB d2h %.1f GB stalls %s",
+            i,
+            stats.loss,
+            stats.h2d_bytes / 1e9,
+            stats.d2h_bytes / 1e9,
+            {k: round(v, 3) for k, v in stats.stall_s.items()},
+        )
 
     pauses = GcPauses()
     gc.callbacks.append(pauses)
@@ -245,15 +298,22 @@ def run_plan(spec, dims, plan, steps: int, profile: bool = False,  # type: ignor
     summary["link_share"] = cost_model.LINK_SHARE
     if node is not None:
         summary["node"] = asdict(node)
-    summary["working_set"]["levels"] = [sum(row.count(lv) for row in plan.working_set.levels)
-                                        for lv in range(4)]  # chunks per level
-    return {"times": times, "stalls": stalls, "arena_gib": host.arena.total_bytes / GIB,
-            "plan": summary, "layers": dims.num_layers, "alloc_retries": retries,
-            "gc_pause_s": pauses.per_step(steps),
-            "timeline": timeline,
-            "predicted_step_seconds": plan.predicted.step_seconds,
-            "predicted_peak_device_gib": plan.predicted.peak_device_bytes / GIB,
-            "predicted_peak_host_gib": plan.predicted.peak_host_bytes / GIB}
+    summary["working_set"]["levels"] = [
+        sum(row.count(lv) for row in plan.working_set.levels) for lv in range(4)
+    ]  # chunks per level
+    return {
+        "times": times,
+        "stalls": stalls,
+        "arena_gib": host.arena.total_bytes / GIB,
+        "plan": summary,
+        "layers": dims.num_layers,
+        "alloc_retries": retries,
+        "gc_pause_s": pauses.per_step(steps),
+        "timeline": timeline,
+        "predicted_step_seconds": plan.predicted.step_seconds,
+        "predicted_peak_device_gib": plan.predicted.peak_device_bytes / GIB,
+        "predicted_peak_host_gib": plan.predicted.peak_host_bytes / GIB,
+    }
 
 
 def run_working_set(args: argparse.Namespace, name: str) -> dict[str, object]:
@@ -278,14 +338,30 @@ def run_row(args: argparse.Namespace) -> Row:
         res = run_working_set(args, name)
         budget = float(WS_ROWS[name][0])
     dims = _dims(int(res.get("layers") or args.layers))
-    runtime = {"fsdp2-offload": "fsdp2_cpu_offload",
-               "deepspeed-zero3-offload": "deepspeed_zero3_cpu_offload"}.get(name, "resident")
-    return row_from(name, runtime if budget is None else "working_set", dims, args.seq,
-                    args.global_batch, budget, res)
+    runtime = {
+        "fsdp2-offload": "fsdp2_cpu_offload",
+        "deepspeed-zero3-offload": "deepspeed_zero3_cpu_offload",
+    }.get(name, "resident")
+    return row_from(
+        name,
+        runtime if budget is None else "working_set",
+        dims,
+        args.seq,
+        args.global_batch,
+        budget,
+        res,
+    )
 
 
-def row_from(name: str, runtime: str, dims, seq_len: int, global_batch: int,  # type: ignore[no-untyped-def]
-             budget: float | None, res: dict[str, object]) -> Row:
+def row_from(
+    name: str,
+    runtime: str,
+    dims,
+    seq_len: int,
+    global_batch: int,  # type: ignore[no-untyped-def]
+    budget: float | None,
+    res: dict[str, object],
+) -> Row:
     """A row from a run's result (times, stalls, plan, predictions) and this process's
     device and host peaks."""
     import torch
@@ -297,29 +373,46 @@ def row_from(name: str, runtime: str, dims, seq_len: int, global_batch: int,  # 
     tokens_per_s = global_batch * seq_len / step_s
     stall_total = sum(res["stalls"].values()) / max(1, len(timed))
     # BENCH_COMMIT first: the GPU host's copy of the tree carries a stale .git
-    commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return Row(name=name, runtime=runtime, layers=dims.num_layers, seq_len=seq_len,
-               device_budget_gib=budget, global_batch=global_batch,
-               tokens_per_s=tokens_per_s,
-               mfu=dims.flops_per_token(seq_len) * tokens_per_s / PEAK_FLOPS,
-               peak_device_gib=torch.cuda.max_memory_allocated() / GIB,
-               peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
-               peak_rss_gib=proc_status_bytes("VmHWM") / GIB, arena_gib=res["arena_gib"],
-               stall_share=None if budget is None else stall_total / step_s,
-               stalls_s={k: v / len(timed) for k, v in res["stalls"].items()},
-               step_seconds=res["times"], plan=res["plan"], commit=commit,
-               gpu=torch.cuda.get_device_name(0), measured_step_seconds=step_s,
-               predicted_step_seconds=res.get("predicted_step_seconds"),
-               predicted_peak_device_gib=res.get("predicted_peak_device_gib"),
-               predicted_peak_host_gib=res.get("predicted_peak_host_gib"),
-               alloc_retries=res.get("alloc_retries"), timeline=res.get("timeline"),
-               gc_pause_s=res.get("gc_pause_s"))  # type: ignore[arg-type]
+    commit = (
+        os.environ.get("BENCH_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    )
+    return Row(
+        name=name,
+        runtime=runtime,
+        layers=dims.num_layers,
+        seq_len=seq_len,
+        device_budget_gib=budget,
+        global_batch=global_batch,
+        tokens_per_s=tokens_per_s,
+        mfu=dims.flops_per_token(seq_len) * tokens_per_s / PEAK_FLOPS,
+        peak_device_gib=torch.cuda.max_memory_allocated() / GIB,
+        peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
+        peak_rss_gib=proc_status_bytes("VmHWM") / GIB,
+        arena_gib=res["arena_gib"],
+        stall_share=None if budget is None else stall_total / step_s,
+        stalls_s={k: v / len(timed) for k, v in res["stalls"].items()},
+        step_seconds=res["times"],
+        plan=res["plan"],
+        commit=commit,
+        gpu=torch.cuda.get_device_name(0),
+        measured_step_seconds=step_s,
+        predicted_step_seconds=res.get("predicted_step_seconds"),
+        predicted_peak_device_gib=res.get("predicted_peak_device_gib"),
+        predicted_peak_host_gib=res.get("predicted_peak_host_gib"),
+        alloc_retries=res.get("alloc_retries"),
+        timeline=res.get("timeline"),
+        gc_pause_s=res.get("gc_pause_s"),
+    )  # type: ignore[arg-type]
 
 
 def _table(rows: list[dict[str, object]]) -> str:
-    head = (f"{'row':<14}{'L':>3}{'batch':>6}{'tok/s':>9}{'MFU':>7}{'dev GiB':>9}{'rsv GiB':>9}"
-            f"{'pred':>7}{'RSS GiB':>9}{'arena':>7}{'stall':>7}{'step s':>8}{'pred s':>8}")
+    head = (
+        f"{'row':<14}{'L':>3}{'batch':>6}{'tok/s':>9}{'MFU':>7}{'dev GiB':>9}{'rsv GiB':>9}"
+        f"{'pred':>7}{'RSS GiB':>9}{'arena':>7}{'stall':>7}{'step s':>8}{'pred s':>8}"
+    )
     lines = [head]
     for r in rows:
         if "error" in r:
@@ -330,10 +423,12 @@ def _table(rows: list[dict[str, object]]) -> str:
         pred = f"{r['predicted_peak_device_gib']:.1f}" if r["predicted_peak_device_gib"] else "-"
         pred_s = f"{r['predicted_step_seconds']:.1f}" if r["predicted_step_seconds"] else "-"
         label = f"{r['name']}*" if r.get("kernels") == "eager" else r["name"]
-        lines.append(f"{label:<14}{r['layers']:>3}{r['global_batch']:>6}"
-                     f"{r['tokens_per_s']:>9.0f}{r['mfu']:>7.1%}{r['peak_device_gib']:>9.1f}"
-                     f"{r['peak_reserved_gib']:>9.1f}{pred:>7}{r['peak_rss_gib']:>9.1f}{arena:>7}"
-                     f"{stall:>7}{r['measured_step_seconds']:>8.2f}{pred_s:>8}")
+        lines.append(
+            f"{label:<14}{r['layers']:>3}{r['global_batch']:>6}"
+            f"{r['tokens_per_s']:>9.0f}{r['mfu']:>7.1%}{r['peak_device_gib']:>9.1f}"
+            f"{r['peak_reserved_gib']:>9.1f}{pred:>7}{r['peak_rss_gib']:>9.1f}{arena:>7}"
+            f"{stall:>7}{r['measured_step_seconds']:>8.2f}{pred_s:>8}"
+        )
     if any(r.get("kernels") == "eager" for r in rows):
         lines.append("* eager PyTorch elementwise ops (--eager-kernels)")
     return "\n".join(lines)
@@ -345,42 +440,75 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--resident-micro-batch", type=int, default=1)
-    p.add_argument("--fsdp-global-batch", type=int, default=8,
-                   help="the FSDP2 and DeepSpeed offload rows' sequences per step (slow)")
-    p.add_argument("--link-share", type=float, default=0.0,
-                   help="plan with this share of the D2H link for saved activations")
-    p.add_argument("--profile", action="store_true",
-                   help="resident and working-set rows: one extra step under the profiler")
+    p.add_argument(
+        "--fsdp-global-batch",
+        type=int,
+        default=8,
+        help="the FSDP2 and DeepSpeed offload rows' sequences per step (slow)",
+    )
+    p.add_argument(
+        "--link-share",
+        type=float,
+        default=0.0,
+        help="plan with this share of the D2H link for saved activations",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="resident and working-set rows: one extra step under the profiler",
+    )
     args = parse_or_run_row(p, "resident,resident-ckpt,ws-40,ws-20,ws-12,ws-24-32l", run_row)
     if args is None:
         return
-    common = ["--layers", str(args.layers), "--seq", str(args.seq), "--steps", str(args.steps),
-              "--resident-micro-batch", str(args.resident_micro_batch),
-              "--link-share", str(args.link_share), *(["--profile"] if args.profile else []),
-              *(["--eager-kernels"] if args.eager_kernels else [])]
+    common = [
+        "--layers",
+        str(args.layers),
+        "--seq",
+        str(args.seq),
+        "--steps",
+        str(args.steps),
+        "--resident-micro-batch",
+        str(args.resident_micro_batch),
+        "--link-share",
+        str(args.link_share),
+        *(["--profile"] if args.profile else []),
+        *(["--eager-kernels"] if args.eager_kernels else []),
+    ]
     slow = ("fsdp2-offload", "deepspeed-zero3-offload")
-    batch = {name: args.fsdp_global_batch if name in slow else args.global_batch
-             for name in args.rows.split(",")}
-    children = [(["bench.runtime", "--row", name, *common, "--global-batch", str(b)],
-                 {"name": name, "global_batch": b}) for name, b in batch.items()]
+    batch = {
+        name: args.fsdp_global_batch if name in slow else args.global_batch
+        for name in args.rows.split(",")
+    }
+    children = [
+        (
+            ["bench.runtime", "--row", name, *common, "--global-batch", str(b)],
+            {"name": name, "global_batch": b},
+        )
+        for name, b in batch.items()
+    ]
     print(_table(run_children(children, args.out)))
 
 
-def parse_or_run_row(p: argparse.ArgumentParser, default_rows: str,
-                     run_row: Callable[[argparse.Namespace], Row]) -> argparse.Namespace | None:
+def parse_or_run_row(
+    p: argparse.ArgumentParser, default_rows: str, run_row: Callable[[argparse.Namespace], Row]
+) -> argparse.Namespace | None:
     """Add the options every benchmark driver shares (--steps, --rows, --out and the child's
     --row), parse, set up logging; in a child, run its row and print it (returns None)."""
     p.add_argument("--steps", type=int, default=3, help="1 warm-up + timed steps")
     p.add_argument("--rows", default=default_rows)
     p.add_argument("--row", help=argparse.SUPPRESS)  # child mode: run one row
     p.add_argument("--out")
-    p.add_argument("--eager-kernels", action="store_true",
-                   help="run PyTorch's eager elementwise ops instead of worker/ops/fused.py")
+    p.add_argument(
+        "--eager-kernels",
+        action="store_true",
+        help="run PyTorch's eager elementwise ops instead of worker/kernels/fused.py",
+    )
     args = p.parse_args()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
     if args.row:
-        from wstrain.worker.ops import fused as fused_ops
+        from wstrain.worker.kernels import fused as fused_ops
 
         fused_ops.ENABLED = not args.eager_kernels
         row = run_row(args)
@@ -390,16 +518,18 @@ def parse_or_run_row(p: argparse.ArgumentParser, default_rows: str,
     return args
 
 
-def run_children(children: list[tuple[list[str], dict[str, object]]],
-                 out: str | None) -> list[dict[str, object]]:
+def run_children(
+    children: list[tuple[list[str], dict[str, object]]], out: str | None
+) -> list[dict[str, object]]:
     """Run each (module + args, identity) in its own Python process, as the workers run:
     each child prints its row as the last line of stdout; a failed child's row carries the
     last line of its stderr. Rows are written to `out` after each child."""
     rows: list[dict[str, object]] = []
     env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     for argv, identity in children:
-        proc = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True,
-                              env=env)
+        proc = subprocess.run(
+            [sys.executable, "-m", *argv], capture_output=True, text=True, env=env
+        )
         sys.stderr.write(proc.stderr[-2000:])
         if proc.returncode == 0:
             rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -37,12 +37,18 @@ class Point:
 
 
 POINTS = [
-    Point("L8-4k-12g", 8, 4096, 12, 16), Point("L8-8k-12g", 8, 8192, 12, 8),
-    Point("L8-32k-20g", 8, 32768, 20, 2), Point("L16-4k-12g", 16, 4096, 12, 16),
-    Point("L16-8k-14g", 16, 8192, 14, 8), Point("L16-8k-20g", 16, 8192, 20, 8),
-    Point("L16-8k-40g", 16, 8192, 40, 8), Point("L16-16k-20g", 16, 16384, 20, 4),
-    Point("L16-32k-24g", 16, 32768, 24, 2), Point("L24-8k-16g", 24, 8192, 16, 8),
-    Point("L32-4k-16g", 32, 4096, 16, 16), Point("L32-8k-24g", 32, 8192, 24, 8),
+    Point("L8-4k-12g", 8, 4096, 12, 16),
+    Point("L8-8k-12g", 8, 8192, 12, 8),
+    Point("L8-32k-20g", 8, 32768, 20, 2),
+    Point("L16-4k-12g", 16, 4096, 12, 16),
+    Point("L16-8k-14g", 16, 8192, 14, 8),
+    Point("L16-8k-20g", 16, 8192, 20, 8),
+    Point("L16-8k-40g", 16, 8192, 40, 8),
+    Point("L16-16k-20g", 16, 16384, 20, 4),
+    Point("L16-32k-24g", 16, 32768, 24, 2),
+    Point("L24-8k-16g", 24, 8192, 16, 8),
+    Point("L32-4k-16g", 32, 4096, 16, 16),
+    Point("L32-8k-24g", 32, 8192, 24, 8),
 ]
 # Hand-made plans at the L16-8k-20g point: the automatic plan must be at least as fast.
 GRID = [
@@ -63,8 +69,16 @@ def run_point(point: Point, steps: int) -> dict[str, object]:
     from wstrain.worker.runtime.stats import proc_status_bytes
 
     dims = _dims(point.layers)
-    spec = llama_spec(point.name, point.layers, point.seq_len, point.global_batch, steps,
-                      point.device_gib, HOST_BUDGET_GIB, point.overrides)
+    spec = llama_spec(
+        point.name,
+        point.layers,
+        point.seq_len,
+        point.global_batch,
+        steps,
+        point.device_gib,
+        HOST_BUDGET_GIB,
+        point.overrides,
+    )
     flops_only = make_plan(spec, dims, measured_node())
     node = measured_node(point.seq_len, dims)
     plan = make_plan(spec, dims, node)
@@ -73,8 +87,10 @@ def run_point(point: Point, steps: int) -> dict[str, object]:
     step_s = sum(timed) / len(timed)
     tokens_per_s = point.global_batch * point.seq_len / step_s
     return {
-        **asdict(point), "device_budget_gib": point.device_gib,
-        "measured_step_seconds": step_s, "step_seconds": res["times"],
+        **asdict(point),
+        "device_budget_gib": point.device_gib,
+        "measured_step_seconds": step_s,
+        "step_seconds": res["times"],
         "predicted_step_seconds": plan.predicted.step_seconds,
         "predicted_step_seconds_flops_only": flops_only.predicted.step_seconds,
         "predicted": plan.predicted.model_dump(),
@@ -83,12 +99,14 @@ def run_point(point: Point, steps: int) -> dict[str, object]:
         "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
         "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
         "predicted_peak_host_gib": plan.predicted.peak_host_bytes / GIB,
-        "peak_rss_gib": proc_status_bytes("VmHWM") / GIB, "host_budget_gib": HOST_BUDGET_GIB,
-        "arena_gib": res["arena_gib"], "stalls_s": {k: v / len(timed) for k, v in
-                                                   res["stalls"].items()},  # type: ignore[union-attr]
+        "peak_rss_gib": proc_status_bytes("VmHWM") / GIB,
+        "host_budget_gib": HOST_BUDGET_GIB,
+        "arena_gib": res["arena_gib"],
+        "stalls_s": {k: v / len(timed) for k, v in res["stalls"].items()},  # type: ignore[union-attr]
         "tokens_per_s": tokens_per_s,
         "mfu": dims.flops_per_token(point.seq_len) * tokens_per_s / 989e12,
-        "plan": res["plan"], "layer_times": asdict(node.layer) if node.layer else None,
+        "plan": res["plan"],
+        "layer_times": asdict(node.layer) if node.layer else None,
         "gpu": torch.cuda.get_device_name(0),
         "commit": os.environ.get("BENCH_COMMIT", "?"),
     }
@@ -100,12 +118,14 @@ def _select(spec: str) -> list[Point]:
     if spec == "grid":
         return GRID
     lo, _, hi = spec.partition("-")
-    return ALL[int(lo):int(hi or lo) + 1]
+    return ALL[int(lo) : int(hi or lo) + 1]
 
 
 def _table(rows: list[dict[str, object]]) -> str:
-    lines = [f"{'point':<20}{'mb':>3}{'W':>4}{'meas s':>8}{'pred s':>8}{'err':>7}{'flops s':>8}"
-             f"{'budget':>7}{'rsv GiB':>8}{'pred':>6}{'RSS':>6}{'tok/s':>8}{'MFU':>6}"]
+    lines = [
+        f"{'point':<20}{'mb':>3}{'W':>4}{'meas s':>8}{'pred s':>8}{'err':>7}{'flops s':>8}"
+        f"{'budget':>7}{'rsv GiB':>8}{'pred':>6}{'RSS':>6}{'tok/s':>8}{'MFU':>6}"
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['name']:<20} FAILED: {str(r['error'])[:90]}")
@@ -117,7 +137,8 @@ def _table(rows: list[dict[str, object]]) -> str:
             f"{r['error_ratio']:>7.1%}{r['predicted_step_seconds_flops_only']:>8.2f}"
             f"{r['device_budget_gib']:>7.0f}{r['peak_reserved_gib']:>8.1f}"
             f"{r['predicted_peak_device_gib']:>6.1f}{r['peak_rss_gib']:>6.1f}"
-            f"{r['tokens_per_s']:>8.0f}{r['mfu']:>6.1%}")
+            f"{r['tokens_per_s']:>8.0f}{r['mfu']:>6.1%}"
+        )
     return "\n".join(lines)
 
 
@@ -128,15 +149,21 @@ def main() -> None:
     p.add_argument("--point", help=argparse.SUPPRESS)  # child mode: one point as JSON
     p.add_argument("--out")
     args = p.parse_args()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
     if args.point:
         print(json.dumps(run_point(Point(**json.loads(args.point)), args.steps)), flush=True)
         return
     from bench.runtime import run_children
 
-    children = [(["bench.sweep", "--point", json.dumps(asdict(point)), "--steps",
-                  str(args.steps)], asdict(point)) for point in _select(args.points)]
+    children = [
+        (
+            ["bench.sweep", "--point", json.dumps(asdict(point)), "--steps", str(args.steps)],
+            asdict(point),
+        )
+        for point in _select(args.points)
+    ]
     print(_table(run_children(children, args.out)))
 
 

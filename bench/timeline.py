@@ -45,17 +45,24 @@ def _union_s(spans: list[tuple[float, float]]) -> tuple[float, list[tuple[float,
     return busy / 1e6, gaps
 
 
-def _gap_context(gap: tuple[float, float], kernels: list[tuple[float, float, str]],
-                 copies: list[tuple[float, float, str]], t0: float) -> dict[str, object]:
+def _gap_context(
+    gap: tuple[float, float],
+    kernels: list[tuple[float, float, str]],
+    copies: list[tuple[float, float, str]],
+    t0: float,
+) -> dict[str, object]:
     """What ran around one idle stretch: the kernels that ended before and started after
     it, and the copies in flight during it (names cut to 60 characters)."""
     start, end = gap
     before = max((k for k in kernels if k[1] <= start), key=lambda k: k[1], default=None)
     after = min((k for k in kernels if k[0] >= end), key=lambda k: k[0], default=None)
-    return {"ms": (end - start) / 1e3, "at_s": (start - t0) / 1e6,
-            "before": before[2][:60] if before else None,
-            "after": after[2][:60] if after else None,
-            "copies": sorted({c[2][:30] for c in copies if c[0] < end and c[1] > start})}
+    return {
+        "ms": (end - start) / 1e3,
+        "at_s": (start - t0) / 1e6,
+        "before": before[2][:60] if before else None,
+        "after": after[2][:60] if after else None,
+        "copies": sorted({c[2][:30] for c in copies if c[0] < end and c[1] > start}),
+    }
 
 
 def summarise(trace: dict) -> dict[str, object]:
@@ -85,15 +92,24 @@ def summarise(trace: dict) -> dict[str, object]:
     busy_s, gaps = _union_s([(s, e) for s, e, _ in kernels])
     t0 = min(s for s, _, _ in kernels)
     wall_s = (max(e for _, e, _ in kernels) - t0) / 1e6
-    stalls = sorted((g for g in gaps if g[1] - g[0] >= GAP_S * 1e6),
-                    key=lambda g: g[0] - g[1])  # longest first
+    stalls = sorted(
+        (g for g in gaps if g[1] - g[0] >= GAP_S * 1e6), key=lambda g: g[0] - g[1]
+    )  # longest first
     stall_s = [(e - s) / 1e6 for s, e in stalls]
-    return {"kernels": len(kernels), "wall_s": wall_s, "kernel_busy_s": busy_s,
-            "busy_share": busy_s / wall_s, "kernel_s_by_kind": by_kind,
-            "copy_s": copies, "idle_s": wall_s - busy_s, "gaps_over_1ms_s": sum(stall_s),
-            "gaps_over_1ms": len(stalls), "largest_gaps_ms": [g * 1e3 for g in stall_s[:10]],
-            "largest_gaps": [_gap_context(g, kernels, memcpys, t0) for g in stalls[:GAPS]],
-            "top_kernels_s": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:TOP])}
+    return {
+        "kernels": len(kernels),
+        "wall_s": wall_s,
+        "kernel_busy_s": busy_s,
+        "busy_share": busy_s / wall_s,
+        "kernel_s_by_kind": by_kind,
+        "copy_s": copies,
+        "idle_s": wall_s - busy_s,
+        "gaps_over_1ms_s": sum(stall_s),
+        "gaps_over_1ms": len(stalls),
+        "largest_gaps_ms": [g * 1e3 for g in stall_s[:10]],
+        "largest_gaps": [_gap_context(g, kernels, memcpys, t0) for g in stalls[:GAPS]],
+        "top_kernels_s": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:TOP]),
+    }
 
 
 def profile_step(step: Callable[[], object]) -> dict[str, object]:

@@ -76,9 +76,22 @@ class Stack:
 
     def start_api(self) -> None:
         self.api = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "wstrain.service.app:create_app",
-             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
-            env=self.env, cwd=REPO)
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--factory",
+                "wstrain.service.app:create_app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            env=self.env,
+            cwd=REPO,
+        )
         _wait_http(f"{self.url}/healthz", self.api)
 
     def stop(self) -> None:
@@ -96,18 +109,33 @@ def make_stack(redis_url: str, tmp: Path, prefix: str, with_agent: bool) -> Stac
 
     port, metrics_port = free_port(), free_port()
     env = dict(os.environ)
-    env.update(WSTRAIN_REDIS_URL=redis_url, WSTRAIN_KEY_PREFIX=prefix,
-               WSTRAIN_STATE_DIR=str(tmp / "state"), WSTRAIN_CPU_SLOTS="2",
-               WSTRAIN_WORKER_THREADS="1", WSTRAIN_NODE_NAME=f"node-{prefix}",
-               WSTRAIN_DATA_ROOTS=json.dumps([str(REPO), str(tmp)]),
-               WSTRAIN_HEARTBEAT_S="0.5", WSTRAIN_METRICS_PORT=str(metrics_port),
-               WSTRAIN_METRICS_GRACE_S="3", PYTHONPATH=str(REPO))
-    stack = Stack(f"http://127.0.0.1:{port}", env, tmp / "state", None, None,  # type: ignore[arg-type]
-                  port, metrics_port)
+    env.update(
+        WSTRAIN_REDIS_URL=redis_url,
+        WSTRAIN_KEY_PREFIX=prefix,
+        WSTRAIN_STATE_DIR=str(tmp / "state"),
+        WSTRAIN_CPU_SLOTS="2",
+        WSTRAIN_WORKER_THREADS="1",
+        WSTRAIN_NODE_NAME=f"node-{prefix}",
+        WSTRAIN_DATA_ROOTS=json.dumps([str(REPO), str(tmp)]),
+        WSTRAIN_HEARTBEAT_S="0.5",
+        WSTRAIN_METRICS_PORT=str(metrics_port),
+        WSTRAIN_METRICS_GRACE_S="3",
+        PYTHONPATH=str(REPO),
+    )
+    stack = Stack(
+        f"http://127.0.0.1:{port}",
+        env,
+        tmp / "state",
+        None,
+        None,  # type: ignore[arg-type]
+        port,
+        metrics_port,
+    )
     stack.start_api()
     if with_agent:
-        stack.agent = subprocess.Popen([sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=env,
-                                       cwd=REPO)
+        stack.agent = subprocess.Popen(
+            [sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=env, cwd=REPO
+        )
         deadline = time.monotonic() + 60
         with stack.client() as c:
             while not c.get("/v1/nodes").json()["nodes"]:
@@ -133,9 +161,17 @@ def api_only(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
     with s.client() as c:  # budgets are checked against registered nodes: register one
         r = redis.Redis.from_url(redis_url)
-        node = {"name": "fake-capacity", "device": "cpu", "gpus": [],
-                "host_total_bytes": 16 << 30, "host_free_bytes": 16 << 30, "slots": 1,
-                "running": [], "profile": {"matmul_flops": 1e10}, "heartbeat_at": time.time()}
+        node = {
+            "name": "fake-capacity",
+            "device": "cpu",
+            "gpus": [],
+            "host_total_bytes": 16 << 30,
+            "host_free_bytes": 16 << 30,
+            "slots": 1,
+            "running": [],
+            "profile": {"matmul_flops": 1e10},
+            "heartbeat_at": time.time(),
+        }
         # A node record as an agent writes it (no agent runs here, so jobs stay queued).
         r.set("apionly:node:fake-capacity", json.dumps(node))
         r.sadd("apionly:nodes", "fake-capacity")
@@ -146,12 +182,17 @@ def api_only(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def tiny_spec(name: str, **over: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "name": name, "model": {"preset": "micro-llama"},
+        "name": name,
+        "model": {"preset": "micro-llama"},
         "data": {"kind": "text", "path": str(CORPUS), "tokenizer": "byte"},
-        "seq_len": 32, "global_batch": 4, "steps": 40,
+        "seq_len": 32,
+        "global_batch": 4,
+        "steps": 40,
         "optimizer": {"lr": 3e-3, "warmup_steps": 5},
-        "precision": "fp32", "budget": {"device_gib": 1, "host_gib": 2},
-        "checkpoint_every": 0, "seed": 1,
+        "precision": "fp32",
+        "budget": {"device_gib": 1, "host_gib": 2},
+        "checkpoint_every": 0,
+        "seed": 1,
     }
     spec.update(over)
     return spec

@@ -13,8 +13,9 @@ import pytest
 from bench.bound import bound, micro_batches_at_bound, min_recompute_s
 from wstrain.scheduler.contracts.hardware import H200, LayerTimes
 
-LAYER = LayerTimes(8192, forward_s=0.0059, backward_s=0.0122, attention_forward_s=0.002,
-                   mlp_forward_s=0.0039)
+LAYER = LayerTimes(
+    8192, forward_s=0.0059, backward_s=0.0122, attention_forward_s=0.002, mlp_forward_s=0.0039
+)
 
 
 def test_knapsack_takes_the_best_seconds_per_byte_first() -> None:
@@ -32,8 +33,14 @@ def test_knapsack_takes_the_best_seconds_per_byte_first() -> None:
 
 def _row(budget_gib: float) -> dict[str, object]:
     node = asdict(replace(H200, layer=LAYER))
-    return {"name": "ws", "layers": 16, "seq_len": 8192, "global_batch": 32,
-            "device_budget_gib": budget_gib, "plan": {"node": node}}
+    return {
+        "name": "ws",
+        "layers": 16,
+        "seq_len": 8192,
+        "global_batch": 32,
+        "device_budget_gib": budget_gib,
+        "plan": {"node": node},
+    }
 
 
 def test_a_larger_budget_never_lowers_the_ceiling() -> None:

@@ -17,15 +17,17 @@ def _kernel(name: str, ts_us: float, dur_us: float) -> dict[str, object]:
 
 
 def test_summary_unions_overlaps_and_finds_gaps() -> None:
-    trace = {"traceEvents": [
-        _kernel("nvjet_sm90_tst_256x128_TNT", 0, 1000),
-        _kernel("void at::native::vectorized_elementwise_kernel<8>", 500, 1000),  # overlaps
-        _kernel("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 4000, 2000),  # 2.5 ms gap
-        _kernel("void at::native::reduce_kernel", 6200, 300),  # 0.2 ms: a launch gap
-        {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 0, "dur": 3000},
-        {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 100, "dur": 500},
-        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99999},  # not GPU time
-    ]}
+    trace = {
+        "traceEvents": [
+            _kernel("nvjet_sm90_tst_256x128_TNT", 0, 1000),
+            _kernel("void at::native::vectorized_elementwise_kernel<8>", 500, 1000),  # overlaps
+            _kernel("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 4000, 2000),  # 2.5 ms gap
+            _kernel("void at::native::reduce_kernel", 6200, 300),  # 0.2 ms: a launch gap
+            {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 0, "dur": 3000},
+            {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 100, "dur": 500},
+            {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99999},  # not GPU time
+        ]
+    }
     out = summarise(trace)
     assert out["kernels"] == 4
     assert out["wall_s"] == pytest.approx(6.5e-3)

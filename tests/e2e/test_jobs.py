@@ -27,8 +27,12 @@ def _weights(job: dict) -> dict:  # type: ignore[type-arg]
 
 def test_job_trains_to_completion_with_falling_loss(stack: Stack) -> None:
     with stack.client() as c:
-        spec = tiny_spec("e2e-train", steps=150, checkpoint_every=50,
-                         eval={"heldout_fraction": 0.05, "every_steps": 50, "sequences": 4})
+        spec = tiny_spec(
+            "e2e-train",
+            steps=150,
+            checkpoint_every=50,
+            eval={"heldout_fraction": 0.05, "every_steps": 50, "sequences": 4},
+        )
         job = c.post("/v1/jobs", json=spec).json()
         seen_running = wait_job(c, job["id"], lambda j: j["state"] in ("running", "succeeded"))
         metrics_seen = False
@@ -55,8 +59,14 @@ def test_job_trains_to_completion_with_falling_loss(stack: Stack) -> None:
         assert metrics_seen or done["step"] == 150  # fast jobs may finish between scrapes
 
 
-WS_OVERRIDES = {"runtime": "working_set", "micro_batch": 2, "window": 1, "r_param": 2,
-                "r_grad": 1, "level": 1}
+WS_OVERRIDES = {
+    "runtime": "working_set",
+    "micro_batch": 2,
+    "window": 1,
+    "r_param": 2,
+    "r_grad": 1,
+    "level": 1,
+}
 
 
 @pytest.mark.parametrize("runtime", ["resident", "working_set"])
@@ -64,8 +74,9 @@ def test_cancel_then_resume_is_bit_identical(stack: Stack, runtime: str) -> None
     """Working set with the split AdamW: layer 0 and the embedding on the device optimizer,
     layer 1 and the head on the host thread, both deferred across the checkpoint."""
     ws = {**WS_OVERRIDES, "optimizer": "split"}
-    spec = dict(steps=400, seed=7,
-                overrides=ws if runtime == "working_set" else {"runtime": "resident"})
+    spec = dict(
+        steps=400, seed=7, overrides=ws if runtime == "working_set" else {"runtime": "resident"}
+    )
     with stack.client() as c:
         straight = c.post("/v1/jobs", json=tiny_spec(f"e2e-straight-{runtime}", **spec)).json()
         assert straight["plan"]["runtime"] == runtime
@@ -90,17 +101,27 @@ def test_cancel_then_resume_is_bit_identical(stack: Stack, runtime: str) -> None
         assert a.keys() == b.keys()
         for name in a:
             assert a[name].equal(b[name]), f"{name} differs after cancel+resume"
-        states = [e["data"]["state"] for e in c.get(f"/v1/jobs/{job['id']}/events",
-                                                    params={"limit": 1000}).json()
-                  if e["kind"] == "state"]
-        assert states == ["queued", "planning", "running", "cancelling", "cancelled",
-                          "queued", "planning", "running", "succeeded"]
+        states = [
+            e["data"]["state"]
+            for e in c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+            if e["kind"] == "state"
+        ]
+        assert states == [
+            "queued",
+            "planning",
+            "running",
+            "cancelling",
+            "cancelled",
+            "queued",
+            "planning",
+            "running",
+            "succeeded",
+        ]
 
 
 def test_sigkilled_worker_fails_job_and_agent_keeps_serving(stack: Stack) -> None:
     with stack.client() as c:
-        job = c.post("/v1/jobs", json=tiny_spec("e2e-kill", steps=3000,
-                                                checkpoint_every=20)).json()
+        job = c.post("/v1/jobs", json=tiny_spec("e2e-kill", steps=3000, checkpoint_every=20)).json()
         running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
         os.kill(running["worker_pid"], signal.SIGKILL)
         failed = wait_terminal(c, job["id"])
@@ -137,8 +158,13 @@ def test_cli_against_the_running_service(stack: Stack, tmp_path: Path) -> None:
     import yaml
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "wstrain.service.cli", "--server", stack.url,
-                               *args], capture_output=True, text=True, cwd=REPO, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "wstrain.service.cli", "--server", stack.url, *args],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
 
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(tiny_spec("e2e-cli", steps=30)))
@@ -174,9 +200,11 @@ def test_working_set_telemetry_reaches_metrics(stack: Stack) -> None:
         assert tel["transfer_bytes_total.d2h"] > 0 and "stall_seconds_total.optimizer" in tel
         text = httpx.get(stack.metrics_url).text
         jid = job["id"]
-        for line in (f'wstrain_transfer_bytes_total{{direction="h2d",job="{jid}"}}',
-                     f'wstrain_host_arena_bytes{{job="{jid}"}}',
-                     f'wstrain_stall_seconds_total{{dependency="optimizer",job="{jid}"}}'):
+        for line in (
+            f'wstrain_transfer_bytes_total{{direction="h2d",job="{jid}"}}',
+            f'wstrain_host_arena_bytes{{job="{jid}"}}',
+            f'wstrain_stall_seconds_total{{dependency="optimizer",job="{jid}"}}',
+        ):
             assert line in text, line
         c.post(f"/v1/jobs/{jid}/cancel")
         assert wait_terminal(c, jid)["state"] == "cancelled"
@@ -205,8 +233,12 @@ def _trains_on_the_working_set(stack: Stack, spec: dict) -> tuple[dict, dict]:  
 def test_moe_job_trains_on_the_working_set(stack: Stack) -> None:
     """A mixture-of-experts preset through the whole service: planned onto the working set,
     trained with the load-balancing loss, checkpointed with one tensor per expert."""
-    spec = tiny_spec("e2e-moe", model={"preset": "tiny-olmoe"}, steps=60,
-                     overrides={"runtime": "working_set", "level": 2})
+    spec = tiny_spec(
+        "e2e-moe",
+        model={"preset": "tiny-olmoe"},
+        steps=60,
+        overrides={"runtime": "working_set", "level": 2},
+    )
     _, weights = _trains_on_the_working_set(stack, spec)
     assert "model.layers.3.mlp.experts.7.down_proj.weight" in weights
     assert "model.layers.0.mlp.gate.weight" in weights

@@ -14,17 +14,21 @@ import pytest
 import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
+from tests.conftest import REPO
 from wstrain.scheduler.agent.agent import AgentSettings
 from wstrain.service.settings import ServiceSettings
-from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"
 BOARDS = sorted((REPO / "dashboards").glob("*.json"))
 
 
 def test_dashboard_json_is_what_the_sdk_builds() -> None:
-    result = subprocess.run([sys.executable, str(REPO / "dashboards" / "build.py"), "--check"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "dashboards" / "build.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert {p.name for p in BOARDS} == {"overview.json", "job.json"}
 
@@ -53,8 +57,9 @@ def test_every_datasource_reference_is_provisioned() -> None:
 
 def test_grafana_provisioning_path_matches_the_compose_mount() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    provider = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" /
-                               "wstrain.yml").read_text())["providers"][0]
+    provider = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "dashboards" / "wstrain.yml").read_text()
+    )["providers"][0]
     mounts = dict(v.split(":")[:2] for v in compose["services"]["grafana"]["volumes"])
     assert mounts["../dashboards"] == provider["options"]["path"]
     for service in compose["services"].values():  # every bind-mounted repo path exists
@@ -68,8 +73,12 @@ def test_promtool_accepts_the_deploy_config() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool is not installed; scripts/setup.sh installs the prometheus package")
-    result = subprocess.run([promtool, "check", "config", str(DEPLOY / "prometheus.yml")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "config", str(DEPLOY / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -80,8 +89,9 @@ def test_every_setting_is_documented_and_every_documented_variable_exists() -> N
     section = readme.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"`(WSTRAIN_[A-Z_]+)`", section))
     assert names - documented == set(), "undocumented settings"
-    deployed = set(re.findall(r"^(WSTRAIN_[A-Z_]+)=", (DEPLOY / "systemd" / "wstrain.env")
-                              .read_text(), re.M))
+    deployed = set(
+        re.findall(r"^(WSTRAIN_[A-Z_]+)=", (DEPLOY / "systemd" / "wstrain.env").read_text(), re.M)
+    )
     compose = (DEPLOY / "compose.yaml").read_text()
     deployed |= set(re.findall(r"(WSTRAIN_[A-Z_]+):", compose))
     assert deployed - names - {"WSTRAIN_DATA_DIR"} == set(), "deploy files set unknown variables"

@@ -30,6 +30,7 @@ def test_promtool_accepts_metrics_with_live_telemetry(stack: Stack) -> None:
     assert "wstrain_stall_seconds_total" in agent_text and "wstrain_host_rss_bytes" in agent_text
     assert "wstrain_queue_depth" in api_text
     for text in (api_text, agent_text):
-        result = subprocess.run([promtool, "check", "metrics"], input=text,
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0, result.stdout + result.stderr

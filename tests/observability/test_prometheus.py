@@ -19,8 +19,14 @@ import yaml
 
 from tests.conftest import REPO, Stack, tiny_spec, wait_job, wait_terminal
 
-WS = {"runtime": "working_set", "micro_batch": 2, "window": 1, "r_param": 2, "r_grad": 1,
-      "level": 1}
+WS = {
+    "runtime": "working_set",
+    "micro_batch": 2,
+    "window": 1,
+    "r_param": 2,
+    "r_grad": 1,
+    "level": 1,
+}
 # Grafana replaces $__rate_interval by max(4 x scrape interval, step + scrape interval).
 RATE_INTERVAL = "10s"
 
@@ -44,16 +50,24 @@ def prometheus(stack: Stack, tmp_path: Path) -> Iterator[str]:
         pytest.fail("prometheus is not installed; scripts/setup.sh installs the package")
     config = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
     config["global"]["scrape_interval"] = "1s"
-    targets = {"wstrain-api": f"127.0.0.1:{stack.port}",
-               "wstrain-agent": f"127.0.0.1:{stack.metrics_port}"}
+    targets = {
+        "wstrain-api": f"127.0.0.1:{stack.port}",
+        "wstrain-agent": f"127.0.0.1:{stack.metrics_port}",
+    }
     for scrape in config["scrape_configs"]:
         scrape["static_configs"] = [{"targets": [targets[scrape["job_name"]]]}]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     proc = subprocess.Popen(
-        [exe, f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"))  # noqa: SIM115
+        [
+            exe,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "prometheus.log", "wb"),
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -88,23 +102,32 @@ def test_every_dashboard_query_returns_data(stack: Stack, prometheus: str) -> No
     queries = panel_queries()
     assert len(queries) >= 20, "dashboards lost their panels"
     with stack.client() as c:
-        spec = tiny_spec("dash", steps=100000, overrides=WS,
-                         eval={"heldout_fraction": 0.1, "every_steps": 5, "sequences": 2})
+        spec = tiny_spec(
+            "dash",
+            steps=100000,
+            overrides=WS,
+            eval={"heldout_fraction": 0.1, "every_steps": 5, "sequences": 2},
+        )
         job = c.post("/v1/jobs", json=spec).json()
         jid = job["id"]
         wait_job(c, jid, lambda j: j["state"] == "running")
         # Rates need two samples of the counters inside the window.
-        wait_for(prometheus, f'count_over_time(wstrain_stall_seconds_total{{job="{jid}"}}'
-                             f"[{RATE_INTERVAL}]) >= 3")
-        wait_for(prometheus, "count_over_time(wstrain_api_request_duration_seconds_count"
-                             f"[{RATE_INTERVAL}]) >= 3")
+        wait_for(
+            prometheus,
+            f'count_over_time(wstrain_stall_seconds_total{{job="{jid}"}}[{RATE_INTERVAL}]) >= 3',
+        )
+        wait_for(
+            prometheus,
+            f"count_over_time(wstrain_api_request_duration_seconds_count[{RATE_INTERVAL}]) >= 3",
+        )
         empty = []
         for board, title, expr in queries:
             concrete = expr.replace("$job", jid).replace("$__rate_interval", RATE_INTERVAL)
             if not query(prometheus, concrete):
                 empty.append(f"{board} / {title}: {concrete}")
-        values = httpx.get(f"{prometheus}/api/v1/label/job/values",
-                           params={"match[]": "wstrain_step_seconds"}).json()["data"]
+        values = httpx.get(
+            f"{prometheus}/api/v1/label/job/values", params={"match[]": "wstrain_step_seconds"}
+        ).json()["data"]
         c.post(f"/v1/jobs/{jid}/cancel")
         assert wait_terminal(c, jid)["state"] == "cancelled"
     assert not empty, "panels without data:\n" + "\n".join(empty)

@@ -8,13 +8,13 @@ import uuid
 
 import pytest
 
-from wstrain.scheduler.contracts.jobs import ALLOWED_TRANSITIONS, JobSpec, JobState
+from tests.conftest import tiny_spec
 from wstrain.scheduler.contracts.errors import Conflict, NotFound
-from wstrain.scheduler.contracts.model_dims import PRESETS
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
+from wstrain.scheduler.contracts.jobs import ALLOWED_TRANSITIONS, JobSpec, JobState
+from wstrain.scheduler.contracts.model_dims import PRESETS
 from wstrain.scheduler.planning.planner import make_plan
 from wstrain.scheduler.store import JobStore
-from tests.conftest import tiny_spec
 
 
 def _spec(name: str) -> JobSpec:
@@ -104,8 +104,9 @@ def test_claim_respects_budgets_and_priority(redis_url: str) -> None:
         store = await _store(redis_url)
         low = await _new_job(store, "low")
         spec = _spec("high").model_copy(update={"priority": 5})
-        high = (await store.create(spec, "t", make_plan(spec, PRESETS["micro-llama"],
-                                                        DEFAULT_PROFILE))).id
+        high = (
+            await store.create(spec, "t", make_plan(spec, PRESETS["micro-llama"], DEFAULT_PROFILE))
+        ).id
         assert await store.claim("n", 1 << 20, 1 << 40) is None  # 1 MiB fits no 1 GiB job
         assert await store.claim("n", 1 << 40, 1 << 40) == high
         assert await store.claim("n", 1 << 40, 1 << 40) == low

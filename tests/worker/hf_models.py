@@ -7,21 +7,32 @@ and writes them per expert, as wstrain does)."""
 from __future__ import annotations
 
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM,
-                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from wstrain.scheduler.contracts.model_dims import ModelDims
 
-CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-           "olmoe": (OlmoeConfig, OlmoeForCausalLM),
-           "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
-           "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM)}
+CLASSES = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "olmoe": (OlmoeConfig, OlmoeForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM),
+}
 
 
 def hf_causal_lm(dims: ModelDims, attn: str = "eager") -> torch.nn.Module:
-    kw = {k: v for k, v in dims.to_hf_config().items() if k not in ("architectures",
-                                                                    "model_type")}
+    kw = {k: v for k, v in dims.to_hf_config().items() if k not in ("architectures", "model_type")}
     config_cls, model_cls = CLASSES[dims.model_type]
     cfg = config_cls(**kw)
     cfg._attn_implementation = attn
@@ -31,8 +42,11 @@ def hf_causal_lm(dims: ModelDims, attn: str = "eager") -> torch.nn.Module:
             if dims.is_moe:  # transformers leaves the router at zero (uniform routing)
                 layer.mlp.gate.weight.normal_(0.0, 0.5)
             if dims.qkv_bias:  # and biases at zero: make them matter
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
-                             layer.self_attn.v_proj):
+                for proj in (
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                ):
                     proj.bias.normal_(0.0, 0.1)
     return model.float()
 
@@ -42,13 +56,13 @@ def hub_tensors(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in named.items():
         if name.endswith("mlp.experts.gate_up_proj"):  # (E, 2I, D): gate rows, then up rows
-            prefix, half = name[:-len("gate_up_proj")], t.shape[1] // 2
+            prefix, half = name[: -len("gate_up_proj")], t.shape[1] // 2
             for e in range(t.shape[0]):
                 out[f"{prefix}{e}.gate_proj.weight"] = t[e, :half]
                 out[f"{prefix}{e}.up_proj.weight"] = t[e, half:]
         elif name.endswith("mlp.experts.down_proj"):  # (E, D, I)
             for e in range(t.shape[0]):
-                out[f"{name[:-len('down_proj')]}{e}.down_proj.weight"] = t[e]
+                out[f"{name[: -len('down_proj')]}{e}.down_proj.weight"] = t[e]
         else:
             out[name] = t
     return out

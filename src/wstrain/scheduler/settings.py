@@ -14,6 +14,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class RedisSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WSTRAIN_", extra="ignore", populate_by_name=True)
 
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0",
-                           validation_alias=AliasChoices("WSTRAIN_REDIS_URL", "REDIS_URL"))
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("WSTRAIN_REDIS_URL", "REDIS_URL"),
+    )
     key_prefix: str = "wstrain"

@@ -16,9 +16,17 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from wstrain.scheduler.contracts.jobs import (ALLOWED_TRANSITIONS, Event, Job, JobSpec, JobState, Keys, Node,
-                                 Plan)
 from wstrain.scheduler.contracts.errors import Conflict, NotFound
+from wstrain.scheduler.contracts.jobs import (
+    ALLOWED_TRANSITIONS,
+    Event,
+    Job,
+    JobSpec,
+    JobState,
+    Keys,
+    Node,
+    Plan,
+)
 
 _TRANSITION_LUA = """
 local job, events, queue = KEYS[1], KEYS[2], KEYS[3]
@@ -95,10 +103,19 @@ class JobStore:
         # Higher priority first, then first come first served.
         queue_score = -spec.priority * 1e11 + now
         fields = {
-            "id": job_id, "name": spec.name, "owner": owner, "state": JobState.queued.value,
-            "attempt": 1, "step": 0, "steps": spec.steps, "created_at": now,
-            "updated_at": now, "spec": spec.model_dump_json(), "plan": plan.model_dump_json(),
-            "device_bytes": spec.budget.device_bytes, "host_bytes": spec.budget.host_bytes,
+            "id": job_id,
+            "name": spec.name,
+            "owner": owner,
+            "state": JobState.queued.value,
+            "attempt": 1,
+            "step": 0,
+            "steps": spec.steps,
+            "created_at": now,
+            "updated_at": now,
+            "spec": spec.model_dump_json(),
+            "plan": plan.model_dump_json(),
+            "device_bytes": spec.budget.device_bytes,
+            "host_bytes": spec.budget.host_bytes,
             "queue_score": queue_score,
         }
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -106,9 +123,15 @@ class JobStore:
             pipe.zadd(self.keys.jobs, {job_id: now})
             pipe.zadd(self.keys.queue, {job_id: queue_score})
             pipe.sadd(f"{self.keys.prefix}:state:queued", job_id)
-            pipe.xadd(self.keys.events(job_id), {"ts": now, "kind": "state",
-                                                 "message": f"queued by {owner}",
-                                                 "data": json.dumps({"state": "queued"})})
+            pipe.xadd(
+                self.keys.events(job_id),
+                {
+                    "ts": now,
+                    "kind": "state",
+                    "message": f"queued by {owner}",
+                    "data": json.dumps({"state": "queued"}),
+                },
+            )
             await pipe.execute()
         return await self.get(job_id)
 
@@ -118,8 +141,13 @@ class JobStore:
             raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /v1/jobs")
         return _job_from_hash(raw)
 
-    async def list(self, state: JobState | None = None, owner: str | None = None,
-                   offset: int = 0, limit: int = 50) -> tuple[list[Job], int]:
+    async def list(
+        self,
+        state: JobState | None = None,
+        owner: str | None = None,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[list[Job], int]:
         ids = await self.redis.zrevrange(self.keys.jobs, 0, -1)
         if state is not None:
             members = await self.redis.smembers(f"{self.keys.prefix}:state:{state.value}")
@@ -132,7 +160,7 @@ class JobStore:
         jobs = [_job_from_hash(r) for r in raws if r]
         if owner is not None:
             jobs = [j for j in jobs if j.owner == owner]
-        return jobs[offset:offset + limit], len(jobs)
+        return jobs[offset : offset + limit], len(jobs)
 
     async def counts_by_state(self) -> dict[JobState, int]:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -144,54 +172,82 @@ class JobStore:
     async def queue_depth(self) -> int:
         return int(await self.redis.zcard(self.keys.queue))
 
-    async def transition(self, job_id: str, dst: JobState, message: str,
-                         sources: frozenset[JobState] | None = None,
-                         **fields: Any) -> JobState:
+    async def transition(
+        self,
+        job_id: str,
+        dst: JobState,
+        message: str,
+        sources: frozenset[JobState] | None = None,
+        **fields: Any,
+    ) -> JobState:
         """Move a job to `dst` if the state machine allows it; returns the previous state.
         Raises NotFound or Conflict (with the current state) and then changes nothing."""
-        allowed = sources if sources is not None else frozenset(
-            s for s, dsts in ALLOWED_TRANSITIONS.items() if dst in dsts)
+        allowed = (
+            sources
+            if sources is not None
+            else frozenset(s for s, dsts in ALLOWED_TRANSITIONS.items() if dst in dsts)
+        )
         now = time.time()
-        args: list[str] = [self.keys.prefix, job_id, dst.value,
-                           ",".join(s.value for s in allowed), str(now), "state", message,
-                           json.dumps({"state": dst.value})]
+        args: list[str] = [
+            self.keys.prefix,
+            job_id,
+            dst.value,
+            ",".join(s.value for s in allowed),
+            str(now),
+            "state",
+            message,
+            json.dumps({"state": dst.value}),
+        ]
         for k, v in fields.items():
             args += [k, _encode(v)]
         ok, cur = await self._transition(
-            keys=[self.keys.job(job_id), self.keys.events(job_id), self.keys.queue], args=args)
+            keys=[self.keys.job(job_id), self.keys.events(job_id), self.keys.queue], args=args
+        )
         if not cur:
             raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /v1/jobs")
         if not ok:
-            raise Conflict(f"job {job_id} is {cur}; it cannot become {dst.value}",
-                           state=cur)
+            raise Conflict(f"job {job_id} is {cur}; it cannot become {dst.value}", state=cur)
         return JobState(cur)
 
     async def claim(self, node: str, free_device_bytes: int, free_host_bytes: int) -> str | None:
-        return await self._claim(keys=[self.keys.queue],
-                                 args=[self.keys.prefix, node, free_device_bytes,
-                                       free_host_bytes, time.time()])
+        return await self._claim(
+            keys=[self.keys.queue],
+            args=[self.keys.prefix, node, free_device_bytes, free_host_bytes, time.time()],
+        )
 
     async def update(self, job_id: str, **fields: Any) -> None:
         """Progress fields of a live job (step, loss, ...); never touches `state`."""
         assert "state" not in fields, "state changes go through transition()"
         fields["updated_at"] = time.time()
-        await self.redis.hset(self.keys.job(job_id),
-                              mapping={k: _encode(v) for k, v in fields.items()})
+        await self.redis.hset(
+            self.keys.job(job_id), mapping={k: _encode(v) for k, v in fields.items()}
+        )
 
     # ------------------------------------------------------------ events
 
-    async def add_event(self, job_id: str, kind: str, message: str,
-                        data: dict[str, Any] | None = None) -> None:
-        await self.redis.xadd(self.keys.events(job_id),
-                              {"ts": time.time(), "kind": kind, "message": message,
-                               "data": json.dumps(data or {})}, maxlen=10000, approximate=True)
+    async def add_event(
+        self, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None
+    ) -> None:
+        await self.redis.xadd(
+            self.keys.events(job_id),
+            {"ts": time.time(), "kind": kind, "message": message, "data": json.dumps(data or {})},
+            maxlen=10000,
+            approximate=True,
+        )
 
-    async def events(self, job_id: str, after: str | None = None,
-                     limit: int = 100) -> list[Event]:
+    async def events(self, job_id: str, after: str | None = None, limit: int = 100) -> list[Event]:
         start = f"({after}" if after else "-"
         rows = await self.redis.xrange(self.keys.events(job_id), min=start, max="+", count=limit)
-        return [Event(id=eid, ts=float(f["ts"]), kind=f["kind"], message=f["message"],
-                      data=json.loads(f.get("data") or "{}")) for eid, f in rows]
+        return [
+            Event(
+                id=eid,
+                ts=float(f["ts"]),
+                kind=f["kind"],
+                message=f["message"],
+                data=json.loads(f.get("data") or "{}"),
+            )
+            for eid, f in rows
+        ]
 
     # ------------------------------------------------------------ nodes
 
@@ -215,9 +271,14 @@ class JobStore:
 
 def _job_from_hash(raw: dict[str, str]) -> Job:
     data: dict[str, Any] = {
-        "id": raw["id"], "name": raw["name"], "owner": raw["owner"], "state": raw["state"],
-        "attempt": int(raw["attempt"]), "step": int(raw.get("step") or 0),
-        "steps": int(raw["steps"]), "created_at": float(raw["created_at"]),
+        "id": raw["id"],
+        "name": raw["name"],
+        "owner": raw["owner"],
+        "state": raw["state"],
+        "attempt": int(raw["attempt"]),
+        "step": int(raw.get("step") or 0),
+        "steps": int(raw["steps"]),
+        "created_at": float(raw["created_at"]),
         "updated_at": float(raw["updated_at"]),
         "spec": JobSpec.model_validate_json(raw["spec"]),
         "plan": Plan.model_validate_json(raw["plan"]) if raw.get("plan") else None,

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from wstrain.scheduler.contracts.jobs import JobSpec, PathModel, Plan, WorkerExit, WorkerMessage
 from wstrain.scheduler.contracts.calibration import GPU_PEAK_FLOPS, host_reserve_bytes
+from wstrain.scheduler.contracts.jobs import JobSpec, PathModel, Plan, WorkerExit, WorkerMessage
 from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream
@@ -31,10 +31,10 @@ from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.models.dense import LlamaModel
 from wstrain.worker.runtime.base import Runtime
 from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
-from wstrain.worker.runtime.working_set.state import HostState
 from wstrain.worker.runtime.stats import StepStats, Telemetry
-from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
+from wstrain.worker.runtime.working_set.state import HostState
 
 log = logging.getLogger("worker")
 # Step reports are throttled so a fast CPU job does not flood its agent.
@@ -47,16 +47,20 @@ def build_runtime(spec: JobSpec, plan: Plan) -> Runtime:
     dims = resolve_dims(spec.model)
     pretrained = Path(spec.model.path) if isinstance(spec.model, PathModel) else None
     if plan.runtime == "resident":
-        cfg = RuntimeConfig(spec.precision, plan.device, plan.micro_batch, plan.rounds,
-                            spec.steps, spec.seed)
+        cfg = RuntimeConfig(
+            spec.precision, plan.device, plan.micro_batch, plan.rounds, spec.steps, spec.seed
+        )
         resident = ResidentRuntime(dims, cfg, spec.optimizer)
         if pretrained is not None:
             stream_into(dict(resident.model.named_parameters()), pretrained)
         return resident
     cuda = plan.device == "cuda"
-    arena_limit = spec.budget.host_bytes - host_reserve_bytes(dims.params, spec.precision, plan.device)
-    host = HostState.create(dims, spec.precision, pin=cuda, fused_adamw=cuda,
-                            arena_limit_bytes=arena_limit)
+    arena_limit = spec.budget.host_bytes - host_reserve_bytes(
+        dims.params, spec.precision, plan.device
+    )
+    host = HostState.create(
+        dims, spec.precision, pin=cuda, fused_adamw=cuda, arena_limit_bytes=arena_limit
+    )
     if pretrained is not None:  # straight into the host tiles
         host.stream_from(pretrained)
     else:
@@ -72,13 +76,24 @@ def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
     ws = plan.working_set
     assert ws is not None, "a working_set plan carries its working_set section"
     return WorkingSetConfig(
-        precision=spec.precision, device=plan.device, micro_batch=plan.micro_batch,
-        chunk=ws.chunk, rounds=plan.rounds, steps=spec.steps, seed=spec.seed,
-        seq_len=spec.seq_len, r_param=ws.r_param, r_grad=ws.r_grad, window=plan.window,
-        levels=tuple(tuple(row) for row in ws.levels), loss_tokens=ws.loss_tokens,
-        device_opt_layers={"host": 0, "device": plan.layers,
-                           "split": ws.device_layers}[ws.optimizer],
-        lead_rounds=ws.lead_rounds)
+        precision=spec.precision,
+        device=plan.device,
+        micro_batch=plan.micro_batch,
+        chunk=ws.chunk,
+        rounds=plan.rounds,
+        steps=spec.steps,
+        seed=spec.seed,
+        seq_len=spec.seq_len,
+        r_param=ws.r_param,
+        r_grad=ws.r_grad,
+        window=plan.window,
+        levels=tuple(tuple(row) for row in ws.levels),
+        loss_tokens=ws.loss_tokens,
+        device_opt_layers={"host": 0, "device": plan.layers, "split": ws.device_layers}[
+            ws.optimizer
+        ],
+        lead_rounds=ws.lead_rounds,
+    )
 
 
 class Worker:
@@ -103,11 +118,16 @@ class Worker:
         total = torch.cuda.get_device_properties(0).total_memory
         fraction = min(1.0, self.spec.budget.device_bytes / total)
         torch.cuda.set_per_process_memory_fraction(fraction, 0)
-        log.info("job %s: device budget %.2f GiB = %.3f of the GPU", self.job_id,
-                 self.spec.budget.device_gib, fraction)
+        log.info(
+            "job %s: device budget %.2f GiB = %.3f of the GPU",
+            self.job_id,
+            self.spec.budget.device_gib,
+            fraction,
+        )
 
-    def _telemetry(self, telemetry: Telemetry, last: StepStats,
-                   runtime: Runtime) -> dict[str, float]:
+    def _telemetry(
+        self, telemetry: Telemetry, last: StepStats, runtime: Runtime
+    ) -> dict[str, float]:
         host = runtime.host_memory()
         device_peak = None
         if self.plan.device == "cuda":
@@ -121,8 +141,13 @@ class Worker:
         dims = resolve_dims(self.spec.model)
         runtime = build_runtime(self.spec, self.plan)
         evals = self.spec.eval
-        data = TokenStream.open(self.spec.data, dims.vocab_size, self.spec.seq_len,
-                                self.spec.seed, evals.heldout_fraction if evals else 0.0)
+        data = TokenStream.open(
+            self.spec.data,
+            dims.vocab_size,
+            self.spec.seq_len,
+            self.spec.seed,
+            evals.heldout_fraction if evals else 0.0,
+        )
         root = self.job_dir / "checkpoints"
         start = 0
         if (ckpt := checkpoint.latest(root)) is not None:
@@ -134,13 +159,21 @@ class Worker:
         # collector's generations: full collections then scan only what steps create (a
         # 32-layer job paid ~0.2 s a step scanning them)
         gc.freeze()
-        self.emit(WorkerMessage(kind="started", step=start,
-                                message=f"pid {os.getpid()} on {self.plan.device}"))
+        self.emit(
+            WorkerMessage(
+                kind="started", step=start, message=f"pid {os.getpid()} on {self.plan.device}"
+            )
+        )
         hf_config = dims.to_hf_config()
 
         def save(step: int) -> None:
-            path = checkpoint.save(root, checkpoint.TrainerState(step, step),
-                                   runtime.state_tensors(), runtime.optimizer_state(), hf_config)
+            path = checkpoint.save(
+                root,
+                checkpoint.TrainerState(step, step),
+                runtime.state_tensors(),
+                runtime.optimizer_state(),
+                hf_config,
+            )
             self.emit(WorkerMessage(kind="checkpoint", step=step, path=str(path)))
 
         flops_per_token = dims.flops_per_token(self.spec.seq_len)
@@ -157,10 +190,17 @@ class Worker:
             now = time.monotonic()
             if now - last_report >= REPORT_INTERVAL_S or done == self.spec.steps:
                 last_report = now
-                self.emit(WorkerMessage(
-                    kind="step", step=done, loss=res.loss, step_seconds=res.step_seconds,
-                    tokens_per_s=tokens_per_s, mfu=flops_per_token * tokens_per_s / self.peak_flops,
-                    metrics=self._telemetry(telemetry, res, runtime)))
+                self.emit(
+                    WorkerMessage(
+                        kind="step",
+                        step=done,
+                        loss=res.loss,
+                        step_seconds=res.step_seconds,
+                        tokens_per_s=tokens_per_s,
+                        mfu=flops_per_token * tokens_per_s / self.peak_flops,
+                        metrics=self._telemetry(telemetry, res, runtime),
+                    )
+                )
             if evals and (done % evals.every_steps == 0 or done == self.spec.steps):
                 held_out = runtime.eval_loss(*data.eval_batch(evals.sequences))
                 self.emit(WorkerMessage(kind="eval", step=done, loss=held_out))
@@ -174,20 +214,29 @@ class Worker:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job-dir", type=Path, required=True)
-    parser.add_argument("--peak-flops", type=float, default=GPU_PEAK_FLOPS,
-                        help="peak FLOP/s the MFU is measured against")
+    parser.add_argument(
+        "--peak-flops",
+        type=float,
+        default=GPU_PEAK_FLOPS,
+        help="peak FLOP/s the MFU is measured against",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if args.threads:
         torch.set_num_threads(args.threads)
     worker = Worker(args.job_dir, args.peak_flops)
     try:
         return int(worker.run())
     except torch.cuda.OutOfMemoryError as exc:
-        msg = (f"device memory budget {worker.spec.budget.device_gib} GiB exceeded: {exc}; "
-               "this is a planner bug, please report it with the plan")
+        msg = (
+            f"device memory budget {worker.spec.budget.device_gib} GiB exceeded: {exc}; "
+            "this is a planner bug, please report it with the plan"
+        )
     except Exception as exc:  # every failure becomes a reported error with its reason
         msg = f"{type(exc).__name__}: {exc}"
     log.error("job %s: failed: %s\n%s", worker.job_id, msg, traceback.format_exc())

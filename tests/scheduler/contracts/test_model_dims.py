@@ -24,9 +24,17 @@ TABLE_1 = {
 @pytest.mark.parametrize("name", sorted(TABLE_1))
 def test_table_1_dimensions(name: str) -> None:
     d = PRESETS[name]
-    got = (d.vocab_size, d.num_layers, d.hidden_size, d.head_dim, d.num_heads, d.num_kv_heads,
-           d.moe_intermediate_size if d.is_moe else d.intermediate_size, d.num_experts,
-           d.experts_per_token)
+    got = (
+        d.vocab_size,
+        d.num_layers,
+        d.hidden_size,
+        d.head_dim,
+        d.num_heads,
+        d.num_kv_heads,
+        d.moe_intermediate_size if d.is_moe else d.intermediate_size,
+        d.num_experts,
+        d.experts_per_token,
+    )
     assert got == TABLE_1[name]
 
 
@@ -50,8 +58,9 @@ def test_preset_list_reports_state_bytes() -> None:
     q = listed["qwen3-32b"]
     assert q.architecture == "Qwen3ForCausalLM" and q.params_active == q.params_total
     assert q.training_state_bytes["bf16"] == 8 * q.params_total
-    assert all(q.training_state_bytes[p] == b * q.params_total
-               for p, b in STATE_BYTES_PER_PARAM.items())
+    assert all(
+        q.training_state_bytes[p] == b * q.params_total for p, b in STATE_BYTES_PER_PARAM.items()
+    )
     o = listed["olmoe-7b-a1b"]  # OLMoE-1B-7B: 6.9 B parameters, 1.3 B active
     assert o.architecture == "OlmoeForCausalLM" and (o.experts, o.experts_per_token) == (64, 8)
     assert round(o.params_total / 1e9, 1) == 6.9 and round(o.params_active / 1e9, 1) == 1.3

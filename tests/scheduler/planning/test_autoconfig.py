@@ -13,28 +13,36 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from wstrain.scheduler.planning import cost_model as cm
-from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.jobs import JobSpec
+from wstrain.scheduler.contracts.calibration import GIB, LEVELS
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.scheduler.contracts.hardware import H100_ADAWS, H200, NodeProfile
-from wstrain.scheduler.contracts.calibration import LEVELS
-from wstrain.scheduler.planning.levels import BUCKETS, LayerCost, simulate, solve
+from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import PRESETS, ModelDims
+from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.planning.levels import BUCKETS, LayerCost, simulate, solve
 from wstrain.scheduler.planning.planner import make_plan
 from wstrain.scheduler.planning.working_set import make_ws_plan, micro_batches
 
 LLAMA3_8B = PRESETS["llama3-8b"]
 
 
-def _spec(dims: ModelDims, seq: int, batch: int, dev: float, host: float,
-          **overrides: object) -> JobSpec:
+def _spec(
+    dims: ModelDims, seq: int, batch: int, dev: float, host: float, **overrides: object
+) -> JobSpec:
     hf = {**dims.to_hf_config(), "max_position_embeddings": max(seq, 8192)}
-    return JobSpec.model_validate({
-        "name": "a", "model": {"hf_config": hf}, "data": {"kind": "synthetic"},
-        "seq_len": seq, "global_batch": batch, "steps": 1, "precision": "bf16",
-        "budget": {"device_gib": dev, "host_gib": host},
-        "overrides": {"runtime": "working_set", **overrides}})
+    return JobSpec.model_validate(
+        {
+            "name": "a",
+            "model": {"hf_config": hf},
+            "data": {"kind": "synthetic"},
+            "seq_len": seq,
+            "global_batch": batch,
+            "steps": 1,
+            "precision": "bf16",
+            "budget": {"device_gib": dev, "host_gib": host},
+            "overrides": {"runtime": "working_set", **overrides},
+        }
+    )
 
 
 # ---------------------------------------------------------------- AdaWS's worked numbers
@@ -55,7 +63,10 @@ def test_adaws_micro_batch_bound_for_llama3_8b_on_h100() -> None:
     for seq, first in ((8192, 4), (4096, 8), (32768, 1)):
         spec = _spec(LLAMA3_8B, seq, 64, 60, 400, optimizer="host", r_param=3, r_grad=2)
         plan = make_ws_plan(spec, LLAMA3_8B, H100_ADAWS)
-        assert f"X >= {cm.adaws_min_micro_batch(218_112_000, 218_112_000, seq, 4096, 2, 2, 989e12, 64e9):.2f}" in plan.reasons["micro_batch"]
+        assert (
+            f"X >= {cm.adaws_min_micro_batch(218_112_000, 218_112_000, seq, 4096, 2, 2, 989e12, 64e9):.2f}"
+            in plan.reasons["micro_batch"]
+        )
         assert plan.micro_batch >= first
 
 
@@ -94,15 +105,25 @@ def test_window_is_adaws_formula_with_every_fixed_buffer() -> None:
                                                                           7,079,372,390
     L_bytes (level-0 window layer) = 4·8192·4096·2 = 268,435,456.
     W = floor((20 GiB - 14,737,488,412) / 268,435,456) = floor(25.10) = 25."""
-    moving = (268_435_456 + 2_626_682_880 + 2_137_417_318 + 1_073_741_824 + 436_224_000
-              + 536_870_912)
+    moving = 268_435_456 + 2_626_682_880 + 2_137_417_318 + 1_073_741_824 + 436_224_000 + 536_870_912
     assert moving == 7_079_372_390
     B = int(4_202_708_992 + 2_181_120_000 + 1.18 * moving)
     assert B == 14_737_488_412
     expected = int((20 * GIB - B) // 268_435_456)
     assert expected == 25
-    spec = _spec(LLAMA3_8B, 8192, 32, 20, 400, micro_batch=4, r_param=3, r_grad=2, level=0,
-                 optimizer="host", lead_rounds=1)
+    spec = _spec(
+        LLAMA3_8B,
+        8192,
+        32,
+        20,
+        400,
+        micro_batch=4,
+        r_param=3,
+        r_grad=2,
+        level=0,
+        optimizer="host",
+        lead_rounds=1,
+    )
     plan = make_ws_plan(spec, LLAMA3_8B, H100_ADAWS)
     # With level 0 forced, a wider window costs nothing and saves fetches: W is the bound.
     assert plan.window == expected
@@ -117,15 +138,17 @@ def layer_costs(draw: st.DrawFn) -> LayerCost:
     compute, cap = draw(st.floats(0.5, 2.0)), draw(st.floats(0.5, 6.0))
     transfer = sorted(draw(st.lists(st.floats(0.0, 4.0), min_size=LEVELS, max_size=LEVELS)))
     transfer[0] = min(transfer[0], compute, cap)  # inputs alone fit the link
-    value = sorted(draw(st.lists(st.floats(0.0, compute), min_size=LEVELS - 1,
-                                 max_size=LEVELS - 1)))
+    value = sorted(
+        draw(st.lists(st.floats(0.0, compute), min_size=LEVELS - 1, max_size=LEVELS - 1))
+    )
     return LayerCost(draw(st.integers(1, 4)), compute, tuple(transfer), (0.0, *value), cap)
 
 
 @settings(max_examples=200, deadline=None)
 @given(lc=layer_costs(), layers=st.integers(1, 12), other=layer_costs())
-def test_dp_never_violates_the_write_buffer_constraint(lc: LayerCost, layers: int,
-                                                       other: LayerCost) -> None:
+def test_dp_never_violates_the_write_buffer_constraint(
+    lc: LayerCost, layers: int, other: LayerCost
+) -> None:
     transfer = (min(other.transfer_s[0], lc.cap_s), *other.transfer_s[1:])
     other = LayerCost(lc.chunks, other.compute_s, transfer, other.value_s, lc.cap_s)
     stack = [lc if k % 3 else other for k in range(layers)]  # two layer types interleaved
@@ -151,7 +174,7 @@ def test_dp_is_near_the_exhaustive_optimum(lc: LayerCost, layers: int) -> None:
     cap = lc.cap_s * (1 - items / (BUCKETS - 1))
     best = 0.0
     for flat in itertools.product(range(LEVELS), repeat=items):
-        rows = [list(flat[k * lc.chunks:(k + 1) * lc.chunks]) for k in range(layers)]
+        rows = [list(flat[k * lc.chunks : (k + 1) * lc.chunks]) for k in range(layers)]
         if simulate(stack, rows) <= cap:
             best = max(best, sum(lc.value_s[lv] for lv in flat))
     # The DP's layer patterns are two-level mixes spread evenly three ways.
@@ -162,9 +185,17 @@ def test_backward_prefetch_rolls_under_its_cap() -> None:
     """worker/runtime/working_set/saved_acts.py BackwardPrefetch keeps up to the cap in flight, topping up before
     each chunk: a layer's sets may total more than the cap and still come in behind its
     backward, while the inbound link keeps up; a set over the cap is copied in when needed."""
-    lc = LayerCost(4, 0.007, (0.001, 0.006, 0.013, 0.017), (0.0, 0.002, 0.003, 0.007), 0.027,
-                   back_s=(0.001, 0.004, 0.010, 0.013), prefetch_cap_s=0.020,
-                   inbound_s=0.017, busy_s=0.060)
+    lc = LayerCost(
+        4,
+        0.007,
+        (0.001, 0.006, 0.013, 0.017),
+        (0.0, 0.002, 0.003, 0.007),
+        0.027,
+        back_s=(0.001, 0.004, 0.010, 0.013),
+        prefetch_cap_s=0.020,
+        inbound_s=0.017,
+        busy_s=0.060,
+    )
     rec, exposed = lc.row_costs(np.array([[3, 3, 1, 1]]))  # 34 ms back: over the cap
     assert exposed[0] == pytest.approx(max(0.0, 0.017 + 0.034 - 0.060 - rec[0]))
     slow = dataclasses.replace(lc, busy_s=0.030)  # the link cannot keep up: the excess shows
@@ -177,8 +208,13 @@ def test_backward_prefetch_rolls_under_its_cap() -> None:
 
 def test_dp_meets_its_speed_on_64_layers_of_32_chunks() -> None:
     """Sanity bound only (the < 10 ms figure is measured in bench/planner.py)."""
-    lc = LayerCost(32, 0.0078, (0.0012, 0.005, 0.006, 0.011),
-                   tuple(0.0078 * v for v in (0.0, 0.3, 0.7, 0.98)), 0.02)
+    lc = LayerCost(
+        32,
+        0.0078,
+        (0.0012, 0.005, 0.006, 0.011),
+        tuple(0.0078 * v for v in (0.0, 0.3, 0.7, 0.98)),
+        0.02,
+    )
     start = time.perf_counter()
     sol = solve([lc] * 64)
     assert time.perf_counter() - start < 1.0
@@ -193,30 +229,47 @@ def models(draw: st.DrawFn) -> ModelDims:
     head_dim = draw(st.sampled_from([32, 64, 128]))
     kv = draw(st.sampled_from([1, 2, 4, 8]))
     heads = kv * draw(st.integers(1, 4))
-    return ModelDims(vocab_size=draw(st.sampled_from([1000, 32000, 128256])),
-                     hidden_size=heads * head_dim,
-                     intermediate_size=draw(st.sampled_from([2, 3, 4])) * heads * head_dim,
-                     num_layers=draw(st.integers(1, 48)), num_heads=heads, num_kv_heads=kv,
-                     head_dim=head_dim, max_position_embeddings=65536)
+    return ModelDims(
+        vocab_size=draw(st.sampled_from([1000, 32000, 128256])),
+        hidden_size=heads * head_dim,
+        intermediate_size=draw(st.sampled_from([2, 3, 4])) * heads * head_dim,
+        num_layers=draw(st.integers(1, 48)),
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        max_position_embeddings=65536,
+    )
 
 
 @st.composite
 def profiles(draw: st.DrawFn) -> NodeProfile:
     link = draw(st.floats(5e9, 64e9))
     flops = draw(st.floats(1e12, 1e15))
-    return NodeProfile("cuda", flops, draw(st.floats(1e8, 5e9)), 80 * GIB, 512 * GIB, link,
-                       link * draw(st.floats(0.8, 1.0)), link * draw(st.floats(0.6, 0.95)),
-                       ((4096, flops * draw(st.floats(0.5, 1.0))),
-                        (32768, flops * draw(st.floats(0.5, 1.0)))))
+    return NodeProfile(
+        "cuda",
+        flops,
+        draw(st.floats(1e8, 5e9)),
+        80 * GIB,
+        512 * GIB,
+        link,
+        link * draw(st.floats(0.8, 1.0)),
+        link * draw(st.floats(0.6, 0.95)),
+        ((4096, flops * draw(st.floats(0.5, 1.0))), (32768, flops * draw(st.floats(0.5, 1.0)))),
+    )
 
 
 @settings(max_examples=150, deadline=None)
-@given(dims=models(), node=profiles(), seq=st.sampled_from([512, 2048, 8192, 32768]),
-       batch=st.sampled_from([1, 4, 8, 12, 32]), dev=st.floats(0.5, 80),
-       host=st.floats(1, 600))
+@given(
+    dims=models(),
+    node=profiles(),
+    seq=st.sampled_from([512, 2048, 8192, 32768]),
+    batch=st.sampled_from([1, 4, 8, 12, 32]),
+    dev=st.floats(0.5, 80),
+    host=st.floats(1, 600),
+)
 def test_working_set_plans_fit_and_more_budget_is_never_slower(
-        dims: ModelDims, node: NodeProfile, seq: int, batch: int, dev: float,
-        host: float) -> None:
+    dims: ModelDims, node: NodeProfile, seq: int, batch: int, dev: float, host: float
+) -> None:
     spec = _spec(dims, seq, batch, dev, host)
     start = time.perf_counter()
     try:
@@ -229,8 +282,12 @@ def test_working_set_plans_fit_and_more_budget_is_never_slower(
     assert plan.predicted.peak_device_bytes <= spec.budget.device_bytes
     assert plan.predicted.peak_host_bytes <= spec.budget.host_bytes
     pred = plan.predicted
-    parts = (pred.compute_seconds, pred.recompute_seconds, pred.exposed_transfer_seconds,
-             pred.optimizer_seconds)
+    parts = (
+        pred.compute_seconds,
+        pred.recompute_seconds,
+        pred.exposed_transfer_seconds,
+        pred.optimizer_seconds,
+    )
     assert all(p is not None and p >= 0 for p in parts)
     assert sum(parts) == pytest.approx(pred.step_seconds)  # type: ignore[arg-type]
     assert plan.micro_batch * plan.rounds == batch and plan.working_set is not None
@@ -260,15 +317,28 @@ def test_every_preset_plans_in_under_a_second(preset: str) -> None:
 
 def test_overrides_win_and_are_validated() -> None:
     dims = PRESETS["llama3-8b-16l"]
-    spec = _spec(dims, 8192, 32, 24, 200, micro_batch=2, window=3, r_param=2, r_grad=1,
-                 level=2, optimizer="host")
+    spec = _spec(
+        dims,
+        8192,
+        32,
+        24,
+        200,
+        micro_batch=2,
+        window=3,
+        r_param=2,
+        r_grad=1,
+        level=2,
+        optimizer="host",
+    )
     plan = make_ws_plan(spec, dims, H200)
     ws = plan.working_set
     assert ws is not None and (plan.micro_batch, plan.window) == (2, 3)
     assert (ws.r_param, ws.r_grad, ws.optimizer) == (2, 1, "host")
     assert all(lv == 2 for row in ws.levels for lv in row)
-    assert all("(override)" in plan.reasons[k] for k in ("micro_batch", "window", "rings",
-                                                          "levels", "optimizer"))
+    assert all(
+        "(override)" in plan.reasons[k]
+        for k in ("micro_batch", "window", "rings", "levels", "optimizer")
+    )
     with pytest.raises(InfeasibleBudget):  # a forced window that cannot fit is refused
         make_ws_plan(_spec(dims, 8192, 32, 16, 200, window=16, level=3), dims, H200)
 
@@ -280,9 +350,23 @@ def test_lead_pass_hides_the_host_adamw_and_is_validated() -> None:
     transition buffers on the device and its extra home sets on the host."""
     dims = PRESETS["llama3-8b-16l"]
     # micro-batch 4 each: 8 sequences a round would hide the update as a lead pass of two
-    plans = {lead: make_ws_plan(_spec(dims, 8192, 32, 12, 100, optimizer="host", micro_batch=4,
-                                      **({"lead_rounds": lead} if lead else {})), dims, H200)
-             for lead in (None, 1, 2)}
+    plans = {
+        lead: make_ws_plan(
+            _spec(
+                dims,
+                8192,
+                32,
+                12,
+                100,
+                optimizer="host",
+                micro_batch=4,
+                **({"lead_rounds": lead} if lead else {}),
+            ),
+            dims,
+            H200,
+        )
+        for lead in (None, 1, 2)
+    }
     assert plans[None].working_set.lead_rounds == 2  # type: ignore[union-attr]
     assert "2: the step's first pass" in plans[None].reasons["lead_rounds"]
     one, two = plans[1].predicted, plans[2].predicted
@@ -302,9 +386,14 @@ def test_split_adamw_starts_the_host_ahead_and_is_validated() -> None:
     moments' traffic per layer; the split gives the first layers (and the embedding) to the
     device, so the host thread starts that many layers ahead, and beats both."""
     dims = PRESETS["llama3-8b"]
-    plans = {opt: make_ws_plan(_spec(dims, 8192, 32, 24, 100, lead_rounds=1,
-                                     **({"optimizer": opt} if opt else {})), dims, H200)
-             for opt in (None, "host", "device", "split")}
+    plans = {
+        opt: make_ws_plan(
+            _spec(dims, 8192, 32, 24, 100, lead_rounds=1, **({"optimizer": opt} if opt else {})),
+            dims,
+            H200,
+        )
+        for opt in (None, "host", "device", "split")
+    }
     auto = plans[None]
     assert auto.working_set is not None and auto.working_set.optimizer == "split"
     k = auto.working_set.device_layers

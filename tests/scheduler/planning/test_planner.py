@@ -7,27 +7,40 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.errors import InfeasibleBudget
-from wstrain.scheduler.contracts.model_dims import PRESETS
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
+from wstrain.scheduler.contracts.jobs import JobSpec
+from wstrain.scheduler.contracts.model_dims import PRESETS
 from wstrain.scheduler.planning.planner import make_plan
 
 
 def _spec(preset: str, seq: int, batch: int, dev: float, host: float, prec: str) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "p", "model": {"preset": preset}, "data": {"kind": "synthetic"},
-        "seq_len": seq, "global_batch": batch, "steps": 1, "precision": prec,
-        "budget": {"device_gib": dev, "host_gib": host}})
+    return JobSpec.model_validate(
+        {
+            "name": "p",
+            "model": {"preset": preset},
+            "data": {"kind": "synthetic"},
+            "seq_len": seq,
+            "global_batch": batch,
+            "steps": 1,
+            "precision": prec,
+            "budget": {"device_gib": dev, "host_gib": host},
+        }
+    )
 
 
 @settings(max_examples=300, deadline=None)
-@given(preset=st.sampled_from(sorted(PRESETS)), seq=st.sampled_from([64, 128, 512, 1024]),
-       batch=st.integers(1, 64), dev=st.floats(0.01, 200), host=st.floats(0.5, 200),
-       prec=st.sampled_from(["bf16", "mixed", "fp32"]))
-def test_plan_fits_budget_or_names_a_minimum_that_does(preset: str, seq: int, batch: int,
-                                                       dev: float, host: float,
-                                                       prec: str) -> None:
+@given(
+    preset=st.sampled_from(sorted(PRESETS)),
+    seq=st.sampled_from([64, 128, 512, 1024]),
+    batch=st.integers(1, 64),
+    dev=st.floats(0.01, 200),
+    host=st.floats(0.5, 200),
+    prec=st.sampled_from(["bf16", "mixed", "fp32"]),
+)
+def test_plan_fits_budget_or_names_a_minimum_that_does(
+    preset: str, seq: int, batch: int, dev: float, host: float, prec: str
+) -> None:
     dims = PRESETS[preset]
     assume(seq <= dims.max_position_embeddings)
     spec = _spec(preset, seq, batch, dev, host, prec)
@@ -37,8 +50,11 @@ def test_plan_fits_budget_or_names_a_minimum_that_does(preset: str, seq: int, ba
         need = exc.detail["min_budget"]
         assert need["device_gib"] > dev or need["host_gib"] > host
         # The named minimum itself is feasible.
-        ok = make_plan(_spec(preset, seq, batch, need["device_gib"], need["host_gib"], prec),
-                       dims, DEFAULT_PROFILE)
+        ok = make_plan(
+            _spec(preset, seq, batch, need["device_gib"], need["host_gib"], prec),
+            dims,
+            DEFAULT_PROFILE,
+        )
         assert ok.predicted.peak_device_bytes <= need["device_gib"] * GIB
         return
     assert plan.predicted.peak_device_bytes <= spec.budget.device_bytes

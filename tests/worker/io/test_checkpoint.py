@@ -30,8 +30,9 @@ def _trained_and_saved(root: Path, steps: int, preset: str = "micro-llama"):  # 
         sched.step()
         opt.zero_grad()
     extra = {"optimizer": opt.state_dict(), "schedule": sched.state_dict()}
-    path = checkpoint.save(root, checkpoint.TrainerState(steps, steps), model.state_dict(),
-                           extra, dims.to_hf_config())
+    path = checkpoint.save(
+        root, checkpoint.TrainerState(steps, steps), model.state_dict(), extra, dims.to_hf_config()
+    )
     return dims, model, opt, sched, path
 
 

@@ -16,14 +16,19 @@ def test_bin_and_npy_token_files_give_the_same_batches(tmp_path: Path) -> None:
     ids = (np.arange(10_000) * 7919 % 50_000).astype(np.uint32)
     ids.tofile(tmp_path / "t.bin")
     np.save(tmp_path / "t.npy", ids)
-    streams = [TokenStream.open(TokenData(kind="tokens", path=str(tmp_path / f), dtype="uint32"),
-                                50_000, 64, seed=3) for f in ("t.bin", "t.npy")]
+    streams = [
+        TokenStream.open(
+            TokenData(kind="tokens", path=str(tmp_path / f), dtype="uint32"), 50_000, 64, seed=3
+        )
+        for f in ("t.bin", "t.npy")
+    ]
     for step, rnd in ((0, 0), (5, 1), (5, 1)):
         (xa, ya), (xb, yb) = (s.batch(step, rnd, 4) for s in streams)
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
         assert xa.shape == (4, 64) and torch.equal(xa[:, 1:], ya[:, :-1])
-    again = TokenStream.open(TokenData(kind="tokens", path=str(tmp_path / "t.bin"),
-                                       dtype="uint32"), 50_000, 64, seed=3)
+    again = TokenStream.open(
+        TokenData(kind="tokens", path=str(tmp_path / "t.bin"), dtype="uint32"), 50_000, 64, seed=3
+    )
     assert torch.equal(again.batch(7, 2, 4)[0], streams[0].batch(7, 2, 4)[0])
     assert not torch.equal(streams[0].batch(7, 2, 4)[0], streams[0].batch(8, 2, 4)[0])
 
@@ -57,8 +62,9 @@ def test_jsonl_documents_are_packed_with_end_of_text(tmp_path: Path) -> None:
     from wstrain.scheduler.contracts.jobs import TextData
     from wstrain.worker.io.data import _load_tokens
 
-    (tmp_path / "d.jsonl").write_text('{"text": "a b"}\n\n{"text": "c", "id": 2}\n'
-                                      '{"body": "d a", "text": "d a"}\n')
+    (tmp_path / "d.jsonl").write_text(
+        '{"text": "a b"}\n\n{"text": "c", "id": 2}\n{"body": "d a", "text": "d a"}\n'
+    )
     tok = _tokenizer_json(tmp_path)
     data = TextData(kind="text", path=str(tmp_path / "d.jsonl"), tokenizer=str(tok))
     assert _load_tokens(data, 6, 0).tolist() == [2, 3, 1, 4, 1, 5, 2, 1]

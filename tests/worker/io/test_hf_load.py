@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from wstrain.scheduler.contracts.jobs import JobSpec
+from tests.worker.hf_models import hf_causal_lm, hub_state, perturb_norms
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
+from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import PRESETS, resolve_dims
 from wstrain.scheduler.planning.planner import make_plan
-from tests.worker.hf_models import hf_causal_lm, hub_state, perturb_norms
 from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream
 from wstrain.worker.main import build_runtime
@@ -22,20 +22,31 @@ from wstrain.worker.models.dense import LlamaModel
 
 
 @pytest.mark.parametrize("runtime", ["working_set", "resident"])
-@pytest.mark.parametrize("preset", ["micro-llama", "tiny-qwen3", "tiny-olmoe", "tiny-qwen3-moe",
-                                    "tiny-qwen2-moe"])
-def test_save_pretrained_checkpoint_fine_tunes_and_round_trips(tmp_path: Path, runtime: str,
-                                                                preset: str) -> None:
+@pytest.mark.parametrize(
+    "preset", ["micro-llama", "tiny-qwen3", "tiny-olmoe", "tiny-qwen3-moe", "tiny-qwen2-moe"]
+)
+def test_save_pretrained_checkpoint_fine_tunes_and_round_trips(
+    tmp_path: Path, runtime: str, preset: str
+) -> None:
     torch.manual_seed(0)
     hf = hf_causal_lm(PRESETS[preset])
     perturb_norms(hf, seed=1)
     hf.save_pretrained(tmp_path / "hf", safe_serialization=True, max_shard_size="100KB")
     assert (tmp_path / "hf" / "model.safetensors.index.json").exists()  # really sharded
-    spec = JobSpec.model_validate({
-        "name": "ft", "model": {"path": str(tmp_path / "hf")}, "data": {"kind": "synthetic"},
-        "seq_len": 32, "global_batch": 4, "steps": 3, "precision": "fp32",
-        "budget": {"device_gib": 1, "host_gib": 2}, "optimizer": {"lr": 1e-3},
-        "overrides": {"runtime": runtime}})
+    spec = JobSpec.model_validate(
+        {
+            "name": "ft",
+            "model": {"path": str(tmp_path / "hf")},
+            "data": {"kind": "synthetic"},
+            "seq_len": 32,
+            "global_batch": 4,
+            "steps": 3,
+            "precision": "fp32",
+            "budget": {"device_gib": 1, "host_gib": 2},
+            "optimizer": {"lr": 1e-3},
+            "overrides": {"runtime": runtime},
+        }
+    )
     dims = resolve_dims(spec.model)
     assert dims == PRESETS[preset]
     rt = build_runtime(spec, make_plan(spec, dims, DEFAULT_PROFILE))
@@ -48,8 +59,13 @@ def test_save_pretrained_checkpoint_fine_tunes_and_round_trips(tmp_path: Path, r
         rt.train_step(data, step)
     trained = {k: v.cpu() for k, v in rt.state_tensors().items()}
     assert any(not torch.equal(trained[n], p) for n, p in hub.items())
-    path = checkpoint.save(tmp_path / "ckpt", checkpoint.TrainerState(3, 3), trained,
-                           rt.optimizer_state(), dims.to_hf_config())
+    path = checkpoint.save(
+        tmp_path / "ckpt",
+        checkpoint.TrainerState(3, 3),
+        trained,
+        rt.optimizer_state(),
+        dims.to_hf_config(),
+    )
     theirs = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").float()
     ours = LlamaModel(dims)
     ours.load_state_dict(trained)
@@ -61,8 +77,9 @@ def test_save_pretrained_checkpoint_fine_tunes_and_round_trips(tmp_path: Path, r
     x, y = data.eval_batch(3) if data.heldout is not None else data.batch(99, 0, 3)
     with torch.no_grad():
         ref_logits = theirs(input_ids=x).logits
-    ref_loss = float(torch.nn.functional.cross_entropy(ref_logits.reshape(-1, dims.vocab_size),
-                                                       y.reshape(-1)))
+    ref_loss = float(
+        torch.nn.functional.cross_entropy(ref_logits.reshape(-1, dims.vocab_size), y.reshape(-1))
+    )
     assert abs(rt.eval_loss(x, y) - ref_loss) < 1e-5 * ref_loss
 
 
@@ -75,19 +92,25 @@ def test_missing_and_unexpected_weights_are_named(tmp_path: Path) -> None:
     save_file({"a": torch.ones(2)}, str(tmp_path / "m.safetensors"))
     with pytest.raises(ValueError, match="lacks 1 weights"):
         stream_into(views, tmp_path)
-    save_file({"a": torch.ones(2), "b": torch.ones(3), "c": torch.ones(1)},
-              str(tmp_path / "m.safetensors"))
+    save_file(
+        {"a": torch.ones(2), "b": torch.ones(3), "c": torch.ones(1)},
+        str(tmp_path / "m.safetensors"),
+    )
     with pytest.raises(ValueError, match="'c'"):
         stream_into(views, tmp_path)
     with pytest.raises(ValueError, match="no \\*.safetensors"):
         stream_into(views, tmp_path / "nowhere")
 
 
-@pytest.mark.parametrize("file_dtype,state_dtype", [(torch.float32, torch.bfloat16),
-                                                    (torch.bfloat16, torch.float32)])
-def test_other_file_dtypes_convert_in_bounded_pieces(tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
-                                                     file_dtype: torch.dtype,
-                                                     state_dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    "file_dtype,state_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)]
+)
+def test_other_file_dtypes_convert_in_bounded_pieces(
+    tmp_path: Path,
+    monkeypatch,  # type: ignore[no-untyped-def]
+    file_dtype: torch.dtype,
+    state_dtype: torch.dtype,
+) -> None:
     """A checkpoint in another dtype than the training state converts through a small
     buffer (here 1 KiB: many pieces per tensor), equal to a plain dtype cast."""
     from safetensors.torch import save_file
@@ -96,8 +119,10 @@ def test_other_file_dtypes_convert_in_bounded_pieces(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(hf_load, "CONVERT_BYTES", 1024)
     g = torch.Generator().manual_seed(0)
-    tensors = {"a": torch.randn(37, 29, generator=g).to(file_dtype),
-               "b": torch.randn(1000, generator=g).to(file_dtype)}
+    tensors = {
+        "a": torch.randn(37, 29, generator=g).to(file_dtype),
+        "b": torch.randn(1000, generator=g).to(file_dtype),
+    }
     save_file(tensors, str(tmp_path / "model.safetensors"))
     views = {n: torch.empty(t.shape, dtype=state_dtype) for n, t in tensors.items()}
     hf_load.stream_into(views, tmp_path)

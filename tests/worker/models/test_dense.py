@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from wstrain.scheduler.contracts.model_dims import ModelDims
+
 from tests.worker.hf_models import hf_causal_lm, hub_grads, hub_state, perturb_norms
+from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 from wstrain.worker.models.moe import RouterTotals
 
 CONFIGS = [
-    ModelDims(97, 48, 80, 2, 4, 2, 12, 1e-5, 10000.0, 256),   # GQA 2:1
+    ModelDims(97, 48, 80, 2, 4, 2, 12, 1e-5, 10000.0, 256),  # GQA 2:1
     ModelDims(64, 32, 96, 3, 4, 4, 8, 1e-6, 500000.0, 256),  # MHA, Llama-3 theta
     ModelDims(50, 64, 64, 1, 8, 1, 16, 1e-5, 10000.0, 256),  # MQA, head_dim*heads != hidden
     ModelDims(97, 48, 80, 2, 4, 2, 16, 1e-6, 1000000.0, 256, model_type="qwen3"),
@@ -22,15 +23,61 @@ CONFIGS = [
 # OLMoE (q/k norm over whole projections, top-k weights as routed) and Qwen3-MoE (per-head
 # q/k norm, renormalised top-k, GQA), each with the load-balancing loss
 MOE = [
-    ModelDims(97, 48, 0, 2, 4, 4, 12, 1e-5, 10000.0, 256, model_type="olmoe", num_experts=6,
-              experts_per_token=2, moe_intermediate_size=20, router_aux_loss_coef=0.01),
-    ModelDims(97, 48, 0, 2, 4, 2, 16, 1e-6, 1000000.0, 256, model_type="qwen3_moe",
-              num_experts=8, experts_per_token=3, moe_intermediate_size=24, norm_topk_prob=True,
-              router_aux_loss_coef=0.05),
+    ModelDims(
+        97,
+        48,
+        0,
+        2,
+        4,
+        4,
+        12,
+        1e-5,
+        10000.0,
+        256,
+        model_type="olmoe",
+        num_experts=6,
+        experts_per_token=2,
+        moe_intermediate_size=20,
+        router_aux_loss_coef=0.01,
+    ),
+    ModelDims(
+        97,
+        48,
+        0,
+        2,
+        4,
+        2,
+        16,
+        1e-6,
+        1000000.0,
+        256,
+        model_type="qwen3_moe",
+        num_experts=8,
+        experts_per_token=3,
+        moe_intermediate_size=24,
+        norm_topk_prob=True,
+        router_aux_loss_coef=0.05,
+    ),
     # Qwen2-MoE: q/k/v biases, a sigmoid-gated shared expert beside the routed ones
-    ModelDims(97, 48, 0, 2, 4, 2, 12, 1e-6, 1000000.0, 256, model_type="qwen2_moe",
-              num_experts=6, experts_per_token=2, moe_intermediate_size=20,
-              router_aux_loss_coef=0.02, shared_expert_intermediate_size=40, qkv_bias=True),
+    ModelDims(
+        97,
+        48,
+        0,
+        2,
+        4,
+        2,
+        12,
+        1e-6,
+        1000000.0,
+        256,
+        model_type="qwen2_moe",
+        num_experts=6,
+        experts_per_token=2,
+        moe_intermediate_size=20,
+        router_aux_loss_coef=0.02,
+        shared_expert_intermediate_size=40,
+        qkv_bias=True,
+    ),
 ]
 
 
@@ -38,8 +85,11 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-30))
 
 
-@pytest.mark.parametrize("dims", CONFIGS + MOE, ids=lambda d: f"{d.architecture[:-11]}"
-                         f"-L{d.num_layers}h{d.num_heads}kv{d.num_kv_heads}")
+@pytest.mark.parametrize(
+    "dims",
+    CONFIGS + MOE,
+    ids=lambda d: f"{d.architecture[:-11]}-L{d.num_layers}h{d.num_heads}kv{d.num_kv_heads}",
+)
 def test_logits_loss_grads_match_transformers(dims: ModelDims) -> None:
     torch.manual_seed(0)
     ref = hf_causal_lm(dims).eval()

@@ -14,8 +14,10 @@ from wstrain.worker.models.moe import RouterTotals, experts, route
 def test_router_totals_equal_transformers_load_balancing_loss() -> None:
     g = torch.Generator().manual_seed(0)
     n_experts, top_k, layers, tokens = 6, 2, 3, 10
-    logits = [torch.randn(tokens, n_experts, generator=g, dtype=torch.float64).requires_grad_()
-              for _ in range(layers)]
+    logits = [
+        torch.randn(tokens, n_experts, generator=g, dtype=torch.float64).requires_grad_()
+        for _ in range(layers)
+    ]
     want = load_balancing_loss_func(tuple(logits), n_experts, top_k)
     want.backward()
 
@@ -58,9 +60,9 @@ def test_lean_moe_matches_autograd_in_bf16_on_cuda() -> None:
     from dataclasses import replace
 
     from wstrain.scheduler.contracts.model_dims import PRESETS
-    from wstrain.worker.runtime.working_set.arena import LayerLayout
-    from wstrain.worker.ops.lean_moe import lean_moe_backward, lean_moe_forward
     from wstrain.worker.models.dense import moe_block
+    from wstrain.worker.ops.lean_moe import lean_moe_backward, lean_moe_forward
+    from wstrain.worker.runtime.working_set.arena import LayerLayout
 
     dims = replace(PRESETS["tiny-qwen3-moe"], hidden_size=256, moe_intermediate_size=128)
     layout = LayerLayout.decoder(dims)
@@ -84,7 +86,8 @@ def test_lean_moe_matches_autograd_in_bf16_on_cuda() -> None:
         return float((a.float() - b.float()).norm() / b.float().norm())
 
     assert rel(y, y_ref) < 1e-2 and rel(dh, h_ref.grad) < 2e-2
-    assert set(dw) == set(leaves) - {n for n in leaves if "self_attn" in n or
-                                      n == "input_layernorm.weight"}
+    assert set(dw) == set(leaves) - {
+        n for n in leaves if "self_attn" in n or n == "input_layernorm.weight"
+    }
     for name, grad in dw.items():
         assert rel(grad, leaves[name].grad) < 2e-2, name

@@ -10,8 +10,9 @@ from wstrain.worker.runtime import optim
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_sq_norm_in_pieces_equals_torch(monkeypatch: pytest.MonkeyPatch,
-                                        dtype: torch.dtype) -> None:
+def test_sq_norm_in_pieces_equals_torch(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
     monkeypatch.setattr(optim, "NORM_CHUNK_ELEMS", 1000)  # many pieces, one ragged
     t = (torch.randn(37, 301, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
     want = torch.linalg.vector_norm(t.float()) ** 2
@@ -34,8 +35,7 @@ def test_host_step_with_clipping_matches_torch(fused: bool) -> None:
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(host.params[0].numel(), generator=g)
     ref = torch.nn.Parameter(w0.clone())
-    ref_opt = torch.optim.AdamW([ref], lr=1e-2, betas=spec.betas, eps=spec.eps,
-                                weight_decay=0.1)
+    ref_opt = torch.optim.AdamW([ref], lr=1e-2, betas=spec.betas, eps=spec.eps, weight_decay=0.1)
     host.params[0].data.copy_(w0)
     for coef in (0.3, 1.0):
         grad = torch.randn(w0.shape, generator=g)

@@ -21,16 +21,16 @@ from pathlib import Path
 
 from pydantic import Field
 
-from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.jobs import GPUInfo, Job, JobSpec, JobState, Node, job_dir
-from wstrain.scheduler.contracts.errors import Conflict, WstrainError
 from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
-from wstrain.scheduler.contracts.model_dims import resolve_dims
+from wstrain.scheduler.agent.supervisor import WorkerHandle, forward_cancel, pump, spawn
+from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.errors import Conflict, WstrainError
 from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
+from wstrain.scheduler.contracts.jobs import GPUInfo, Job, JobSpec, JobState, Node, job_dir
+from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.scheduler.planning.planner import make_plan
 from wstrain.scheduler.settings import RedisSettings
 from wstrain.scheduler.store import JobStore
-from wstrain.scheduler.agent.supervisor import WorkerHandle, forward_cancel, pump, spawn
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +45,18 @@ class AgentSettings(RedisSettings):
     heartbeat_s: float = 1.0
     node_ttl_s: float = 10.0
     shutdown_grace_s: float = 60.0
-    profile_cache: bool = Field(default=True, description="reuse the hardware profile "
-                                "measured for this GPU/driver/torch under state_dir/profiles")
+    profile_cache: bool = Field(
+        default=True,
+        description="reuse the hardware profile "
+        "measured for this GPU/driver/torch under state_dir/profiles",
+    )
     metrics_host: str = "127.0.0.1"
-    metrics_port: int = Field(default=9464, ge=0, le=65535,
-                              description="the agent's /metrics port (0: not served)")
-    metrics_grace_s: float = Field(default=120.0, ge=0, description="seconds a finished "
-                                   "job's series stay exported")
+    metrics_port: int = Field(
+        default=9464, ge=0, le=65535, description="the agent's /metrics port (0: not served)"
+    )
+    metrics_grace_s: float = Field(
+        default=120.0, ge=0, description="seconds a finished job's series stay exported"
+    )
 
 
 def _host_memory() -> tuple[int, int]:
@@ -78,9 +83,12 @@ class Agent:
     async def _measure(self) -> None:
         cache = ["--cache-dir", str(self.settings.state_dir / "profiles")]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "wstrain.worker.profile.node", *(cache if self.settings.profile_cache
-                                                      else []),
-            stdout=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "wstrain.worker.profile.node",
+            *(cache if self.settings.profile_cache else []),
+            stdout=asyncio.subprocess.PIPE,
+        )
         out, _ = await proc.communicate()
         if proc.returncode != 0:
             raise RuntimeError(f"hardware profiling failed with exit {proc.returncode}")
@@ -89,11 +97,18 @@ class Agent:
         self.gpus = [GPUInfo(**g) for g in measured["gpus"]]
         self.profile = measured["profile"]
         self.profile_key = measured["key"]
-        log.info("node %s: %s, %d GPU(s), matmul %.3g TFLOP/s, H2D %.3g GB/s, D2H %.3g GB/s "
-                 "(profile %s%s)", self.name, self.device, len(self.gpus),
-                 self.profile["matmul_flops"] / 1e12, self.profile["h2d_bytes_per_s"] / 1e9,
-                 self.profile["d2h_bytes_per_s"] / 1e9, measured["key"],
-                 ", cached" if measured.get("cached") else "")
+        log.info(
+            "node %s: %s, %d GPU(s), matmul %.3g TFLOP/s, H2D %.3g GB/s, D2H %.3g GB/s "
+            "(profile %s%s)",
+            self.name,
+            self.device,
+            len(self.gpus),
+            self.profile["matmul_flops"] / 1e12,
+            self.profile["h2d_bytes_per_s"] / 1e9,
+            self.profile["d2h_bytes_per_s"] / 1e9,
+            measured["key"],
+            ", cached" if measured.get("cached") else "",
+        )
 
     # ------------------------------------------------------------ capacity
 
@@ -119,10 +134,17 @@ class Agent:
 
     def node(self) -> Node:
         host_total, host_free = _host_memory()
-        return Node(name=self.name, device=self.device, gpus=self.gpus,
-                    host_total_bytes=host_total, host_free_bytes=host_free, slots=self.slots,
-                    running=sorted(self.workers), profile=self.profile,
-                    heartbeat_at=time.time())
+        return Node(
+            name=self.name,
+            device=self.device,
+            gpus=self.gpus,
+            host_total_bytes=host_total,
+            host_free_bytes=host_free,
+            slots=self.slots,
+            running=sorted(self.workers),
+            profile=self.profile,
+            heartbeat_at=time.time(),
+        )
 
     def node_gauges(self) -> NodeGauges:
         host_total, _ = _host_memory()
@@ -130,14 +152,24 @@ class Agent:
         if self.gpus:
             busy = {h.gpu for h in self.workers.values()}
             capacity = {f"cuda:{g.index}": g.total_bytes for g in self.gpus}
-            free = {f"cuda:{g.index}": 0 if g.index in busy else g.total_bytes
-                    for g in self.gpus}
+            free = {f"cuda:{g.index}": 0 if g.index in busy else g.total_bytes for g in self.gpus}
         else:
             capacity, free = {"cpu": host_total}, {"cpu": free_dev}
-        ceilings = {d: self.profile[f"{d}_bytes_per_s"] for d in ("h2d", "d2h", "both")
-                    if f"{d}_bytes_per_s" in self.profile}
-        return NodeGauges(self.name, capacity, free, host_total, free_host, self.slots,
-                          len(self.workers), ceilings)
+        ceilings = {
+            d: self.profile[f"{d}_bytes_per_s"]
+            for d in ("h2d", "d2h", "both")
+            if f"{d}_bytes_per_s" in self.profile
+        }
+        return NodeGauges(
+            self.name,
+            capacity,
+            free,
+            host_total,
+            free_host,
+            self.slots,
+            len(self.workers),
+            ceilings,
+        )
 
     def node_profile(self) -> NodeProfile:
         host_total, _ = _host_memory()
@@ -152,18 +184,25 @@ class Agent:
         if not self.gpus:
             return None
         dims = resolve_dims(spec.model)
-        key = hashlib.sha256(json.dumps([dataclasses.asdict(dims), spec.seq_len,
-                                         spec.precision, self.profile_key]).encode())
+        key = hashlib.sha256(
+            json.dumps(
+                [dataclasses.asdict(dims), spec.seq_len, spec.precision, self.profile_key]
+            ).encode()
+        )
         cache = self.settings.state_dir / "profiles" / "layers" / f"{key.hexdigest()[:16]}.json"
         if not cache.exists():
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "wstrain.worker.profile.layer", "--spec", str(jdir / "spec.json"),
-                stdout=asyncio.subprocess.PIPE, env={**os.environ, "CUDA_VISIBLE_DEVICES":
-                                                     str(self._free_gpu() or 0)})
+                sys.executable,
+                "-m",
+                "wstrain.worker.profile.layer",
+                "--spec",
+                str(jdir / "spec.json"),
+                stdout=asyncio.subprocess.PIPE,
+                env={**os.environ, "CUDA_VISIBLE_DEVICES": str(self._free_gpu() or 0)},
+            )
             out, _ = await proc.communicate()
             if proc.returncode != 0:
-                log.warning("layer profile failed (exit %s); planning from FLOPs",
-                            proc.returncode)
+                log.warning("layer profile failed (exit %s); planning from FLOPs", proc.returncode)
                 return None
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_bytes(out)
@@ -176,24 +215,37 @@ class Agent:
         (jdir / "spec.json").write_text(job.spec.model_dump_json(indent=1))
         try:
             layer = await self._layer_times(job.spec, jdir)
-            plan = make_plan(job.spec, resolve_dims(job.spec.model),
-                             self.node_profile().with_layer(layer))
+            plan = make_plan(
+                job.spec, resolve_dims(job.spec.model), self.node_profile().with_layer(layer)
+            )
         except WstrainError as exc:
-            await self.store.transition(job_id, JobState.failed, f"planning failed: "
-                                        f"{exc.message}", error=exc.message)
+            await self.store.transition(
+                job_id, JobState.failed, f"planning failed: {exc.message}", error=exc.message
+            )
             return
         (jdir / "plan.json").write_text(plan.model_dump_json(indent=1))
         try:
-            await self.store.transition(job_id, JobState.running, f"running on {self.name}",
-                                        sources=frozenset({JobState.planning}),
-                                        plan=plan.model_dump(mode="json"))
+            await self.store.transition(
+                job_id,
+                JobState.running,
+                f"running on {self.name}",
+                sources=frozenset({JobState.planning}),
+                plan=plan.model_dump(mode="json"),
+            )
         except Conflict:  # cancelled while we planned
             return
         gpu = self._free_gpu() if self.gpus else None
-        proc = await spawn(job, jdir, self.profile.get("peak_flops", 989e12),
-                           self.settings.worker_threads, gpu, dict(os.environ))
-        handle = WorkerHandle(job, proc, job.spec.budget.device_bytes,
-                              job.spec.budget.host_bytes, gpu, self.exporter)
+        proc = await spawn(
+            job,
+            jdir,
+            self.profile.get("peak_flops", 989e12),
+            self.settings.worker_threads,
+            gpu,
+            dict(os.environ),
+        )
+        handle = WorkerHandle(
+            job, proc, job.spec.budget.device_bytes, job.spec.budget.host_bytes, gpu, self.exporter
+        )
         self.exporter.job_started(job.model_copy(update={"plan": plan}))
         self.workers[job_id] = handle
         await self.store.update(job_id, worker_pid=proc.pid)
@@ -233,8 +285,13 @@ class Agent:
 
     async def _fail_orphan(self, job: Job, reason: str) -> None:
         try:
-            await self.store.transition(job.id, JobState.failed, f"failed: {reason}",
-                                        sources=frozenset(_LIVE), error=reason + "; resume it")
+            await self.store.transition(
+                job.id,
+                JobState.failed,
+                f"failed: {reason}",
+                sources=frozenset(_LIVE),
+                error=reason + "; resume it",
+            )
             log.warning("job %s: %s", job.id, reason)
         except Conflict:
             pass
@@ -245,8 +302,12 @@ class Agent:
         await self._measure()
         if self.settings.metrics_port:
             self.exporter.serve(self.settings.metrics_host, self.settings.metrics_port)
-            log.info("node %s: /metrics on %s:%d", self.name, self.settings.metrics_host,
-                     self.settings.metrics_port)
+            log.info(
+                "node %s: /metrics on %s:%d",
+                self.name,
+                self.settings.metrics_host,
+                self.settings.metrics_port,
+            )
         await self.store.put_node(self.node(), self.settings.node_ttl_s)
         await self._reap_orphans()
         last_reap = time.monotonic()
@@ -292,11 +353,19 @@ async def _amain(settings: AgentSettings) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     settings = AgentSettings()
-    log.info("agent %s: redis %s, state dir %s, %.0f GiB host", settings.node_name,
-             settings.redis_url, settings.state_dir, _host_memory()[0] / GIB)
+    log.info(
+        "agent %s: redis %s, state dir %s, %.0f GiB host",
+        settings.node_name,
+        settings.redis_url,
+        settings.state_dir,
+        _host_memory()[0] / GIB,
+    )
     asyncio.run(_amain(settings))
 
 

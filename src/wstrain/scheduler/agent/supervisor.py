@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wstrain.scheduler.contracts.jobs import Job, JobState, WorkerExit, WorkerMessage
-from wstrain.scheduler.contracts.errors import Conflict
 from wstrain.scheduler.agent.exporter import AgentExporter
+from wstrain.scheduler.contracts.errors import Conflict
+from wstrain.scheduler.contracts.jobs import Job, JobState, WorkerExit, WorkerMessage
 from wstrain.scheduler.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,9 @@ class WorkerHandle:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-async def spawn(job: Job, job_dir: Path, peak_flops: float, threads: int,
-                gpu: int | None, env: dict[str, str]) -> asyncio.subprocess.Process:
+async def spawn(
+    job: Job, job_dir: Path, peak_flops: float, threads: int, gpu: int | None, env: dict[str, str]
+) -> asyncio.subprocess.Process:
     env = dict(env)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -49,10 +50,20 @@ async def spawn(job: Job, job_dir: Path, peak_flops: float, threads: int,
     log_file = open(job_dir / "worker.log", "ab")  # noqa: SIM115 - the child owns it
     try:
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "wstrain.worker.main", "--job-dir", str(job_dir),
-            "--peak-flops", str(peak_flops), "--threads", str(threads),
-            stdout=asyncio.subprocess.PIPE, stderr=log_file, env=env,
-            start_new_session=True)  # a Ctrl-C to the agent must not kill workers mid-write
+            sys.executable,
+            "-m",
+            "wstrain.worker.main",
+            "--job-dir",
+            str(job_dir),
+            "--peak-flops",
+            str(peak_flops),
+            "--threads",
+            str(threads),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log_file,
+            env=env,
+            start_new_session=True,
+        )  # a Ctrl-C to the agent must not kill workers mid-write
     finally:
         log_file.close()
 
@@ -64,21 +75,39 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
         h.exporter.job_step(jid, msg)
         remaining = h.job.steps - msg.step
         eta = remaining * msg.step_seconds if msg.step_seconds else None
-        await store.update(jid, step=msg.step, loss=msg.loss, tokens_per_s=msg.tokens_per_s,
-                           mfu=msg.mfu, step_seconds=msg.step_seconds, eta_s=eta,
-                           telemetry=msg.metrics)
-        await store.add_event(jid, "progress", f"step {msg.step}/{h.job.steps} loss "
-                              f"{msg.loss:.4f}", msg.model_dump(exclude_none=True,
-                                                                exclude={"metrics"}))
+        await store.update(
+            jid,
+            step=msg.step,
+            loss=msg.loss,
+            tokens_per_s=msg.tokens_per_s,
+            mfu=msg.mfu,
+            step_seconds=msg.step_seconds,
+            eta_s=eta,
+            telemetry=msg.metrics,
+        )
+        await store.add_event(
+            jid,
+            "progress",
+            f"step {msg.step}/{h.job.steps} loss {msg.loss:.4f}",
+            msg.model_dump(exclude_none=True, exclude={"metrics"}),
+        )
     elif msg.kind == "eval" and msg.loss is not None:
         h.exporter.job_eval(jid, msg.loss)
         await store.update(jid, eval_loss=msg.loss)
-        await store.add_event(jid, "eval", f"step {msg.step}: held-out loss {msg.loss:.4f}",
-                              {"step": msg.step, "loss": msg.loss})
+        await store.add_event(
+            jid,
+            "eval",
+            f"step {msg.step}: held-out loss {msg.loss:.4f}",
+            {"step": msg.step, "loss": msg.loss},
+        )
     elif msg.kind == "checkpoint":
         await store.update(jid, last_checkpoint=msg.path)
-        await store.add_event(jid, "checkpoint", f"checkpoint at step {msg.step}: {msg.path}",
-                              {"step": msg.step, "path": msg.path})
+        await store.add_event(
+            jid,
+            "checkpoint",
+            f"checkpoint at step {msg.step}: {msg.path}",
+            {"step": msg.step, "path": msg.path},
+        )
     elif msg.kind == "error":
         h.error = msg.message
         await store.add_event(jid, "error", msg.message or "worker error")
@@ -107,22 +136,38 @@ async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
     jid = h.job.id
     try:
         if code == WorkerExit.succeeded:
-            await store.transition(jid, JobState.succeeded, "training finished",
-                                   sources=frozenset({JobState.running, JobState.cancelling}))
+            await store.transition(
+                jid,
+                JobState.succeeded,
+                "training finished",
+                sources=frozenset({JobState.running, JobState.cancelling}),
+            )
         elif code == WorkerExit.cancelled and h.shutting_down and not h.cancel_sent:
-            await store.transition(jid, JobState.queued,
-                                   "agent shut down; requeued from the last checkpoint",
-                                   sources=frozenset({JobState.running}),
-                                   attempt=h.job.attempt + 1, node=None, worker_pid=None)
+            await store.transition(
+                jid,
+                JobState.queued,
+                "agent shut down; requeued from the last checkpoint",
+                sources=frozenset({JobState.running}),
+                attempt=h.job.attempt + 1,
+                node=None,
+                worker_pid=None,
+            )
         elif code == WorkerExit.cancelled or (h.cancel_sent and code == -signal.SIGTERM):
-            await store.transition(jid, JobState.cancelled,
-                                   f"cancelled at step {h.last_step}; checkpoint written",
-                                   sources=frozenset({JobState.running, JobState.cancelling}))
+            await store.transition(
+                jid,
+                JobState.cancelled,
+                f"cancelled at step {h.last_step}; checkpoint written",
+                sources=frozenset({JobState.running, JobState.cancelling}),
+            )
         else:
             reason = h.error or _describe_exit(code)
-            await store.transition(jid, JobState.failed, f"failed: {reason}",
-                                   sources=frozenset({JobState.running, JobState.cancelling}),
-                                   error=reason)
+            await store.transition(
+                jid,
+                JobState.failed,
+                f"failed: {reason}",
+                sources=frozenset({JobState.running, JobState.cancelling}),
+                error=reason,
+            )
     except Conflict as exc:  # someone else settled it (e.g. an operator); keep theirs
         log.warning("job %s: could not settle after exit %d: %s", jid, code, exc.message)
     log.info("job %s: worker exited with %d", jid, code)
@@ -131,8 +176,10 @@ async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
 def _describe_exit(code: int) -> str:
     if code < 0:
         name = signal.Signals(-code).name
-        return (f"worker killed by {name} (exit {code}); resume the job to continue from "
-                "its last checkpoint")
+        return (
+            f"worker killed by {name} (exit {code}); resume the job to continue from "
+            "its last checkpoint"
+        )
     return f"worker exited with code {code} without reporting an error; see worker.log"
 
 
@@ -144,5 +191,4 @@ async def forward_cancel(store: JobStore, h: WorkerHandle) -> None:
     if state == JobState.cancelling.value:
         h.cancel_sent = True
         h.proc.send_signal(signal.SIGTERM)
-        log.info("job %s: cancel forwarded to pid %d at %.0f", h.job.id, h.proc.pid,
-                 time.time())
+        log.info("job %s: cancel forwarded to pid %d at %.0f", h.job.id, h.proc.pid, time.time())

@@ -22,6 +22,7 @@ def documents(path: str, field: str) -> Iterator[str]:
             except (ValueError, KeyError, TypeError):
                 doc = None
             if not isinstance(doc, str):
-                raise ValueError(f"{path} line {number} is not a JSON object with a {field!r} "
-                                 "string")
+                raise ValueError(
+                    f"{path} line {number} is not a JSON object with a {field!r} string"
+                )
             yield doc

@@ -27,8 +27,13 @@ class LayerTimes:
 
     @classmethod
     def from_json(cls, measured: dict[str, float]) -> LayerTimes:
-        return cls(int(measured["seq_len"]), measured["forward_s"], measured["backward_s"],
-                   measured["attention_forward_s"], measured["mlp_forward_s"])
+        return cls(
+            int(measured["seq_len"]),
+            measured["forward_s"],
+            measured["backward_s"],
+            measured["attention_forward_s"],
+            measured["mlp_forward_s"],
+        )
 
 
 @dataclass(frozen=True)
@@ -46,17 +51,29 @@ class NodeProfile:
     layer: LayerTimes | None = None  # the job's layer measured here, when the agent did
 
     @classmethod
-    def from_profile(cls, device: str, profile: dict[str, float], device_total_bytes: int,
-                     host_total_bytes: int) -> NodeProfile:
+    def from_profile(
+        cls, device: str, profile: dict[str, float], device_total_bytes: int, host_total_bytes: int
+    ) -> NodeProfile:
         # Defaults for records of agents that predate a key: a CPU node's "link" is memcpy.
         link = 5.0e10 if device == "cuda" else 1.0e10
-        points = tuple(sorted((int(k.split(".", 1)[1]), v) for k, v in profile.items()
-                              if k.startswith("attention_flops.")))
-        return cls(device, profile.get("matmul_flops", 1e10),
-                   profile.get("optimizer_params_per_s", 1e8), device_total_bytes,
-                   host_total_bytes, profile.get("h2d_bytes_per_s", link),
-                   profile.get("d2h_bytes_per_s", link),
-                   profile.get("both_bytes_per_s", 0.9 * link), points)
+        points = tuple(
+            sorted(
+                (int(k.split(".", 1)[1]), v)
+                for k, v in profile.items()
+                if k.startswith("attention_flops.")
+            )
+        )
+        return cls(
+            device,
+            profile.get("matmul_flops", 1e10),
+            profile.get("optimizer_params_per_s", 1e8),
+            device_total_bytes,
+            host_total_bytes,
+            profile.get("h2d_bytes_per_s", link),
+            profile.get("d2h_bytes_per_s", link),
+            profile.get("both_bytes_per_s", 0.9 * link),
+            points,
+        )
 
     def with_layer(self, layer: LayerTimes | None) -> NodeProfile:
         return replace(self, layer=layer)
@@ -80,7 +97,16 @@ DEFAULT_PROFILE = NodeProfile("cpu", 2e10, 5e7, 16 * GIB, 16 * GIB, 1e10, 1e10, 
 
 # Reference GPUs for tests and examples. H200: DESIGN.md's measured ceilings (55.3 / 55.0 /
 # 50.6 GB/s, 787 TFLOP/s matmul, SDPA 521 TFLOP/s at 8K and 571 at 32K); CPU AdamW 4.1 G/s.
-H200 = NodeProfile("cuda", 787e12, 4.1e9, 141 * 10**9, 1536 * GIB, 55.3e9, 55.0e9, 50.6e9,
-                   ((8192, 521e12), (32768, 571e12)))
+H200 = NodeProfile(
+    "cuda",
+    787e12,
+    4.1e9,
+    141 * 10**9,
+    1536 * GIB,
+    55.3e9,
+    55.0e9,
+    50.6e9,
+    ((8192, 521e12), (32768, 571e12)),
+)
 # AdaWS's H100 (§4.1): 989 TFLOP/s peak, PCIe 5 at ~64 GB/s, 512 GiB host.
 H100_ADAWS = NodeProfile("cuda", 989e12, 4.1e9, 80 * GIB, 512 * GIB, 64e9, 64e9, 64e9)

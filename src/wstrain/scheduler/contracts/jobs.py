@@ -12,8 +12,7 @@ import enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, field_validator,
-                      model_validator)
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from wstrain.scheduler.contracts.calibration import GIB
 
@@ -37,10 +36,17 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # planning|running -> queued: the agent gave the job back (agent shut down), so another
     # attempt starts from the last checkpoint.
     JobState.planning: frozenset(
-        {JobState.running, JobState.failed, JobState.cancelled, JobState.queued}),
+        {JobState.running, JobState.failed, JobState.cancelled, JobState.queued}
+    ),
     JobState.running: frozenset(
-        {JobState.succeeded, JobState.failed, JobState.cancelling, JobState.cancelled,
-         JobState.queued}),
+        {
+            JobState.succeeded,
+            JobState.failed,
+            JobState.cancelling,
+            JobState.cancelled,
+            JobState.queued,
+        }
+    ),
     JobState.cancelling: frozenset({JobState.cancelled, JobState.failed, JobState.succeeded}),
     JobState.succeeded: frozenset(),
     JobState.failed: frozenset({JobState.queued}),
@@ -89,8 +95,9 @@ class HFModelConfig(_Strict):
     attention_bias: bool = False
     pad_token_id: int | None = Field(default=None, ge=0)
     # mixture of experts (olmoe, qwen3_moe)
-    num_experts: int = Field(default=0, ge=0, validation_alias=AliasChoices(
-        "num_experts", "num_local_experts"))  # transformers 5 writes the latter for qwen3_moe
+    num_experts: int = Field(
+        default=0, ge=0, validation_alias=AliasChoices("num_experts", "num_local_experts")
+    )  # transformers 5 writes the latter for qwen3_moe
     num_experts_per_tok: int = Field(default=0, ge=0)
     moe_intermediate_size: int | None = Field(default=None, gt=0)  # qwen3_moe's expert width
     norm_topk_prob: bool = False
@@ -128,46 +135,63 @@ class HFModelConfig(_Strict):
                 f"{self.num_attention_heads}; set head_dim explicitly"
             )
         if self.tie_word_embeddings:
-            raise ValueError("tie_word_embeddings=true is not supported: wstrain trains an "
-                             "untied LM head")
+            raise ValueError(
+                "tie_word_embeddings=true is not supported: wstrain trains an untied LM head"
+            )
         if self.attention_bias:
-            raise ValueError("attention_bias=true is not supported: wstrain's attention has "
-                             "no bias terms")
+            raise ValueError(
+                "attention_bias=true is not supported: wstrain's attention has no bias terms"
+            )
         if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
-            raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary "
-                             f"(vocab_size={self.vocab_size})")
+            raise ValueError(
+                f"pad_token_id={self.pad_token_id} is outside the vocabulary "
+                f"(vocab_size={self.vocab_size})"
+            )
         self._check_moe()
         rope = self.rope
         if rope["rope_type"] not in ("default", "llama3"):
-            raise ValueError(f"rope_type={rope['rope_type']!r} is not supported; wstrain "
-                             'understands "default" and "llama3" RoPE')
+            raise ValueError(
+                f"rope_type={rope['rope_type']!r} is not supported; wstrain "
+                'understands "default" and "llama3" RoPE'
+            )
         if rope["rope_type"] == "llama3":
-            missing = {"factor", "low_freq_factor", "high_freq_factor",
-                       "original_max_position_embeddings"} - set(rope)
+            missing = {
+                "factor",
+                "low_freq_factor",
+                "high_freq_factor",
+                "original_max_position_embeddings",
+            } - set(rope)
             if missing:
                 raise ValueError(f"llama3 RoPE scaling lacks {sorted(missing)}")
         return self
 
-
     def _check_moe(self) -> None:
         moe_type = self.model_type in ("olmoe", "qwen3_moe", "qwen2_moe")
         if moe_type != (self.num_experts > 0):
-            raise ValueError(f"model_type={self.model_type!r} with num_experts="
-                             f"{self.num_experts}: olmoe, qwen3_moe and qwen2_moe need "
-                             "num_experts > 0, llama and qwen3 have none")
+            raise ValueError(
+                f"model_type={self.model_type!r} with num_experts="
+                f"{self.num_experts}: olmoe, qwen3_moe and qwen2_moe need "
+                "num_experts > 0, llama and qwen3 have none"
+            )
         if moe_type and not 0 < self.num_experts_per_tok <= self.num_experts:
-            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be between 1 "
-                             f"and num_experts={self.num_experts}")
+            raise ValueError(
+                f"num_experts_per_tok={self.num_experts_per_tok} must be between 1 "
+                f"and num_experts={self.num_experts}"
+            )
         if self.decoder_sparse_step != 1 or self.mlp_only_layers:
-            raise ValueError("dense layers among MoE layers (decoder_sparse_step="
-                             f"{self.decoder_sparse_step}, mlp_only_layers="
-                             f"{self.mlp_only_layers}) are not supported: use "
-                             "decoder_sparse_step=1 and mlp_only_layers=[]")
+            raise ValueError(
+                "dense layers among MoE layers (decoder_sparse_step="
+                f"{self.decoder_sparse_step}, mlp_only_layers="
+                f"{self.mlp_only_layers}) are not supported: use "
+                "decoder_sparse_step=1 and mlp_only_layers=[]"
+            )
         if self.clip_qkv is not None:
             raise ValueError(f"clip_qkv={self.clip_qkv} is not supported: set it to null")
         if self.use_sliding_window:
-            raise ValueError("use_sliding_window=true is not supported: wstrain's attention "
-                             "is full causal attention")
+            raise ValueError(
+                "use_sliding_window=true is not supported: wstrain's attention "
+                "is full causal attention"
+            )
 
     @property
     def has_qkv_bias(self) -> bool:
@@ -223,8 +247,9 @@ DataRef = Annotated[SyntheticData | TokenData | TextData, Field(discriminator="k
 class EvalSpec(_Strict):
     """A held-out split of the data: its loss is evaluated every `every_steps` steps."""
 
-    heldout_fraction: float = Field(default=0.05, gt=0, le=0.5, description="tail of the "
-                                    "data kept out of training")
+    heldout_fraction: float = Field(
+        default=0.05, gt=0, le=0.5, description="tail of the data kept out of training"
+    )
     every_steps: int = Field(default=50, ge=1)
     sequences: int = Field(default=8, ge=1, description="held-out sequences per evaluation")
 
@@ -269,19 +294,31 @@ class PlanOverrides(_Strict):
     runtime: Runtime | None = None
     micro_batch: int | None = Field(default=None, gt=0)
     device: Literal["cpu", "cuda"] | None = None
-    window: int | None = Field(default=None, ge=0, description="working set: layers whose "
-                               "saved activations stay on the device")
+    window: int | None = Field(
+        default=None,
+        ge=0,
+        description="working set: layers whose saved activations stay on the device",
+    )
     r_param: int | None = Field(default=None, ge=2, description="working set: weight slots")
     r_grad: int | None = Field(default=None, ge=1, description="working set: gradient slots")
-    level: int | None = Field(default=None, ge=0, le=3, description="working set: saved-"
-                              "activation level of every (layer, chunk)")
+    level: int | None = Field(
+        default=None,
+        ge=0,
+        le=3,
+        description="working set: saved-activation level of every (layer, chunk)",
+    )
     optimizer: Literal["host", "device", "split"] | None = Field(
-        default=None, description="working set: AdamW on the host CPU, on the device, or "
+        default=None,
+        description="working set: AdamW on the host CPU, on the device, or "
         "split (the first layers on the device, the rest on the host; the planner picks how "
-        "many)")
+        "many)",
+    )
     lead_rounds: int | None = Field(
-        default=None, ge=1, description="working set: rounds whose sequences the step's "
-        "first pass carries (more compute per weight load while last step's update lands)")
+        default=None,
+        ge=1,
+        description="working set: rounds whose sequences the step's "
+        "first pass carries (more compute per weight load while last step's update lands)",
+    )
 
 
 class JobSpec(_Strict):
@@ -325,16 +362,22 @@ class WorkingSetPlan(BaseModel):
     levels: list[list[int]] = Field(description="saved-activation level per [layer][chunk]")
     loss_tokens: int
     optimizer: Literal["host", "device", "split"] = Field(
-        default="host", description="deferred into the next step's first forward; host: CPU "
+        default="host",
+        description="deferred into the next step's first forward; host: CPU "
         "AdamW in a thread; device: AdamW on the device over streamed moments; split: the "
         "first device_layers layers and the embedding on the device, the others and the "
-        "head on the host, both at once")
-    device_layers: int = Field(default=0, ge=0, description="split: the leading layers "
-                               "whose update runs on the device")
+        "head on the host, both at once",
+    )
+    device_layers: int = Field(
+        default=0, ge=0, description="split: the leading layers whose update runs on the device"
+    )
     lead_rounds: int = Field(
-        default=1, ge=1, description="the step's first pass carries the sequences of this "
+        default=1,
+        ge=1,
+        description="the step's first pass carries the sequences of this "
         "many rounds: each layer's weights then serve more compute while the deferred "
-        "optimizer update of the last step arrives layer by layer")
+        "optimizer update of the last step arrives layer by layer",
+    )
 
 
 class Plan(BaseModel):
@@ -381,8 +424,10 @@ class Job(BaseModel):
     plan: Plan | None = None
     spec: JobSpec
     telemetry: dict[str, float] = Field(
-        default={}, description="the worker's latest runtime telemetry: stall seconds by "
-        "dependency, transfer bytes and bandwidth, host RSS/arena/pinned, device peaks")
+        default={},
+        description="the worker's latest runtime telemetry: stall seconds by "
+        "dependency, transfer bytes and bandwidth, host RSS/arena/pinned, device peaks",
+    )
 
 
 class JobList(BaseModel):
@@ -436,10 +481,12 @@ class PresetInfo(BaseModel):
     experts_per_token: int
     moe_intermediate_size: int
     params_total: int
-    params_active: int = Field(description="parameters a token passes through (= total for "
-                               "dense models)")
+    params_active: int = Field(
+        description="parameters a token passes through (= total for dense models)"
+    )
     training_state_bytes: dict[str, int] = Field(
-        description="weights + gradients + AdamW moments (+ fp32 master in mixed), by precision")
+        description="weights + gradients + AdamW moments (+ fp32 master in mixed), by precision"
+    )
 
 
 class PresetList(BaseModel):

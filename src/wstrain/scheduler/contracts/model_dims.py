@@ -11,10 +11,15 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from wstrain.scheduler.contracts.jobs import (HFConfigModel, HFModelConfig, ModelRef, PathModel, PresetInfo,
-                                 PresetModel)
 from wstrain.scheduler.contracts.errors import InvalidSpec
-
+from wstrain.scheduler.contracts.jobs import (
+    HFConfigModel,
+    HFModelConfig,
+    ModelRef,
+    PathModel,
+    PresetInfo,
+    PresetModel,
+)
 
 # Bytes of training state per parameter: weights + grads + two AdamW moments (+ fp32 master).
 STATE_BYTES_PER_PARAM = {"bf16": 2 + 2 + 2 + 2, "mixed": 2 + 4 + 4 + 4 + 4, "fp32": 4 * 4}
@@ -65,18 +70,27 @@ class ModelDims:
     @property
     def ffn_width(self) -> int:
         """Hidden units of the MLP a token passes through (k experts' worth for MoE)."""
-        return (self.experts_per_token * self.moe_intermediate_size
-                + self.shared_expert_intermediate_size if self.is_moe
-                else self.intermediate_size)
+        return (
+            self.experts_per_token * self.moe_intermediate_size
+            + self.shared_expert_intermediate_size
+            if self.is_moe
+            else self.intermediate_size
+        )
 
     def _layer(self, experts: int) -> int:
         d, h = self.hidden_size, self.head_dim
         q, kv = self.num_heads * h, self.num_kv_heads * h
         attn = 2 * d * q + 2 * d * kv  # q,o + k,v
         if self.is_moe:  # experts, router, and a shared expert with its gate
-            mlp = (experts * 3 * d * self.moe_intermediate_size + self.num_experts * d
-                   + (3 * d * self.shared_expert_intermediate_size + d
-                      if self.shared_expert_intermediate_size else 0))
+            mlp = (
+                experts * 3 * d * self.moe_intermediate_size
+                + self.num_experts * d
+                + (
+                    3 * d * self.shared_expert_intermediate_size + d
+                    if self.shared_expert_intermediate_size
+                    else 0
+                )
+            )
         else:
             mlp = 3 * d * self.intermediate_size
         qk_norms = (2 * h if self.qk_norm_per_head else q + kv) if self.qk_norm else 0
@@ -104,8 +118,11 @@ class ModelDims:
 
     @property
     def params_active(self) -> int:
-        return (2 * self.embedding_params + self.num_layers * self.layer_params_active
-                + self.hidden_size)
+        return (
+            2 * self.embedding_params
+            + self.num_layers * self.layer_params_active
+            + self.hidden_size
+        )
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, AdaWS's formula 6·(Ψ_active + S·L·n_Q·h_dim) with
@@ -116,25 +133,37 @@ class ModelDims:
 
     @property
     def architecture(self) -> str:
-        return {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                "olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                "qwen2_moe": "Qwen2MoeForCausalLM"}[self.model_type]
+        return {
+            "llama": "LlamaForCausalLM",
+            "qwen3": "Qwen3ForCausalLM",
+            "olmoe": "OlmoeForCausalLM",
+            "qwen3_moe": "Qwen3MoeForCausalLM",
+            "qwen2_moe": "Qwen2MoeForCausalLM",
+        }[self.model_type]
 
     def _moe_hf_config(self) -> dict[str, object]:
         if not self.is_moe:
             return {"intermediate_size": self.intermediate_size}
         moe: dict[str, object] = {
             "intermediate_size": self.moe_intermediate_size,
-            "num_experts": self.num_experts, "num_experts_per_tok": self.experts_per_token,
+            "num_experts": self.num_experts,
+            "num_experts_per_tok": self.experts_per_token,
             "norm_topk_prob": self.norm_topk_prob,
             "router_aux_loss_coef": self.router_aux_loss_coef,
-            "output_router_logits": self.router_aux_loss_coef > 0}
+            "output_router_logits": self.router_aux_loss_coef > 0,
+        }
         if self.model_type in ("qwen3_moe", "qwen2_moe"):
-            moe.update(moe_intermediate_size=self.moe_intermediate_size, decoder_sparse_step=1,
-                       mlp_only_layers=[])
+            moe.update(
+                moe_intermediate_size=self.moe_intermediate_size,
+                decoder_sparse_step=1,
+                mlp_only_layers=[],
+            )
         if self.model_type == "qwen2_moe":
-            moe.update(shared_expert_intermediate_size=self.shared_expert_intermediate_size,
-                       qkv_bias=self.qkv_bias, use_sliding_window=False)
+            moe.update(
+                shared_expert_intermediate_size=self.shared_expert_intermediate_size,
+                qkv_bias=self.qkv_bias,
+                use_sliding_window=False,
+            )
         return moe
 
     def to_hf_config(self) -> dict[str, object]:
@@ -151,11 +180,19 @@ class ModelDims:
             "head_dim": self.head_dim,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            **({"rope_scaling": {"rope_type": "llama3", "factor": self.rope_llama3[0],
-                                 "low_freq_factor": self.rope_llama3[1],
-                                 "high_freq_factor": self.rope_llama3[2],
-                                 "original_max_position_embeddings": self.rope_llama3[3]}}
-               if self.rope_llama3 else {}),
+            **(
+                {
+                    "rope_scaling": {
+                        "rope_type": "llama3",
+                        "factor": self.rope_llama3[0],
+                        "low_freq_factor": self.rope_llama3[1],
+                        "high_freq_factor": self.rope_llama3[2],
+                        "original_max_position_embeddings": self.rope_llama3[3],
+                    }
+                }
+                if self.rope_llama3
+                else {}
+            ),
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
             "attention_bias": False,
@@ -167,29 +204,72 @@ class ModelDims:
         return asdict(self)
 
 
-def _llama(vocab: int, d: int, ffn: int, layers: int, heads: int, kv: int, theta: float,
-           max_pos: int = 8192) -> ModelDims:
+def _llama(
+    vocab: int,
+    d: int,
+    ffn: int,
+    layers: int,
+    heads: int,
+    kv: int,
+    theta: float,
+    max_pos: int = 8192,
+) -> ModelDims:
     return ModelDims(vocab, d, ffn, layers, heads, kv, d // heads, 1e-5, theta, max_pos)
 
 
-def _qwen3(vocab: int, d: int, ffn: int, layers: int, heads: int, kv: int,
-           max_pos: int = 40960) -> ModelDims:
-    return ModelDims(vocab, d, ffn, layers, heads, kv, 128 if d >= 1024 else d // heads, 1e-6,
-                     1_000_000.0, max_pos, model_type="qwen3")
+def _qwen3(
+    vocab: int, d: int, ffn: int, layers: int, heads: int, kv: int, max_pos: int = 40960
+) -> ModelDims:
+    return ModelDims(
+        vocab,
+        d,
+        ffn,
+        layers,
+        heads,
+        kv,
+        128 if d >= 1024 else d // heads,
+        1e-6,
+        1_000_000.0,
+        max_pos,
+        model_type="qwen3",
+    )
 
 
-def _moe(model_type: str, vocab: int, d: int, expert_ffn: int, layers: int, heads: int,
-         kv: int, experts: int, top_k: int, max_pos: int = 4096) -> ModelDims:
+def _moe(
+    model_type: str,
+    vocab: int,
+    d: int,
+    expert_ffn: int,
+    layers: int,
+    heads: int,
+    kv: int,
+    experts: int,
+    top_k: int,
+    max_pos: int = 4096,
+) -> ModelDims:
     """OLMoE (as OLMoE-1B-7B: theta 10000, no top-k renormalisation, aux 0.01) or Qwen3-MoE
     (as Qwen3-30B-A3B: theta 1e6, renormalised top-k, aux 0.001). OLMoE's padding token
     is 1, as in its config."""
     olmoe = model_type == "olmoe"
-    return ModelDims(vocab, d, 0, layers, heads, kv, 128 if d >= 1024 else d // heads,
-                     1e-5 if olmoe else 1e-6, 10000.0 if olmoe else 1_000_000.0, max_pos,
-                     model_type=model_type, num_experts=experts, experts_per_token=top_k,
-                     moe_intermediate_size=expert_ffn, norm_topk_prob=not olmoe,
-                     router_aux_loss_coef=0.01 if olmoe else 0.001,
-                     pad_token_id=1 if olmoe else None)
+    return ModelDims(
+        vocab,
+        d,
+        0,
+        layers,
+        heads,
+        kv,
+        128 if d >= 1024 else d // heads,
+        1e-5 if olmoe else 1e-6,
+        10000.0 if olmoe else 1_000_000.0,
+        max_pos,
+        model_type=model_type,
+        num_experts=experts,
+        experts_per_token=top_k,
+        moe_intermediate_size=expert_ffn,
+        norm_topk_prob=not olmoe,
+        router_aux_loss_coef=0.01 if olmoe else 0.001,
+        pad_token_id=1 if olmoe else None,
+    )
 
 
 PRESETS: dict[str, ModelDims] = {
@@ -210,29 +290,52 @@ PRESETS: dict[str, ModelDims] = {
     "tiny-olmoe": _moe("olmoe", 256, 128, 64, 4, 4, 4, 8, 2, 1024),
     "tiny-qwen3-moe": _moe("qwen3_moe", 256, 128, 64, 4, 4, 2, 8, 2, 1024),
     # Qwen2-MoE's shape at small size: 8 routed experts, top 2, a shared expert, q/k/v bias
-    "tiny-qwen2-moe": replace(_moe("qwen3_moe", 256, 128, 64, 4, 4, 2, 8, 2, 1024),
-                              model_type="qwen2_moe", norm_topk_prob=False,
-                              shared_expert_intermediate_size=256, qkv_bias=True),
+    "tiny-qwen2-moe": replace(
+        _moe("qwen3_moe", 256, 128, 64, 4, 4, 2, 8, 2, 1024),
+        model_type="qwen2_moe",
+        norm_topk_prob=False,
+        shared_expert_intermediate_size=256,
+        qkv_bias=True,
+    ),
 }
 
 
 def preset_list() -> list[PresetInfo]:
-    return [PresetInfo(
-        name=name, architecture=d.architecture, layers=d.num_layers, hidden_size=d.hidden_size,
-        intermediate_size=d.intermediate_size, heads=d.num_heads, kv_heads=d.num_kv_heads,
-        head_dim=d.head_dim, vocab_size=d.vocab_size,
-        max_position_embeddings=d.max_position_embeddings, experts=d.num_experts,
-        experts_per_token=d.experts_per_token, moe_intermediate_size=d.moe_intermediate_size,
-        params_total=d.params, params_active=d.params_active,
-        training_state_bytes={p: d.params * b for p, b in STATE_BYTES_PER_PARAM.items()})
-        for name, d in PRESETS.items()]
+    return [
+        PresetInfo(
+            name=name,
+            architecture=d.architecture,
+            layers=d.num_layers,
+            hidden_size=d.hidden_size,
+            intermediate_size=d.intermediate_size,
+            heads=d.num_heads,
+            kv_heads=d.num_kv_heads,
+            head_dim=d.head_dim,
+            vocab_size=d.vocab_size,
+            max_position_embeddings=d.max_position_embeddings,
+            experts=d.num_experts,
+            experts_per_token=d.experts_per_token,
+            moe_intermediate_size=d.moe_intermediate_size,
+            params_total=d.params,
+            params_active=d.params_active,
+            training_state_bytes={p: d.params * b for p, b in STATE_BYTES_PER_PARAM.items()},
+        )
+        for name, d in PRESETS.items()
+    ]
 
 
 def dims_from_hf(cfg: HFModelConfig) -> ModelDims:
     heads, rope = cfg.num_attention_heads, cfg.rope
-    llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]),
-              float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"])
-              ) if rope["rope_type"] == "llama3" else None
+    llama3 = (
+        (
+            float(rope["factor"]),
+            float(rope["low_freq_factor"]),
+            float(rope["high_freq_factor"]),
+            int(rope["original_max_position_embeddings"]),
+        )
+        if rope["rope_type"] == "llama3"
+        else None
+    )
     moe = cfg.num_experts > 0
     return ModelDims(
         vocab_size=cfg.vocab_size,
@@ -251,8 +354,9 @@ def dims_from_hf(cfg: HFModelConfig) -> ModelDims:
         experts_per_token=cfg.num_experts_per_tok if moe else 0,
         moe_intermediate_size=(cfg.moe_intermediate_size or cfg.intermediate_size) if moe else 0,
         norm_topk_prob=cfg.norm_topk_prob,
-        router_aux_loss_coef=(cfg.router_aux_loss_coef
-                              if moe and cfg.output_router_logits else 0.0),
+        router_aux_loss_coef=(
+            cfg.router_aux_loss_coef if moe and cfg.output_router_logits else 0.0
+        ),
         pad_token_id=cfg.pad_token_id,
         shared_expert_intermediate_size=cfg.shared_expert_intermediate_size if moe else 0,
         qkv_bias=cfg.has_qkv_bias,
@@ -272,10 +376,14 @@ def resolve_dims(model: ModelRef) -> ModelDims:
     assert isinstance(model, PathModel)
     cfg_path = Path(model.path) / "config.json"
     if not cfg_path.is_file():
-        raise InvalidSpec(f"model.path={model.path!r} has no config.json; point it at a "
-                          "Hugging Face model directory")
+        raise InvalidSpec(
+            f"model.path={model.path!r} has no config.json; point it at a "
+            "Hugging Face model directory"
+        )
     try:
         cfg = HFModelConfig.model_validate(json.loads(cfg_path.read_text()))
     except ValueError as exc:
-        raise InvalidSpec(f"{cfg_path} is not a usable Llama, Qwen3, OLMoE or Qwen3-MoE config: {exc}") from exc
+        raise InvalidSpec(
+            f"{cfg_path} is not a usable Llama, Qwen3, OLMoE or Qwen3-MoE config: {exc}"
+        ) from exc
     return dims_from_hf(cfg)

@@ -18,17 +18,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wstrain.scheduler.contracts.calibration import (ACTIVATION_CHUNK_BYTES, ALLOCATOR_SLACK,
-                                                    DEVICE_RESERVE_BYTES,
-                                                    ELEMENT_BYTES, LAYER_WORKSPACE_FACTOR,
-                                                    LEVELS, LINK_SHARE, MIXED_UPDATE_SLOWDOWN,
-                                                    MLP_BACKWARD_SHARE, MLP_RECOMPUTED_SHARE,
-                                                    RUNTIME_OVERHEAD,
-                                                    WRITE_BUFFER_BYTES, host_reserve_bytes)
+from wstrain.scheduler.contracts.calibration import (
+    ACTIVATION_CHUNK_BYTES,
+    ALLOCATOR_SLACK,
+    DEVICE_RESERVE_BYTES,
+    ELEMENT_BYTES,
+    LAYER_WORKSPACE_FACTOR,
+    LEVELS,
+    LINK_SHARE,
+    MIXED_UPDATE_SLOWDOWN,
+    MLP_BACKWARD_SHARE,
+    MLP_RECOMPUTED_SHARE,
+    RUNTIME_OVERHEAD,
+    WRITE_BUFFER_BYTES,
+    host_reserve_bytes,
+)
 from wstrain.scheduler.contracts.hardware import NodeProfile
 from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.planning.levels import LayerCost, write_buffer_stall_s
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -42,7 +51,9 @@ class Layout:
     # first device_layers layers and the embedding on the device, the rest on the host)
     optimizer: str = "host"
     loss_tokens: int = 2048  # LM-head token block
-    lead_rounds: int = 1  # rounds the step's first pass carries (worker/runtime/working_set/schedule.py)
+    lead_rounds: int = (
+        1  # rounds the step's first pass carries (worker/runtime/working_set/schedule.py)
+    )
     device_layers: int = 0  # split: 0 until the planner picks it (split_layers)
 
     @property
@@ -85,8 +96,11 @@ def saved_bytes(dims: ModelDims, spec: JobSpec, level: int) -> int:
     e = ELEMENT_BYTES[spec.precision]
     hd = dims.head_dim
     core = e * 2 * (dims.num_heads + dims.num_kv_heads) * hd + 4 * dims.num_heads
-    lean = (dims.experts_per_token * (2 * dims.moe_intermediate_size * e + 8) if dims.is_moe
-            else 2 * dims.intermediate_size * e)
+    lean = (
+        dims.experts_per_token * (2 * dims.moe_intermediate_size * e + 8)
+        if dims.is_moe
+        else 2 * dims.intermediate_size * e
+    )
     per_token = dims.hidden_size * e + core * (level in (1, 3)) + lean * (level in (2, 3))
     return spec.seq_len * per_token
 
@@ -97,8 +111,8 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     allocated and freed layer by layer (transition, loss block, workspace, copies in
     flight, the reserve) takes ALLOCATOR_SLACK for the caching allocator's rounding and
     fragmentation. (The window's saved sets, exact and freed in order, take none: with
-    slack on every byte the plans of 2026-11-22 predicted 1.12-1.25x the reserved peak;
-    bench/RESULTS.md, session 7.)"""
+    slack on every byte the H200 plans predicted 1.12-1.25x the reserved peak;
+    bench/RESULTS.md.)"""
     e = ELEMENT_BYTES[spec.precision]
     S, D = spec.seq_len, dims.hidden_size
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
@@ -118,8 +132,9 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     return int(groups + rings + moving * ALLOCATOR_SLACK)
 
 
-def device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int,
-                 window_saved: int) -> int:
+def device_bytes(
+    dims: ModelDims, spec: JobSpec, lay: Layout, window: int, window_saved: int
+) -> int:
     return fixed_device_bytes(dims, spec, lay, window) + window_saved
 
 
@@ -154,20 +169,34 @@ def stored_bytes(saved: int) -> int:
 
 def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
     """Training state + the store of saved sets sent home + the reserve beside the arena."""
-    return (host_state_bytes(dims, spec.precision) + stored_bytes(home_saved)
-            + host_reserve_bytes(dims.params, spec.precision, device))
+    return (
+        host_state_bytes(dims, spec.precision)
+        + stored_bytes(home_saved)
+        + host_reserve_bytes(dims.params, spec.precision, device)
+    )
 
 
 # ------------------------------------------------------------------ time
 
 
-def adaws_min_micro_batch(psi_total: int, psi_active: int, seq_len: int, d_attn: int,
-                          param_bytes: int, grad_bytes: int, flops: float,
-                          link_bytes_per_s: float) -> float:
+def adaws_min_micro_batch(
+    psi_total: int,
+    psi_active: int,
+    seq_len: int,
+    d_attn: int,
+    param_bytes: int,
+    grad_bytes: int,
+    flops: float,
+    link_bytes_per_s: float,
+) -> float:
     """AdaWS §3.2.2: X >= (|τp|+|τg|)·ψ_total·P / (2·S·(ψ_active + S·d_attn)·BW), so a
     layer's forward outlasts streaming its weights in and its gradients out."""
-    return ((param_bytes + grad_bytes) * psi_total * flops
-            / (2 * seq_len * (psi_active + seq_len * d_attn) * link_bytes_per_s))
+    return (
+        (param_bytes + grad_bytes)
+        * psi_total
+        * flops
+        / (2 * seq_len * (psi_active + seq_len * d_attn) * link_bytes_per_s)
+    )
 
 
 def recompute_shares(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float, ...]:
@@ -187,8 +216,12 @@ def recompute_shares(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[
         attn_s, mlp_s = lt.attention_forward_s, lt.mlp_forward_s
     o_share = (o_s + (qkv_s if dims.qk_norm else 0.0)) / (qkv_s + o_s + core_s)
     fwd_s, up_s = attn_s + mlp_s, MLP_RECOMPUTED_SHARE * mlp_s
-    return ((attn_s + up_s) / fwd_s, (o_share * attn_s + up_s) / fwd_s, attn_s / fwd_s,
-            o_share * attn_s / fwd_s)
+    return (
+        (attn_s + up_s) / fwd_s,
+        (o_share * attn_s + up_s) / fwd_s,
+        attn_s / fwd_s,
+        o_share * attn_s / fwd_s,
+    )
 
 
 def chunk_times(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float, float]:
@@ -209,17 +242,27 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
     saved = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
     weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
     return LayerCost(
-        chunks=lay.micro_batch, compute_s=fwd_s,
+        chunks=lay.micro_batch,
+        compute_s=fwd_s,
         transfer_s=tuple(link_seconds(b, node) for b in saved),
         value_s=tuple(fwd_s * (1.0 - r) for r in recompute_shares(dims, spec.seq_len, node)),
         cap_s=link_seconds(WRITE_BUFFER_BYTES, node),
         back_s=tuple(b / node.h2d_bytes_per_s for b in saved),
         prefetch_cap_s=WRITE_BUFFER_BYTES / node.h2d_bytes_per_s,
-        inbound_s=2 * weights / node.both_bytes_per_s, busy_s=lay.micro_batch * bwd_s)
+        inbound_s=2 * weights / node.both_bytes_per_s,
+        busy_s=lay.micro_batch * bwd_s,
+    )
 
 
-def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int]],
-              window: int, node: NodeProfile, device: str) -> StepTime:
+def step_time(
+    dims: ModelDims,
+    spec: JobSpec,
+    lay: Layout,
+    levels: list[list[int]],
+    window: int,
+    node: NodeProfile,
+    device: str,
+) -> StepTime:
     """Step time of a plan; `levels=[]` gives the part that does not depend on levels."""
     L, X, S = dims.num_layers, lay.micro_batch, spec.seq_len
     e = ELEMENT_BYTES[spec.precision]
@@ -239,7 +282,7 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
         in_series = weights / node.d2h_bytes_per_s + weights / node.h2d_bytes_per_s
         grads_s += (rounds - 1) * L * max(0.0, in_series - MLP_BACKWARD_SHARE * bwd_s)
     lc = layer_cost(dims, spec, lay, node)
-    home, in_window = levels[:L - window], levels[L - window:]
+    home, in_window = levels[: L - window], levels[L - window :]
     recompute = 0.0
     if home:
         rec, exp = lc.row_costs(np.asarray(home))
@@ -250,13 +293,15 @@ def step_time(dims: ModelDims, spec: JobSpec, lay: Layout, levels: list[list[int
         exposed += float(lc.inbound_exposed(rec_w))
     # hand-made levels may overrun the link: compute waits on the write buffer
     exposed += write_buffer_stall_s([lc] * len(home), home)
-    optimizer = optimizer_s(dims, spec, lay, first_forward_sent(dims, spec, lay, home), node,
-                            device)
+    optimizer = optimizer_s(
+        dims, spec, lay, first_forward_sent(dims, spec, lay, home), node, device
+    )
     return StepTime(compute, rounds * recompute, rounds * exposed + grads_s, optimizer)
 
 
-def first_forward_sent(dims: ModelDims, spec: JobSpec, lay: Layout,
-                       home: list[list[int]]) -> list[int]:
+def first_forward_sent(
+    dims: ModelDims, spec: JobSpec, lay: Layout, home: list[list[int]]
+) -> list[int]:
     """Saved bytes each layer sends home in the step's first pass (its lead rounds' worth;
     the window's layers, after the home ones, send none)."""
     per_level = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
@@ -264,8 +309,9 @@ def first_forward_sent(dims: ModelDims, spec: JobSpec, lay: Layout,
     return sent + [0] * (dims.num_layers - len(home))
 
 
-def optimizer_s(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
-                node: NodeProfile, device: str) -> float:
+def optimizer_s(
+    dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int], node: NodeProfile, device: str
+) -> float:
     """What last step's deferred AdamW adds to this step (worker/runtime/working_set/schedule.py). The device
     part: layer k's gradient and moments come in and its weights and moments go home while
     its first forward computes, beside the saved sets `sent[k]` it sends home; the embedding
@@ -283,27 +329,32 @@ def optimizer_s(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
     return _deferred_s(dims, layer_fwd_s, rate, device_s, 2 * staged_s)
 
 
-def split_layers(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
-                 node: NodeProfile, device: str) -> int:
+def split_layers(
+    dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int], node: NodeProfile, device: str
+) -> int:
     """The number of leading layers a split layout updates on the device, fastest first."""
     times = _split_times(dims, spec, lay, sent, node, device)
     return 1 + times.index(min(times))
 
 
-def _split_times(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
-                 node: NodeProfile, device: str) -> list[float]:
+def _split_times(
+    dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int], node: NodeProfile, device: str
+) -> list[float]:
     """optimizer_s of a split with 1, 2, ... L-1 device layers (the embedding on the device,
     the head on the host)."""
     layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
     rate = node.optimizer_params_per_s
     if device != "cuda":  # a CPU worker's "device" is the host
         return [_deferred_s(dims, layer_fwd_s, rate, [], 0.0)] * (dims.num_layers - 1)
-    return [_deferred_s(dims, layer_fwd_s, rate, device_s[:k], staged_s)
-            for k in range(1, dims.num_layers)]
+    return [
+        _deferred_s(dims, layer_fwd_s, rate, device_s[:k], staged_s)
+        for k in range(1, dims.num_layers)
+    ]
 
 
-def _device_parts(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
-                  node: NodeProfile) -> tuple[float, list[float], float]:
+def _device_parts(
+    dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int], node: NodeProfile
+) -> tuple[float, list[float], float]:
     """(one layer's first-pass forward, each layer's exposure if the device updates it, the
     staged update of one resident group)."""
     layer_fwd_s = lay.lead_rounds * lay.micro_batch * chunk_times(dims, spec.seq_len, node)[0]
@@ -311,8 +362,10 @@ def _device_parts(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
     weights = dims.layer_params * e
     # the saved sets at the link share planned for them (measured at 32 layers: ~23 ms a
     # device layer exposed where the whole link would give 15)
-    device_s = [max(0.0, 3 * weights / node.both_bytes_per_s + link_seconds(b, node)
-                    - layer_fwd_s) for b in sent]
+    device_s = [
+        max(0.0, 3 * weights / node.both_bytes_per_s + link_seconds(b, node) - layer_fwd_s)
+        for b in sent
+    ]
     if lay.r_grad == 1:  # each layer's gradient for its update loads only once the
         # previous layer's slot is free: no prefetch (measured: OLMoE at 20 GiB, +0.5 s)
         device_s = [s + weights / node.h2d_bytes_per_s for s in device_s]
@@ -320,8 +373,9 @@ def _device_parts(dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int],
     return layer_fwd_s, device_s, staged_s
 
 
-def _deferred_s(dims: ModelDims, layer_fwd_s: float, params_per_s: float,
-                device_s: list[float], staged_s: float) -> float:
+def _deferred_s(
+    dims: ModelDims, layer_fwd_s: float, params_per_s: float, device_s: list[float], staged_s: float
+) -> float:
     """The first forward's delay (`layer_fwd_s` a layer): the device updates the first
     len(device_s) layers as they arrive (each exposing device_s[k]), after `staged_s` for its
     resident groups; a host thread at `params_per_s` updates the others (starting with the

@@ -63,8 +63,9 @@ class LayerCost:
         exposed = inline + self.inbound_exposed(recompute, prefetched)
         return recompute, exposed
 
-    def inbound_exposed(self, recompute_s: ArrayOrFloat,
-                        prefetched_s: ArrayOrFloat = 0.0) -> ArrayOrFloat:
+    def inbound_exposed(
+        self, recompute_s: ArrayOrFloat, prefetched_s: ArrayOrFloat = 0.0
+    ) -> ArrayOrFloat:
         """Backward transfer in (weights, gradients, prefetched sets) not hidden behind the
         layer's backward and recomputation; floats or arrays."""
         return np.maximum(0.0, self.inbound_s + prefetched_s - self.busy_s - recompute_s)
@@ -84,7 +85,7 @@ def patterns(chunks: int) -> np.ndarray:
     evenly three ways (marked chunk last in its stretch, first, or spanning both ends: a
     large saved set drains best with the most compute between two), plus the uniform ones;
     for up to four chunks simply every pattern (mixes of three or four levels win there)."""
-    if LEVELS ** chunks <= EXHAUSTIVE_PATTERNS:
+    if LEVELS**chunks <= EXHAUSTIVE_PATTERNS:
         return np.array(list(itertools.product(range(LEVELS), repeat=chunks)), dtype=np.int64)
     n = np.arange(1, chunks + 1)[:, None]
     c = np.arange(chunks)[None, :]
@@ -137,7 +138,7 @@ def _table(layer: LayerCost, quantum_s: float, T: int) -> _Table:
     for c in range(layer.chunks):
         b -= dt
         np.maximum(b, 0, out=b)
-        b += arrivals[:, c:c + 1]
+        b += arrivals[:, c : c + 1]
         np.maximum(peak, b, out=peak)
     ok = peak <= cap
     value = layer.pattern_value(pats)

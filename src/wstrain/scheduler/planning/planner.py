@@ -35,12 +35,14 @@ def make_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
             other = plans[1] if best is plans[0] else plans[0]
             best.reasons["runtime"] = (
                 f"{best.runtime}: predicted {best.predicted.step_seconds:.3g} s a step against "
-                f"{other.predicted.step_seconds:.3g} s {other.runtime}; both fit the budgets")
+                f"{other.predicted.step_seconds:.3g} s {other.runtime}; both fit the budgets"
+            )
         elif best.runtime == "working_set":
             need = errors[0].detail["min_budget"]  # type: ignore[index]
             best.reasons["runtime"] = (
                 f"working_set: the resident model needs device_gib >= {need['device_gib']} "
-                f"and host_gib >= {need['host_gib']}")
+                f"and host_gib >= {need['host_gib']}"
+            )
         return best
     # Name whichever runtime's minimum asks for less device memory.
     raise min(errors, key=lambda e: e.detail["min_budget"]["device_gib"])  # type: ignore[index]

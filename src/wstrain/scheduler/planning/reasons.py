@@ -6,11 +6,11 @@ and `wstrain plan spec.yaml`: what was chosen, the numbers that chose it, and ov
 
 from __future__ import annotations
 
-from wstrain.scheduler.planning import cost_model as cm
 from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.hardware import NodeProfile
+from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.planning import cost_model as cm
 
 
 def _count(levels: list[list[int]]) -> str:
@@ -18,56 +18,87 @@ def _count(levels: list[list[int]]) -> str:
     return ", ".join(f"{n} at {lv}" for lv, n in enumerate(counts) if n) or "none"
 
 
-def ws_reasons(spec: JobSpec, dims: ModelDims, node: NodeProfile, lay: cm.Layout,
-               window: int, levels: list[list[int]], time: cm.StepTime, dev: int, host: int,
-               device: str, bound: float) -> dict[str, str]:
+def ws_reasons(
+    spec: JobSpec,
+    dims: ModelDims,
+    node: NodeProfile,
+    lay: cm.Layout,
+    window: int,
+    levels: list[list[int]],
+    time: cm.StepTime,
+    dev: int,
+    host: int,
+    device: str,
+    bound: float,
+) -> dict[str, str]:
     o, L, X = spec.overrides, dims.num_layers, lay.micro_batch
     fixed = cm.fixed_device_bytes(dims, spec, lay, window)
     per_layer = X * cm.saved_bytes(dims, spec, 0)
-    home, in_window = levels[:L - window], levels[L - window:]
+    home, in_window = levels[: L - window], levels[L - window :]
     return {
-        "runtime": "working_set (override)" if o.runtime else
-                   "working_set: the resident model does not fit the device budget",
-        "micro_batch": f"{X} sequences per round (override)" if o.micro_batch else
-                       f"{X} sequences per round: AdaWS bound X >= {bound:.2f} (weights in "
-                       f"and gradients out hidden behind a layer's compute at "
-                       f"{node.matmul_flops / 1e12:.3g} TFLOP/s, {node.h2d_bytes_per_s / 1e9:.3g}"
-                       " GB/s); " + ("the fastest divisor of global_batch at or above it"
-                                     if X >= bound - 1e-9 else "below it: no divisor of "
-                                     "global_batch at or above the bound fits the budget"),
+        "runtime": "working_set (override)"
+        if o.runtime
+        else "working_set: the resident model does not fit the device budget",
+        "micro_batch": f"{X} sequences per round (override)"
+        if o.micro_batch
+        else f"{X} sequences per round: AdaWS bound X >= {bound:.2f} (weights in "
+        f"and gradients out hidden behind a layer's compute at "
+        f"{node.matmul_flops / 1e12:.3g} TFLOP/s, {node.h2d_bytes_per_s / 1e9:.3g}"
+        " GB/s); "
+        + (
+            "the fastest divisor of global_batch at or above it"
+            if bound - 1e-9 <= X
+            else "below it: no divisor of global_batch at or above the bound fits the budget"
+        ),
         "rounds": f"{spec.global_batch // X} = global_batch {spec.global_batch} / micro_batch {X}",
-        "window": (f"{window} (override)" if o.window is not None else
-                   f"{window} of {L} layers keep saved activations on the device: W <= (C_dev "
-                   f"- B) / L_bytes = ({spec.budget.device_gib:.3g} GiB - {fixed / GIB:.2f} GiB)"
-                   f" / {per_layer / GIB:.3f} GiB; "
-                   "the fastest window the cost model found"),
+        "window": (
+            f"{window} (override)"
+            if o.window is not None
+            else f"{window} of {L} layers keep saved activations on the device: W <= (C_dev "
+            f"- B) / L_bytes = ({spec.budget.device_gib:.3g} GiB - {fixed / GIB:.2f} GiB)"
+            f" / {per_layer / GIB:.3f} GiB; "
+            "the fastest window the cost model found"
+        ),
         "device": device + (" (override)" if o.device else ""),
         "rings": f"{lay.r_param} weight slots, {lay.r_grad} gradient slots"
-                 + (" (override)" if o.r_param or o.r_grad else
-                    "" if lay.r_grad > 1 else ": the deeper rings did not fit or were slower"),
-        "levels": f"level {o.level} everywhere (override)" if o.level is not None else
-                  f"home layers by the write-buffer DP ({_count(home)}); window by spare "
-                  f"device memory ({_count(in_window)}); 0 = recompute the layer, 1 = keep the "
-                  "attention kernel's set, 2 = keep the MLP's lean set, 3 = keep both",
+        + (
+            " (override)"
+            if o.r_param or o.r_grad
+            else ""
+            if lay.r_grad > 1
+            else ": the deeper rings did not fit or were slower"
+        ),
+        "levels": f"level {o.level} everywhere (override)"
+        if o.level is not None
+        else f"home layers by the write-buffer DP ({_count(home)}); window by spare "
+        f"device memory ({_count(in_window)}); 0 = recompute the layer, 1 = keep the "
+        "attention kernel's set, 2 = keep the MLP's lean set, 3 = keep both",
         "optimizer": {
             "device": "device: AdamW over streamed moments, in the next forward",
             "host": "host: CPU AdamW in a thread beside the next forward",
             "split": f"split: layers 0-{lay.device_layers - 1} and the embedding on the "
-                     f"device, the other {dims.num_layers - lay.device_layers} layers and the "
-                     "head on the host, both at once, so the host thread starts "
-                     f"{lay.device_layers} layers ahead of the forward that waits for it"}[
-            lay.optimizer] + (" (override)" if o.optimizer else "")
-        + ("; mixed precision: the fp32 master and moments live and update on the host only"
-           if spec.precision == "mixed" else ""),
-        "lead_rounds": (f"{lay.lead_rounds}: the step's first pass carries "
-                        f"{lay.lead_rounds} rounds, so last step's deferred update hides "
-                        "behind more compute per layer" if lay.lead_rounds > 1
-                        else "1: every pass is one round")
-                       + (" (override)" if o.lead_rounds else ""),
+            f"device, the other {dims.num_layers - lay.device_layers} layers and the "
+            "head on the host, both at once, so the host thread starts "
+            f"{lay.device_layers} layers ahead of the forward that waits for it",
+        }[lay.optimizer]
+        + (" (override)" if o.optimizer else "")
+        + (
+            "; mixed precision: the fp32 master and moments live and update on the host only"
+            if spec.precision == "mixed"
+            else ""
+        ),
+        "lead_rounds": (
+            f"{lay.lead_rounds}: the step's first pass carries "
+            f"{lay.lead_rounds} rounds, so last step's deferred update hides "
+            "behind more compute per layer"
+            if lay.lead_rounds > 1
+            else "1: every pass is one round"
+        )
+        + (" (override)" if o.lead_rounds else ""),
         "loss_tokens": f"LM-head loss in blocks of {min(lay.loss_tokens, spec.seq_len)} tokens",
         "step_seconds": f"{time.total_s:.3g} s = {time.compute_s:.3g} compute + "
-                        f"{time.recompute_s:.3g} recompute + {time.exposed_transfer_s:.3g} "
-                        f"exposed transfer + {time.optimizer_s:.3g} optimizer",
+        f"{time.recompute_s:.3g} recompute + {time.exposed_transfer_s:.3g} "
+        f"exposed transfer + {time.optimizer_s:.3g} optimizer",
         "peak_device": f"{dev / GIB:.2f} GiB <= device_gib={spec.budget.device_gib}",
         "peak_host": f"{host / GIB:.2f} GiB <= host_gib={spec.budget.host_gib}",
     }

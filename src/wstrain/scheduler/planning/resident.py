@@ -7,10 +7,15 @@ smallest budgets it needs. Torch-free, so the API can dry-run plans.
 
 from __future__ import annotations
 
-from wstrain.scheduler.contracts.calibration import (ALLOCATOR_SLACK, DEVICE_ADAMW_BYTES_PER_PARAM,
-                                                    DEVICE_MEMORY_BYTES_PER_S,
-                                                    DEVICE_RESERVE_BYTES, ELEMENT_BYTES, GIB,
-                                                    PROCESS_BYTES)
+from wstrain.scheduler.contracts.calibration import (
+    ALLOCATOR_SLACK,
+    DEVICE_ADAMW_BYTES_PER_PARAM,
+    DEVICE_MEMORY_BYTES_PER_S,
+    DEVICE_RESERVE_BYTES,
+    ELEMENT_BYTES,
+    GIB,
+    PROCESS_BYTES,
+)
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.scheduler.contracts.hardware import NodeProfile
 from wstrain.scheduler.contracts.jobs import JobSpec, MinBudget, Plan, Predicted
@@ -45,7 +50,7 @@ def _divisors(n: int) -> list[int]:
 def min_budget(spec: JobSpec, dims: ModelDims, device: str) -> MinBudget:
     dev = device_peak_bytes(dims, spec.precision, spec.seq_len, 1)
     host = host_peak_bytes(dims, device)
-    round_up = lambda b: round(b / GIB + 0.005, 2)  # noqa: E731 - GiB, rounded up to 0.01
+    round_up = lambda b: round(b / GIB + 0.005, 2)
     return MinBudget(device_gib=round_up(dev), host_gib=round_up(host))
 
 
@@ -67,8 +72,11 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
                 f"global_batch={spec.global_batch}"
             )
         candidates = [spec.overrides.micro_batch]
-    fitting = [mb for mb in candidates
-               if device_peak_bytes(dims, spec.precision, spec.seq_len, mb) <= dev_budget]
+    fitting = [
+        mb
+        for mb in candidates
+        if device_peak_bytes(dims, spec.precision, spec.seq_len, mb) <= dev_budget
+    ]
     if not fitting or host > host_budget:
         need = min_budget(spec, dims, device)
         raise InfeasibleBudget(
@@ -86,8 +94,11 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
     peak_dev = device_peak_bytes(dims, spec.precision, spec.seq_len, micro_batch)
     # On a GPU the resident AdamW is a fused kernel over HBM (~14 bytes a parameter at
     # ~3 TB/s); on a CPU node it runs at the profiled CPU rate.
-    optimizer_s = (dims.params * DEVICE_ADAMW_BYTES_PER_PARAM / DEVICE_MEMORY_BYTES_PER_S
-                   if device == "cuda" else dims.params / node.optimizer_params_per_s)
+    optimizer_s = (
+        dims.params * DEVICE_ADAMW_BYTES_PER_PARAM / DEVICE_MEMORY_BYTES_PER_S
+        if device == "cuda"
+        else dims.params / node.optimizer_params_per_s
+    )
     return Plan(
         runtime="resident",
         device=device,
@@ -96,22 +107,31 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
         window=dims.num_layers,
         layers=dims.num_layers,
         params=dims.params,
-        predicted=Predicted(step_seconds=compute_s + optimizer_s, peak_device_bytes=peak_dev,
-                            peak_host_bytes=host, compute_seconds=compute_s,
-                            recompute_seconds=0.0, exposed_transfer_seconds=0.0,
-                            optimizer_seconds=optimizer_s),
+        predicted=Predicted(
+            step_seconds=compute_s + optimizer_s,
+            peak_device_bytes=peak_dev,
+            peak_host_bytes=host,
+            compute_seconds=compute_s,
+            recompute_seconds=0.0,
+            exposed_transfer_seconds=0.0,
+            optimizer_seconds=optimizer_s,
+        ),
         reasons={
             "runtime": "resident: every layer, its state and its activations stay on the "
-                       "device; fits the budget and predicts the fastest step",
-            "micro_batch": (f"{micro_batch} of {spec.global_batch} sequences: the largest "
-                            f"divisor of global_batch whose predicted peak "
-                            f"{peak_dev / GIB:.2f} GiB fits device_gib={spec.budget.device_gib}"),
+            "device; fits the budget and predicts the fastest step",
+            "micro_batch": (
+                f"{micro_batch} of {spec.global_batch} sequences: the largest "
+                f"divisor of global_batch whose predicted peak "
+                f"{peak_dev / GIB:.2f} GiB fits device_gib={spec.budget.device_gib}"
+            ),
             "rounds": f"{rounds} = global_batch {spec.global_batch} / micro_batch {micro_batch}",
             "window": f"all {dims.num_layers} layers resident",
             "device": f"{device}: the node's accelerator"
-                      + (" (override)" if spec.overrides.device else ""),
-            "step_seconds": (f"{compute_s + optimizer_s:.3g} s = {compute_s:.3g} compute at "
-                             f"{node.matmul_flops / 1e12:.3g} TFLOP/s GEMMs + "
-                             f"{optimizer_s:.3g} optimizer"),
+            + (" (override)" if spec.overrides.device else ""),
+            "step_seconds": (
+                f"{compute_s + optimizer_s:.3g} s = {compute_s:.3g} compute at "
+                f"{node.matmul_flops / 1e12:.3g} TFLOP/s GEMMs + "
+                f"{optimizer_s:.3g} optimizer"
+            ),
         },
     )

@@ -25,16 +25,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from wstrain.scheduler.planning import cost_model as cm
-from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.jobs import JobSpec, MinBudget, Plan, Predicted, WorkingSetPlan
+from wstrain.scheduler.contracts.calibration import ELEMENT_BYTES, GIB, LEVELS
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.scheduler.contracts.hardware import NodeProfile
-from wstrain.scheduler.contracts.calibration import LEVELS
-from wstrain.scheduler.planning.levels import LayerCost, Solution, solve
+from wstrain.scheduler.contracts.jobs import JobSpec, MinBudget, Plan, Predicted, WorkingSetPlan
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.planning.levels import LayerCost, Solution, solve
 from wstrain.scheduler.planning.reasons import ws_reasons
-from wstrain.scheduler.contracts.calibration import ELEMENT_BYTES
 
 MAX_MICRO_BATCH = 32  # sequences per round the search considers
 MICRO_BATCHES_TRIED = 4  # divisors from the AdaWS bound up
@@ -50,21 +48,31 @@ class _Candidate:
     host_bytes: int
 
 
-def micro_batches(spec: JobSpec, dims: ModelDims, node: NodeProfile
-                  ) -> tuple[list[list[int]], float]:
+def micro_batches(
+    spec: JobSpec, dims: ModelDims, node: NodeProfile
+) -> tuple[list[list[int]], float]:
     """Micro-batch candidates in tiers, and the AdaWS bound: divisors of the global batch at
     or above the bound first (the cost model picks among them), then, only if none fits the
     budget (or the global batch is below the bound), the smaller ones (AdaWS's guards: at
     least one sequence, and fewer tokens where memory demands it)."""
     e = ELEMENT_BYTES[spec.precision]
-    bound = cm.adaws_min_micro_batch(dims.layer_params, dims.layer_params_active,
-                                     spec.seq_len,
-                                     dims.num_heads * dims.head_dim, e, e, node.matmul_flops,
-                                     node.h2d_bytes_per_s)
+    bound = cm.adaws_min_micro_batch(
+        dims.layer_params,
+        dims.layer_params_active,
+        spec.seq_len,
+        dims.num_heads * dims.head_dim,
+        e,
+        e,
+        node.matmul_flops,
+        node.h2d_bytes_per_s,
+    )
     if spec.overrides.micro_batch:
         return [[spec.overrides.micro_batch]], bound
-    divisors = [d for d in range(1, min(spec.global_batch, MAX_MICRO_BATCH) + 1)
-                if spec.global_batch % d == 0]
+    divisors = [
+        d
+        for d in range(1, min(spec.global_batch, MAX_MICRO_BATCH) + 1)
+        if spec.global_batch % d == 0
+    ]
     above = [d for d in divisors if d >= bound - 1e-9][:MICRO_BATCHES_TRIED]
     below = [d for d in reversed(divisors) if d < bound - 1e-9]
     return [tier for tier in (above, below) if tier], bound
@@ -72,16 +80,30 @@ def micro_batches(spec: JobSpec, dims: ModelDims, node: NodeProfile
 
 def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int]) -> list[cm.Layout]:
     o = spec.overrides
-    rings = ([(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad)
-             else [(3, 2), (2, 2), (2, 1)])
+    rings = (
+        [(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad) else [(3, 2), (2, 2), (2, 1)]
+    )
     # split: the first layers on the device, the rest on the host (_finish picks how many)
-    optimizers = ([o.optimizer] if o.optimizer else ["host"] if spec.precision == "mixed" else
-                  ["device", "host", "split"] if dims.num_layers > 1 else ["device", "host"])
+    optimizers = (
+        [o.optimizer]
+        if o.optimizer
+        else ["host"]
+        if spec.precision == "mixed"
+        else ["device", "host", "split"]
+        if dims.num_layers > 1
+        else ["device", "host"]
+    )
     # a lead pass of two rounds where the model allows it (MoE routing balances per round)
     leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
-    return [cm.Layout(m, rp, rg, opt, lt, lead) for lead in leads for m in mbs
-            for opt in optimizers for rp, rg in rings for lt in (2048, 512)
-            if lead <= spec.global_batch // m]
+    return [
+        cm.Layout(m, rp, rg, opt, lt, lead)
+        for lead in leads
+        for m in mbs
+        for opt in optimizers
+        for rp, rg in rings
+        for lt in (2048, 512)
+        if lead <= spec.global_batch // m
+    ]
 
 
 @dataclass(frozen=True)
@@ -99,7 +121,7 @@ class _Window:
         flat = [3] * self.top + [self.level] * (self.n - self.top)
         flat += [0] * (self.layers * self.chunks - self.n)
         X = self.chunks
-        return [flat[i * X:(i + 1) * X] for i in range(self.layers)][::-1]
+        return [flat[i * X : (i + 1) * X] for i in range(self.layers)][::-1]
 
     def cost_s(self, lc: LayerCost) -> float:
         """Per round: recomputation left in the window plus its exposed backward transfer
@@ -138,8 +160,9 @@ def _fill_window(window: int, lc: LayerCost, saved: list[int], spare_bytes: floa
     return _Window(window, X, best, n_best, n_top)
 
 
-def _evaluate(dims: ModelDims, spec: JobSpec, lay: cm.Layout, sol: Solution,
-              lc: LayerCost) -> list[tuple[float, int, _Window]]:
+def _evaluate(
+    dims: ModelDims, spec: JobSpec, lay: cm.Layout, sol: Solution, lc: LayerCost
+) -> list[tuple[float, int, _Window]]:
     """(per-round recomputation + exposed backward transfer, window, window levels) for
     every window this layout fits."""
     L, X, forced = dims.num_layers, lay.micro_batch, spec.overrides.level
@@ -165,18 +188,31 @@ def _evaluate(dims: ModelDims, spec: JobSpec, lay: cm.Layout, sol: Solution,
     return out
 
 
-def _finish(dims: ModelDims, spec: JobSpec, node: NodeProfile, lay: cm.Layout, sol: Solution,
-            window: int, window_rows: list[list[int]], device: str) -> _Candidate | None:
+def _finish(
+    dims: ModelDims,
+    spec: JobSpec,
+    node: NodeProfile,
+    lay: cm.Layout,
+    sol: Solution,
+    window: int,
+    window_rows: list[list[int]],
+    device: str,
+) -> _Candidate | None:
     L, X = dims.num_layers, lay.micro_batch
     saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
     if cm.host_bytes(dims, spec, (L - window) * X * saved[0], device) > spec.budget.host_bytes:
         return None  # even level 0 everywhere does not fit the host
-    home = sol.levels(L - window) if spec.overrides.level is None else \
-        [[spec.overrides.level] * X for _ in range(L - window)]
+    home = (
+        sol.levels(L - window)
+        if spec.overrides.level is None
+        else [[spec.overrides.level] * X for _ in range(L - window)]
+    )
     host = cm.host_bytes(dims, spec, sum(saved[lv] for row in home for lv in row), device)
     # Over the host budget: drop home chunks to level 0, the largest saved sets first.
-    by_size = sorted(((saved[lv], k, c) for k, row in enumerate(home)
-                      for c, lv in enumerate(row) if lv), reverse=True)
+    by_size = sorted(
+        ((saved[lv], k, c) for k, row in enumerate(home) for c, lv in enumerate(row) if lv),
+        reverse=True,
+    )
     for nbytes, k, c in by_size:
         if host <= spec.budget.host_bytes:
             break
@@ -200,14 +236,16 @@ def _finish(dims: ModelDims, spec: JobSpec, node: NodeProfile, lay: cm.Layout, s
     return _Candidate(lay, window, time, levels, dev, host)
 
 
-def _search(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str,
-            mbs: list[int]) -> _Candidate | None:
+def _search(
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int]
+) -> _Candidate | None:
     ranked: list[tuple[float, int, cm.Layout, Solution, int, _Window]] = []
     solutions: dict[int, Solution] = {}  # the DP depends on the micro-batch alone
     for i, lay in enumerate(_layouts(spec, dims, mbs)):
         lc = cm.layer_cost(dims, spec, lay, node)
         sol = solutions.get(lay.micro_batch) or solutions.setdefault(
-            lay.micro_batch, solve([lc] * dims.num_layers))
+            lay.micro_batch, solve([lc] * dims.num_layers)
+        )
         rounds = spec.global_batch // lay.micro_batch
         base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer
         for cost, w, win in _evaluate(dims, spec, lay, sol, lc):
@@ -228,26 +266,36 @@ def _search(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str,
 
 def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     if spec.precision == "mixed" and spec.overrides.optimizer not in (None, "host"):
-        raise InvalidSpec(f'precision="mixed" updates its fp32 master on the host; '
-                          f'overrides.optimizer="{spec.overrides.optimizer}" needs precision '
-                          '"bf16" (or use "host")')
+        raise InvalidSpec(
+            f'precision="mixed" updates its fp32 master on the host; '
+            f'overrides.optimizer="{spec.overrides.optimizer}" needs precision '
+            '"bf16" (or use "host")'
+        )
     device = spec.overrides.device or node.device
     if spec.overrides.micro_batch and spec.global_batch % spec.overrides.micro_batch:
-        raise InvalidSpec(f"overrides.micro_batch={spec.overrides.micro_batch} must divide "
-                          f"global_batch={spec.global_batch}")
+        raise InvalidSpec(
+            f"overrides.micro_batch={spec.overrides.micro_batch} must divide "
+            f"global_batch={spec.global_batch}"
+        )
     lead = spec.overrides.lead_rounds
     if lead and lead > 1 and dims.is_moe:
-        raise InvalidSpec(f"overrides.lead_rounds={lead}: a mixture-of-experts model balances "
-                          "its routing per round; use lead_rounds 1")
+        raise InvalidSpec(
+            f"overrides.lead_rounds={lead}: a mixture-of-experts model balances "
+            "its routing per round; use lead_rounds 1"
+        )
     if lead and lead > spec.global_batch // (spec.overrides.micro_batch or 1):
-        raise InvalidSpec(f"overrides.lead_rounds={lead} exceeds the step's rounds "
-                          f"(global_batch / micro_batch); lower it or the micro-batch")
+        raise InvalidSpec(
+            f"overrides.lead_rounds={lead} exceeds the step's rounds "
+            f"(global_batch / micro_batch); lower it or the micro-batch"
+        )
     if spec.overrides.optimizer == "split" and dims.num_layers < 2:
-        raise InvalidSpec('overrides.optimizer="split" needs at least two layers to split; '
-                          'use "host" or "device"')
+        raise InvalidSpec(
+            'overrides.optimizer="split" needs at least two layers to split; use "host" or "device"'
+        )
     if spec.overrides.window is not None and spec.overrides.window > dims.num_layers:
-        raise InvalidSpec(f"overrides.window={spec.overrides.window} exceeds the model's "
-                          f"{dims.num_layers} layers")
+        raise InvalidSpec(
+            f"overrides.window={spec.overrides.window} exceeds the model's {dims.num_layers} layers"
+        )
     tiers, bound = micro_batches(spec, dims, node)
     best = None
     for tier in tiers:
@@ -263,34 +311,74 @@ def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> 
     smallest = cm.Layout(min(mbs), 2, 1, "host", 512)
     inputs_home = dims.num_layers * smallest.micro_batch * cm.saved_bytes(dims, spec, 0)
     need = MinBudget(
-        device_gib=round(min(cm.device_bytes(dims, spec, smallest, w, w * smallest.micro_batch
-                                             * cm.saved_bytes(dims, spec, 0))
-                             for w in (0, dims.num_layers)) / GIB + 0.005, 2),
-        host_gib=round(cm.host_bytes(dims, spec, inputs_home, device) / GIB + 0.005, 2))
+        device_gib=round(
+            min(
+                cm.device_bytes(
+                    dims,
+                    spec,
+                    smallest,
+                    w,
+                    w * smallest.micro_batch * cm.saved_bytes(dims, spec, 0),
+                )
+                for w in (0, dims.num_layers)
+            )
+            / GIB
+            + 0.005,
+            2,
+        ),
+        host_gib=round(cm.host_bytes(dims, spec, inputs_home, device) / GIB + 0.005, 2),
+    )
     return InfeasibleBudget(
         f"budget device_gib={spec.budget.device_gib}, host_gib={spec.budget.host_gib} cannot "
         f"hold {dims.params / 1e6:.1f}M parameters at seq_len={spec.seq_len} even with the "
         f"working-set runtime; raise the budget to at least device_gib={need.device_gib}, "
-        f"host_gib={need.host_gib}", min_budget=need.model_dump())
+        f"host_gib={need.host_gib}",
+        min_budget=need.model_dump(),
+    )
 
 
-def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile, c: _Candidate, device: str,
-          bound: float) -> Plan:
+def _plan(
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, c: _Candidate, device: str, bound: float
+) -> Plan:
     L, lay = dims.num_layers, c.lay
     return Plan(
-        runtime="working_set", device=device, micro_batch=lay.micro_batch,
-        rounds=spec.global_batch // lay.micro_batch, window=c.window, layers=L,
+        runtime="working_set",
+        device=device,
+        micro_batch=lay.micro_batch,
+        rounds=spec.global_batch // lay.micro_batch,
+        window=c.window,
+        layers=L,
         params=dims.params,
-        predicted=Predicted(step_seconds=c.time.total_s, peak_device_bytes=c.device_bytes,
-                            peak_host_bytes=c.host_bytes, compute_seconds=c.time.compute_s,
-                            recompute_seconds=c.time.recompute_s,
-                            exposed_transfer_seconds=c.time.exposed_transfer_s,
-                            optimizer_seconds=c.time.optimizer_s),
-        working_set=WorkingSetPlan(chunk=1, r_param=lay.r_param, r_grad=lay.r_grad,
-                                   levels=c.levels, loss_tokens=min(lay.loss_tokens,
-                                                                    spec.seq_len),
-                                   optimizer=lay.optimizer,
-                                   device_layers=lay.device_layers,
-                                   lead_rounds=lay.lead_rounds),
-        reasons=ws_reasons(spec, dims, node, c.lay, c.window, c.levels, c.time, c.device_bytes,
-                           c.host_bytes, device, bound))
+        predicted=Predicted(
+            step_seconds=c.time.total_s,
+            peak_device_bytes=c.device_bytes,
+            peak_host_bytes=c.host_bytes,
+            compute_seconds=c.time.compute_s,
+            recompute_seconds=c.time.recompute_s,
+            exposed_transfer_seconds=c.time.exposed_transfer_s,
+            optimizer_seconds=c.time.optimizer_s,
+        ),
+        working_set=WorkingSetPlan(
+            chunk=1,
+            r_param=lay.r_param,
+            r_grad=lay.r_grad,
+            levels=c.levels,
+            loss_tokens=min(lay.loss_tokens, spec.seq_len),
+            optimizer=lay.optimizer,
+            device_layers=lay.device_layers,
+            lead_rounds=lay.lead_rounds,
+        ),
+        reasons=ws_reasons(
+            spec,
+            dims,
+            node,
+            c.lay,
+            c.window,
+            c.levels,
+            c.time,
+            c.device_bytes,
+            c.host_bytes,
+            device,
+            bound,
+        ),
+    )

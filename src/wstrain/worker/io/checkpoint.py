@@ -45,8 +45,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save(root: Path, state: TrainerState, tensors: dict[str, torch.Tensor],
-         extra: dict[str, object], hf_config: dict[str, object]) -> Path:
+def save(
+    root: Path,
+    state: TrainerState,
+    tensors: dict[str, torch.Tensor],
+    extra: dict[str, object],
+    hf_config: dict[str, object],
+) -> Path:
     """tensors: weights under Hugging Face names; extra: the runtime's optimizer state."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{state.step:08d}"
@@ -88,13 +93,17 @@ def _save_sharded(tensors: dict[str, torch.Tensor], out: Path) -> None:
     for i, names in enumerate(shards):
         fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
         # views into the training state share storage: copy this shard out, write, drop it
-        save_file({k: tensors[k].detach().cpu().clone() for k in names}, out / fname,
-                  metadata={"format": "pt"})
+        save_file(
+            {k: tensors[k].detach().cpu().clone() for k in names},
+            out / fname,
+            metadata={"format": "pt"},
+        )
         weight_map.update(dict.fromkeys(names, fname))
     if n > 1:
         total = sum(t.numel() * t.element_size() for t in tensors.values())
-        (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total},
-                                             "weight_map": weight_map}, indent=1))
+        (out / INDEX).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+        )
 
 
 def latest(root: Path) -> Path | None:

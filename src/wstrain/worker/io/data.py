@@ -14,8 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from wstrain.scheduler.contracts.jobs import END_OF_TEXT_TOKENS, DataRef, SyntheticData, TextData, TokenData
 from wstrain.scheduler.contracts.documents import documents
+from wstrain.scheduler.contracts.jobs import (
+    END_OF_TEXT_TOKENS,
+    DataRef,
+    SyntheticData,
+    TextData,
+    TokenData,
+)
 
 
 def _load_tokens(data: DataRef, vocab_size: int, seed: int) -> np.ndarray:
@@ -53,8 +59,10 @@ def end_of_text_id(tok: object) -> int:
         found = tok.token_to_id(name)  # type: ignore[attr-defined]
         if found is not None:
             return int(found)
-    raise ValueError(f"the tokenizer has none of the end-of-text tokens {END_OF_TEXT_TOKENS}; "
-                     "packing documents needs one")
+    raise ValueError(
+        f"the tokenizer has none of the end-of-text tokens {END_OF_TEXT_TOKENS}; "
+        "packing documents needs one"
+    )
 
 
 @dataclass
@@ -65,16 +73,19 @@ class TokenStream:
     heldout: np.ndarray | None = None  # the data's tail, kept out of training
 
     @classmethod
-    def open(cls, data: DataRef, vocab_size: int, seq_len: int, seed: int,
-             heldout_fraction: float = 0.0) -> TokenStream:
+    def open(
+        cls, data: DataRef, vocab_size: int, seq_len: int, seed: int, heldout_fraction: float = 0.0
+    ) -> TokenStream:
         tokens = _load_tokens(data, vocab_size, seed)
         cut = len(tokens) - int(len(tokens) * heldout_fraction)
         train, heldout = tokens[:cut], (tokens[cut:] if heldout_fraction else None)
         for name, part in (("training", train), ("held-out", heldout)):
             if part is not None and len(part) < seq_len + 1:
-                raise ValueError(f"the {name} data holds {len(part)} tokens, fewer than one "
-                                 f"sequence of seq_len+1={seq_len + 1}; use more data, a "
-                                 "shorter seq_len or another eval.heldout_fraction")
+                raise ValueError(
+                    f"the {name} data holds {len(part)} tokens, fewer than one "
+                    f"sequence of seq_len+1={seq_len + 1}; use more data, a "
+                    "shorter seq_len or another eval.heldout_fraction"
+                )
         return cls(train, seq_len, seed, heldout)
 
     def eval_batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,15 +95,17 @@ class TokenStream:
         starts = np.linspace(0, span, n).astype(np.int64)
         return self._rows(self.heldout, starts)
 
-    def batch(self, step: int, round_idx: int,
-              micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, step: int, round_idx: int, micro_batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets, each (micro_batch, seq_len) int64."""
         rng = np.random.default_rng([self.seed, step, round_idx])
         starts = rng.integers(0, len(self.tokens) - self.seq_len - 1, size=micro_batch)
         return self._rows(self.tokens, starts)
 
     def _rows(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = np.stack([np.asarray(tokens[s:s + self.seq_len + 1], dtype=np.int64)
-                         for s in starts])  # (B, S+1)
+        rows = np.stack(
+            [np.asarray(tokens[s : s + self.seq_len + 1], dtype=np.int64) for s in starts]
+        )  # (B, S+1)
         t = torch.from_numpy(rows)
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()

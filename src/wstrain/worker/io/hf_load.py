@@ -25,8 +25,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
-          "F64": torch.float64}
+DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
 CONVERT_BYTES = 64 * 1024**2  # conversion buffer when the file's dtype is not the state's
 
 
@@ -49,10 +48,10 @@ def _read_into(f: BinaryIO, dest: torch.Tensor, dtype: torch.dtype, nbytes: int)
     step = max(1, CONVERT_BYTES // itemsize)
     buf = torch.empty(min(step, flat.numel()), dtype=dtype)
     for start in range(0, flat.numel(), step):
-        part = buf[:min(step, flat.numel() - start)]
+        part = buf[: min(step, flat.numel() - start)]
         if f.readinto(memoryview(part.view(torch.uint8).numpy())) != part.nbytes:
             raise ValueError(f"{f.name}: truncated tensor data")
-        flat[start:start + part.numel()].copy_(part)
+        flat[start : start + part.numel()].copy_(part)
 
 
 def stream_into(views: dict[str, torch.Tensor], directory: Path) -> int:
@@ -60,8 +59,10 @@ def stream_into(views: dict[str, torch.Tensor], directory: Path) -> int:
     names); returns the bytes read. ValueError names missing, unexpected or misshapen ones."""
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"{directory} holds no *.safetensors file; fine-tuning needs the "
-                         "weights next to config.json (save_pretrained writes both)")
+        raise ValueError(
+            f"{directory} holds no *.safetensors file; fine-tuning needs the "
+            "weights next to config.json (save_pretrained writes both)"
+        )
     seen: set[str] = set()
     nbytes = 0
     with torch.no_grad():
@@ -71,16 +72,22 @@ def stream_into(views: dict[str, torch.Tensor], directory: Path) -> int:
                 # in file order: the reads run sequentially through the shard
                 for name, entry in sorted(header.items(), key=lambda e: e[1]["data_offsets"]):
                     if name not in views:
-                        raise ValueError(f"{path.name} holds {name!r}, which a model of this "
-                                         "config.json does not have; is config.json the one "
-                                         "these weights were saved with?")
+                        raise ValueError(
+                            f"{path.name} holds {name!r}, which a model of this "
+                            "config.json does not have; is config.json the one "
+                            "these weights were saved with?"
+                        )
                     shape = tuple(entry["shape"])  # type: ignore[arg-type]
                     if shape != tuple(views[name].shape):
-                        raise ValueError(f"{path.name}: {name!r} has shape {shape}, the "
-                                         f"config implies {tuple(views[name].shape)}")
+                        raise ValueError(
+                            f"{path.name}: {name!r} has shape {shape}, the "
+                            f"config implies {tuple(views[name].shape)}"
+                        )
                     if entry["dtype"] not in DTYPES:
-                        raise ValueError(f"{path.name}: {name!r} has dtype {entry['dtype']}; "
-                                         f"wstrain reads {sorted(DTYPES)}")
+                        raise ValueError(
+                            f"{path.name}: {name!r} has dtype {entry['dtype']}; "
+                            f"wstrain reads {sorted(DTYPES)}"
+                        )
                     begin, end = entry["data_offsets"]  # type: ignore[misc]
                     f.seek(data_start + begin)
                     _read_into(f, views[name], DTYPES[entry["dtype"]], end - begin)

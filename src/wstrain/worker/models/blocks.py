@@ -28,15 +28,30 @@ def flat_tokens(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def qkv(n: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims, cos: torch.Tensor,
-        sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv(
+    n: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The layer's queries, keys (with RoPE) and values from the normalised input n (B, S, D):
     (B, H, S, hd), (B, KV, S, hd) x2."""
     qk = (w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"]) if dims.qk_norm else None
     bias = tuple(w[f"self_attn.{p}_proj.bias"] for p in "qkv") if dims.qkv_bias else None
-    return project_qkv(n, w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
-                       w["self_attn.v_proj.weight"], cos, sin, dims.num_heads,
-                       dims.num_kv_heads, qk, dims.rms_norm_eps, bias)  # type: ignore[arg-type]
+    return project_qkv(
+        n,
+        w["self_attn.q_proj.weight"],
+        w["self_attn.k_proj.weight"],
+        w["self_attn.v_proj.weight"],
+        cos,
+        sin,
+        dims.num_heads,
+        dims.num_kv_heads,
+        qk,
+        dims.rms_norm_eps,
+        bias,
+    )  # type: ignore[arg-type]
 
 
 def out_proj(x: torch.Tensor, out: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -45,21 +60,30 @@ def out_proj(x: torch.Tensor, out: torch.Tensor, w: dict[str, torch.Tensor]) -> 
     return x + F.linear(out.transpose(1, 2).reshape(b, s, -1), w["self_attn.o_proj.weight"])
 
 
-def attn_block(x: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
-               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def attn_block(
+    x: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
     n = rms_norm(x, w["input_layernorm.weight"], dims.rms_norm_eps)
     return out_proj(x, causal_attention(*qkv(n, w, dims, cos, sin)), w)  # (B, S, D)
 
 
 def mlp_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims) -> torch.Tensor:
-    m = swiglu(rms_norm(h, w["post_attention_layernorm.weight"], dims.rms_norm_eps),
-               w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"])
+    m = swiglu(
+        rms_norm(h, w["post_attention_layernorm.weight"], dims.rms_norm_eps),
+        w["mlp.gate_proj.weight"],
+        w["mlp.up_proj.weight"],
+        w["mlp.down_proj.weight"],
+    )
     return h + m  # (B, S, D)
 
 
-def ffn_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
-              router: RouterTotals | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def ffn_block(
+    h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims, router: RouterTotals | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The layer's MLP half, dense or MoE: (h + MLP(norm(h)), router probs (T, E) or None);
     a MoE layer's routing goes into `router` (without its graph)."""
     if not dims.is_moe:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.worker.ops import fused as fused_ops
+from wstrain.worker.kernels import fused as fused_ops
 from wstrain.worker.models import moe
 
 
@@ -33,7 +33,7 @@ class RMSNorm(nn.Module):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Hugging Face's LlamaRMSNorm: normalise in fp32, scale in the input dtype (one fused
-    kernel each way on CUDA: worker/ops/fused.py). (B, S, D)"""
+    kernel each way on CUDA: worker/kernels/fused.py). (B, S, D)"""
     if fused_ops.available(x, weight):
         return fused_ops.rms_norm_fused(x, weight, eps)
     x32 = x.float()
@@ -41,8 +41,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
-def rope_tables(dims: ModelDims, seq_len: int, device: torch.device,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    dims: ModelDims, seq_len: int, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (S, head_dim), computed in fp32 as Hugging Face does."""
     half = torch.arange(0, dims.head_dim, 2, dtype=torch.int64, device=device).float()
     inv_freq = 1.0 / (dims.rope_theta ** (half / dims.head_dim))  # (head_dim/2,)
@@ -54,17 +55,22 @@ def rope_tables(dims: ModelDims, seq_len: int, device: torch.device,
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _llama3_scaled(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
-                   high_freq_factor: float, original_context: int) -> torch.Tensor:
+def _llama3_scaled(
+    inv_freq: torch.Tensor,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_context: int,
+) -> torch.Tensor:
     """Llama 3.1's RoPE scaling: wavelengths longer than original_context / low_freq_factor
     are stretched by `factor`, shorter than original_context / high_freq_factor kept, and
     the band between blended linearly in original_context / wavelength."""
     wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > original_context / low_freq_factor, inv_freq / factor,
-                         inv_freq)
+    scaled = torch.where(wavelen > original_context / low_freq_factor, inv_freq / factor, inv_freq)
     blend = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    middle = (wavelen >= original_context / high_freq_factor) & \
-        (wavelen <= original_context / low_freq_factor)
+    middle = (wavelen >= original_context / high_freq_factor) & (
+        wavelen <= original_context / low_freq_factor
+    )
     return torch.where(middle, (1 - blend) * inv_freq / factor + blend * inv_freq, scaled)
 
 
@@ -76,10 +82,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: (B, S, H, hd), cos/sin: (S, 1, hd); Hugging Face rotates the transposed
     (B, H, S, hd) view, the same values through strided, unvectorised kernels. On CUDA one
-    fused kernel (worker/ops/fused.py) that also takes x strided and returns it contiguous."""
+    fused kernel (worker/kernels/fused.py) that also takes x strided and returns it contiguous."""
     if fused_ops.available(x, cos, sin) and x.dim() == 4 and cos.shape[1] == 1:
-        return fused_ops.rope_autograd(x, cos.squeeze(1).contiguous(),
-                                       sin.squeeze(1).contiguous())
+        return fused_ops.rope_autograd(x, cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous())
     return x * cos + _rotate_half(x) * sin
 
 
@@ -100,18 +105,40 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         qk = (self.q_norm.weight, self.k_norm.weight) if hasattr(self, "q_norm") else None
-        bias = ((self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)
-                if self.q_proj.bias is not None else None)
-        return attention(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
-                         self.o_proj.weight, cos, sin, self.n_heads, self.n_kv, qk, self.eps,
-                         bias)
+        bias = (
+            (self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)
+            if self.q_proj.bias is not None
+            else None
+        )
+        return attention(
+            x,
+            self.q_proj.weight,
+            self.k_proj.weight,
+            self.v_proj.weight,
+            self.o_proj.weight,
+            cos,
+            sin,
+            self.n_heads,
+            self.n_kv,
+            qk,
+            self.eps,
+            bias,
+        )
 
 
-def project_qkv(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
-                cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
-                qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None, eps: float = 1e-6,
-                bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def project_qkv(
+    x: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    wv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    n_heads: int,
+    n_kv: int,
+    qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
+    eps: float = 1e-6,
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries and keys with RoPE, and values, in SDPA's layout: (B, H, S, hd), (B, KV, S, hd),
     (B, KV, S, hd) — transposed views of (B, S, heads, hd) tensors. With `qk_norm` queries and
     keys are RMS-normalised before RoPE: per head when the norm weights are head_dim wide
@@ -134,21 +161,31 @@ def project_qkv(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.T
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """SDPA, causal; grouped-query heads go to the kernel as they are (no repeated K/V, so
     autograd keeps K and V at their own size). (B, H, S, hd), (B, KV, S, hd) x2 -> (B, H, S, hd)"""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                          enable_gqa=q.shape[1] != k.shape[1])
+    return F.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
+    )
 
 
-def attention(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
-              wo: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
-              n_kv: int, qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
-              eps: float = 1e-6,
-              bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-              ) -> torch.Tensor:
+def attention(
+    x: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    wv: torch.Tensor,
+    wo: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    n_heads: int,
+    n_kv: int,
+    qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
+    eps: float = 1e-6,
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Causal GQA self-attention with RoPE through SDPA (project_qkv's options).
     x: (B, S, D) -> (B, S, D)"""
     b, s, _ = x.shape
-    out = causal_attention(*project_qkv(x, wq, wk, wv, cos, sin, n_heads, n_kv, qk_norm, eps,
-                                        bias))  # (B, H, S, hd)
+    out = causal_attention(
+        *project_qkv(x, wq, wk, wv, cos, sin, n_heads, n_kv, qk_norm, eps, bias)
+    )  # (B, H, S, hd)
     return F.linear(out.transpose(1, 2).reshape(b, s, -1), wo)
 
 
@@ -159,8 +196,9 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return F.silu(g) * u
 
 
-def silu_mul_backward(dp: torch.Tensor, g: torch.Tensor, u: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def silu_mul_backward(
+    dp: torch.Tensor, g: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dL/dg, dL/du, silu(g)·u) from dp = dL/d(silu(g)·u), for explicit backwards that
     also need the product (a weight gradient's input). All the same shape."""
     if fused_ops.available(dp, g, u):
@@ -173,8 +211,9 @@ def silu_mul_backward(dp: torch.Tensor, g: torch.Tensor, u: torch.Tensor
     return dg, du, p.detach()
 
 
-def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-           w_down: torch.Tensor) -> torch.Tensor:
+def swiglu(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)). x: (B, S, D) -> (B, S, D)"""
     return F.linear(silu_mul(F.linear(x, w_gate), F.linear(x, w_up)), w_down)
 
@@ -191,14 +230,16 @@ class MLP(nn.Module):
         return swiglu(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
 
 
-def moe_block(h: torch.Tensor, w: dict[str, torch.Tensor],
-              dims: ModelDims) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_block(
+    h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h + MoE(RMSNorm(h)), with the router's probs (T, E) and choices (T, k). h: (B, S, D);
     w holds the router and the stacked experts under worker/models/moe.py's names."""
     n = rms_norm(h, w["post_attention_layernorm.weight"], dims.rms_norm_eps)
     nf = n.reshape(-1, dims.hidden_size)  # (T, D)
-    probs, top_idx, top_w = moe.route(nf, w[moe.ROUTER], dims.experts_per_token,
-                                      dims.norm_topk_prob)
+    probs, top_idx, top_w = moe.route(
+        nf, w[moe.ROUTER], dims.experts_per_token, dims.norm_topk_prob
+    )
     m = moe.experts(nf, top_idx, top_w, *(w[name] for name in moe.EXPERTS))
     if moe.SHARED_GATE in w:  # Qwen2-MoE: + sigmoid(gate(x)) * shared_expert(x)
         m = m + shared_expert(nf, w)
@@ -208,7 +249,8 @@ def moe_block(h: torch.Tensor, w: dict[str, torch.Tensor],
 def shared_expert(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
     """sigmoid(x · w_gate) * SwiGLU_shared(x), every token. x: (T, D) -> (T, D)"""
     return torch.sigmoid(F.linear(x, w[moe.SHARED_GATE])) * swiglu(
-        x, *(w[name] for name in moe.SHARED))
+        x, *(w[name] for name in moe.SHARED)
+    )
 
 
 class SparseMoE(nn.Module):
@@ -224,14 +266,24 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = nn.Linear(d, 1, bias=False)
 
     def weights(self) -> dict[str, object]:
-        gate, up, down = ([getattr(e, n).weight for e in self.experts]
-                          for n in ("gate_proj", "up_proj", "down_proj"))
+        gate, up, down = (
+            [getattr(e, n).weight for e in self.experts]
+            for n in ("gate_proj", "up_proj", "down_proj")
+        )
         out = dict(zip((moe.ROUTER, *moe.EXPERTS), (self.gate.weight, gate, up, down)))
         if hasattr(self, "shared_expert"):
             se = self.shared_expert
-            out.update(zip((*moe.SHARED, moe.SHARED_GATE),
-                           (se.gate_proj.weight, se.up_proj.weight, se.down_proj.weight,
-                            self.shared_expert_gate.weight)))
+            out.update(
+                zip(
+                    (*moe.SHARED, moe.SHARED_GATE),
+                    (
+                        se.gate_proj.weight,
+                        se.up_proj.weight,
+                        se.down_proj.weight,
+                        self.shared_expert_gate.weight,
+                    ),
+                )
+            )
         return out
 
 
@@ -244,12 +296,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
         self.mlp = SparseMoE(dims) if dims.is_moe else MLP(dims)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                router: moe.RouterTotals | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        router: moe.RouterTotals | None = None,
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         if isinstance(self.mlp, SparseMoE):
-            w = {"post_attention_layernorm.weight": self.post_attention_layernorm.weight,
-                 **self.mlp.weights()}
+            w = {
+                "post_attention_layernorm.weight": self.post_attention_layernorm.weight,
+                **self.mlp.weights(),
+            }
             y, probs, top_idx = moe_block(x, w, self.dims)  # type: ignore[arg-type]
             if router is not None:
                 router.add(probs, top_idx)
@@ -260,8 +319,9 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, dims: ModelDims) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(dims.vocab_size, dims.hidden_size,
-                                         padding_idx=dims.pad_token_id)
+        self.embed_tokens = nn.Embedding(
+            dims.vocab_size, dims.hidden_size, padding_idx=dims.pad_token_id
+        )
         self.layers = nn.ModuleList(DecoderLayer(dims) for _ in range(dims.num_layers))
         self.norm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
 
@@ -285,8 +345,7 @@ class LlamaModel(nn.Module):
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
 
-    def forward(self, tokens: torch.Tensor,
-                router: moe.RouterTotals | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, router: moe.RouterTotals | None = None) -> torch.Tensor:
         """(B, S) -> logits (B, S, V); MoE layers add their routing to `router`."""
         x = self.model.embed_tokens(tokens)  # (B, S, D)
         cos, sin = rope_tables(self.dims, tokens.shape[1], x.device, x.dtype)

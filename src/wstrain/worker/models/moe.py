@@ -23,16 +23,23 @@ import torch.nn.functional as F
 
 ROUTER = "mlp.gate.weight"
 # a layer's experts, stacked (E, ., .) under these names in worker/runtime/working_set/arena.py's layout
-EXPERTS = ("mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight",
-           "mlp.experts.*.down_proj.weight")
+EXPERTS = (
+    "mlp.experts.*.gate_proj.weight",
+    "mlp.experts.*.up_proj.weight",
+    "mlp.experts.*.down_proj.weight",
+)
 # Qwen2-MoE's shared expert (every token, gated by a sigmoid of one linear unit)
-SHARED = ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
-          "mlp.shared_expert.down_proj.weight")
+SHARED = (
+    "mlp.shared_expert.gate_proj.weight",
+    "mlp.shared_expert.up_proj.weight",
+    "mlp.shared_expert.down_proj.weight",
+)
 SHARED_GATE = "mlp.shared_expert_gate.weight"
 
 
-def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int,
-          norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def route(
+    x: torch.Tensor, w_router: torch.Tensor, top_k: int, norm_topk: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(probs (T, E) fp32, top_idx (T, k), top_w (T, k) in x's dtype) for x: (T, D)."""
     logits = F.linear(x, w_router)  # (T, E)
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -65,12 +72,17 @@ class Groups:
 def _grouped_ok(x: torch.Tensor, w: object) -> bool:
     """torch's grouped GEMM (one kernel for all experts, no host sync) serves bf16 on CUDA
     with the experts stacked in one tensor; elsewhere the experts run one by one."""
-    return (x.is_cuda and x.dtype == torch.bfloat16 and isinstance(w, torch.Tensor)
-            and hasattr(torch, "_grouped_mm"))
+    return (
+        x.is_cuda
+        and x.dtype == torch.bfloat16
+        and isinstance(w, torch.Tensor)
+        and hasattr(torch, "_grouped_mm")
+    )
 
 
-def grouped_linear(x: torch.Tensor, w: Sequence[torch.Tensor], groups: Groups,
-                   transpose: bool = True) -> torch.Tensor:
+def grouped_linear(
+    x: torch.Tensor, w: Sequence[torch.Tensor], groups: Groups, transpose: bool = True
+) -> torch.Tensor:
     """Each group's rows of x (N, in) times its expert's weight: w[e]^T (w[e]: (out, in)),
     or w[e] itself when not `transpose` (w[e]: (in, out)). -> (N, out)"""
     if _grouped_ok(x, w):
@@ -78,8 +90,9 @@ def grouped_linear(x: torch.Tensor, w: Sequence[torch.Tensor], groups: Groups,
         return torch._grouped_mm(x, wt, offs=groups.offs)
     # experts with no rows multiply too: their weights get a zero gradient, as transformers'
     # fused experts give them (so AdamW still decays them), instead of none
-    return torch.cat([part @ (w[e].t() if transpose else w[e])
-                      for e, part in enumerate(x.split(groups.sizes))])
+    return torch.cat(
+        [part @ (w[e].t() if transpose else w[e]) for e, part in enumerate(x.split(groups.sizes))]
+    )
 
 
 def grouped_outer(a: torch.Tensor, b: torch.Tensor, groups: Groups) -> torch.Tensor:
@@ -89,9 +102,14 @@ def grouped_outer(a: torch.Tensor, b: torch.Tensor, groups: Groups) -> torch.Ten
     return torch.stack([x.t() @ y for x, y in zip(a.split(groups.sizes), b.split(groups.sizes))])
 
 
-def experts(x: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor,
-            w_gate: Sequence[torch.Tensor], w_up: Sequence[torch.Tensor],
-            w_down: Sequence[torch.Tensor]) -> torch.Tensor:
+def experts(
+    x: torch.Tensor,
+    top_idx: torch.Tensor,
+    top_w: torch.Tensor,
+    w_gate: Sequence[torch.Tensor],
+    w_up: Sequence[torch.Tensor],
+    w_down: Sequence[torch.Tensor],
+) -> torch.Tensor:
     """sum over each token's k experts of top_w · down(silu(gate(x)) * up(x)), differentiable.
     x: (T, D); w_gate/w_up: E of (I, D), w_down: E of (D, I), stacked (E, ., .) or a list."""
     groups = Groups(top_idx, len(w_gate))
@@ -123,4 +141,4 @@ class RouterTotals:
 
     def prob_grad(self, weight: float) -> torch.Tensor:
         """d(weight · loss)/d probs[t, e] for every (layer, token) row: an (E,) vector."""
-        return weight * self.counts.numel() * self.counts / self.rows ** 2
+        return weight * self.counts.numel() * self.counts / self.rows**2

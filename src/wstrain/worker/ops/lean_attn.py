@@ -56,9 +56,13 @@ class CoreGraph:
     inputs: tuple[GradientEdge, GradientEdge, GradientEdge]
 
 
-def lean_attn_forward(x: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims,
-                      cos: torch.Tensor, sin: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor, CoreGraph]:
+def lean_attn_forward(
+    x: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, CoreGraph]:
     """(h (B, S, D), the kernel's output (B, H, S, hd), its graph). x: (B, S, D)"""
     with torch.no_grad():
         q, k, v = qkv(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)
@@ -78,9 +82,16 @@ def _unrope(d: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return apply_rope(d.transpose(1, 2), cos[:, None], -sin[:, None]).reshape(b, s, -1)
 
 
-def lean_attn_backward(dh: torch.Tensor, x: torch.Tensor, out: torch.Tensor, core: CoreGraph,
-                       w: dict[str, torch.Tensor], dims: ModelDims, cos: torch.Tensor,
-                       sin: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def lean_attn_backward(
+    dh: torch.Tensor,
+    x: torch.Tensor,
+    out: torch.Tensor,
+    core: CoreGraph,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """dL/dx and the block's weight gradients from dh = dL/dh. (B, S, D) in and out."""
     b, s, _ = x.shape
     out_tokens = out.transpose(1, 2).reshape(b * s, -1)  # (B*S, H·hd)
@@ -91,16 +102,18 @@ def lean_attn_backward(dh: torch.Tensor, x: torch.Tensor, out: torch.Tensor, cor
         x_, wn_ = x.detach().requires_grad_(), w[NORM].detach().requires_grad_()
         n = rms_norm(x_, wn_, dims.rms_norm_eps)  # (B, S, D): elementwise recompute
     if dims.qk_norm:  # the projections again, with their graph
-        wl = leaves({n_: t for n_, t in w.items() if n_.startswith("self_attn.")
-                     and n_ != O_PROJ})
+        wl = leaves({n_: t for n_, t in w.items() if n_.startswith("self_attn.") and n_ != O_PROJ})
         with torch.enable_grad():
             proj = qkv(n, wl, dims, cos, sin)
         torch.autograd.backward(proj, (dq, dk, dv))
         dws.update({n_: leaf.grad for n_, leaf in wl.items()})  # type: ignore[misc]
     else:
         n_flat = flat_tokens(n.detach())
-        d_proj = (_unrope(dq, cos, sin), _unrope(dk, cos, sin),
-                  dv.transpose(1, 2).reshape(b, s, -1))  # (B, S, H·hd), (B, S, KV·hd) x2
+        d_proj = (
+            _unrope(dq, cos, sin),
+            _unrope(dk, cos, sin),
+            dv.transpose(1, 2).reshape(b, s, -1),
+        )  # (B, S, H·hd), (B, S, KV·hd) x2
         dn = sum(dp @ w[f"{p}.weight"] for p, dp in zip(PROJ, d_proj))  # (B, S, D)
         for p, dp in zip(PROJ, d_proj):
             dws[f"{p}.weight"] = flat_tokens(dp).t() @ n_flat

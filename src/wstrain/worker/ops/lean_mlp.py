@@ -17,13 +17,18 @@ import torch.nn.functional as F
 from wstrain.worker.models.blocks import flat_tokens
 from wstrain.worker.models.dense import rms_norm, silu_mul, silu_mul_backward
 
-NAMES = ("post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-         "mlp.down_proj.weight")
+NAMES = (
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
 
 
 @torch.no_grad()
-def lean_forward(h: torch.Tensor, w: dict[str, torch.Tensor],
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def lean_forward(
+    h: torch.Tensor, w: dict[str, torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, gate, up) for h: (B, S, D); gate and up are (B, S, F)."""
     w_norm, w_gate, w_up, w_down = (w[n] for n in NAMES)
     n = rms_norm(h, w_norm, eps)
@@ -31,9 +36,13 @@ def lean_forward(h: torch.Tensor, w: dict[str, torch.Tensor],
     return h + F.linear(silu_mul(g, u), w_down), g, u
 
 
-def lean_backward(dy: torch.Tensor, h: torch.Tensor,
-                  saved: tuple[torch.Tensor, torch.Tensor] | None, w: dict[str, torch.Tensor],
-                  eps: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def lean_backward(
+    dy: torch.Tensor,
+    h: torch.Tensor,
+    saved: tuple[torch.Tensor, torch.Tensor] | None,
+    w: dict[str, torch.Tensor],
+    eps: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """dL/dh and the four weight gradients, from dy = dL/dy. (B, S, D) in and out.
     `saved`: the forward's (gate, up), or None to recompute them from the norm the backward
     recomputes anyway (levels 0-1: two GEMMs; the down projection's output is never needed)."""
@@ -42,8 +51,9 @@ def lean_backward(dy: torch.Tensor, h: torch.Tensor,
         h_, wn_ = h.detach().requires_grad_(), w_norm.detach().requires_grad_()
         n = rms_norm(h_, wn_, eps)  # (B, S, D): elementwise recompute
     n_flat = flat_tokens(n.detach())
-    g, u = saved if saved is not None else (F.linear(n.detach(), w_gate),
-                                            F.linear(n.detach(), w_up))
+    g, u = (
+        saved if saved is not None else (F.linear(n.detach(), w_gate), F.linear(n.detach(), w_up))
+    )
     dg, du, p = silu_mul_backward(dy @ w_down, g, u)  # (B, S, F) each; p recomputed
     del g, u
     dw_down = flat_tokens(dy).t() @ flat_tokens(p)  # (D, F)

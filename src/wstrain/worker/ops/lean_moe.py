@@ -23,28 +23,46 @@ import torch.nn.functional as F
 
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.worker.models.dense import rms_norm, shared_expert, silu_mul, silu_mul_backward
-from wstrain.worker.models.moe import (EXPERTS, ROUTER, SHARED, SHARED_GATE, Groups, grouped_linear,
-                        grouped_outer, route)
+from wstrain.worker.models.moe import (
+    EXPERTS,
+    ROUTER,
+    SHARED,
+    SHARED_GATE,
+    Groups,
+    grouped_linear,
+    grouped_outer,
+    route,
+)
 
 NORM = "post_attention_layernorm.weight"
 
 
-def _route_and_up(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Groups,
-                             torch.Tensor, torch.Tensor]:
+def _route_and_up(
+    h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
+) -> tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Groups, torch.Tensor, torch.Tensor
+]:
     """(nf (T, D), probs (T, E), top_idx (T, k), top_w (T, k), groups, gate, up)."""
     w_gate, w_up = w[EXPERTS[0]], w[EXPERTS[1]]
     nf = rms_norm(h, w[NORM], dims.rms_norm_eps).reshape(-1, dims.hidden_size)  # (T, D)
     probs, top_idx, top_w = route(nf, w[ROUTER], dims.experts_per_token, dims.norm_topk_prob)
     groups = Groups(top_idx, dims.num_experts)
     xs = nf[groups.token]  # (T*k, D)
-    return (nf, probs, top_idx, top_w, groups, grouped_linear(xs, w_gate, groups),
-            grouped_linear(xs, w_up, groups))
+    return (
+        nf,
+        probs,
+        top_idx,
+        top_w,
+        groups,
+        grouped_linear(xs, w_gate, groups),
+        grouped_linear(xs, w_up, groups),
+    )
 
 
 @torch.no_grad()
-def lean_moe_saved(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def lean_moe_saved(
+    h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(top_idx, gate, up): the set recomputed when it was not saved (levels 0-1), without
     the experts' down projections, which the backward never needs."""
     *_, top_idx, _, _, g, u = _route_and_up(h, w, dims)
@@ -52,24 +70,34 @@ def lean_moe_saved(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
 
 
 @torch.no_grad()
-def lean_moe_forward(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def lean_moe_forward(
+    h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
+) -> tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+]:
     """(y, probs (T, E), top_idx (T, k), saved (top_idx, gate, up)); gate and up are
     (T*k, I) in expert-grouped order. h: (B, S, D)"""
     nf, probs, top_idx, top_w, groups, g, u = _route_and_up(h, w, dims)
-    ys = grouped_linear(silu_mul(g, u), w[EXPERTS[2]], groups) * \
-        top_w.reshape(-1)[groups.order, None]
+    ys = (
+        grouped_linear(silu_mul(g, u), w[EXPERTS[2]], groups)
+        * top_w.reshape(-1)[groups.order, None]
+    )
     m = nf.new_zeros(nf.shape).index_add(0, groups.token, ys)
     if SHARED_GATE in w:
         m = m + shared_expert(nf, w)
     return h + m.view_as(h), probs, top_idx, (top_idx, g, u)
 
 
-def lean_moe_backward(dy: torch.Tensor, h: torch.Tensor, top_idx: torch.Tensor,
-                      g: torch.Tensor, u: torch.Tensor, w: dict[str, torch.Tensor],
-                      dims: ModelDims, aux_grad: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def lean_moe_backward(
+    dy: torch.Tensor,
+    h: torch.Tensor,
+    top_idx: torch.Tensor,
+    g: torch.Tensor,
+    u: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    aux_grad: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """dL/dh and the weight gradients (router, stacked experts, norm) from dy = dL/dy and,
     with `aux_grad` (E,), the load-balancing loss's gradient on every row's probabilities."""
     w_gate, w_up, w_down = (w[n] for n in EXPERTS)
@@ -83,8 +111,9 @@ def lean_moe_backward(dy: torch.Tensor, h: torch.Tensor, top_idx: torch.Tensor,
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         top_w = top_w.to(nf.dtype)
         # the shared expert (Qwen2-MoE) is recomputed with its graph: it is one dense MLP
-        shared_w = {n: w[n].detach().requires_grad_() for n in (*SHARED, SHARED_GATE)
-                    if SHARED_GATE in w}
+        shared_w = {
+            n: w[n].detach().requires_grad_() for n in (*SHARED, SHARED_GATE) if SHARED_GATE in w
+        }
         shared = shared_expert(nf, shared_w) if shared_w else None
     groups = Groups(top_idx, dims.num_experts)
     weight = top_w.detach().reshape(-1)[groups.order, None]  # (T*k, 1)
@@ -95,8 +124,9 @@ def lean_moe_backward(dy: torch.Tensor, h: torch.Tensor, top_idx: torch.Tensor,
     dw_down = grouped_outer(dy_tok * weight, p, groups)  # (E, D, I)
     xs = nf.detach()[groups.token]  # (T*k, D)
     dw_gate, dw_up = grouped_outer(dg, xs, groups), grouped_outer(du, xs, groups)  # (E, I, D)
-    dxs = (grouped_linear(dg, w_gate, groups, transpose=False)
-           + grouped_linear(du, w_up, groups, transpose=False))  # (T*k, D)
+    dxs = grouped_linear(dg, w_gate, groups, transpose=False) + grouped_linear(
+        du, w_up, groups, transpose=False
+    )  # (T*k, D)
     dnf = torch.zeros_like(nf).index_add(0, groups.token, dxs.to(nf.dtype))
     d_top_w = torch.zeros(top_idx.numel(), device=dy.device, dtype=torch.float32)
     d_top_w[groups.order] = d_weight

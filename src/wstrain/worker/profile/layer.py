@@ -21,9 +21,9 @@ import torch
 
 from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims, resolve_dims
-from wstrain.worker.runtime.working_set.arena import LayerLayout
-from wstrain.worker.models.dense import rope_tables
 from wstrain.worker.models.blocks import attn_block, ffn_block, leaves
+from wstrain.worker.models.dense import rope_tables
+from wstrain.worker.runtime.working_set.arena import LayerLayout
 
 
 def _weights(dims: ModelDims, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
@@ -69,9 +69,13 @@ def measure(dims: ModelDims, seq_len: int, precision: str, repeats: int = 3) -> 
 
     both_s = _time(forward_backward, repeats, device)
     forward_s = attention_s + mlp_s
-    return {"seq_len": float(seq_len), "forward_s": forward_s,
-            "backward_s": max(both_s - forward_s, forward_s),
-            "attention_forward_s": attention_s, "mlp_forward_s": mlp_s}
+    return {
+        "seq_len": float(seq_len),
+        "forward_s": forward_s,
+        "backward_s": max(both_s - forward_s, forward_s),
+        "attention_forward_s": attention_s,
+        "mlp_forward_s": mlp_s,
+    }
 
 
 def main() -> None:

@@ -57,8 +57,11 @@ def link_bandwidth(nbytes: int) -> dict[str, float]:
     if not torch.cuda.is_available():
         dev = torch.empty(nbytes, dtype=torch.uint8)
         memcpy = nbytes / _time(lambda: dev.copy_(host_in), 5)
-        return {"h2d_bytes_per_s": memcpy, "d2h_bytes_per_s": memcpy,
-                "both_bytes_per_s": memcpy / 2}
+        return {
+            "h2d_bytes_per_s": memcpy,
+            "d2h_bytes_per_s": memcpy,
+            "both_bytes_per_s": memcpy / 2,
+        }
     dev_in = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dev_out = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     h2d = nbytes / _time(lambda: dev_in.copy_(host_in, non_blocking=True), 5)
@@ -83,16 +86,18 @@ def host_memcpy(nbytes: int) -> float:
     return nbytes / _time(lambda: dst.copy_(src), 5)
 
 
-def matmul_flops(dev: torch.device, dtype: torch.dtype, tokens: int, hidden: int,
-                 ffn: int) -> float:
+def matmul_flops(
+    dev: torch.device, dtype: torch.dtype, tokens: int, hidden: int, ffn: int
+) -> float:
     """FLOP/s of one (tokens, hidden) x (hidden, ffn) GEMM, an MLP projection's shape."""
     a = torch.randn(tokens, hidden, device=dev, dtype=dtype)
     b = torch.randn(hidden, ffn, device=dev, dtype=dtype)
     return 2 * tokens * hidden * ffn / _time(lambda: a @ b, 10)
 
 
-def attention_flops(dev: torch.device, dtype: torch.dtype, seq: int, heads: int,
-                    kv_heads: int, head_dim: int) -> float:
+def attention_flops(
+    dev: torch.device, dtype: torch.dtype, seq: int, heads: int, kv_heads: int, head_dim: int
+) -> float:
     """FLOP/s of causal SDPA forward + backward for one sequence, counted as AdaWS counts
     attention: 2·S²·nQ·hd forward (causal half of 4·S²·nQ·hd), backward twice that."""
     q = torch.randn(1, heads, seq, head_dim, device=dev, dtype=dtype, requires_grad=True)
@@ -131,8 +136,14 @@ def _gpus() -> list[dict[str, object]]:
     gpus = []
     for i in range(torch.cuda.device_count()):
         free, total = torch.cuda.mem_get_info(i)
-        gpus.append({"index": i, "name": torch.cuda.get_device_name(i),
-                     "total_bytes": total, "free_bytes": free})
+        gpus.append(
+            {
+                "index": i,
+                "name": torch.cuda.get_device_name(i),
+                "total_bytes": total,
+                "free_bytes": free,
+            }
+        )
     return gpus
 
 
@@ -140,8 +151,11 @@ def cache_key() -> str:
     """What a cached profile is valid for: GPU model, driver, torch, profile format."""
     if torch.cuda.is_available():
         gpu = torch.cuda.get_device_name(0).replace(" ", "-")
-        driver = str(torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version")
-                     else torch.version.cuda)
+        driver = str(
+            torch.cuda.driver_version()
+            if hasattr(torch.cuda, "driver_version")
+            else torch.version.cuda
+        )
     else:
         gpu, driver = "cpu", f"{os.cpu_count()}cpus"
     return f"v{PROFILE_VERSION}_{gpu}_{driver}_torch{torch.__version__}"
@@ -160,15 +174,20 @@ def profile() -> dict[str, object]:
     measured["host_memcpy_bytes_per_s"] = host_memcpy(256 << 20 if cuda else 64 << 20)
     measured["matmul_flops"] = matmul_flops(dev, dtype, tokens, hidden, ffn)
     for seq in seqs:
-        measured[f"attention_flops.{seq}"] = attention_flops(dev, dtype, seq, heads,
-                                                             kv_heads, head_dim)
+        measured[f"attention_flops.{seq}"] = attention_flops(
+            dev, dtype, seq, heads, kv_heads, head_dim
+        )
     measured["optimizer_params_per_s"] = optimizer_params_per_s(256 << 20 if cuda else 4 << 20)
     measured["peak_flops"] = GPU_PEAK_FLOPS if cuda else measured["matmul_flops"]
     measured["cpu_threads"] = float(torch.get_num_threads())
     measured["host_cpus"] = float(os.cpu_count() or 1)
     measured["profile_seconds"] = time.perf_counter() - start
-    return {"device": "cuda" if cuda else "cpu", "gpus": _gpus() if cuda else [],
-            "key": cache_key(), "profile": measured}
+    return {
+        "device": "cuda" if cuda else "cpu",
+        "gpus": _gpus() if cuda else [],
+        "key": cache_key(),
+        "profile": measured,
+    }
 
 
 def cached_profile(cache_dir: Path | None) -> dict[str, object]:

@@ -23,8 +23,9 @@ class Batches(Protocol):
 
     seq_len: int
 
-    def batch(self, step: int, round_idx: int,
-              micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, step: int, round_idx: int, micro_batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets, each (micro_batch, seq_len) int64."""
         ...
 
@@ -55,8 +56,7 @@ class Runtime(Protocol):
         """AdamW moments, step counts and the LR schedule, for a checkpoint."""
         ...
 
-    def load_state(self, weights: dict[str, torch.Tensor] | Path,
-                   extra: dict[str, object]) -> None:
+    def load_state(self, weights: dict[str, torch.Tensor] | Path, extra: dict[str, object]) -> None:
         """Weights by name, or a checkpoint directory to stream them from, and the
         optimizer state `optimizer_state` returned."""
         ...

@@ -48,18 +48,24 @@ class StepUpdate:
     clip_coef: float  # global-norm clipping factor (1.0: none)
 
     @classmethod
-    def of(cls, step: int, grad_norm: float, spec: OptimizerSpec,
-           total_steps: int) -> StepUpdate:
-        return cls(step, learning_rate(step, spec, total_steps),
-                   clip_coefficient(grad_norm, spec))
+    def of(cls, step: int, grad_norm: float, spec: OptimizerSpec, total_steps: int) -> StepUpdate:
+        return cls(step, learning_rate(step, spec, total_steps), clip_coefficient(grad_norm, spec))
 
 
-def make_adamw(params: Iterable[torch.nn.Parameter], spec: OptimizerSpec, total_steps: int,
-               fused: bool = False) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    opt = torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, eps=spec.eps,
-                            weight_decay=spec.weight_decay, fused=fused or None)
+def make_adamw(
+    params: Iterable[torch.nn.Parameter], spec: OptimizerSpec, total_steps: int, fused: bool = False
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    opt = torch.optim.AdamW(
+        params,
+        lr=spec.lr,
+        betas=spec.betas,
+        eps=spec.eps,
+        weight_decay=spec.weight_decay,
+        fused=fused or None,
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: lr_multiplier(step, spec, total_steps))
+        opt, lambda step: lr_multiplier(step, spec, total_steps)
+    )
     return opt, schedule
 
 

@@ -49,8 +49,7 @@ class ResidentRuntime:
     def optimizer_state(self) -> dict[str, object]:
         return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict()}
 
-    def load_state(self, weights: dict[str, torch.Tensor] | Path,
-                   extra: dict[str, object]) -> None:
+    def load_state(self, weights: dict[str, torch.Tensor] | Path, extra: dict[str, object]) -> None:
         """Weights by name, or a checkpoint directory to stream them from."""
         if isinstance(weights, Path):
             stream_into(dict(self.model.named_parameters()), weights)
@@ -74,8 +73,9 @@ class ResidentRuntime:
         """Mean next-token loss of (B, S) inputs, micro_batch sequences at a time."""
         total, n = 0.0, 0
         for x, y in zip(inputs.split(self.cfg.micro_batch), targets.split(self.cfg.micro_batch)):
-            with torch.autocast(self.device.type, torch.bfloat16,
-                                enabled=self.cfg.precision == "mixed"):
+            with torch.autocast(
+                self.device.type, torch.bfloat16, enabled=self.cfg.precision == "mixed"
+            ):
                 logits = self.model(x.to(self.device))  # (b, S, V)
             total += float(causal_lm_loss(logits, y.to(self.device))) * y.numel()
             n += y.numel()
@@ -91,10 +91,12 @@ class ResidentRuntime:
             inputs, targets = data.batch(step, r, cfg.micro_batch)
             inputs, targets = inputs.to(self.device), targets.to(self.device)
             coef = self.dims.router_aux_loss_coef
-            router = (RouterTotals(self.dims.num_experts, self.device)
-                      if self.dims.is_moe and coef > 0 else None)
-            with torch.autocast(self.device.type, torch.bfloat16,
-                                enabled=cfg.precision == "mixed"):
+            router = (
+                RouterTotals(self.dims.num_experts, self.device)
+                if self.dims.is_moe and coef > 0
+                else None
+            )
+            with torch.autocast(self.device.type, torch.bfloat16, enabled=cfg.precision == "mixed"):
                 logits = self.model(inputs, router)  # (B, S, V)
             loss = causal_lm_loss(logits, targets)
             if router is not None:  # HF's MoE models: + coef * load-balancing loss
@@ -108,5 +110,6 @@ class ResidentRuntime:
         self.schedule.step()
         loss_value = float(total.item())  # .item() synchronises the device
         self._sync()
-        return StepStats(loss_value, time.perf_counter() - start,
-                         cfg.rounds * cfg.micro_batch * data.seq_len)
+        return StepStats(
+            loss_value, time.perf_counter() - start, cfg.rounds * cfg.micro_batch * data.seq_len
+        )

@@ -40,18 +40,25 @@ class Telemetry:
         self.h2d_bytes += stats.h2d_bytes
         self.d2h_bytes += stats.d2h_bytes
 
-    def snapshot(self, last: StepStats, arena_bytes: int, pinned_bytes: int,
-                 device_peak: tuple[int, int] | None) -> dict[str, float]:
+    def snapshot(
+        self,
+        last: StepStats,
+        arena_bytes: int,
+        pinned_bytes: int,
+        device_peak: tuple[int, int] | None,
+    ) -> dict[str, float]:
         out = {f"stall_seconds_total.{d}": s for d, s in self.stall_s.items()}
-        out.update({
-            "transfer_bytes_total.h2d": float(self.h2d_bytes),
-            "transfer_bytes_total.d2h": float(self.d2h_bytes),
-            "transfer_bandwidth.h2d": last.h2d_bytes / last.step_seconds,
-            "transfer_bandwidth.d2h": last.d2h_bytes / last.step_seconds,
-            "host_rss_bytes": float(proc_status_bytes()),
-            "host_arena_bytes": float(arena_bytes),
-            "host_pinned_bytes": float(pinned_bytes),
-        })
+        out.update(
+            {
+                "transfer_bytes_total.h2d": float(self.h2d_bytes),
+                "transfer_bytes_total.d2h": float(self.d2h_bytes),
+                "transfer_bandwidth.h2d": last.h2d_bytes / last.step_seconds,
+                "transfer_bandwidth.d2h": last.d2h_bytes / last.step_seconds,
+                "host_rss_bytes": float(proc_status_bytes()),
+                "host_arena_bytes": float(arena_bytes),
+                "host_pinned_bytes": float(pinned_bytes),
+            }
+        )
         if device_peak is not None:
             out["device_memory.peak_allocated"] = float(device_peak[0])
             out["device_memory.peak_reserved"] = float(device_peak[1])

@@ -12,7 +12,11 @@ import pytest
 import torch
 
 from wstrain.worker.runtime.working_set.rings import Streams
-from wstrain.worker.runtime.working_set.saved_acts import BackwardPrefetch, HostCopy, SavedTensorPolicy
+from wstrain.worker.runtime.working_set.saved_acts import (
+    BackwardPrefetch,
+    HostCopy,
+    SavedTensorPolicy,
+)
 
 
 def _copies(n: int, numel: int) -> list[HostCopy]:
@@ -69,9 +73,13 @@ def test_hooks_send_cuda_activations_home() -> None:
     from wstrain.worker.runtime.working_set.saved_acts import HostActivationStore
 
     streams = Streams(torch.device("cuda"))
-    policy = SavedTensorPolicy(streams, HostActivationStore(HostArena(pin=True)),
-                               lambda: torch.empty(0, device="cuda"), [],
-                               {"h2d_bytes": 0, "d2h_bytes": 0})
+    policy = SavedTensorPolicy(
+        streams,
+        HostActivationStore(HostArena(pin=True)),
+        lambda: torch.empty(0, device="cuda"),
+        [],
+        {"h2d_bytes": 0, "d2h_bytes": 0},
+    )
     packed: dict[tuple[object, ...], HostCopy] = {}
     x = torch.randn(64, 64, device="cuda", requires_grad=True)
     with policy.hooks(True, packed):
@@ -90,7 +98,7 @@ LEVEL3_KIB = LEVEL1_KIB + (224, 224)
 
 def test_store_packs_a_rounds_sets_and_reuses_them() -> None:
     """The host activation store holds a round's sets in their own bytes plus at most a
-    chunk (a bump cursor over 64-unit chunks took 35% more: bench/RESULTS.md, session 9),
+    chunk (a bump cursor over 64-unit chunks took 35% more on the H200 plans),
     and the next round's identical sets fit the same chunks."""
     from wstrain.worker.runtime.working_set.arena import HostArena
     from wstrain.worker.runtime.working_set.saved_acts import HostActivationStore

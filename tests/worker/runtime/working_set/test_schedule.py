@@ -15,14 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
 
-from wstrain.scheduler.contracts.jobs import JobSpec, OptimizerSpec
-from wstrain.scheduler.planning.cost_model import saved_bytes
-from wstrain.scheduler.contracts.model_dims import ModelDims
 from tests.worker.hf_models import hf_causal_lm, hub_grads, hub_state, perturb_norms
+from wstrain.scheduler.contracts.jobs import JobSpec, OptimizerSpec
+from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.planning.cost_model import saved_bytes
 from wstrain.worker.runtime.optim import make_adamw
-from wstrain.worker.runtime.working_set.state import HostState
-from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
+from wstrain.worker.runtime.working_set.state import HostState
 
 DIMS = ModelDims(101, 48, 80, 4, 4, 2, 12, 1e-5, 10000.0, 128)
 SEQ = 16
@@ -38,7 +38,7 @@ class Batches:
 
     def batch(self, step: int, round_idx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = (step * 7 + round_idx * n) % (64 - n)
-        rows = self.pool[start:start + n]
+        rows = self.pool[start : start + n]
         return rows[:, :-1], rows[:, 1:]
 
 
@@ -49,16 +49,18 @@ def reference(dims: ModelDims) -> LlamaForCausalLM:
     return model  # type: ignore[return-value]
 
 
-def ref_loss_and_grads(model: LlamaForCausalLM, data: Batches, step: int, rounds: int,
-                       mb: int) -> float:
+def ref_loss_and_grads(
+    model: LlamaForCausalLM, data: Batches, step: int, rounds: int, mb: int
+) -> float:
     model.zero_grad()
     total = 0.0
     for r in range(rounds):
         x, y = data.batch(step, r, mb)
         out = model(input_ids=x)
         logits = out.logits  # (B, S, V)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 y.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+        )
         if getattr(out, "aux_loss", None) is not None:  # MoE: the reference's own aux loss
             loss = loss + model.router_aux_loss_coef * out.aux_loss
         loss = loss / rounds
@@ -71,21 +73,30 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def make_runtime(ref: LlamaForCausalLM, device: str = "cpu", dims: ModelDims = DIMS,  # type: ignore[no-untyped-def]
-                 precision: str = "fp32", **kw) -> WorkingSetRuntime:
+def make_runtime(
+    ref: LlamaForCausalLM,
+    device: str = "cpu",
+    dims: ModelDims = DIMS,  # type: ignore[no-untyped-def]
+    precision: str = "fp32",
+    **kw,
+) -> WorkingSetRuntime:
     host = HostState.create(dims, precision, pin=device == "cuda")
     host.load_state_dict({k: v.detach().cpu() for k, v in hub_state(ref).items()})
-    cfg = WorkingSetConfig(precision=precision, device=device, steps=10, seed=0, seq_len=SEQ,
-                           **kw)
+    cfg = WorkingSetConfig(precision=precision, device=device, steps=10, seed=0, seq_len=SEQ, **kw)
     # eps 1e-6, not 1e-8: AdamW moves a weight by about lr·sign(g) wherever |g| >> eps, so with
     # eps 1e-8 gradients of ~1e-8, whose sign the fp32 summation order decides, set an error
     # floor that follows the reference's kernels (5-7e-5 with transformers 5.23; 1.7e-6 here)
-    return WorkingSetRuntime(dims, cfg, OptimizerSpec(lr=1e-2, weight_decay=0.1, eps=1e-6,
-                                                      grad_clip=0.5, warmup_steps=2), host)
+    return WorkingSetRuntime(
+        dims,
+        cfg,
+        OptimizerSpec(lr=1e-2, weight_decay=0.1, eps=1e-6, grad_clip=0.5, warmup_steps=2),
+        host,
+    )
 
 
-def check_grads(rt: WorkingSetRuntime, ref: LlamaForCausalLM, data: Batches,
-                tol: float = 1e-5) -> None:
+def check_grads(
+    rt: WorkingSetRuntime, ref: LlamaForCausalLM, data: Batches, tol: float = 1e-5
+) -> None:
     cfg = rt.cfg
     want = ref_loss_and_grads(ref, data, 0, cfg.rounds, cfg.micro_batch)
     got = rt.forward_backward(data, 0)
@@ -100,8 +111,17 @@ def check_grads(rt: WorkingSetRuntime, ref: LlamaForCausalLM, data: Batches,
 def test_every_level_and_window_matches_transformers(level: int, window: int) -> None:
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
     levels = tuple((level,) * 2 for _ in range(DIMS.num_layers))
-    rt = make_runtime(ref, micro_batch=4, chunk=2, rounds=2, r_param=3, r_grad=2,
-                      window=window, levels=levels, loss_tokens=24)
+    rt = make_runtime(
+        ref,
+        micro_batch=4,
+        chunk=2,
+        rounds=2,
+        r_param=3,
+        r_grad=2,
+        window=window,
+        levels=levels,
+        loss_tokens=24,
+    )
     check_grads(rt, ref, data)
 
 
@@ -112,59 +132,152 @@ def test_home_sets_take_what_the_planner_counts(level: int) -> None:
     planned (worker/runtime/working_set/saved_acts.py packs the sets within a chunk of that)."""
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
     levels = tuple((level,) * 2 for _ in range(DIMS.num_layers))
-    rt = make_runtime(ref, micro_batch=2, chunk=1, rounds=1, r_param=3, r_grad=2, window=0,
-                      levels=levels, loss_tokens=24)
+    rt = make_runtime(
+        ref,
+        micro_batch=2,
+        chunk=1,
+        rounds=1,
+        r_param=3,
+        r_grad=2,
+        window=0,
+        levels=levels,
+        loss_tokens=24,
+    )
     rt.forward_backward(data, 0)
-    spec = JobSpec.model_validate({
-        "name": "a", "model": {"hf_config": DIMS.to_hf_config()}, "data": {"kind": "synthetic"},
-        "seq_len": SEQ, "global_batch": 2, "steps": 1, "precision": "fp32",
-        "budget": {"device_gib": 1, "host_gib": 1}})
+    spec = JobSpec.model_validate(
+        {
+            "name": "a",
+            "model": {"hf_config": DIMS.to_hf_config()},
+            "data": {"kind": "synthetic"},
+            "seq_len": SEQ,
+            "global_batch": 2,
+            "steps": 1,
+            "precision": "fp32",
+            "budget": {"device_gib": 1, "host_gib": 1},
+        }
+    )
     assert sum(rt.acts.used) == DIMS.num_layers * 2 * saved_bytes(DIMS, spec, level)
 
 
 QWEN3 = ModelDims(101, 48, 80, 3, 4, 2, 16, 1e-6, 1000000.0, 128, model_type="qwen3")
-OLMOE = ModelDims(101, 48, 0, 3, 4, 4, 12, 1e-5, 10000.0, 128, model_type="olmoe",
-                  num_experts=6, experts_per_token=2, moe_intermediate_size=20,
-                  router_aux_loss_coef=0.02, pad_token_id=1)
-QWEN3_MOE = ModelDims(101, 48, 0, 3, 4, 2, 16, 1e-6, 1000000.0, 128, model_type="qwen3_moe",
-                      num_experts=8, experts_per_token=3, moe_intermediate_size=24,
-                      norm_topk_prob=True, router_aux_loss_coef=0.05)
-QWEN2_MOE = ModelDims(101, 48, 0, 3, 4, 2, 12, 1e-6, 1000000.0, 128, model_type="qwen2_moe",
-                      num_experts=6, experts_per_token=2, moe_intermediate_size=20,
-                      router_aux_loss_coef=0.02, shared_expert_intermediate_size=40,
-                      qkv_bias=True)
+OLMOE = ModelDims(
+    101,
+    48,
+    0,
+    3,
+    4,
+    4,
+    12,
+    1e-5,
+    10000.0,
+    128,
+    model_type="olmoe",
+    num_experts=6,
+    experts_per_token=2,
+    moe_intermediate_size=20,
+    router_aux_loss_coef=0.02,
+    pad_token_id=1,
+)
+QWEN3_MOE = ModelDims(
+    101,
+    48,
+    0,
+    3,
+    4,
+    2,
+    16,
+    1e-6,
+    1000000.0,
+    128,
+    model_type="qwen3_moe",
+    num_experts=8,
+    experts_per_token=3,
+    moe_intermediate_size=24,
+    norm_topk_prob=True,
+    router_aux_loss_coef=0.05,
+)
+QWEN2_MOE = ModelDims(
+    101,
+    48,
+    0,
+    3,
+    4,
+    2,
+    12,
+    1e-6,
+    1000000.0,
+    128,
+    model_type="qwen2_moe",
+    num_experts=6,
+    experts_per_token=2,
+    moe_intermediate_size=20,
+    router_aux_loss_coef=0.02,
+    shared_expert_intermediate_size=40,
+    qkv_bias=True,
+)
 
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_qwen3_matches_transformers_through_the_working_set(level: int) -> None:
     ref, data = reference(QWEN3), Batches(QWEN3.vocab_size)
     levels = tuple((level, 3 - level) for _ in range(QWEN3.num_layers))
-    rt = make_runtime(ref, dims=QWEN3, micro_batch=4, chunk=2, rounds=2, r_param=2,
-                      r_grad=1, window=1, levels=levels, loss_tokens=20)
+    rt = make_runtime(
+        ref,
+        dims=QWEN3,
+        micro_batch=4,
+        chunk=2,
+        rounds=2,
+        r_param=2,
+        r_grad=1,
+        window=1,
+        levels=levels,
+        loss_tokens=20,
+    )
     check_grads(rt, ref, data)
 
 
-@pytest.mark.parametrize("dims", [OLMOE, QWEN3_MOE, QWEN2_MOE],
-                         ids=["olmoe", "qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize(
+    "dims", [OLMOE, QWEN3_MOE, QWEN2_MOE], ids=["olmoe", "qwen3_moe", "qwen2_moe"]
+)
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_moe_matches_transformers_through_the_working_set(dims: ModelDims, level: int) -> None:
     """Routing, experts and the load-balancing loss (coupled over every layer and chunk of a
     round) give the reference's loss and gradients at every level, over two rounds."""
     ref, data = reference(dims), Batches(dims.vocab_size)
     levels = tuple((level, 3 - level) for _ in range(dims.num_layers))
-    rt = make_runtime(ref, dims=dims, micro_batch=4, chunk=2, rounds=2, r_param=2,
-                      r_grad=1, window=1, levels=levels, loss_tokens=20)
+    rt = make_runtime(
+        ref,
+        dims=dims,
+        micro_batch=4,
+        chunk=2,
+        rounds=2,
+        r_param=2,
+        r_grad=1,
+        window=1,
+        levels=levels,
+        loss_tokens=20,
+    )
     check_grads(rt, ref, data)
 
 
-@pytest.mark.parametrize("device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw",
-                                                     "split-adamw"])
+@pytest.mark.parametrize(
+    "device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw", "split-adamw"]
+)
 def test_eval_loss_matches_transformers_after_steps(device_layers: int) -> None:
     """The held-out forward (no saving, streamed layers, chunked head) gives the reference
     model's loss on the weights the runtime has reached, a deferred device update included."""
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
-    rt = make_runtime(ref, micro_batch=2, chunk=1, rounds=1, r_param=2, r_grad=1, window=1,
-                      device_opt_layers=device_layers, loss_tokens=11)
+    rt = make_runtime(
+        ref,
+        micro_batch=2,
+        chunk=1,
+        rounds=1,
+        r_param=2,
+        r_grad=1,
+        window=1,
+        device_opt_layers=device_layers,
+        loss_tokens=11,
+    )
     for step in range(2):
         rt.train_step(data, step)
     x, y = data.batch(9, 0, 5)
@@ -172,8 +285,9 @@ def test_eval_loss_matches_transformers_after_steps(device_layers: int) -> None:
     ref.load_state_dict(rt.state_tensors())
     with torch.no_grad():
         logits = ref(input_ids=x).logits
-        want = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                       y.reshape(-1)))
+        want = float(
+            torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        )
     assert abs(got - want) < 1e-5 * abs(want)
     rt.train_step(data, 2)  # training goes on after an evaluation
 
@@ -181,10 +295,22 @@ def test_eval_loss_matches_transformers_after_steps(device_layers: int) -> None:
 @pytest.mark.parametrize("r_param,r_grad,rounds", [(2, 1, 1), (2, 1, 3), (4, 4, 2), (5, 3, 1)])
 def test_ring_sizes_and_rounds_match_transformers(r_param: int, r_grad: int, rounds: int) -> None:
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
-    levels = tuple(tuple(lv) for lv in itertools.islice(
-        itertools.cycle([(0, 3), (1, 2), (2, 1), (3, 0)]), DIMS.num_layers))
-    rt = make_runtime(ref, micro_batch=2, chunk=1, rounds=rounds, r_param=r_param,
-                      r_grad=r_grad, window=1, levels=levels)
+    levels = tuple(
+        tuple(lv)
+        for lv in itertools.islice(
+            itertools.cycle([(0, 3), (1, 2), (2, 1), (3, 0)]), DIMS.num_layers
+        )
+    )
+    rt = make_runtime(
+        ref,
+        micro_batch=2,
+        chunk=1,
+        rounds=rounds,
+        r_param=r_param,
+        r_grad=r_grad,
+        window=1,
+        levels=levels,
+    )
     check_grads(rt, ref, data)
 
 
@@ -193,8 +319,9 @@ def test_ring_sizes_and_rounds_match_transformers(r_param: int, r_grad: int, rou
 BIG_VOCAB = dataclasses.replace(DIMS, vocab_size=3001)
 
 
-def check_weights_after_steps(rt: WorkingSetRuntime, ref: LlamaForCausalLM, data: Batches,
-                              steps: int, tol: float) -> None:
+def check_weights_after_steps(
+    rt: WorkingSetRuntime, ref: LlamaForCausalLM, data: Batches, steps: int, tol: float
+) -> None:
     """Train both `steps` steps (reference: torch AdamW, clipping, schedule) and compare."""
     opt, sched = make_adamw(ref.parameters(), rt.opt_spec, rt.cfg.steps)
     for step in range(steps):
@@ -208,27 +335,56 @@ def check_weights_after_steps(rt: WorkingSetRuntime, ref: LlamaForCausalLM, data
         assert rel(weights[name], p.detach().cpu()) < tol, name
 
 
-@pytest.mark.parametrize("device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw",
-                                                     "split-adamw"])
+@pytest.mark.parametrize(
+    "device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw", "split-adamw"]
+)
 def test_weights_after_steps_match_torch_adamw(device_layers: int) -> None:
     dims = BIG_VOCAB if device_layers else DIMS
     ref, data = reference(dims), Batches(dims.vocab_size)
-    rt = make_runtime(ref, dims=dims, micro_batch=2, chunk=1, rounds=2, r_param=2, r_grad=1,
-                      window=1, device_opt_layers=device_layers)
+    rt = make_runtime(
+        ref,
+        dims=dims,
+        micro_batch=2,
+        chunk=1,
+        rounds=2,
+        r_param=2,
+        r_grad=1,
+        window=1,
+        device_opt_layers=device_layers,
+    )
     check_weights_after_steps(rt, ref, data, 4, 1e-5)
 
 
-@pytest.mark.parametrize("device", [
-    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+            ],
+        ),
+    ],
+)
 def test_mixed_precision_steps_an_fp32_master_as_torch_adamw(device: str) -> None:
     """precision "mixed": bf16 weights and gradients cross the link, an fp32 master and fp32
     moments take the update on the host. After three steps the master equals torch's AdamW
     stepping an fp32 copy of the starting weights on the runtime's own bf16 gradients,
     widened, clipped and scheduled alike, and the bf16 tiles are the master rounded."""
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
-    rt = make_runtime(ref, device, precision="mixed", micro_batch=2, chunk=1, rounds=2,
-                      r_param=2, r_grad=1, window=1)
+    rt = make_runtime(
+        ref,
+        device,
+        precision="mixed",
+        micro_batch=2,
+        chunk=1,
+        rounds=2,
+        r_param=2,
+        r_grad=1,
+        window=1,
+    )
     master = {n: t.detach().clone().requires_grad_() for n, t in hub_state(ref).items()}
     opt, sched = make_adamw(master.values(), rt.opt_spec, rt.cfg.steps)
     for step in range(3):
@@ -248,37 +404,70 @@ def test_mixed_precision_steps_an_fp32_master_as_torch_adamw(device: str) -> Non
         assert torch.equal(tile, fp32.to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw",
-                                                     "split-adamw"])
+@pytest.mark.parametrize(
+    "device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw", "split-adamw"]
+)
 def test_lead_pass_matches_torch_adamw(device_layers: int) -> None:
     """A first pass carrying two rounds' sequences; the window layer keeps level 3 for its
     own round's chunks and sends the lead pass's extra chunks home at level 1."""
     dims = BIG_VOCAB if device_layers else DIMS
     ref, data = reference(dims), Batches(dims.vocab_size)
     levels = tuple(((2, 0) if k % 2 else (1, 3)) for k in range(dims.num_layers - 1))
-    rt = make_runtime(ref, dims=dims, micro_batch=2, chunk=1, rounds=3, r_param=2, r_grad=1,
-                      window=1, levels=(*levels, (3, 3)), device_opt_layers=device_layers,
-                      lead_rounds=2)
+    rt = make_runtime(
+        ref,
+        dims=dims,
+        micro_batch=2,
+        chunk=1,
+        rounds=3,
+        r_param=2,
+        r_grad=1,
+        window=1,
+        levels=(*levels, (3, 3)),
+        device_opt_layers=device_layers,
+        lead_rounds=2,
+    )
     assert rt.cfg.placement(dims.num_layers - 1, 3, dims.num_layers) == (1, True)
     check_weights_after_steps(rt, ref, data, 3, 1e-5)
 
 
 @settings(max_examples=12, deadline=None)
-@given(mb_chunk=st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 2), (4, 1)]),
-       rounds=st.integers(1, 3), lead=st.integers(1, 3), r_param=st.integers(2, 5),
-       r_grad=st.integers(1, 4), window=st.integers(0, 4), seed=st.integers(0, 2**16))
-def test_result_never_depends_on_the_plan(mb_chunk: tuple[int, int], rounds: int, lead: int,
-                                          r_param: int, r_grad: int, window: int,
-                                          seed: int) -> None:
+@given(
+    mb_chunk=st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 2), (4, 1)]),
+    rounds=st.integers(1, 3),
+    lead=st.integers(1, 3),
+    r_param=st.integers(2, 5),
+    r_grad=st.integers(1, 4),
+    window=st.integers(0, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_result_never_depends_on_the_plan(
+    mb_chunk: tuple[int, int],
+    rounds: int,
+    lead: int,
+    r_param: int,
+    r_grad: int,
+    window: int,
+    seed: int,
+) -> None:
     mb, chunk = mb_chunk
     g = torch.Generator().manual_seed(seed)
-    levels = tuple(tuple(int(v) for v in torch.randint(0, 4, (mb // chunk,), generator=g))
-                   for _ in range(DIMS.num_layers))
+    levels = tuple(
+        tuple(int(v) for v in torch.randint(0, 4, (mb // chunk,), generator=g))
+        for _ in range(DIMS.num_layers)
+    )
     ref, data = reference(DIMS), Batches(DIMS.vocab_size, seed)
-    rt = make_runtime(ref, micro_batch=mb, chunk=chunk, rounds=rounds, r_param=r_param,
-                      r_grad=r_grad, window=window, levels=levels,
-                      loss_tokens=int(torch.randint(5, 40, (1,), generator=g)),
-                      lead_rounds=min(lead, rounds))
+    rt = make_runtime(
+        ref,
+        micro_batch=mb,
+        chunk=chunk,
+        rounds=rounds,
+        r_param=r_param,
+        r_grad=r_grad,
+        window=window,
+        levels=levels,
+        loss_tokens=int(torch.randint(5, 40, (1,), generator=g)),
+        lead_rounds=min(lead, rounds),
+    )
     check_grads(rt, ref, data)
 
 
@@ -292,8 +481,18 @@ def test_cuda_streams_match_transformers(level: int, window: int) -> None:
     gpu_data = Batches(DIMS.vocab_size)
     gpu_data.pool = gpu_data.pool.cuda()
     levels = tuple((level,) * 2 for _ in range(DIMS.num_layers))
-    rt = make_runtime(ref, device="cuda", micro_batch=4, chunk=2, rounds=2, r_param=2,
-                      r_grad=1, window=window, levels=levels, loss_tokens=24)
+    rt = make_runtime(
+        ref,
+        device="cuda",
+        micro_batch=4,
+        chunk=2,
+        rounds=2,
+        r_param=2,
+        r_grad=1,
+        window=window,
+        levels=levels,
+        loss_tokens=24,
+    )
     check_grads(rt, ref, gpu_data, tol=1e-4)
 
 
@@ -307,8 +506,19 @@ def test_cuda_moe_matches_transformers(level: int) -> None:
     gpu_data = Batches(OLMOE.vocab_size)
     gpu_data.pool = gpu_data.pool.cuda()
     levels = tuple((level,) * 2 for _ in range(OLMOE.num_layers))
-    rt = make_runtime(ref, device="cuda", dims=OLMOE, micro_batch=4, chunk=2, rounds=2,
-                      r_param=2, r_grad=1, window=1, levels=levels, loss_tokens=24)
+    rt = make_runtime(
+        ref,
+        device="cuda",
+        dims=OLMOE,
+        micro_batch=4,
+        chunk=2,
+        rounds=2,
+        r_param=2,
+        r_grad=1,
+        window=1,
+        levels=levels,
+        loss_tokens=24,
+    )
     check_grads(rt, ref, gpu_data, tol=1e-4)
 
 
@@ -321,22 +531,42 @@ def test_cuda_device_adamw_matches_torch_adamw(device_layers: int) -> None:
     ref = reference(BIG_VOCAB).cuda()
     data = Batches(BIG_VOCAB.vocab_size)
     data.pool = data.pool.cuda()
-    rt = make_runtime(ref, device="cuda", dims=BIG_VOCAB, micro_batch=2, chunk=1, rounds=2,
-                      r_param=2, r_grad=1, window=1, device_opt_layers=device_layers,
-                      loss_tokens=24)
+    rt = make_runtime(
+        ref,
+        device="cuda",
+        dims=BIG_VOCAB,
+        micro_batch=2,
+        chunk=1,
+        rounds=2,
+        r_param=2,
+        r_grad=1,
+        window=1,
+        device_opt_layers=device_layers,
+        loss_tokens=24,
+    )
     check_weights_after_steps(rt, ref, data, 3, 1e-4)
 
 
-@pytest.mark.parametrize("device_layers,precision", [(0, "fp32"), (4, "fp32"), (2, "fp32"),
-                                                     (0, "mixed")],
-                         ids=["host-adamw", "device-adamw", "split-adamw", "mixed"])
+@pytest.mark.parametrize(
+    "device_layers,precision",
+    [(0, "fp32"), (4, "fp32"), (2, "fp32"), (0, "mixed")],
+    ids=["host-adamw", "device-adamw", "split-adamw", "mixed"],
+)
 def test_checkpoint_mid_run_resumes_bit_identical(device_layers: int, precision: str) -> None:
     """Saving state mid-run (which applies a deferred device update) and loading it into a
     fresh runtime gives exactly the weights of an uninterrupted run (mixed: the fp32
     master is what is saved)."""
-    kw = dict(micro_batch=2, chunk=1, rounds=2, r_param=2, r_grad=1, window=1,
-              device_opt_layers=device_layers, precision=precision,
-              levels=tuple((2, 0) for _ in range(DIMS.num_layers)))
+    kw = dict(
+        micro_batch=2,
+        chunk=1,
+        rounds=2,
+        r_param=2,
+        r_grad=1,
+        window=1,
+        device_opt_layers=device_layers,
+        precision=precision,
+        levels=tuple((2, 0) for _ in range(DIMS.num_layers)),
+    )
     ref = reference(DIMS)
     straight, data = make_runtime(ref, **kw), Batches(DIMS.vocab_size)
     for step in range(4):

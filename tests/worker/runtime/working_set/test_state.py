@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wstrain.scheduler.planning.cost_model import host_state_bytes
 from wstrain.scheduler.contracts.errors import BudgetExceeded
 from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.planning.cost_model import host_state_bytes
 from wstrain.worker.runtime.working_set.state import HostState
 
 
@@ -33,8 +33,7 @@ def test_mixed_keeps_bf16_tiles_for_the_link_and_an_fp32_master() -> None:
     host = HostState.create(dims, "mixed", pin=False)
     assert {t.dtype for t in host.weights + host.grads} == {torch.bfloat16}
     assert {t.dtype for t in host.master} == {torch.float32}
-    moments = [s["exp_avg"] for o, p in zip(host.optimizers, host.params)
-               for s in [o.state[p]]]
+    moments = [s["exp_avg"] for o, p in zip(host.optimizers, host.params) for s in [o.state[p]]]
     assert {t.dtype for t in moments} == {torch.float32}
     assert host.arena.bytes_by_kind["master"] == 4 * sum(t.numel() for t in host.master)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from wstrain.scheduler.contracts.errors import BudgetExceeded
 from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.errors import BudgetExceeded
 from wstrain.scheduler.contracts.model_dims import ModelDims
 
 log = logging.getLogger(__name__)
@@ -70,36 +70,57 @@ class LayerLayout:
         d, f, hd = dims.hidden_size, dims.intermediate_size, dims.head_dim
         q, kv = dims.num_heads * hd, dims.num_kv_heads * hd
         per_head = dims.qk_norm_per_head
-        qk_norms = [("self_attn.q_norm.weight", (hd if per_head else q,)),
-                    ("self_attn.k_norm.weight", (hd if per_head else kv,))
-                    ] if dims.qk_norm else []
-        biases = [("self_attn.q_proj.bias", (q,)), ("self_attn.k_proj.bias", (kv,)),
-                  ("self_attn.v_proj.bias", (kv,))] if dims.qkv_bias else []
+        qk_norms = (
+            [
+                ("self_attn.q_norm.weight", (hd if per_head else q,)),
+                ("self_attn.k_norm.weight", (hd if per_head else kv,)),
+            ]
+            if dims.qk_norm
+            else []
+        )
+        biases = (
+            [
+                ("self_attn.q_proj.bias", (q,)),
+                ("self_attn.k_proj.bias", (kv,)),
+                ("self_attn.v_proj.bias", (kv,)),
+            ]
+            if dims.qkv_bias
+            else []
+        )
         if dims.is_moe:  # router, then each projection of all experts stacked
             e, fe = dims.num_experts, dims.moe_intermediate_size
-            mlp = [("mlp.gate.weight", (e, d)),
-                   ("mlp.experts.*.gate_proj.weight", (e, fe, d)),
-                   ("mlp.experts.*.up_proj.weight", (e, fe, d)),
-                   ("mlp.experts.*.down_proj.weight", (e, d, fe))]
+            mlp = [
+                ("mlp.gate.weight", (e, d)),
+                ("mlp.experts.*.gate_proj.weight", (e, fe, d)),
+                ("mlp.experts.*.up_proj.weight", (e, fe, d)),
+                ("mlp.experts.*.down_proj.weight", (e, d, fe)),
+            ]
             if fs := dims.shared_expert_intermediate_size:
-                mlp += [("mlp.shared_expert.gate_proj.weight", (fs, d)),
-                        ("mlp.shared_expert.up_proj.weight", (fs, d)),
-                        ("mlp.shared_expert.down_proj.weight", (d, fs)),
-                        ("mlp.shared_expert_gate.weight", (1, d))]
+                mlp += [
+                    ("mlp.shared_expert.gate_proj.weight", (fs, d)),
+                    ("mlp.shared_expert.up_proj.weight", (fs, d)),
+                    ("mlp.shared_expert.down_proj.weight", (d, fs)),
+                    ("mlp.shared_expert_gate.weight", (1, d)),
+                ]
         else:
-            mlp = [("mlp.gate_proj.weight", (f, d)), ("mlp.up_proj.weight", (f, d)),
-                   ("mlp.down_proj.weight", (d, f))]
-        return cls.of([
-            ("input_layernorm.weight", (d,)),
-            ("self_attn.q_proj.weight", (q, d)),
-            ("self_attn.k_proj.weight", (kv, d)),
-            ("self_attn.v_proj.weight", (kv, d)),
-            ("self_attn.o_proj.weight", (d, q)),
-            *qk_norms,
-            *biases,
-            ("post_attention_layernorm.weight", (d,)),
-            *mlp,
-        ])
+            mlp = [
+                ("mlp.gate_proj.weight", (f, d)),
+                ("mlp.up_proj.weight", (f, d)),
+                ("mlp.down_proj.weight", (d, f)),
+            ]
+        return cls.of(
+            [
+                ("input_layernorm.weight", (d,)),
+                ("self_attn.q_proj.weight", (q, d)),
+                ("self_attn.k_proj.weight", (kv, d)),
+                ("self_attn.v_proj.weight", (kv, d)),
+                ("self_attn.o_proj.weight", (d, q)),
+                *qk_norms,
+                *biases,
+                ("post_attention_layernorm.weight", (d,)),
+                *mlp,
+            ]
+        )
 
     @classmethod
     def embedding(cls, dims: ModelDims) -> LayerLayout:
@@ -107,19 +128,23 @@ class LayerLayout:
 
     @classmethod
     def head(cls, dims: ModelDims) -> LayerLayout:
-        return cls.of([("model.norm.weight", (dims.hidden_size,)),
-                       ("lm_head.weight", (dims.vocab_size, dims.hidden_size))])
+        return cls.of(
+            [
+                ("model.norm.weight", (dims.hidden_size,)),
+                ("lm_head.weight", (dims.vocab_size, dims.hidden_size)),
+            ]
+        )
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views into one flat tile (host or device) laid out by this layout; experts
         stacked (E, ., .) under their "*" names, as the runtime computes with them."""
-        return {s.name: flat[s.offset:s.offset + s.numel].view(s.shape) for s in self.slices}
+        return {s.name: flat[s.offset : s.offset + s.numel].view(s.shape) for s in self.slices}
 
     def hub_views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """The same views under checkpoint names: one per expert, as safetensors hold them."""
         out: dict[str, torch.Tensor] = {}
         for s in self.slices:
-            out.update(s.hub(flat[s.offset:s.offset + s.numel].view(s.shape)))
+            out.update(s.hub(flat[s.offset : s.offset + s.numel].view(s.shape)))
         return out
 
 
@@ -138,8 +163,9 @@ class HostArena:
         self._pinned_bytes = 0
         self._maps: list[mmap.mmap] = []
 
-    def alloc(self, name: str, numel: int, dtype: torch.dtype, kind: str,
-              crosses_pcie: bool = True) -> torch.Tensor:
+    def alloc(
+        self, name: str, numel: int, dtype: torch.dtype, kind: str, crosses_pcie: bool = True
+    ) -> torch.Tensor:
         """A zeroed tile; page-locked when the arena pins and the tile crosses PCIe."""
         assert name not in self.tensors, f"arena tile {name} allocated twice"
         itemsize = torch.empty((), dtype=dtype).element_size()
@@ -147,8 +173,11 @@ class HostArena:
         pages = max(1, -(-numel * itemsize // mmap.PAGESIZE))
         region = mmap.mmap(-1, pages * mmap.PAGESIZE)
         self._maps.append(region)
-        t = (torch.frombuffer(region, dtype=dtype, count=numel) if numel
-             else torch.zeros(0, dtype=dtype))
+        t = (
+            torch.frombuffer(region, dtype=dtype, count=numel)
+            if numel
+            else torch.zeros(0, dtype=dtype)
+        )
         if self.pin and crosses_pcie and numel:
             cudart = torch.cuda.cudart()
             rc = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
@@ -171,7 +200,10 @@ class HostArena:
             f"{self.limit_bytes / GIB:.2f} GiB (the host budget less the process's reserve; "
             f"held: {held} GiB). The plan under-counted host memory: raise budget.host_gib "
             "or lower overrides.level, and report the plan",
-            arena_bytes=self.total_bytes, tile_bytes=nbytes, limit_bytes=self.limit_bytes)
+            arena_bytes=self.total_bytes,
+            tile_bytes=nbytes,
+            limit_bytes=self.limit_bytes,
+        )
 
     @property
     def total_bytes(self) -> int:

@@ -28,8 +28,15 @@ from wstrain.worker.runtime.working_set.streamer import SlotStreamer
 
 
 class DeviceOptimizer:
-    def __init__(self, host: HostState, spec: OptimizerSpec, streams: Streams,
-                 device: torch.device, grads: SlotStreamer, counters: dict[str, int]) -> None:
+    def __init__(
+        self,
+        host: HostState,
+        spec: OptimizerSpec,
+        streams: Streams,
+        device: torch.device,
+        grads: SlotStreamer,
+        counters: dict[str, int],
+    ) -> None:
         self.host, self.spec = host, spec
         self.streams, self.device, self.grads = streams, device, grads
         L = host.dims.num_layers
@@ -38,17 +45,23 @@ class DeviceOptimizer:
         # their device copies, which the fused AdamW reads: a host scalar copied in per call
         # would make the host wait for the compute stream each time (a pageable copy)
         self.dev_steps = [s.detach().clone().to(device) for s in self.steps]
-        self.m = SlotStreamer.for_tiles(2, [s["exp_avg"] for s in states[:L]], streams,
-                                        device, "optimizer", counters)
-        self.v = SlotStreamer.for_tiles(2, [s["exp_avg_sq"] for s in states[:L]], streams,
-                                        device, "optimizer", counters)
+        self.m = SlotStreamer.for_tiles(
+            2, [s["exp_avg"] for s in states[:L]], streams, device, "optimizer", counters
+        )
+        self.v = SlotStreamer.for_tiles(
+            2, [s["exp_avg_sq"] for s in states[:L]], streams, device, "optimizer", counters
+        )
         self.pending: StepUpdate | None = None
         self.todo: set[int] = set()
 
     # ------------------------------------------------------------ bookkeeping
 
-    def start(self, update: StepUpdate, layers: list[int],
-              resident: list[tuple[torch.Tensor, torch.Tensor, int]]) -> None:
+    def start(
+        self,
+        update: StepUpdate,
+        layers: list[int],
+        resident: list[tuple[torch.Tensor, torch.Tensor, int]],
+    ) -> None:
         """Gradients of `update.step` are complete: update the resident groups now and leave
         `layers` pending. resident: (device weights, device grads, group)."""
         self.pending = update
@@ -56,18 +69,31 @@ class DeviceOptimizer:
         for w, g, group in resident:
             self._update_staged(w, g, group)
 
-    def _adamw(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
-               group: int) -> None:
+    def _adamw(
+        self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, group: int
+    ) -> None:
         assert self.pending is not None
         if self.pending.clip_coef < 1.0:
             g.mul_(self.pending.clip_coef)
         # the functional AdamW increments the step tensor it is given: give it a copy
         step_t = self.dev_steps[group].clone()
         functional_adamw(
-            [w], [g], [m], [v], [], [step_t], foreach=False,
-            fused=self.device.type == "cuda", amsgrad=False, beta1=self.spec.betas[0],
-            beta2=self.spec.betas[1], lr=self.pending.lr, weight_decay=self.spec.weight_decay,
-            eps=self.spec.eps, maximize=False)
+            [w],
+            [g],
+            [m],
+            [v],
+            [],
+            [step_t],
+            foreach=False,
+            fused=self.device.type == "cuda",
+            amsgrad=False,
+            beta1=self.spec.betas[0],
+            beta2=self.spec.betas[1],
+            lr=self.pending.lr,
+            weight_decay=self.spec.weight_decay,
+            eps=self.spec.eps,
+            maximize=False,
+        )
         self.steps[group] += 1
         self.dev_steps[group] += 1
 
@@ -97,8 +123,8 @@ class DeviceOptimizer:
         """Apply every pending layer update now (before a checkpoint or the last step ends)."""
         order = sorted(self.todo)
         for i, k in enumerate(order):
-            slot = weights.consume(k, order[i + 1:])
-            self.apply(k, slot, weights, order[i + 1:])
+            slot = weights.consume(k, order[i + 1 :])
+            self.apply(k, slot, weights, order[i + 1 :])
             weights.release(slot)
         weights.flush()
         self.m.flush()
@@ -122,7 +148,7 @@ class DeviceOptimizer:
         first_host, first_dev = self.steps[group].clone(), self.dev_steps[group].clone()
         for i, a in enumerate(range(0, w.numel(), n)):
             b, j = min(a + n, w.numel()), i % len(pairs)
-            m, v = pairs[j][0].flat[:b - a], pairs[j][1].flat[:b - a]
+            m, v = pairs[j][0].flat[: b - a], pairs[j][1].flat[: b - a]
             s.wait("inbound", home[j])  # the pair's previous slice (updated, then sent) is home
             with s.on("inbound"):
                 m.copy_(m_host[a:b], non_blocking=True)

@@ -55,9 +55,9 @@ class HostOptimizerPipeline:
             self.done[group].clear()
         # not a daemon: an exiting interpreter finishes the update instead of killing a
         # thread inside a torch kernel (std::terminate)
-        self.thread = threading.Thread(target=self._run,
-                                       args=(groups, update.lr, update.clip_coef),
-                                       name="host-adamw")
+        self.thread = threading.Thread(
+            target=self._run, args=(groups, update.lr, update.clip_coef), name="host-adamw"
+        )
         self.thread.start()
 
     def _run(self, order: list[int], lr: float, coef: float) -> None:

@@ -113,8 +113,7 @@ class SlotRing:
     slots: list[Slot] = field(default_factory=list)
 
     @classmethod
-    def allocate(cls, count: int, numel: int, dtype: torch.dtype,
-                 device: torch.device) -> SlotRing:
+    def allocate(cls, count: int, numel: int, dtype: torch.dtype, device: torch.device) -> SlotRing:
         return cls([Slot(torch.empty(numel, dtype=dtype, device=device)) for _ in range(count)])
 
     def find(self, layer: int) -> Slot | None:

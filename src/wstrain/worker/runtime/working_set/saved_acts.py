@@ -24,21 +24,24 @@ from wstrain.worker.runtime.working_set.arena import HostArena
 from wstrain.worker.runtime.working_set.rings import Streams
 
 
-
 class HostActivationStore:
     """First-fit allocator over arena chunks, reset every round: host activation memory grows
     to the largest round's need and is then reused (and accounted in the arena). First fit,
     not a bump cursor: a level-1 set is 64+64+16+16+64+1 MiB at 8K tokens, and a cursor that
     only moves on left ~95 MiB of every set's chunk tails unused (the arena measured 10-12 GiB
-    over the planner's count on the H200, 2026-11-22); the small tensors now fill those tails.
+    over the planner's count on the H200); first fit puts the small tensors in those tails.
 
     It also bounds the write buffer: device tensors on their way home stay allocated until
     their copy finishes, so when more than `write_buffer_bytes` are in flight the host waits
     for the oldest copy instead of letting the forward run ahead of the link and the device
     budget (a `write_buffer` stall as far as the GPU runs dry meanwhile)."""
 
-    def __init__(self, arena: HostArena, write_buffer_bytes: int = WRITE_BUFFER_BYTES,
-                 chunk_bytes: int = ACTIVATION_CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        arena: HostArena,
+        write_buffer_bytes: int = WRITE_BUFFER_BYTES,
+        chunk_bytes: int = ACTIVATION_CHUNK_BYTES,
+    ) -> None:
         self.arena, self.chunk_bytes = arena, chunk_bytes
         self.chunks: list[torch.Tensor] = []  # uint8 tiles
         self.used: list[int] = []  # bytes of each chunk taken this round
@@ -90,7 +93,7 @@ class HostActivationStore:
         tensor (SDPA's transposed q/k/v and output), so the copy home is one plain DMA."""
         nbytes = -(-like.numel() * like.element_size() // 256) * 256
         idx, off = self._place(nbytes)
-        raw = self.chunks[idx][off:off + like.numel() * like.element_size()].view(like.dtype)
+        raw = self.chunks[idx][off : off + like.numel() * like.element_size()].view(like.dtype)
         order = sorted(range(like.dim()), key=lambda d: -like.stride(d))  # outermost first
         if not like.permute(order).is_contiguous():
             return raw.view(like.shape)
@@ -122,16 +125,22 @@ class HostCopy:
 class SavedTensorPolicy:
     """Pack/unpack hooks for one (layer, chunk) forward."""
 
-    def __init__(self, streams: Streams, store: HostActivationStore,
-                 weight_storage: Callable[[], torch.Tensor],
-                 resident: list[torch.Tensor], counters: dict[str, int]) -> None:
+    def __init__(
+        self,
+        streams: Streams,
+        store: HostActivationStore,
+        weight_storage: Callable[[], torch.Tensor],
+        resident: list[torch.Tensor],
+        counters: dict[str, int],
+    ) -> None:
         self.streams, self.store = streams, store
         self.weight_storage = weight_storage  # the slot holding this layer *now*
         self.resident_ptrs = {t.untyped_storage().data_ptr() for t in resident}
         self.counters = counters
 
-    def hooks(self, home: bool, packed: dict[tuple[object, ...], HostCopy] | None = None
-              ) -> torch.autograd.graph.saved_tensors_hooks:
+    def hooks(
+        self, home: bool, packed: dict[tuple[object, ...], HostCopy] | None = None
+    ) -> torch.autograd.graph.saved_tensors_hooks:
         """Hooks for the forward; what goes home is also entered in `packed` by tensor_key
         (the runtime finds the attention output's copy there and prefetches all)."""
         forward_slot = self.weight_storage()
@@ -143,8 +152,12 @@ class SavedTensorPolicy:
                 return _WeightRef(t.storage_offset(), tuple(t.shape), tuple(t.stride()))
             # resident constants and scalars (SDPA's RNG seed and offset) stay where they are
             # (device types: the streams' "cuda" and a tensor's "cuda:0" are not equal)
-            if (ptr in self.resident_ptrs or not home or t.dim() == 0
-                    or t.device.type != self.streams.device.type):
+            if (
+                ptr in self.resident_ptrs
+                or not home
+                or t.dim() == 0
+                or t.device.type != self.streams.device.type
+            ):
                 return t
             copy = self.send_home(t)
             if packed is not None:

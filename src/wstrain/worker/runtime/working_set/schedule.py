@@ -44,24 +44,36 @@ import torch.nn.functional as F
 from wstrain.scheduler.contracts.calibration import LEVELS
 from wstrain.scheduler.contracts.jobs import OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.worker.models.blocks import (GradViews, accumulate_grads, add_grads, attn_block, ffn_block,
-                           leaves, out_proj)
+from wstrain.worker.models.blocks import (
+    GradViews,
+    accumulate_grads,
+    add_grads,
+    attn_block,
+    ffn_block,
+    leaves,
+    out_proj,
+)
 from wstrain.worker.models.dense import rms_norm, rope_tables
 from wstrain.worker.models.moe import RouterTotals
-from wstrain.worker.runtime.optim import StepUpdate, sq_norm_fp32
-from wstrain.worker.runtime.working_set.device_optim import DeviceOptimizer
-from wstrain.worker.runtime.working_set.host_optim import HostOptimizerPipeline
 from wstrain.worker.ops.lean_attn import CoreGraph, lean_attn_backward, lean_attn_forward
 from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
 from wstrain.worker.ops.lean_moe import lean_moe_backward, lean_moe_forward, lean_moe_saved
-from wstrain.worker.runtime.working_set.rings import Slot, Streams
-from wstrain.worker.runtime.working_set.saved_acts import (BackwardPrefetch, HostActivationStore, HostCopy,
-                               SavedTensorPolicy, tensor_key)
-from wstrain.worker.runtime.working_set.state import DTYPES, HostState
 from wstrain.worker.runtime.base import Batches, HostMemory
+from wstrain.worker.runtime.optim import StepUpdate, sq_norm_fp32
 from wstrain.worker.runtime.stats import StepStats
-from wstrain.worker.runtime.working_set.streamer import LazyGradViews, SlotStreamer
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+from wstrain.worker.runtime.working_set.device_optim import DeviceOptimizer
+from wstrain.worker.runtime.working_set.host_optim import HostOptimizerPipeline
+from wstrain.worker.runtime.working_set.rings import Slot, Streams
+from wstrain.worker.runtime.working_set.saved_acts import (
+    BackwardPrefetch,
+    HostActivationStore,
+    HostCopy,
+    SavedTensorPolicy,
+    tensor_key,
+)
+from wstrain.worker.runtime.working_set.state import DTYPES, HostState
+from wstrain.worker.runtime.working_set.streamer import LazyGradViews, SlotStreamer
 
 
 @dataclass
@@ -84,10 +96,11 @@ class _Graph:
 
 
 class WorkingSetRuntime:
-    def __init__(self, dims: ModelDims, cfg: WorkingSetConfig, opt: OptimizerSpec,
-                 host: HostState) -> None:
+    def __init__(
+        self, dims: ModelDims, cfg: WorkingSetConfig, opt: OptimizerSpec, host: HostState
+    ) -> None:
         assert cfg.micro_batch % cfg.chunk == 0, "chunk must divide micro_batch"
-        assert 2 <= cfg.r_param and 1 <= cfg.r_grad and 0 <= cfg.window <= dims.num_layers
+        assert cfg.r_param >= 2 and cfg.r_grad >= 1 and 0 <= cfg.window <= dims.num_layers
         assert all(0 <= lv < LEVELS for row in cfg.levels for lv in row)
         assert 1 <= cfg.lead_rounds <= cfg.rounds
         assert 0 <= cfg.device_opt_layers <= dims.num_layers
@@ -101,12 +114,15 @@ class WorkingSetRuntime:
         L = dims.num_layers
         assert host.precision == cfg.precision
         if cfg.precision == "mixed" and cfg.device_opt_layers:
-            raise ValueError("mixed precision updates its fp32 master on the host only; "
-                             "set device_opt_layers=0")
-        self.weights = SlotStreamer.for_tiles(cfg.r_param, host.weights, self.streams,
-                                              self.device, "weights", self.counters)
-        self.grads = SlotStreamer.for_tiles(cfg.r_grad, host.grads, self.streams,
-                                            self.device, "gradients", self.counters)
+            raise ValueError(
+                "mixed precision updates its fp32 master on the host only; set device_opt_layers=0"
+            )
+        self.weights = SlotStreamer.for_tiles(
+            cfg.r_param, host.weights, self.streams, self.device, "weights", self.counters
+        )
+        self.grads = SlotStreamer.for_tiles(
+            cfg.r_grad, host.grads, self.streams, self.device, "gradients", self.counters
+        )
         # Embedding and head group stay resident on the device for the whole step.
         self.embed = host.embed_w.to(self.device)
         self.head = host.head_w.to(self.device)
@@ -114,10 +130,12 @@ class WorkingSetRuntime:
         self.head_grad = torch.zeros_like(self.head)
         self.acts = HostActivationStore(host.arena, cfg.write_buffer_bytes)
         self.device_groups, self.host_groups = cfg.optimizer_groups(L)
-        self.dopt = (DeviceOptimizer(host, opt, self.streams, self.device, self.grads,
-                                     self.counters) if self.device_groups else None)
-        self.hopt = (HostOptimizerPipeline(host, opt, self.device) if self.host_groups
-                     else None)
+        self.dopt = (
+            DeviceOptimizer(host, opt, self.streams, self.device, self.grads, self.counters)
+            if self.device_groups
+            else None
+        )
+        self.hopt = HostOptimizerPipeline(host, opt, self.device) if self.host_groups else None
         if self.hopt is not None:
             self.weights.before_load = self._await_host_update  # layer k's tile: updated
         self._stale: set[int] = set()  # embedding (L) / head (L + 1) awaiting a host update
@@ -148,8 +166,9 @@ class WorkingSetRuntime:
         if group in self._stale:
             self._await_host_update(group)
             L = self.dims.num_layers
-            dev, tile = ((self.embed, self.host.embed_w) if group == L
-                         else (self.head, self.host.head_w))
+            dev, tile = (
+                (self.embed, self.host.embed_w) if group == L else (self.head, self.host.head_w)
+            )
             dev.copy_(tile)
             self._stale.discard(group)
 
@@ -179,8 +198,7 @@ class WorkingSetRuntime:
         self._apply_pending()
         return self.host.optimizer_state()
 
-    def load_state(self, weights: dict[str, torch.Tensor] | Path,
-                   extra: dict[str, object]) -> None:
+    def load_state(self, weights: dict[str, torch.Tensor] | Path, extra: dict[str, object]) -> None:
         """Weights by name, or a checkpoint directory to stream them from into the tiles."""
         self._apply_pending()  # no update in flight may write the tiles being loaded
         if self.dopt is not None:  # nothing pending, and no moment slot is current
@@ -202,8 +220,13 @@ class WorkingSetRuntime:
     # ---------------------------------------------------------------- forward
 
     def _policy(self, layer: int) -> SavedTensorPolicy:
-        return SavedTensorPolicy(self.streams, self.acts, lambda: self.weights.storage_of(layer),
-                                 [self.cos, self.sin], self.counters)
+        return SavedTensorPolicy(
+            self.streams,
+            self.acts,
+            lambda: self.weights.storage_of(layer),
+            [self.cos, self.sin],
+            self.counters,
+        )
 
     def _stash(self, t: torch.Tensor, home: bool, policy: SavedTensorPolicy) -> object:
         return policy.send_home(t) if home else t
@@ -211,8 +234,9 @@ class WorkingSetRuntime:
     def _unstash(self, obj: object, policy: SavedTensorPolicy) -> torch.Tensor:
         return obj if isinstance(obj, torch.Tensor) else policy.fetch(obj)  # type: ignore[arg-type]
 
-    def _forward_layer(self, k: int, c: int, x: torch.Tensor,
-                       slot: Slot) -> tuple[torch.Tensor, _Graph]:
+    def _forward_layer(
+        self, k: int, c: int, x: torch.Tensor, slot: Slot
+    ) -> tuple[torch.Tensor, _Graph]:
         dims = self.dims
         level, home = self.cfg.placement(k, c, dims.num_layers)
         policy = self._policy(k)
@@ -242,8 +266,9 @@ class WorkingSetRuntime:
 
     # ---------------------------------------------------------------- backward
 
-    def _backward_layer(self, k: int, g: _Graph, dy: torch.Tensor, slot: Slot,
-                        dw: GradViews) -> torch.Tensor:
+    def _backward_layer(
+        self, k: int, g: _Graph, dy: torch.Tensor, slot: Slot, dw: GradViews
+    ) -> torch.Tensor:
         dims = self.dims
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
@@ -276,8 +301,9 @@ class WorkingSetRuntime:
 
     # ---------------------------------------------------------------- head and loss
 
-    def _head_loss(self, x: torch.Tensor, targets: torch.Tensor,
-                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _head_loss(
+        self, x: torch.Tensor, targets: torch.Tensor, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss sum and dLoss/dx for one chunk, in token blocks. x: (B, S, D), targets (B, S)"""
         dims = self.dims
         views = self.host.head_layout.views(self.head)
@@ -288,17 +314,17 @@ class WorkingSetRuntime:
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         step = self.cfg.loss_tokens
         for i in range(0, xf.shape[0], step):
-            xb = xf[i:i + step].detach().requires_grad_()
+            xb = xf[i : i + step].detach().requires_grad_()
             norm_w = views["model.norm.weight"].detach().requires_grad_()
             h = rms_norm(xb, norm_w, dims.rms_norm_eps)  # (T, D)
             logits = F.linear(h.detach(), w_head).requires_grad_()  # (T, V)
-            loss = F.cross_entropy(logits.float(), tf[i:i + step], reduction="sum")
+            loss = F.cross_entropy(logits.float(), tf[i : i + step], reduction="sum")
             (loss * scale).backward()
             # The head's gradient accumulates in place: autograd would allocate a whole
             # (V, D) weight gradient per block first (1 GiB at Llama-3's vocabulary).
             g_head.addmm_(logits.grad.t(), h.detach())  # type: ignore[union-attr]
             h.backward(logits.grad @ w_head)  # (T, D)
-            dx[i:i + step] = xb.grad
+            dx[i : i + step] = xb.grad
             gviews["model.norm.weight"].add_(norm_w.grad)  # type: ignore[arg-type]
             total += loss.detach()
         return total, dx.view_as(x)
@@ -311,30 +337,37 @@ class WorkingSetRuntime:
         dims, total = self.dims, 0.0
         views = self.host.head_layout.views(self.head)
         table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
-        for x_mb, y_mb in zip(inputs.split(self.cfg.micro_batch),
-                              targets.split(self.cfg.micro_batch)):
+        for x_mb, y_mb in zip(
+            inputs.split(self.cfg.micro_batch), targets.split(self.cfg.micro_batch)
+        ):
             T = [F.embedding(t.to(self.device), table) for t in x_mb.split(self.cfg.chunk)]
             for k in self._fwd_order:
-                slot = self.weights.consume(k, self._fwd_order[k + 1:])
+                slot = self.weights.consume(k, self._fwd_order[k + 1 :])
                 w = self.host.layout.views(slot.flat)
-                T = [ffn_block(attn_block(h, w, dims, self.cos, self.sin), w, dims)[0]
-                     for h in T]
+                T = [ffn_block(attn_block(h, w, dims, self.cos, self.sin), w, dims)[0] for h in T]
                 self.weights.release(slot)
-            h = rms_norm(torch.cat(T).reshape(-1, dims.hidden_size), views["model.norm.weight"],
-                         dims.rms_norm_eps)  # (tokens, D)
+            h = rms_norm(
+                torch.cat(T).reshape(-1, dims.hidden_size),
+                views["model.norm.weight"],
+                dims.rms_norm_eps,
+            )  # (tokens, D)
             y = y_mb.to(self.device).reshape(-1)
             for i in range(0, h.shape[0], self.cfg.loss_tokens):  # logits never whole
-                logits = F.linear(h[i:i + self.cfg.loss_tokens], views["lm_head.weight"])
-                total += float(F.cross_entropy(logits.float(), y[i:i + self.cfg.loss_tokens],
-                                               reduction="sum"))
+                logits = F.linear(h[i : i + self.cfg.loss_tokens], views["lm_head.weight"])
+                total += float(
+                    F.cross_entropy(
+                        logits.float(), y[i : i + self.cfg.loss_tokens], reduction="sum"
+                    )
+                )
         self.weights.invalidate()
         self.streams.collect_stalls()  # an evaluation's waits are not the next step's
         return total / targets.numel()
 
     # ---------------------------------------------------------------- one step
 
-    def _round(self, tokens: torch.Tensor, targets: torch.Tensor, first: bool, last: bool,
-               scale: float) -> torch.Tensor:
+    def _round(
+        self, tokens: torch.Tensor, targets: torch.Tensor, first: bool, last: bool, scale: float
+    ) -> torch.Tensor:
         """Forward, head and backward of one pass: a round's sequences, or the lead pass's
         (cfg.lead_rounds rounds'). tokens/targets: (sequences, S)"""
         cfg, L = self.cfg, self.dims.num_layers
@@ -347,9 +380,9 @@ class WorkingSetRuntime:
         T = [F.embedding(t, table) for t in chunks_in]  # transition table, (b, S, D) each
         graphs: list[list[_Graph]] = [[] for _ in range(L)]
         for k in self._fwd_order:
-            slot = self.weights.consume(k, self._fwd_order[k + 1:] + self._bwd_order)
+            slot = self.weights.consume(k, self._fwd_order[k + 1 :] + self._bwd_order)
             if self.dopt is not None and self.dopt.needs(k):  # last step's update, deferred
-                self.dopt.apply(k, slot, self.weights, self._fwd_order[k + 1:])
+                self.dopt.apply(k, slot, self.weights, self._fwd_order[k + 1 :])
             for c in range(len(T)):
                 T[c], g = self._forward_layer(k, c, T[c], slot)
                 graphs[k].append(g)
@@ -374,8 +407,8 @@ class WorkingSetRuntime:
                 for stashed in graphs[k][c].stashed():
                     ahead.add(stashed)
         for i, k in enumerate(self._bwd_order):
-            slot = self.weights.consume(k, self._bwd_order[i + 1:] + self._fwd_order)
-            dw = LazyGradViews(self.grads, k, self._bwd_order[i + 1:], first, self.host.layout)
+            slot = self.weights.consume(k, self._bwd_order[i + 1 :] + self._fwd_order)
+            dw = LazyGradViews(self.grads, k, self._bwd_order[i + 1 :], first, self.host.layout)
             for c in reversed(range(len(T))):
                 ahead.top_up()
                 T[c] = self._backward_layer(k, graphs[k][c], T[c], slot, dw)
@@ -407,8 +440,10 @@ class WorkingSetRuntime:
         self.head_grad.zero_()
         scale = 1.0 / (cfg.rounds * cfg.micro_batch * cfg.seq_len)
         loss = torch.zeros((), device=self.device, dtype=torch.float32)
-        passes = [range(cfg.lead_rounds), *(range(r, r + 1)
-                                            for r in range(cfg.lead_rounds, cfg.rounds))]
+        passes = [
+            range(cfg.lead_rounds),
+            *(range(r, r + 1) for r in range(cfg.lead_rounds, cfg.rounds)),
+        ]
         for i, rounds in enumerate(passes):
             batches = [data.batch(step, r, cfg.micro_batch) for r in rounds]
             tokens, targets = (torch.cat(parts).to(self.device) for parts in zip(*batches))
@@ -431,8 +466,11 @@ class WorkingSetRuntime:
             self._stale = {g for g in self.host_groups if g >= L}
         if self.dopt is not None:
             resident = {L: (self.embed, self.embed_grad), L + 1: (self.head, self.head_grad)}
-            self.dopt.start(update, [g for g in self.device_groups if g < L],
-                            [(*resident[g], g) for g in self.device_groups if g >= L])
+            self.dopt.start(
+                update,
+                [g for g in self.device_groups if g < L],
+                [(*resident[g], g) for g in self.device_groups if g >= L],
+            )
 
     def train_step(self, data: Batches, step: int) -> StepStats:
         """One optimizer step (0-based `step`) over cfg.rounds rounds."""
@@ -445,6 +483,11 @@ class WorkingSetRuntime:
         self.weights.invalidate()
         self.grads.invalidate()
         stalls = self.streams.collect_stalls()
-        return StepStats(loss, time.perf_counter() - start,
-                         cfg.rounds * cfg.micro_batch * cfg.seq_len, stalls,
-                         self.counters["h2d_bytes"], self.counters["d2h_bytes"])
+        return StepStats(
+            loss,
+            time.perf_counter() - start,
+            cfg.rounds * cfg.micro_batch * cfg.seq_len,
+            stalls,
+            self.counters["h2d_bytes"],
+            self.counters["d2h_bytes"],
+        )

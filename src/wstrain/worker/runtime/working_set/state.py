@@ -20,16 +20,17 @@ import torch
 
 from wstrain.scheduler.contracts.jobs import OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.worker.runtime.working_set.arena import HostArena, LayerLayout
 from wstrain.worker.io.hf_load import stream_into
+from wstrain.worker.runtime.working_set.arena import HostArena, LayerLayout
 
 # what crosses PCIe and what the device computes in, by precision
 DTYPES = {"bf16": torch.bfloat16, "mixed": torch.bfloat16, "fp32": torch.float32}
 
 
 class HostState:
-    def __init__(self, dims: ModelDims, precision: str, arena: HostArena,
-                 fused_adamw: bool = False) -> None:
+    def __init__(
+        self, dims: ModelDims, precision: str, arena: HostArena, fused_adamw: bool = False
+    ) -> None:
         self.dims, self.precision, self.arena = dims, precision, arena
         self.layout = LayerLayout.decoder(dims)
         self.embed_layout = LayerLayout.embedding(dims)
@@ -38,28 +39,48 @@ class HostState:
         L = dims.num_layers
 
         def tiles(kind: str, layout: LayerLayout, prefix: str, n: int) -> list[torch.Tensor]:
-            return [arena.alloc(f"{prefix}{i}.{kind}", layout.numel, dtype, kind)
-                    for i in range(n)]
+            return [arena.alloc(f"{prefix}{i}.{kind}", layout.numel, dtype, kind) for i in range(n)]
 
         self.weights = tiles("weights", self.layout, "layer", L)
         self.grads = tiles("gradients", self.layout, "layer", L)
         self.embed_w, self.embed_g, self.head_w, self.head_g = (
             tiles(kind, layout, name, 1)[0]
-            for kind, layout, name in (("weights", self.embed_layout, "embed"),
-                                       ("gradients", self.embed_layout, "embed"),
-                                       ("weights", self.head_layout, "head"),
-                                       ("gradients", self.head_layout, "head")))
-        self.groups = [*zip(self.weights, self.grads), (self.embed_w, self.embed_g),
-                       (self.head_w, self.head_g)]
+            for kind, layout, name in (
+                ("weights", self.embed_layout, "embed"),
+                ("gradients", self.embed_layout, "embed"),
+                ("weights", self.head_layout, "head"),
+                ("gradients", self.head_layout, "head"),
+            )
+        )
+        self.groups = [
+            *zip(self.weights, self.grads),
+            (self.embed_w, self.embed_g),
+            (self.head_w, self.head_g),
+        ]
         state_dtype = torch.float32 if precision == "mixed" else dtype
         # mixed: the fp32 master of each group, and the fp32 gradient its update reads
         # (host-only tiles: never page-locked)
-        self.master = [arena.alloc(f"group{i}.master", w.numel(), torch.float32, "master",
-                                   crosses_pcie=False)
-                       for i, (w, _) in enumerate(self.groups)] if precision == "mixed" else []
-        self.grad_fp32 = (arena.alloc("grad_fp32", max(w.numel() for w, _ in self.groups),
-                                      torch.float32, "gradients", crosses_pcie=False)
-                          if self.master else None)
+        self.master = (
+            [
+                arena.alloc(
+                    f"group{i}.master", w.numel(), torch.float32, "master", crosses_pcie=False
+                )
+                for i, (w, _) in enumerate(self.groups)
+            ]
+            if precision == "mixed"
+            else []
+        )
+        self.grad_fp32 = (
+            arena.alloc(
+                "grad_fp32",
+                max(w.numel() for w, _ in self.groups),
+                torch.float32,
+                "gradients",
+                crosses_pcie=False,
+            )
+            if self.master
+            else None
+        )
         self.params: list[torch.nn.Parameter] = []
         self.optimizers: list[torch.optim.AdamW] = []
         for i, (w, g) in enumerate(self.groups):
@@ -69,16 +90,31 @@ class HostState:
             opt = torch.optim.AdamW([p], fused=fused_adamw or None)
             # AdamW's moments live in the arena too, not in torch's own allocations.
             # (the device optimizer streams bf16 moments; mixed keeps them on the host)
-            opt.state[p] = {"step": torch.tensor(0.0), **{
-                key: arena.alloc(f"group{i}.{short}", w.numel(), state_dtype, "moments",
-                                 crosses_pcie=not self.master)
-                for key, short in (("exp_avg", "m"), ("exp_avg_sq", "v"))}}
+            opt.state[p] = {
+                "step": torch.tensor(0.0),
+                **{
+                    key: arena.alloc(
+                        f"group{i}.{short}",
+                        w.numel(),
+                        state_dtype,
+                        "moments",
+                        crosses_pcie=not self.master,
+                    )
+                    for key, short in (("exp_avg", "m"), ("exp_avg_sq", "v"))
+                },
+            }
             self.params.append(p)
             self.optimizers.append(opt)
 
     @classmethod
-    def create(cls, dims: ModelDims, precision: str, pin: bool, fused_adamw: bool = False,
-               arena_limit_bytes: int | None = None) -> HostState:
+    def create(
+        cls,
+        dims: ModelDims,
+        precision: str,
+        pin: bool,
+        fused_adamw: bool = False,
+        arena_limit_bytes: int | None = None,
+    ) -> HostState:
         """fused_adamw: torch's fused CPU AdamW (several times faster; rounds differently);
         arena_limit_bytes: what the arena may hold in all (worker/runtime/working_set/arena.py HostArena)."""
         return cls(dims, precision, HostArena(pin, arena_limit_bytes), fused_adamw)
@@ -132,8 +168,12 @@ class HostState:
             self.groups[i][0].copy_(self.master[i])
 
     def optimizer_state(self) -> dict[str, object]:
-        return {"adamw": [{k: v.clone() if k == "step" else v for k, v in o.state[p].items()}
-                          for o, p in zip(self.optimizers, self.params)]}
+        return {
+            "adamw": [
+                {k: v.clone() if k == "step" else v for k, v in o.state[p].items()}
+                for o, p in zip(self.optimizers, self.params)
+            ]
+        }
 
     def load_optimizer_state(self, extra: dict[str, object]) -> None:
         for o, p, saved in zip(self.optimizers, self.params, extra["adamw"]):  # type: ignore[call-overload]
@@ -149,7 +189,7 @@ class HostState:
         first scaled by the global-norm clipping factor."""
         p, opt = self.params[group], self.optimizers[group]
         if self.grad_fp32 is not None:  # mixed: the bf16 gradient read once into fp32
-            p.grad = self.grad_fp32[:p.numel()]
+            p.grad = self.grad_fp32[: p.numel()]
             p.grad.copy_(self.groups[group][1])
         fused, clipped = bool(opt.defaults.get("fused")), clip_coef < 1.0
         if clipped and not fused:

@@ -19,8 +19,14 @@ from wstrain.worker.runtime.working_set.rings import Slot, SlotRing, Streams
 
 
 class SlotStreamer:
-    def __init__(self, ring: SlotRing, tiles: list[torch.Tensor], streams: Streams,
-                 dependency: str, counters: dict[str, int]) -> None:
+    def __init__(
+        self,
+        ring: SlotRing,
+        tiles: list[torch.Tensor],
+        streams: Streams,
+        dependency: str,
+        counters: dict[str, int],
+    ) -> None:
         self.ring, self.tiles, self.streams = ring, tiles, streams
         self.dependency, self.counters = dependency, counters
         # per layer: the outbound copy that last wrote its host tile; loads wait for it
@@ -29,9 +35,15 @@ class SlotStreamer:
         self.before_load: Callable[[int], None] | None = None
 
     @classmethod
-    def for_tiles(cls, count: int, tiles: list[torch.Tensor], streams: Streams,
-                  device: torch.device, dependency: str,
-                  counters: dict[str, int]) -> SlotStreamer:
+    def for_tiles(
+        cls,
+        count: int,
+        tiles: list[torch.Tensor],
+        streams: Streams,
+        device: torch.device,
+        dependency: str,
+        counters: dict[str, int],
+    ) -> SlotStreamer:
         ring = SlotRing.allocate(count, tiles[0].numel(), tiles[0].dtype, device)
         return cls(ring, tiles, streams, dependency, counters)
 
@@ -71,7 +83,7 @@ class SlotStreamer:
     def prefetch(self, upcoming: list[int]) -> None:
         """Start loading the first layers of `upcoming` before any is used, into all but one
         slot (as a consume would prefetch)."""
-        wanted = list(dict.fromkeys(upcoming))[:len(self.ring.slots) - 1]
+        wanted = list(dict.fromkeys(upcoming))[: len(self.ring.slots) - 1]
         for layer in wanted:
             if self.ring.find(layer) is None:
                 self._load(layer, set(wanted))
@@ -125,8 +137,9 @@ class LazyGradViews:
     k's accumulated gradients coming in overlaps the first chunk's MLP backward. With one
     gradient slot that wait was the whole transfer, every layer of every round."""
 
-    def __init__(self, grads: SlotStreamer, layer: int, upcoming: list[int], first: bool,
-                 layout: LayerLayout) -> None:
+    def __init__(
+        self, grads: SlotStreamer, layer: int, upcoming: list[int], first: bool, layout: LayerLayout
+    ) -> None:
         self.grads, self.layer, self.upcoming, self.first = grads, layer, upcoming, first
         self.layout = layout
         self.slot: Slot | None = None
@@ -134,8 +147,9 @@ class LazyGradViews:
 
     def take(self) -> Slot:
         if self.slot is None:
-            self.slot = self.grads.consume_for_accumulate(self.layer, self.upcoming,
-                                                          zero=self.first)
+            self.slot = self.grads.consume_for_accumulate(
+                self.layer, self.upcoming, zero=self.first
+            )
             self.views = self.layout.views(self.slot.flat)
         return self.slot
 

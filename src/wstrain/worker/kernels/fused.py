@@ -3,12 +3,12 @@ and backward, RoPE, and the SwiGLU product with its backward.
 
 Eager PyTorch runs Hugging Face's RMSNorm as seven kernels over fp32 copies, RoPE as five
 (two of them broadcasting, unvectorised), and SwiGLU's backward as four; at Llama-3-8B dims
-and 8K tokens they took ~2.9 s of a 17.2 s working-set step (bench/RESULTS.md, session 6).
+and 8K tokens they took ~2.9 s of a 17.2 s working-set step (H200, bench/RESULTS.md).
 Each op here reads its inputs once and writes its outputs once, computing in fp32 and
 rounding where Hugging Face rounds (the normalised activations are rounded to the input
 dtype before the weight scales them). worker/models/dense.py dispatches to these on CUDA tensors when Triton is importable and
 `ENABLED` is set; everywhere else (CPU, the CI) the eager code runs, so the tests against
-`transformers` exercise the same model code. tests/worker/ops/test_fused.py checks each
+`transformers` exercise the same model code. tests/worker/kernels/test_fused.py checks each
 kernel against the eager op on the GPU.
 
     y = rms_norm_fused(x, w, eps)        # autograd-aware; x (..., D)
@@ -31,11 +31,16 @@ except ImportError:  # CPU-only installs (the CI): the eager ops run instead
 
 def available(*tensors: torch.Tensor) -> bool:
     """True when the fused kernels may run on these tensors (CUDA, one dtype, Triton)."""
-    return (ENABLED and triton is not None and all(t.is_cuda for t in tensors)
-            and len({t.dtype for t in tensors}) == 1)
+    return (
+        ENABLED
+        and triton is not None
+        and all(t.is_cuda for t in tensors)
+        and len({t.dtype for t in tensors}) == 1
+    )
 
 
 if triton is not None:
+
     @triton.jit
     def _rms_fwd(X, W, Y, stride_x, D, eps, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
@@ -45,8 +50,11 @@ if triton is not None:
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
         xhat = (x * rstd).to(Y.dtype.element_ty)  # rounded as Hugging Face rounds
         w = tl.load(W + cols, mask=mask, other=0.0)
-        tl.store(Y + row * D + cols, (w.to(tl.float32) * xhat.to(tl.float32))
-                 .to(Y.dtype.element_ty), mask=mask)
+        tl.store(
+            Y + row * D + cols,
+            (w.to(tl.float32) * xhat.to(tl.float32)).to(Y.dtype.element_ty),
+            mask=mask,
+        )
 
     @triton.jit
     def _rms_bwd(DY, X, W, DX, DW_PART, stride_x, rows, D, eps, BLOCK: tl.constexpr):
@@ -67,13 +75,28 @@ if triton is not None:
             dw += dy * xhat.to(DX.dtype.element_ty).to(tl.float32)
             dxhat = (dy * w).to(DX.dtype.element_ty).to(tl.float32)
             mean_dot = tl.sum(dxhat * xhat, axis=0) / D
-            tl.store(DX + r * D + cols, ((dxhat - xhat * mean_dot) * rstd)
-                     .to(DX.dtype.element_ty), mask=mask)
+            tl.store(
+                DX + r * D + cols,
+                ((dxhat - xhat * mean_dot) * rstd).to(DX.dtype.element_ty),
+                mask=mask,
+            )
         tl.store(DW_PART + pid.to(tl.int64) * D + cols, dw, mask=mask)
 
     @triton.jit
-    def _rope(X, COS, SIN, Y, S, H, sxb, sxs, sxh, HALF: tl.constexpr,
-              BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _rope(
+        X,
+        COS,
+        SIN,
+        Y,
+        S,
+        H,
+        sxb,
+        sxs,
+        sxh,
+        HALF: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
         # one program per token (b, s): all its heads, both halves of each head
         tok = tl.program_id(0).to(tl.int64)
         b, s = tok // S, tok % S
@@ -110,8 +133,9 @@ if triton is not None:
         sig = tl.sigmoid(g)
         silu = g * sig
         tl.store(DU + offs, (dp * silu).to(DU.dtype.element_ty), mask=mask)
-        tl.store(DG + offs, (dp * u * sig * (1.0 + g * (1.0 - sig))).to(DG.dtype.element_ty),
-                 mask=mask)
+        tl.store(
+            DG + offs, (dp * u * sig * (1.0 + g * (1.0 - sig))).to(DG.dtype.element_ty), mask=mask
+        )
         if WRITE_P:
             tl.store(P + offs, (silu * u).to(P.dtype.element_ty), mask=mask)
 
@@ -135,13 +159,13 @@ def rms_norm_forward(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tens
     x2 = _rows(x)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     block, warps = _block(x2.shape[1])
-    _rms_fwd[(x2.shape[0],)](x2, w, y, x2.stride(0), x2.shape[1], eps, BLOCK=block,
-                             num_warps=warps)
+    _rms_fwd[(x2.shape[0],)](x2, w, y, x2.stride(0), x2.shape[1], eps, BLOCK=block, num_warps=warps)
     return y.view(x.shape)
 
 
-def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_backward(
+    dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(dL/dx, dL/dw) of y = w * RMSNorm(x); dw summed in fp32, returned in w's dtype."""
     x2, dy2 = _rows(x), dy.reshape(-1, dy.shape[-1]).contiguous()
     rows, d = x2.shape
@@ -149,8 +173,9 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     dx = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     part = torch.empty((progs, d), dtype=torch.float32, device=x.device)
     block, warps = _block(d)
-    _rms_bwd[(progs,)](dy2, x2, w, dx, part, x2.stride(0), rows, d, eps, BLOCK=block,
-                       num_warps=warps)
+    _rms_bwd[(progs,)](
+        dy2, x2, w, dx, part, x2.stride(0), rows, d, eps, BLOCK=block, num_warps=warps
+    )
     return dx.view(x.shape), part.sum(0).to(w.dtype)
 
 
@@ -182,9 +207,21 @@ def rope_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         x = x.contiguous()
     y = torch.empty((b, s, h, hd), dtype=x.dtype, device=x.device)
     half = hd // 2
-    _rope[(b * s,)](x, cos, sin, y, s, h, x.stride(0), x.stride(1), x.stride(2), HALF=half,
-                    BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(half),
-                    num_warps=4)
+    _rope[(b * s,)](
+        x,
+        cos,
+        sin,
+        y,
+        s,
+        h,
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        HALF=half,
+        BLOCK_H=triton.next_power_of_2(h),
+        BLOCK_D=triton.next_power_of_2(half),
+        num_warps=4,
+    )
     return y
 
 
@@ -214,13 +251,15 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     gf, uf = _flat_pair(g, u)
     p = torch.empty(g.shape, dtype=g.dtype, device=g.device)
     n = gf.numel()
-    _silu_mul[(triton.cdiv(n, ELEMENTWISE_BLOCK),)](gf, uf, p, n, BLOCK=ELEMENTWISE_BLOCK,
-                                                     num_warps=8)
+    _silu_mul[(triton.cdiv(n, ELEMENTWISE_BLOCK),)](
+        gf, uf, p, n, BLOCK=ELEMENTWISE_BLOCK, num_warps=8
+    )
     return p
 
 
-def swiglu_backward(dp: torch.Tensor, g: torch.Tensor, u: torch.Tensor, want_p: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def swiglu_backward(
+    dp: torch.Tensor, g: torch.Tensor, u: torch.Tensor, want_p: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(dL/dg, dL/du, and silu(g)·u when `want_p`) from dp = dL/d(silu(g)·u), one pass."""
     gf, uf = _flat_pair(g, u)
     dpf = dp.contiguous().view(-1)
@@ -228,7 +267,8 @@ def swiglu_backward(dp: torch.Tensor, g: torch.Tensor, u: torch.Tensor, want_p: 
     p = torch.empty(g.shape, dtype=g.dtype, device=g.device) if want_p else dg
     n = gf.numel()
     _silu_mul_bwd[(triton.cdiv(n, ELEMENTWISE_BLOCK),)](
-        dpf, gf, uf, dg, du, p, n, WRITE_P=want_p, BLOCK=ELEMENTWISE_BLOCK, num_warps=8)
+        dpf, gf, uf, dg, du, p, n, WRITE_P=want_p, BLOCK=ELEMENTWISE_BLOCK, num_warps=8
+    )
     return dg, du, p if want_p else None
 
 

@@ -1,9 +1,9 @@
-"""worker/ops/fused.py's Triton kernels against the eager ops they replace, on the GPU: each
+"""worker/kernels/fused.py's Triton kernels against the eager ops they replace, on the GPU: each
 fused op in bf16 is at least as close to an fp64 reference as eager bf16 is (within 30%),
 and in fp32 it matches eager to fp32 rounding. The whole-model tests (test_working_set.py's
 CUDA cases against transformers) run through these kernels too.
 
-    pytest -m gpu tests/worker/ops/test_fused.py
+    pytest -m gpu tests/worker/kernels/test_fused.py
 """
 
 from __future__ import annotations
@@ -14,19 +14,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from wstrain.worker.ops import fused as fused_ops
+from wstrain.worker.kernels import fused as fused_ops
 from wstrain.worker.models.dense import apply_rope, rms_norm, silu_mul, silu_mul_backward
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not (torch.cuda.is_available() and fused_ops.triton),
-                                 reason="needs CUDA and Triton")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and fused_ops.triton), reason="needs CUDA and Triton"
+    ),
+]
 
 
 @pytest.fixture
 def eager() -> Iterator[Callable[[], None]]:
     """Call it to run worker/models/dense.py's eager ops until the test ends."""
+
     def off() -> None:
         fused_ops.ENABLED = False
+
     yield off
     fused_ops.ENABLED = True
 
@@ -35,16 +40,18 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.double() - ref).norm() / ref.norm())
 
 
-def _grads(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], dy: torch.Tensor
-           ) -> list[torch.Tensor]:
+def _grads(
+    fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], dy: torch.Tensor
+) -> list[torch.Tensor]:
     leaves = [t.detach().requires_grad_() for t in inputs]
     out = fn(*leaves)
     out.backward(dy.to(out.dtype))
     return [out.detach(), *(leaf.grad for leaf in leaves)]  # type: ignore[misc]
 
 
-def _compare(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor],
-             eager: Callable[[], None]) -> None:
+def _compare(
+    fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], eager: Callable[[], None]
+) -> None:
     """fn's output and input gradients: fused bf16 vs eager bf16, both against fp64."""
     dy = torch.randn_like(fn(*inputs), dtype=torch.float64)
     ref = _grads(fn, [t.double().cpu() for t in inputs], dy.cpu())
@@ -53,8 +60,10 @@ def _compare(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor],
     eager()
     plain = _grads(fn, bf16, dy)
     for f, p, r in zip(fused, plain, ref):
-        assert _rel(f.cpu(), r) <= 1.3 * _rel(p.cpu(), r) + 1e-4, (_rel(f.cpu(), r),
-                                                                  _rel(p.cpu(), r))
+        assert _rel(f.cpu(), r) <= 1.3 * _rel(p.cpu(), r) + 1e-4, (
+            _rel(f.cpu(), r),
+            _rel(p.cpu(), r),
+        )
 
 
 def test_rms_norm(eager: Callable[[], None]) -> None:
