@@ -1,0 +1,1 @@
+"""Reading and writing outside the process: token data, Hugging Face safetensors, checkpoints."""

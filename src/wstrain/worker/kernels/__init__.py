@@ -1,0 +1,1 @@
+"""Fused Triton kernels (RMSNorm, RoPE, SwiGLU) with eager fallbacks."""

@@ -1,0 +1,1 @@
+"""Host and layer profiles the planner calibrates with (`python -m wstrain.worker.profile.node`)."""

@@ -1,0 +1,1 @@
+"""The Runtime protocol and its two implementations: resident, and the working set."""
