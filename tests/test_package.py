@@ -137,3 +137,30 @@ def test_each_calibration_number_is_defined_once() -> None:
 def test_every_module_opens_with_a_docstring(folder: str) -> None:
     for path in (SRC / folder).rglob("*.py"):
         assert ast.get_docstring(ast.parse(path.read_text())), f"{path} has no docstring"
+
+
+def test_worker_and_bench_import_without_the_service_stack(tmp_path: Path) -> None:
+    """The lent GPU machine has torch and pydantic but no FastAPI, Redis or uvicorn: the
+    worker and every benchmark must import there from a bare checkout (PYTHONPATH=src)."""
+    blocked = ("fastapi", "redis", "uvicorn", "pydantic_settings", "httpx", "starlette")
+    code = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError("not on the GPU machine: " + name)
+sys.meta_path.insert(0, Block())
+import wstrain.worker.main, wstrain.worker.profile.node, wstrain.worker.profile.layer
+import bench.runtime, bench.baselines, bench.bound, bench.sweep, bench.moe, bench.memprobe
+import bench.host_adamw, bench.load_rss, bench.planner, bench.timeline
+"""
+    env = {**os.environ, "PYTHONPATH": f"{SRC.parent}{os.pathsep}{BENCH.parent}"}
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
