@@ -13,7 +13,7 @@ from tests.conftest import REPO, Stack, tiny_spec
 
 
 def _total(c: httpx.Client) -> int:
-    return c.get("/v1/jobs", params={"limit": 1}).json()["total"]
+    return int(c.get("/v1/jobs", params={"limit": 1}).json()["total"])
 
 
 def test_health_ready_docs(api_only: Stack) -> None:
@@ -22,9 +22,16 @@ def test_health_ready_docs(api_only: Stack) -> None:
         assert c.get("/readyz").json() == {"status": "ready"}
         assert c.get("/docs").status_code == 200
         paths = c.get("/openapi.json").json()["paths"]
-        for p in ("/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/plan",
-                  "/v1/jobs/{job_id}/events", "/v1/jobs/{job_id}/cancel",
-                  "/v1/jobs/{job_id}/resume", "/v1/plans", "/v1/nodes"):
+        for p in (
+            "/v1/jobs",
+            "/v1/jobs/{job_id}",
+            "/v1/jobs/{job_id}/plan",
+            "/v1/jobs/{job_id}/events",
+            "/v1/jobs/{job_id}/cancel",
+            "/v1/jobs/{job_id}/resume",
+            "/v1/plans",
+            "/v1/nodes",
+        ):
             assert p in paths
 
 
@@ -53,10 +60,19 @@ def test_dry_run_plan_queues_nothing(api_only: Stack) -> None:
 
 
 # a small OLMoE config.json as transformers writes it
-MOE_HF = {"model_type": "olmoe", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 32,
-          "num_hidden_layers": 2, "num_attention_heads": 4, "num_experts": 8,
-          "num_experts_per_tok": 2, "router_aux_loss_coef": 0.01, "output_router_logits": True,
-          "max_position_embeddings": 1024}
+MOE_HF = {
+    "model_type": "olmoe",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "router_aux_loss_coef": 0.01,
+    "output_router_logits": True,
+    "max_position_embeddings": 1024,
+}
 
 
 def _bad(**over: Any) -> dict[str, Any]:
@@ -71,16 +87,24 @@ BAD_SPECS = {
     "seq_len zero": (_bad(seq_len=0), "seq_len"),
     "negative steps": (_bad(steps=-1), "steps"),
     "unknown preset": (_bad(model={"preset": "gpt-17"}), "gpt-17"),
-    "missing data file": (_bad(data={"kind": "text", "path": str(REPO / "nope.txt")}),
-                          "does not exist"),
-    "data outside roots": (_bad(data={"kind": "text", "path": "/etc/hostname"}),
-                           "outside the data roots"),
+    "missing data file": (
+        _bad(data={"kind": "text", "path": str(REPO / "nope.txt")}),
+        "does not exist",
+    ),
+    "data outside roots": (
+        _bad(data={"kind": "text", "path": "/etc/hostname"}),
+        "outside the data roots",
+    ),
     "seq_len over model max": (_bad(seq_len=4096), "max_position_embeddings"),
     "micro_batch override not dividing": (_bad(overrides={"micro_batch": 3}), "divide"),
-    "MoE with more experts per token than experts": (_bad(model={"hf_config": {
-        **MOE_HF, "num_experts_per_tok": 9}}), "num_experts_per_tok=9"),
-    "dense layers among MoE layers": (_bad(model={"hf_config": {
-        **MOE_HF, "mlp_only_layers": [0]}}), "mlp_only_layers"),
+    "MoE with more experts per token than experts": (
+        _bad(model={"hf_config": {**MOE_HF, "num_experts_per_tok": 9}}),
+        "num_experts_per_tok=9",
+    ),
+    "dense layers among MoE layers": (
+        _bad(model={"hf_config": {**MOE_HF, "mlp_only_layers": [0]}}),
+        "mlp_only_layers",
+    ),
 }
 
 
@@ -109,7 +133,8 @@ def test_token_files_are_checked_before_anything_is_queued(api_only: Stack) -> N
     np.asarray(ids[:20], dtype=np.uint16).tofile(root / "short.bin")
     (root / "odd.bin").write_bytes(b"\x01\x02\x03")
     cases = {
-        "good.bin": ("uint16", None), "good.npy": ("uint32", None),
+        "good.bin": ("uint16", None),
+        "good.npy": ("uint32", None),
         "big-id.bin": ("uint16", "token id 300 (at position 1000"),
         "float.npy": ("uint32", "holds float32 tokens"),
         "good.npy#": ("uint16", "set data.dtype to match"),
@@ -126,22 +151,22 @@ def test_token_files_are_checked_before_anything_is_queued(api_only: Stack) -> N
             else:
                 assert r.status_code == 422 and needle in r.text, (name, r.text)
         data = {"kind": "tokens", "path": str(root / "good.bin"), "dtype": "uint16"}
-        r = c.post("/v1/plans", json=tiny_spec("tok", data=data, eval={
-            "heldout_fraction": 0.005}))
+        r = c.post("/v1/plans", json=tiny_spec("tok", data=data, eval={"heldout_fraction": 0.005}))
         assert r.status_code == 422 and "leaves 20, fewer than one sequence" in r.text
         assert _total(c) == before
 
 
 def test_jsonl_text_is_checked_line_by_line(api_only: Stack) -> None:
-    from tests.worker.test_data import _tokenizer_json
+    from tests.worker.io.test_data import _tokenizer_json
 
     root = api_only.state_dir.parent
-    (root / "docs.jsonl").write_text("\n".join(f'{{"text": "{"a b c d " * 20}"}}'
-                                               for _ in range(10)) + "\n")
+    (root / "docs.jsonl").write_text(
+        "\n".join(f'{{"text": "{"a b c d " * 20}"}}' for _ in range(10)) + "\n"
+    )
     (root / "broken.jsonl").write_text('{"text": "a"}\n{"text": 3}\n')
     tok = _tokenizer_json(root)
     (root / "no-eos").mkdir(exist_ok=True)
-    plain = (root / "no-eos" / "tokenizer.json")
+    plain = root / "no-eos" / "tokenizer.json"
     raw = json.loads(tok.read_text())
     raw["added_tokens"] = []
     plain.write_text(json.dumps(raw))
@@ -149,7 +174,9 @@ def test_jsonl_text_is_checked_line_by_line(api_only: Stack) -> None:
         before = _total(c)
         ok = {"kind": "text", "path": str(root / "docs.jsonl"), "tokenizer": str(tok)}
         assert c.post("/v1/plans", json=tiny_spec("j", data=ok)).status_code == 200
-        r = c.post("/v1/plans", json=tiny_spec("j", data={**ok, "path": str(root / "broken.jsonl")}))
+        r = c.post(
+            "/v1/plans", json=tiny_spec("j", data={**ok, "path": str(root / "broken.jsonl")})
+        )
         assert r.status_code == 422 and "line 2" in r.text
         r = c.post("/v1/plans", json=tiny_spec("j", data={**ok, "tokenizer": str(plain)}))
         assert r.status_code == 422 and "end-of-text" in r.text
@@ -157,8 +184,13 @@ def test_jsonl_text_is_checked_line_by_line(api_only: Stack) -> None:
 
 
 def test_infeasible_budget_names_the_minimum(api_only: Stack) -> None:
-    spec = tiny_spec("big", model={"preset": "tiny-llama"}, seq_len=1024, global_batch=8,
-                     budget={"device_gib": 0.01, "host_gib": 8})
+    spec = tiny_spec(
+        "big",
+        model={"preset": "tiny-llama"},
+        seq_len=1024,
+        global_batch=8,
+        budget={"device_gib": 0.01, "host_gib": 8},
+    )
     with api_only.client() as c:
         before = _total(c)
         r = c.post("/v1/jobs", json=spec)
@@ -182,9 +214,13 @@ def test_budget_larger_than_any_node(api_only: Stack) -> None:
 
 def test_unknown_job_is_404(api_only: Stack) -> None:
     with api_only.client() as c:
-        for method, path in (("GET", "/v1/jobs/nope"), ("GET", "/v1/jobs/nope/plan"),
-                             ("GET", "/v1/jobs/nope/events"), ("POST", "/v1/jobs/nope/cancel"),
-                             ("POST", "/v1/jobs/nope/resume")):
+        for method, path in (
+            ("GET", "/v1/jobs/nope"),
+            ("GET", "/v1/jobs/nope/plan"),
+            ("GET", "/v1/jobs/nope/events"),
+            ("POST", "/v1/jobs/nope/cancel"),
+            ("POST", "/v1/jobs/nope/resume"),
+        ):
             r = c.request(method, path)
             assert r.status_code == 404 and "does not exist" in r.text
 
@@ -208,8 +244,12 @@ def test_queued_cancel_resume_cycle(api_only: Stack) -> None:
 
 def test_list_filters_and_pages(api_only: Stack) -> None:
     with api_only.client() as c:
-        ids = [c.post("/v1/jobs", json=tiny_spec(f"page{i}"),
-                      headers={"X-Wstrain-Owner": "pager"}).json()["id"] for i in range(3)]
+        ids = [
+            c.post(
+                "/v1/jobs", json=tiny_spec(f"page{i}"), headers={"X-Wstrain-Owner": "pager"}
+            ).json()["id"]
+            for i in range(3)
+        ]
         c.post(f"/v1/jobs/{ids[0]}/cancel")
         mine = c.get("/v1/jobs", params={"owner": "pager"}).json()
         assert mine["total"] == 3 and [j["id"] for j in mine["jobs"]] == ids[::-1]
@@ -236,13 +276,20 @@ def test_presets_list_table_1_models_with_their_sizes(api_only: Stack) -> None:
         presets = {p["name"]: p for p in c.get("/v1/presets").json()["presets"]}
     assert {"llama3-8b", "dense-15b", "qwen3-32b", "tiny-qwen3"} <= set(presets)
     q = presets["qwen3-32b"]
-    assert (q["architecture"], q["layers"], q["hidden_size"], q["heads"]) == \
-        ("Qwen3ForCausalLM", 64, 5120, 40)
+    assert (q["architecture"], q["layers"], q["hidden_size"], q["heads"]) == (
+        "Qwen3ForCausalLM",
+        64,
+        5120,
+        40,
+    )
     assert 32e9 < q["params_total"] < 33.5e9
     assert q["training_state_bytes"]["bf16"] == 8 * q["params_total"]
     moe = presets["qwen3-30b-a3b"]  # 30.5 B parameters, 3.3 B of them active
-    assert (moe["architecture"], moe["experts"], moe["experts_per_token"]) == \
-        ("Qwen3MoeForCausalLM", 128, 8)
+    assert (moe["architecture"], moe["experts"], moe["experts_per_token"]) == (
+        "Qwen3MoeForCausalLM",
+        128,
+        8,
+    )
     assert 30e9 < moe["params_total"] < 31e9 and 3e9 < moe["params_active"] < 3.5e9
     assert {"olmoe-7b-a1b", "sparse-16b-a3b"} <= set(presets)
 
@@ -270,12 +317,24 @@ def test_metrics_expose_queue_and_jobs(api_only: Stack) -> None:
 
 def test_small_budget_gets_a_working_set_plan(api_only: Stack) -> None:
     """A 1.1 B-parameter model: resident at 14 GiB, working set at 3 GiB."""
-    hf = {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
-          "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 4,
-          "max_position_embeddings": 4096}
-    spec = tiny_spec("ws", model={"hf_config": hf}, seq_len=2048, global_batch=8,
-                     precision="bf16", data={"kind": "synthetic"},
-                     budget={"device_gib": 14, "host_gib": 14})
+    hf = {
+        "vocab_size": 32000,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 4096,
+    }
+    spec = tiny_spec(
+        "ws",
+        model={"hf_config": hf},
+        seq_len=2048,
+        global_batch=8,
+        precision="bf16",
+        data={"kind": "synthetic"},
+        budget={"device_gib": 14, "host_gib": 14},
+    )
     with api_only.client() as c:
         assert c.post("/v1/plans", json=spec).json()["runtime"] == "resident"
         spec["budget"] = {"device_gib": 3, "host_gib": 14}

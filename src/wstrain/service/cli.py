@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 import yaml
 
-from wstrain.scheduler.contracts.jobs import GIB, TERMINAL_STATES, JobState
+from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.jobs import TERMINAL_STATES, JobState
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,10 @@ def _call(client: httpx.Client, method: str, path: str, **kw: Any) -> Any:
     try:
         resp = client.request(method, path, **kw)
     except httpx.HTTPError as exc:
-        raise CliError(f"cannot reach the wstrain server at {client.base_url}: {exc}; start "
-                       "it with `wstrain serve` or set --server / WSTRAIN_URL") from exc
+        raise CliError(
+            f"cannot reach the wstrain server at {client.base_url}: {exc}; start "
+            "it with `wstrain serve` or set --server / WSTRAIN_URL"
+        ) from exc
     if resp.status_code >= 400:
         try:
             body = resp.json()
@@ -52,8 +55,9 @@ def _call(client: httpx.Client, method: str, path: str, **kw: Any) -> Any:
             body = {"detail": resp.text}
         detail = body.get("detail", body)
         if isinstance(detail, list):  # pydantic field errors
-            detail = "; ".join(f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}"
-                               for e in detail)
+            detail = "; ".join(
+                f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in detail
+            )
         extra = f" (minimum budget: {body['min_budget']})" if "min_budget" in body else ""
         raise CliError(f"{resp.status_code}: {detail}{extra}")
     return resp.json()
@@ -85,53 +89,76 @@ def _fmt(v: Any, digits: int = 4) -> str:
 
 
 def _print_job(job: dict[str, Any]) -> None:
-    rows = [("id", job["id"]), ("name", job["name"]), ("state", job["state"]),
-            ("step", f"{job['step']}/{job['steps']}"), ("loss", _fmt(job["loss"])),
-            ("eval_loss", _fmt(job.get("eval_loss"))),
-            ("tokens/s", _fmt(job["tokens_per_s"])), ("mfu", _fmt(job["mfu"])),
-            ("eta_s", _fmt(job["eta_s"])), ("attempt", job["attempt"]),
-            ("node", _fmt(job["node"])), ("checkpoint", _fmt(job["last_checkpoint"])),
-            ("error", _fmt(job["error"]))]
+    rows = [
+        ("id", job["id"]),
+        ("name", job["name"]),
+        ("state", job["state"]),
+        ("step", f"{job['step']}/{job['steps']}"),
+        ("loss", _fmt(job["loss"])),
+        ("eval_loss", _fmt(job.get("eval_loss"))),
+        ("tokens/s", _fmt(job["tokens_per_s"])),
+        ("mfu", _fmt(job["mfu"])),
+        ("eta_s", _fmt(job["eta_s"])),
+        ("attempt", job["attempt"]),
+        ("node", _fmt(job["node"])),
+        ("checkpoint", _fmt(job["last_checkpoint"])),
+        ("error", _fmt(job["error"])),
+    ]
     for k, v in rows:
         print(f"{k:>11}  {v}")
 
 
 def _print_plan(plan: dict[str, Any]) -> None:
     pred, ws = plan["predicted"], plan.get("working_set")
-    rows = [("runtime", plan["runtime"]), ("device", plan["device"]),
-            ("micro_batch", plan["micro_batch"]), ("rounds", plan["rounds"]),
-            ("window", plan["window"]), ("params", f"{plan['params'] / 1e6:.2f} M")]
+    rows = [
+        ("runtime", plan["runtime"]),
+        ("device", plan["device"]),
+        ("micro_batch", plan["micro_batch"]),
+        ("rounds", plan["rounds"]),
+        ("window", plan["window"]),
+        ("params", f"{plan['params'] / 1e6:.2f} M"),
+    ]
     if ws:
-        rows += [("rings", f"{ws['r_param']} / {ws['r_grad']}"),
-                 ("levels", " ".join(str(sum(r.count(lv) for r in ws["levels"]))
-                                     for lv in range(4))),
-                 ("optimizer", ws["optimizer"]), ("loss_tokens", ws["loss_tokens"])]
-    rows += [("step_seconds", f"{pred['step_seconds']:.4g}"),
-             ("peak_device", f"{pred['peak_device_bytes'] / GIB:.3f} GiB"),
-             ("peak_host", f"{pred['peak_host_bytes'] / GIB:.3f} GiB")]
+        rows += [
+            ("rings", f"{ws['r_param']} / {ws['r_grad']}"),
+            ("levels", " ".join(str(sum(r.count(lv) for r in ws["levels"])) for lv in range(4))),
+            ("optimizer", ws["optimizer"]),
+            ("loss_tokens", ws["loss_tokens"]),
+        ]
+    rows += [
+        ("step_seconds", f"{pred['step_seconds']:.4g}"),
+        ("peak_device", f"{pred['peak_device_bytes'] / GIB:.3f} GiB"),
+        ("peak_host", f"{pred['peak_host_bytes'] / GIB:.3f} GiB"),
+    ]
     print(f"{'field':<13} {'value':<14} reason")
     for k, v in rows:
-        print(f"{k:<13} {str(v):<14} {plan['reasons'].get(k, '')}")
+        print(f"{k:<13} {v!s:<14} {plan['reasons'].get(k, '')}")
 
 
 def _print_presets(presets: list[dict[str, Any]]) -> None:
-    print(f"{'preset':<16} {'architecture':<20} {'L':>3} {'d':>5} {'experts':>8} "
-          f"{'params':>9} {'active':>9} {'bf16 state':>11}")
+    print(
+        f"{'preset':<16} {'architecture':<20} {'L':>3} {'d':>5} {'experts':>8} "
+        f"{'params':>9} {'active':>9} {'bf16 state':>11}"
+    )
     for p in presets:
         experts = f"{p['experts_per_token']}/{p['experts']}" if p["experts"] else "-"
-        print(f"{p['name']:<16} {p['architecture']:<20} {p['layers']:>3} "
-              f"{p['hidden_size']:>5} {experts:>8} {p['params_total'] / 1e9:>8.3f}B "
-              f"{p['params_active'] / 1e9:>8.3f}B "
-              f"{p['training_state_bytes']['bf16'] / GIB:>7.1f} GiB")
+        print(
+            f"{p['name']:<16} {p['architecture']:<20} {p['layers']:>3} "
+            f"{p['hidden_size']:>5} {experts:>8} {p['params_total'] / 1e9:>8.3f}B "
+            f"{p['params_active'] / 1e9:>8.3f}B "
+            f"{p['training_state_bytes']['bf16'] / GIB:>7.1f} GiB"
+        )
 
 
 def _follow(client: httpx.Client, job_id: str, poll_s: float = 1.0) -> int:
     after = None
     while True:
-        params = {"after": after} if after else {}
+        params: dict[str, str] = {"after": after} if after else {}
         for ev in _call(client, "GET", f"/v1/jobs/{job_id}/events", params=params):
-            print(f"{time.strftime('%H:%M:%S', time.localtime(ev['ts']))} {ev['kind']:<10} "
-                  f"{ev['message']}")
+            print(
+                f"{time.strftime('%H:%M:%S', time.localtime(ev['ts']))} {ev['kind']:<10} "
+                f"{ev['message']}"
+            )
             after = ev["id"]
         job = _call(client, "GET", f"/v1/jobs/{job_id}")
         if JobState(job["state"]) in TERMINAL_STATES:
@@ -152,8 +179,10 @@ def _run_client(args: argparse.Namespace) -> int:
             listing = _call(c, "GET", "/v1/jobs", params=params)
             print(f"{'id':<13} {'state':<11} {'step':>11} {'loss':>8}  name")
             for j in listing["jobs"]:
-                print(f"{j['id']:<13} {j['state']:<11} {str(j['step']) + '/' + str(j['steps']):>11}"
-                      f" {_fmt(j['loss']):>8}  {j['name']}")
+                print(
+                    f"{j['id']:<13} {j['state']:<11} {str(j['step']) + '/' + str(j['steps']):>11}"
+                    f" {_fmt(j['loss']):>8}  {j['name']}"
+                )
         elif args.cmd == "status":
             job = _call(c, "GET", f"/v1/jobs/{args.id}")
             if args.json:
@@ -176,9 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--state-dir", type=Path, default=Path("wstrain-state"))
-    s.add_argument("--metrics-port", type=int,
-                   default=int(os.environ.get("WSTRAIN_METRICS_PORT", "9464")),
-                   help="port of the agent's /metrics (job series), on --host")
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("WSTRAIN_METRICS_PORT", "9464")),
+        help="port of the agent's /metrics (job series), on --host",
+    )
     s = sub.add_parser("submit", help="submit a job spec (YAML or JSON)")
     s.add_argument("spec")
     s.add_argument("--follow", action="store_true", help="stream events until the job ends")
@@ -197,8 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
-                        "%(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.cmd == "serve":
         from wstrain.service.serve import serve  # uvicorn and process management only when serving
 

@@ -26,18 +26,21 @@ class _Snapshot(Collector):
         for state, n in self.counts.items():
             jobs.add_metric([state.value], n)
         yield jobs
-        yield GaugeMetricFamily("wstrain_queue_depth", "Jobs waiting in the queue.",
-                                value=self.depth)
-        yield GaugeMetricFamily("wstrain_nodes", "Scheduler agents heartbeating.",
-                                value=self.nodes)
+        yield GaugeMetricFamily(
+            "wstrain_queue_depth", "Jobs waiting in the queue.", value=self.depth
+        )
+        yield GaugeMetricFamily("wstrain_nodes", "Scheduler agents heartbeating.", value=self.nodes)
 
 
 class ApiMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.latency = Histogram("wstrain_api_request_duration_seconds",
-                                 "API request latency by route.", ["method", "route", "code"],
-                                 registry=self.registry)
+        self.latency = Histogram(
+            "wstrain_api_request_duration_seconds",
+            "API request latency by route.",
+            ["method", "route", "code"],
+            registry=self.registry,
+        )
 
     def observe(self, method: str, route: str, code: int, seconds: float) -> None:
         self.latency.labels(method, route, str(code)).observe(seconds)

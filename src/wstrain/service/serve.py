@@ -35,22 +35,41 @@ def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
     """A private redis-server on loopback, persisting to data_dir; waits until it answers."""
     exe = shutil.which("redis-server")
     if exe is None:
-        raise SystemExit("wstrain: redis-server is not installed and REDIS_URL is unset; "
-                         "install it (apt-get install redis-server) or set REDIS_URL")
+        raise SystemExit(
+            "wstrain: redis-server is not installed and REDIS_URL is unset; "
+            "install it (apt-get install redis-server) or set REDIS_URL"
+        )
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-         "--appendonly", "yes", "--save", "", "--protected-mode", "yes"],
-        stdout=open(data_dir / "redis.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(data_dir),
+            "--appendonly",
+            "yes",
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+        ],
+        stdout=open(data_dir / "redis.log", "ab"),  # noqa: SIM115 - the child owns it
+        stderr=subprocess.STDOUT,
+    )
     client = redis.Redis(port=port)
     deadline = time.monotonic() + 10
     while True:
         try:
             client.ping()
             return proc
-        except redis.ConnectionError:
+        except redis.ConnectionError as exc:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"wstrain: redis-server did not start; see {data_dir}/redis.log")
+                raise SystemExit(
+                    f"wstrain: redis-server did not start; see {data_dir}/redis.log"
+                ) from exc
             time.sleep(0.05)
 
 
@@ -76,8 +95,12 @@ def serve(host: str, port: int, state_dir: Path, metrics_port: int) -> int:
         redis_proc = start_redis(state_dir / "redis", rport)
         redis_url = f"redis://127.0.0.1:{rport}/0"
         log.info("started private redis-server on %s", redis_url)
-    env.update(WSTRAIN_REDIS_URL=redis_url, WSTRAIN_STATE_DIR=str(state_dir),
-               WSTRAIN_METRICS_HOST=host, WSTRAIN_METRICS_PORT=str(metrics_port))
+    env.update(
+        WSTRAIN_REDIS_URL=redis_url,
+        WSTRAIN_STATE_DIR=str(state_dir),
+        WSTRAIN_METRICS_HOST=host,
+        WSTRAIN_METRICS_PORT=str(metrics_port),
+    )
     agent = subprocess.Popen([sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=env)
     # uvicorn re-raises SIGTERM/SIGINT once it has shut down; with these no-op handlers in
     # place that lands here instead of killing the process, so the children stop cleanly.

@@ -3,6 +3,10 @@
     WSTRAIN_REDIS_URL, WSTRAIN_KEY_PREFIX  see scheduler/settings.py
     WSTRAIN_DATA_ROOTS                JSON list of directories jobs may read data/models from
     WSTRAIN_API_TOKENS                JSON object {token: owner}; empty turns auth off
+    WSTRAIN_LISTEN_HOST, _PORT        where `wstrain-api` listens (127.0.0.1, 8000)
+    WSTRAIN_PLAN_TIMEOUT_S            deadline of a submission's checks and planning (2.0)
+
+Read them with `ServiceSettings()`; `wstrain-api` (app.main) does, once.
 """
 
 from __future__ import annotations
@@ -15,3 +19,11 @@ from wstrain.scheduler.settings import RedisSettings
 class ServiceSettings(RedisSettings):
     data_roots: list[str] = Field(default_factory=lambda: ["."])
     api_tokens: dict[str, str] = Field(default_factory=dict)
+    # listen_*, not host/port: Kubernetes sets <SERVICE>_PORT=tcp://... for a Service named
+    # wstrain, which WSTRAIN_PORT would have to parse
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(default=8000, ge=0, le=65535)
+    # The presets plan in 10-75 ms on one core, but a token file's check reads it whole: 45 ms
+    # a GiB from the page cache, 2 s a GiB from a 500 MB/s disk. So 2 s passes every preset
+    # and small corpora; where jobs train on many-GiB token files, raise it.
+    plan_timeout_s: float = Field(default=2.0, gt=0)

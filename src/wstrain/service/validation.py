@@ -11,12 +11,20 @@ from pathlib import Path
 
 import numpy as np
 
-from wstrain.scheduler.contracts.jobs import (END_OF_TEXT_TOKENS, GIB, JobSpec, Node, PathModel, Plan,
-                                 TextData, TokenData)
+from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.documents import documents
 from wstrain.scheduler.contracts.errors import InvalidSpec
-from wstrain.scheduler.contracts.model_dims import ModelDims, resolve_dims
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE, NodeProfile
+from wstrain.scheduler.contracts.jobs import (
+    END_OF_TEXT_TOKENS,
+    JobSpec,
+    Node,
+    PathModel,
+    Plan,
+    TextData,
+    TokenData,
+)
+from wstrain.scheduler.contracts.model_dims import ModelDims, resolve_dims
 from wstrain.scheduler.planning.planner import make_plan
 
 _TOKEN_BYTES = {"uint16": 2, "uint32": 4}
@@ -27,8 +35,10 @@ def _inside_roots(path: str, field: str, data_roots: list[str]) -> Path:
     real = Path(os.path.realpath(path))
     roots = [Path(os.path.realpath(r)) for r in data_roots]
     if not any(real == r or r in real.parents for r in roots):
-        raise InvalidSpec(f"{field}={path!r} lies outside the data roots {data_roots}; move "
-                          "the file under one of them or add its directory to WSTRAIN_DATA_ROOTS")
+        raise InvalidSpec(
+            f"{field}={path!r} lies outside the data roots {data_roots}; move "
+            "the file under one of them or add its directory to WSTRAIN_DATA_ROOTS"
+        )
     return real
 
 
@@ -38,31 +48,40 @@ def _check_tokens(data: TokenData, path: Path, vocab_size: int, seq_len: int) ->
         try:
             tokens = np.load(path, mmap_mode="r")
         except ValueError as exc:
-            raise InvalidSpec(f"data.path={data.path!r} is not a readable .npy file: {exc}") \
-                from exc
+            raise InvalidSpec(
+                f"data.path={data.path!r} is not a readable .npy file: {exc}"
+            ) from exc
         if tokens.dtype != np.dtype(data.dtype):
-            raise InvalidSpec(f"data.path={data.path!r} holds {tokens.dtype} tokens but "
-                              f"data.dtype={data.dtype!r}; set data.dtype to match (uint16 or "
-                              "uint32) or convert the file")
+            raise InvalidSpec(
+                f"data.path={data.path!r} holds {tokens.dtype} tokens but "
+                f"data.dtype={data.dtype!r}; set data.dtype to match (uint16 or "
+                "uint32) or convert the file"
+            )
         tokens = tokens.reshape(-1)
     else:
         size, width = path.stat().st_size, _TOKEN_BYTES[data.dtype]
         if size % width:
-            raise InvalidSpec(f"data.path={data.path!r} has {size} bytes, not a multiple of "
-                              f"{width}; is data.dtype={data.dtype!r} right?")
+            raise InvalidSpec(
+                f"data.path={data.path!r} has {size} bytes, not a multiple of "
+                f"{width}; is data.dtype={data.dtype!r} right?"
+            )
         tokens = np.memmap(path, dtype=np.dtype(data.dtype), mode="r")
     if len(tokens) < seq_len + 1:
-        raise InvalidSpec(f"data.path={data.path!r} holds {len(tokens)} tokens, fewer than "
-                          f"one sequence of seq_len+1={seq_len + 1}")
+        raise InvalidSpec(
+            f"data.path={data.path!r} holds {len(tokens)} tokens, fewer than "
+            f"one sequence of seq_len+1={seq_len + 1}"
+        )
     for start in range(0, len(tokens), _SCAN_TOKENS):
-        block = tokens[start:start + _SCAN_TOKENS]
+        block = tokens[start : start + _SCAN_TOKENS]
         top = int(block.max())
         if top >= vocab_size:
             at = start + int(np.argmax(block >= vocab_size))
-            raise InvalidSpec(f"data.path={data.path!r} holds token id {block[at - start]} "
-                              f"(at position {at}, max {top}) but the model's vocab_size is "
-                              f"{vocab_size}; use a model with a larger vocabulary or the "
-                              "tokenizer the file was made with")
+            raise InvalidSpec(
+                f"data.path={data.path!r} holds token id {block[at - start]} "
+                f"(at position {at}, max {top}) but the model's vocab_size is "
+                f"{vocab_size}; use a model with a larger vocabulary or the "
+                "tokenizer the file was made with"
+            )
     return len(tokens)
 
 
@@ -85,9 +104,11 @@ def _check_data(spec: JobSpec, dims: ModelDims, data_roots: list[str]) -> None:
         count = _check_tokens(data, path, dims.vocab_size, spec.seq_len)
         held_out = int(count * spec.eval.heldout_fraction) if spec.eval else None
         if held_out is not None and held_out < spec.seq_len + 1:
-            raise InvalidSpec(f"eval.heldout_fraction={spec.eval.heldout_fraction} of "  # type: ignore[union-attr]
-                              f"{count} tokens leaves {held_out}, fewer than one sequence of "
-                              f"seq_len+1={spec.seq_len + 1}; raise the fraction or use more data")
+            raise InvalidSpec(
+                f"eval.heldout_fraction={spec.eval.heldout_fraction} of "  # type: ignore[union-attr]
+                f"{count} tokens leaves {held_out}, fewer than one sequence of "
+                f"seq_len+1={spec.seq_len + 1}; raise the fraction or use more data"
+            )
     if isinstance(data, TextData):
         vocab, specials = 256, set()
         if data.path.endswith(".jsonl"):
@@ -95,42 +116,58 @@ def _check_data(spec: JobSpec, dims: ModelDims, data_roots: list[str]) -> None:
         if data.tokenizer != "byte":
             tok = _inside_roots(data.tokenizer, "data.tokenizer", data_roots)
             if not tok.is_file():
-                raise InvalidSpec(f"data.tokenizer={data.tokenizer!r} does not exist; give a "
-                                  'tokenizer.json or "byte"')
+                raise InvalidSpec(
+                    f"data.tokenizer={data.tokenizer!r} does not exist; give a "
+                    'tokenizer.json or "byte"'
+                )
             try:
                 parsed = json.loads(tok.read_text())
                 vocab = len(parsed["model"]["vocab"])
                 specials = {t["content"] for t in parsed.get("added_tokens", [])}
             except (ValueError, KeyError, TypeError) as exc:
-                raise InvalidSpec(f"data.tokenizer={data.tokenizer!r} is not a tokenizers "
-                                  f"tokenizer.json: {exc}") from exc
+                raise InvalidSpec(
+                    f"data.tokenizer={data.tokenizer!r} is not a tokenizers tokenizer.json: {exc}"
+                ) from exc
             if data.path.endswith(".jsonl") and not specials & set(END_OF_TEXT_TOKENS):
-                raise InvalidSpec(f"data.tokenizer={data.tokenizer!r} has none of the "
-                                  f"end-of-text tokens {list(END_OF_TEXT_TOKENS)} that packing "
-                                  "JSONL documents needs; add one to the tokenizer")
+                raise InvalidSpec(
+                    f"data.tokenizer={data.tokenizer!r} has none of the "
+                    f"end-of-text tokens {list(END_OF_TEXT_TOKENS)} that packing "
+                    "JSONL documents needs; add one to the tokenizer"
+                )
         if vocab > dims.vocab_size:
-            raise InvalidSpec(f"the tokenizer has {vocab} tokens but the model's vocab_size is "
-                              f"{dims.vocab_size}; use a model with vocab_size >= {vocab}")
+            raise InvalidSpec(
+                f"the tokenizer has {vocab} tokens but the model's vocab_size is "
+                f"{dims.vocab_size}; use a model with vocab_size >= {vocab}"
+            )
 
 
 def pick_node(spec: JobSpec, nodes: list[Node]) -> NodeProfile:
     """The node profile to plan with: the largest node that could hold the budgets."""
     if not nodes:
         return DEFAULT_PROFILE
-    profiles = [NodeProfile.from_profile(
-        n.device, n.profile,
-        max((g.total_bytes for g in n.gpus), default=n.host_total_bytes),
-        n.host_total_bytes) for n in nodes]
-    fits = [p for p in profiles
-            if p.device_total_bytes >= spec.budget.device_bytes
-            and p.host_total_bytes >= spec.budget.host_bytes]
+    profiles = [
+        NodeProfile.from_profile(
+            n.device,
+            n.profile,
+            max((g.total_bytes for g in n.gpus), default=n.host_total_bytes),
+            n.host_total_bytes,
+        )
+        for n in nodes
+    ]
+    fits = [
+        p
+        for p in profiles
+        if p.device_total_bytes >= spec.budget.device_bytes
+        and p.host_total_bytes >= spec.budget.host_bytes
+    ]
     if not fits:
         dev = max(p.device_total_bytes for p in profiles) / GIB
         host = max(p.host_total_bytes for p in profiles) / GIB
         raise InvalidSpec(
             f"budget device_gib={spec.budget.device_gib}, host_gib={spec.budget.host_gib} is "
             f"larger than any node has (largest device {dev:.1f} GiB, largest host "
-            f"{host:.1f} GiB); lower the budgets")
+            f"{host:.1f} GiB); lower the budgets"
+        )
     return max(fits, key=lambda p: p.matmul_flops)
 
 
@@ -138,9 +175,11 @@ def validate_and_plan(spec: JobSpec, nodes: list[Node], data_roots: list[str]) -
     if isinstance(spec.model, PathModel):
         model_dir = _inside_roots(spec.model.path, "model.path", data_roots)
         if model_dir.is_dir() and not any(model_dir.glob("*.safetensors")):
-            raise InvalidSpec(f"model.path={spec.model.path!r} holds no *.safetensors weights "
-                              "to fine-tune; save the model with save_pretrained (safetensors), "
-                              'or name {"hf_config": ...} to train from scratch')
+            raise InvalidSpec(
+                f"model.path={spec.model.path!r} holds no *.safetensors weights "
+                "to fine-tune; save the model with save_pretrained (safetensors), "
+                'or name {"hf_config": ...} to train from scratch'
+            )
     dims = resolve_dims(spec.model)
     _check_data(spec, dims, data_roots)
     return make_plan(spec, dims, pick_node(spec, nodes))

@@ -1,0 +1,38 @@
+"""Liveness, readiness and Prometheus: GET /healthz (the process answers), GET /readyz (Redis
+answers too; 503 with the reason when not) and GET /metrics (queue depth, jobs by state,
+registered nodes, API request latency by route). None of them needs a token."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+
+from wstrain.service.api.deps import Metrics, Store
+
+router = APIRouter()
+
+
+class Health(BaseModel):
+    status: str
+
+
+@router.get("/metrics")
+async def prometheus(st: Store, metrics: Metrics) -> Response:
+    body = await metrics.render(st)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health)
+async def readyz(st: Store) -> Response:
+    try:
+        await st.redis.ping()
+    except Exception as exc:  # any Redis failure means "not ready", with the reason
+        return JSONResponse(status_code=503, content={"status": f"redis unreachable: {exc}"})
+    return JSONResponse(content={"status": "ready"})

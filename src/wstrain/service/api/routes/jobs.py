@@ -1,0 +1,131 @@
+"""/v1/jobs: submit a job (validated and planned before it is queued), list and read jobs,
+their plans and events, cancel and resume them. Every bit of state is in Redis (JobStore);
+the store's Lua script applies each state transition atomically.
+
+    POST /v1/jobs                     201 queued job; 422 with the fix; nothing left behind
+    GET  /v1/jobs?state=&owner=&offset=&limit=
+    GET  /v1/jobs/{id}, /plan, /events?after=&limit=        404 for an unknown job
+    POST /v1/jobs/{id}/cancel         202; 409 once finished
+    POST /v1/jobs/{id}/resume         202 back to queued as a new attempt; 409 unless
+                                      cancelled or failed
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from wstrain.scheduler.contracts.errors import Conflict
+from wstrain.scheduler.contracts.jobs import (
+    TERMINAL_STATES,
+    Event,
+    Job,
+    JobList,
+    JobSpec,
+    JobState,
+    Plan,
+)
+from wstrain.service.api.deps import Owner, PlannerDep, Store
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/jobs")
+
+_BEFORE_RUNNING = frozenset({JobState.queued, JobState.planning})
+_RESUMABLE = frozenset({JobState.cancelled, JobState.failed})
+
+
+@router.post("", status_code=201, response_model=Job)
+async def submit(spec: JobSpec, st: Store, planner: PlannerDep, who: Owner) -> Job:
+    plan = await planner.plan(spec, await st.nodes())
+    job = await st.create(spec, who, plan)
+    log.info("job %s: submitted by %s (%s)", job.id, who, spec.name)
+    return job
+
+
+@router.get("", response_model=JobList)
+async def list_jobs(
+    st: Store,
+    _: Owner,
+    state: JobState | None = None,
+    owner: str | None = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> JobList:
+    jobs, total = await st.list(state, owner, offset, limit)
+    return JobList(jobs=jobs, total=total, offset=offset, limit=limit)
+
+
+@router.get("/{job_id}", response_model=Job)
+async def get_job(job_id: str, st: Store, _: Owner) -> Job:
+    return await st.get(job_id)
+
+
+@router.get("/{job_id}/plan", response_model=Plan)
+async def get_plan(job_id: str, st: Store, _: Owner) -> Plan:
+    job = await st.get(job_id)
+    assert job.plan is not None, "every stored job carries the plan it was admitted with"
+    return job.plan
+
+
+@router.get("/{job_id}/events", response_model=list[Event])
+async def get_events(
+    job_id: str,
+    st: Store,
+    _: Owner,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[Event]:
+    await st.get(job_id)  # 404 for an unknown job rather than an empty list
+    return await st.events(job_id, after, limit)
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=Job)
+async def cancel(job_id: str, st: Store, who: Owner) -> Job:
+    job = await st.get(job_id)
+    if job.state in TERMINAL_STATES:
+        raise Conflict(
+            f"job {job_id} is already {job.state.value}; only queued, planning or running "
+            "jobs can be cancelled",
+            state=job.state.value,
+        )
+    if job.state == JobState.cancelling:
+        return job
+    if job.state in _BEFORE_RUNNING:
+        await st.transition(
+            job_id, JobState.cancelled, f"cancelled by {who} before it ran", sources=_BEFORE_RUNNING
+        )
+    else:
+        # A running job stops at its next step boundary, after a checkpoint (the agent
+        # forwards the cancel to its worker), so it passes through `cancelling`.
+        await st.transition(
+            job_id,
+            JobState.cancelling,
+            f"cancel requested by {who}; stopping at the next step",
+            sources=frozenset({JobState.running}),
+        )
+    return await st.get(job_id)
+
+
+@router.post("/{job_id}/resume", status_code=202, response_model=Job)
+async def resume(job_id: str, st: Store, who: Owner) -> Job:
+    job = await st.get(job_id)
+    if job.state not in _RESUMABLE:
+        raise Conflict(
+            f"job {job_id} is {job.state.value}; only cancelled or failed jobs can be resumed",
+            state=job.state.value,
+        )
+    where = job.last_checkpoint or "the start (no checkpoint yet)"
+    await st.transition(
+        job_id,
+        JobState.queued,
+        f"resumed by {who} from {where}",
+        sources=_RESUMABLE,
+        attempt=job.attempt + 1,
+        error=None,
+        node=None,
+        worker_pid=None,
+    )
+    return await st.get(job_id)

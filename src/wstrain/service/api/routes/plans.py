@@ -1,0 +1,16 @@
+"""POST /v1/plans: validate a JobSpec and answer the plan it would run with, queueing nothing
+(`wstrain plan spec.yaml`). Errors are those of POST /v1/jobs: 422 with the fix."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from wstrain.scheduler.contracts.jobs import JobSpec, Plan
+from wstrain.service.api.deps import Owner, PlannerDep, Store
+
+router = APIRouter(prefix="/v1/plans")
+
+
+@router.post("", response_model=Plan)
+async def dry_run(spec: JobSpec, st: Store, planner: PlannerDep, _: Owner) -> Plan:
+    return await planner.plan(spec, await st.nodes())
