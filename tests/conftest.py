@@ -104,7 +104,13 @@ class Stack:
                     proc.kill()
 
 
-def make_stack(redis_url: str, tmp: Path, prefix: str, with_agent: bool) -> Stack:
+def make_stack(
+    redis_url: str,
+    tmp: Path,
+    prefix: str,
+    with_agent: bool,
+    extra_env: dict[str, str] | None = None,
+) -> Stack:
     from wstrain.service.serve import free_port
 
     port, metrics_port = free_port(), free_port()
@@ -122,6 +128,7 @@ def make_stack(redis_url: str, tmp: Path, prefix: str, with_agent: bool) -> Stac
         WSTRAIN_METRICS_GRACE_S="3",
         PYTHONPATH=str(REPO),
     )
+    env.update(extra_env or {})
     stack = Stack(
         f"http://127.0.0.1:{port}",
         env,
@@ -153,28 +160,33 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     s.stop()
 
 
+def register_node(redis_url: str, prefix: str) -> None:
+    """A 16 GiB CPU node record as an agent writes it, so budgets check against a node while
+    no agent runs (jobs stay queued)."""
+    import redis
+
+    node = {
+        "name": "fake-capacity",
+        "device": "cpu",
+        "gpus": [],
+        "host_total_bytes": 16 << 30,
+        "host_free_bytes": 16 << 30,
+        "slots": 1,
+        "running": [],
+        "profile": {"matmul_flops": 1e10},
+        "heartbeat_at": time.time(),
+    }
+    r = redis.Redis.from_url(redis_url)
+    r.set(f"{prefix}:node:fake-capacity", json.dumps(node))
+    r.sadd(f"{prefix}:nodes", "fake-capacity")
+
+
 @pytest.fixture(scope="session")
 def api_only(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """API with no agent: submitted jobs stay queued, so queue-side behaviour is testable."""
     s = make_stack(redis_url, tmp_path_factory.mktemp("apionly"), "apionly", with_agent=False)
-    import redis
-
-    with s.client() as c:  # budgets are checked against registered nodes: register one
-        r = redis.Redis.from_url(redis_url)
-        node = {
-            "name": "fake-capacity",
-            "device": "cpu",
-            "gpus": [],
-            "host_total_bytes": 16 << 30,
-            "host_free_bytes": 16 << 30,
-            "slots": 1,
-            "running": [],
-            "profile": {"matmul_flops": 1e10},
-            "heartbeat_at": time.time(),
-        }
-        # A node record as an agent writes it (no agent runs here, so jobs stay queued).
-        r.set("apionly:node:fake-capacity", json.dumps(node))
-        r.sadd("apionly:nodes", "fake-capacity")
+    register_node(redis_url, "apionly")
+    with s.client() as c:
         assert c.get("/v1/nodes").json()["nodes"]
     yield s
     s.stop()

@@ -26,8 +26,9 @@ from starlette.middleware.base import RequestResponseEndpoint
 
 from wstrain.scheduler.store import JobStore
 from wstrain.service.api.errors import install_error_handlers
+from wstrain.service.api.limits import BodyLimit
 from wstrain.service.api.planning import Planner
-from wstrain.service.api.routes import ROUTERS
+from wstrain.service.api.routes import ROUTERS, docs
 from wstrain.service.metrics import ApiMetrics
 from wstrain.service.settings import ServiceSettings
 
@@ -49,11 +50,15 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             app.state.planner.close()
             await app.state.store.close()
 
+    protected = bool(settings.api_tokens)  # then the schema and its UI need a token too
     app = FastAPI(
         title="wstrain",
         version="1",
         lifespan=lifespan,
         description="Training jobs under hard device- and host-memory budgets.",
+        docs_url=None if protected else "/docs",
+        redoc_url=None,
+        openapi_url=None if protected else "/openapi.json",
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -74,6 +79,10 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 
     for router in ROUTERS:
         app.include_router(router)
+    if protected:
+        app.include_router(docs.router)
+    # outermost, so an oversized body is refused before any route or middleware reads it
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app
 
 

@@ -2,7 +2,9 @@
 
     WSTRAIN_REDIS_URL, WSTRAIN_KEY_PREFIX  see scheduler/settings.py
     WSTRAIN_DATA_ROOTS                JSON list of directories jobs may read data/models from
-    WSTRAIN_API_TOKENS                JSON object {token: owner}; empty turns auth off
+    WSTRAIN_API_TOKENS                JSON {token: owner} or {token: {"owner": .., "role":
+                                      "user"|"admin"}}; empty turns auth off
+    WSTRAIN_MAX_BODY_BYTES            largest request body read (1 MiB); larger: 413
     WSTRAIN_LISTEN_HOST, _PORT        where `wstrain-api` listens (127.0.0.1, 8000)
     WSTRAIN_PLAN_TIMEOUT_S            deadline of a submission's checks and planning (2.0)
 
@@ -11,14 +13,31 @@ Read them with `ServiceSettings()`; `wstrain-api` (app.main) does, once.
 
 from __future__ import annotations
 
-from pydantic import Field
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from wstrain.scheduler.settings import RedisSettings
 
 
+class Role(StrEnum):
+    user = "user"  # sees and acts on its own jobs
+    admin = "admin"  # sees and acts on every owner's jobs
+
+
+class TokenGrant(BaseModel):
+    """Who a bearer token speaks for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    owner: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@-]+$")
+    role: Role = Role.user
+
+
 class ServiceSettings(RedisSettings):
     data_roots: list[str] = Field(default_factory=lambda: ["."])
-    api_tokens: dict[str, str] = Field(default_factory=dict)
+    # {token: owner} is shorthand for {token: {"owner": owner, "role": "user"}}
+    api_tokens: dict[str, TokenGrant | str] = Field(default_factory=dict)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
     # listen_*, not host/port: Kubernetes sets <SERVICE>_PORT=tcp://... for a Service named
     # wstrain, which WSTRAIN_PORT would have to parse
     listen_host: str = "127.0.0.1"
@@ -27,3 +46,10 @@ class ServiceSettings(RedisSettings):
     # a GiB from the page cache, 2 s a GiB from a 500 MB/s disk. So 2 s passes every preset
     # and small corpora; where jobs train on many-GiB token files, raise it.
     plan_timeout_s: float = Field(default=2.0, gt=0)
+
+    def grant(self, token: str) -> TokenGrant | None:
+        """The grant of a bearer token, None for an unknown one."""
+        found = self.api_tokens.get(token)
+        if isinstance(found, str):
+            return TokenGrant(owner=found)
+        return found

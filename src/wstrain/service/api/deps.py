@@ -3,25 +3,31 @@ store, the planner, the metrics and the request's owner.
 
 A route takes what it needs as an annotated parameter:
 
-    async def get_job(job_id: str, st: Store, _: Owner) -> Job: ...
+    async def get_job(job: VisibleJob) -> Job: ...     # 404 unless the caller may see it
 
 create_app() (service/app.py) puts the objects on `app.state`: settings and metrics when it
-builds the app, the store and the planner in its lifespan. Owner resolution: with no
-WSTRAIN_API_TOKENS the owner is the X-Wstrain-Owner header (or "anonymous"); with tokens a
-request needs `Authorization: Bearer <token>` and its owner is the token's.
+builds the app, the store and the planner in its lifespan. Who is asking (`Caller`):
+with WSTRAIN_API_TOKENS set, every route needs `Authorization: Bearer <token>` and the
+caller is the token's owner with its role; a user reaches only its own jobs (another
+owner's job answers 404, as an unknown one: its existence is not leaked), an admin every
+job. With no tokens there is no protection (a loopback development server): the owner is
+the X-Wstrain-Owner header (or "anonymous") and every caller may act on every job.
 """
 
 from __future__ import annotations
 
+import hmac
+from dataclasses import dataclass
 from typing import Annotated, cast
 
 from fastapi import Depends, Header, Request
 
-from wstrain.scheduler.contracts.errors import Unauthorized
+from wstrain.scheduler.contracts.errors import NotFound, Unauthorized
+from wstrain.scheduler.contracts.jobs import Job
 from wstrain.scheduler.store import JobStore
 from wstrain.service.api.planning import Planner
 from wstrain.service.metrics import ApiMetrics
-from wstrain.service.settings import ServiceSettings
+from wstrain.service.settings import Role, ServiceSettings
 
 
 async def get_settings(request: Request) -> ServiceSettings:
@@ -46,21 +52,54 @@ PlannerDep = Annotated[Planner, Depends(get_planner)]
 Metrics = Annotated[ApiMetrics, Depends(get_metrics)]
 
 
-async def get_owner(
+@dataclass(frozen=True)
+class Caller:
+    owner: str
+    admin: bool
+
+    def may_see(self, job: Job) -> bool:
+        return self.admin or job.owner == self.owner
+
+
+def _grant_for(settings: ServiceSettings, token: str) -> Caller | None:
+    # compare every token in constant time, so response timing does not reveal a prefix
+    found: Caller | None = None
+    for known in settings.api_tokens:
+        if hmac.compare_digest(known.encode(), token.encode()):
+            grant = settings.grant(known)
+            assert grant is not None
+            found = Caller(grant.owner, grant.role == Role.admin)
+    return found
+
+
+async def get_caller(
     settings: Settings,
-    authorization: Annotated[str | None, Header()] = None,
-    x_wstrain_owner: Annotated[str | None, Header()] = None,
-) -> str:
-    """Who is asking: the bearer token's owner when auth is on, else the header's claim."""
+    authorization: Annotated[str | None, Header(max_length=4096)] = None,
+    x_wstrain_owner: Annotated[str | None, Header(max_length=64)] = None,
+) -> Caller:
+    """Who is asking: the bearer token's owner and role when auth is on, else the header's
+    claim with every right (no tokens: nothing is protected)."""
     if not settings.api_tokens:
-        return x_wstrain_owner or "anonymous"
-    token = (authorization or "").removeprefix("Bearer ").strip()
-    if token not in settings.api_tokens:
+        return Caller(x_wstrain_owner or "anonymous", admin=True)
+    scheme, _, token = (authorization or "").partition(" ")
+    caller = _grant_for(settings, token.strip()) if scheme.lower() == "bearer" else None
+    if caller is None:
         raise Unauthorized(
             "missing or unknown bearer token; set WSTRAIN_TOKEN or send "
             "'Authorization: Bearer <token>'"
         )
-    return settings.api_tokens[token]
+    return caller
 
 
-Owner = Annotated[str, Depends(get_owner)]
+CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+async def visible_job(job_id: str, st: Store, caller: CallerDep) -> Job:
+    """The job `job_id` if the caller may see it; NotFound as for an unknown job otherwise."""
+    job = await st.get(job_id)
+    if not caller.may_see(job):
+        raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /v1/jobs")
+    return job
+
+
+VisibleJob = Annotated[Job, Depends(visible_job)]

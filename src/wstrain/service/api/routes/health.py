@@ -1,6 +1,8 @@
 """Liveness, readiness and Prometheus: GET /healthz (the process answers), GET /readyz (Redis
 answers too; 503 with the reason when not) and GET /metrics (queue depth, jobs by state,
-registered nodes, API request latency by route). None of them needs a token."""
+registered nodes, API request latency by route). With tokens set /metrics needs one, as every
+route does but the two probes, which carry no data and must answer a supervisor that holds
+no secret."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from wstrain.service.api.deps import Metrics, Store
+from wstrain.service.api.deps import CallerDep, Metrics, Store
 
 router = APIRouter()
 
@@ -19,7 +21,7 @@ class Health(BaseModel):
 
 
 @router.get("/metrics")
-async def prometheus(st: Store, metrics: Metrics) -> Response:
+async def prometheus(st: Store, metrics: Metrics, _: CallerDep) -> Response:
     body = await metrics.render(st)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 

@@ -27,7 +27,7 @@ from wstrain.scheduler.contracts.jobs import (
     JobState,
     Plan,
 )
-from wstrain.service.api.deps import Owner, PlannerDep, Store
+from wstrain.service.api.deps import CallerDep, PlannerDep, Store, VisibleJob
 
 log = logging.getLogger(__name__)
 
@@ -38,53 +38,57 @@ _RESUMABLE = frozenset({JobState.cancelled, JobState.failed})
 
 
 @router.post("", status_code=201, response_model=Job)
-async def submit(spec: JobSpec, st: Store, planner: PlannerDep, who: Owner) -> Job:
+async def submit(spec: JobSpec, st: Store, planner: PlannerDep, caller: CallerDep) -> Job:
     plan = await planner.plan(spec, await st.nodes())
-    job = await st.create(spec, who, plan)
-    log.info("job %s: submitted by %s (%s)", job.id, who, spec.name)
+    job = await st.create(spec, caller.owner, plan)
+    log.info("job %s: submitted by %s (%s)", job.id, caller.owner, spec.name)
     return job
 
 
 @router.get("", response_model=JobList)
 async def list_jobs(
     st: Store,
-    _: Owner,
+    caller: CallerDep,
     state: JobState | None = None,
-    owner: str | None = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    owner: Annotated[str | None, Query(max_length=64)] = None,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JobList:
+    """A user lists its own jobs only (another owner's filter lists nothing); an admin
+    lists every owner's, or one owner's with `owner`."""
+    if not caller.admin:
+        if owner is not None and owner != caller.owner:
+            return JobList(jobs=[], total=0, offset=offset, limit=limit)
+        owner = caller.owner
     jobs, total = await st.list(state, owner, offset, limit)
     return JobList(jobs=jobs, total=total, offset=offset, limit=limit)
 
 
 @router.get("/{job_id}", response_model=Job)
-async def get_job(job_id: str, st: Store, _: Owner) -> Job:
-    return await st.get(job_id)
+async def get_job(job: VisibleJob) -> Job:
+    return job
 
 
 @router.get("/{job_id}/plan", response_model=Plan)
-async def get_plan(job_id: str, st: Store, _: Owner) -> Plan:
-    job = await st.get(job_id)
+async def get_plan(job: VisibleJob) -> Plan:
     assert job.plan is not None, "every stored job carries the plan it was admitted with"
     return job.plan
 
 
 @router.get("/{job_id}/events", response_model=list[Event])
 async def get_events(
-    job_id: str,
+    job: VisibleJob,
     st: Store,
-    _: Owner,
-    after: str | None = None,
+    # a Redis stream id, as the events carry it: "<ms>-<seq>" (or "<ms>")
+    after: Annotated[str | None, Query(pattern=r"^[0-9]{1,20}(-[0-9]{1,20})?$")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[Event]:
-    await st.get(job_id)  # 404 for an unknown job rather than an empty list
-    return await st.events(job_id, after, limit)
+    return await st.events(job.id, after, limit)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=Job)
-async def cancel(job_id: str, st: Store, who: Owner) -> Job:
-    job = await st.get(job_id)
+async def cancel(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
+    job_id, who = job.id, caller.owner
     if job.state in TERMINAL_STATES:
         raise Conflict(
             f"job {job_id} is already {job.state.value}; only queued, planning or running "
@@ -110,8 +114,8 @@ async def cancel(job_id: str, st: Store, who: Owner) -> Job:
 
 
 @router.post("/{job_id}/resume", status_code=202, response_model=Job)
-async def resume(job_id: str, st: Store, who: Owner) -> Job:
-    job = await st.get(job_id)
+async def resume(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
+    job_id, who = job.id, caller.owner
     if job.state not in _RESUMABLE:
         raise Conflict(
             f"job {job_id} is {job.state.value}; only cancelled or failed jobs can be resumed",

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from wstrain.scheduler.contracts.jobs import Node, PresetList
 from wstrain.scheduler.contracts.model_dims import preset_list
-from wstrain.service.api.deps import Owner, Store
+from wstrain.service.api.deps import CallerDep, Store
 
 router = APIRouter(prefix="/v1")
 
@@ -19,10 +19,10 @@ class NodeList(BaseModel):
 
 
 @router.get("/nodes", response_model=NodeList)
-async def nodes(st: Store, _: Owner) -> NodeList:
+async def nodes(st: Store, _: CallerDep) -> NodeList:
     return NodeList(nodes=await st.nodes())
 
 
 @router.get("/presets", response_model=PresetList)
-async def presets(_: Owner) -> PresetList:
+async def presets(_: CallerDep) -> PresetList:
     return PresetList(presets=preset_list())

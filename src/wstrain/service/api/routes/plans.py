@@ -6,11 +6,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from wstrain.scheduler.contracts.jobs import JobSpec, Plan
-from wstrain.service.api.deps import Owner, PlannerDep, Store
+from wstrain.service.api.deps import CallerDep, PlannerDep, Store
 
 router = APIRouter(prefix="/v1/plans")
 
 
 @router.post("", response_model=Plan)
-async def dry_run(spec: JobSpec, st: Store, planner: PlannerDep, _: Owner) -> Plan:
+async def dry_run(spec: JobSpec, st: Store, planner: PlannerDep, _: CallerDep) -> Plan:
     return await planner.plan(spec, await st.nodes())
