@@ -98,7 +98,8 @@ def test_slow_plan_answers_422_while_the_api_keeps_answering(impatient_api: str)
         # (its thread runs on, sharing the GIL, so it is slower than `took`): the event loop
         # never waited for a check.
         assert answered < took, (answered, took)
-        assert c.get("/readyz").json() == {"status": "ready"}
+        # Redis answers, but no agent heartbeats under this key prefix: not ready
+        assert c.get("/readyz").json() == {"status": "no scheduler agent is heartbeating"}
         assert c.get("/v1/jobs", params={"limit": 1}).json()["total"] == before
         metrics = c.get("/metrics").text
     assert 'code="422",method="POST",route="/v1/plans"' in metrics

@@ -67,15 +67,19 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     @app.middleware("http")
     async def _time_requests(request: Request, call_next: RequestResponseEndpoint) -> Response:
         start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        metrics.observe(
-            request.method,
-            getattr(route, "path", "unmatched"),
-            response.status_code,
-            time.perf_counter() - start,
-        )
-        return response
+        code = 500  # an exception no handler mapped: the server error middleware answers 500
+        try:
+            response = await call_next(request)
+            code = response.status_code
+            return response
+        finally:
+            route = request.scope.get("route")
+            metrics.observe(
+                request.method,
+                getattr(route, "path", "unmatched"),
+                code,
+                time.perf_counter() - start,
+            )
 
     for router in ROUTERS:
         app.include_router(router)

@@ -1,8 +1,8 @@
-"""Liveness, readiness and Prometheus: GET /healthz (the process answers), GET /readyz (Redis
-answers too; 503 with the reason when not) and GET /metrics (queue depth, jobs by state,
-registered nodes, API request latency by route). With tokens set /metrics needs one, as every
-route does but the two probes, which carry no data and must answer a supervisor that holds
-no secret."""
+"""Liveness, readiness and Prometheus: GET /healthz (the process answers), GET /readyz
+(Redis answers and an agent heartbeats; 503 with the reason when not) and GET /metrics
+(queue depth, jobs by state, registered nodes, API request latency by route). With tokens
+set /metrics needs one, as every route does but the two probes, which carry no data and
+must answer a supervisor that holds no secret."""
 
 from __future__ import annotations
 
@@ -33,8 +33,16 @@ async def healthz() -> Health:
 
 @router.get("/readyz", response_model=Health)
 async def readyz(st: Store) -> Response:
+    """Ready when Redis answers and at least one agent heartbeats (a node's record expires
+    WSTRAIN_NODE_TTL_S after its agent's last heartbeat): with no agent, jobs would only
+    queue."""
     try:
         await st.redis.ping()
+        nodes = await st.nodes()
     except Exception as exc:  # any Redis failure means "not ready", with the reason
         return JSONResponse(status_code=503, content={"status": f"redis unreachable: {exc}"})
+    if not nodes:
+        return JSONResponse(
+            status_code=503, content={"status": "no scheduler agent is heartbeating"}
+        )
     return JSONResponse(content={"status": "ready"})
