@@ -108,7 +108,6 @@ ROUTES = [
     ("POST", "/v1/plans"),
     ("GET", "/v1/nodes"),
     ("GET", "/v1/presets"),
-    ("GET", "/metrics"),
     ("GET", "/openapi.json"),
     ("GET", "/docs"),
 ]
@@ -122,9 +121,12 @@ def test_no_route_answers_without_a_valid_token(secured: Stack, header: str | No
             body = tiny_spec("anon") if method == "POST" else None
             r = c.request(method, path, json=body, headers=headers)
             assert r.status_code == 401, (method, path, r.status_code, r.text)
-        # the probes carry no data and answer a supervisor that holds no secret
+        # the probes and /metrics carry no job data and answer a supervisor or a Prometheus
+        # that holds no secret
         assert c.get("/healthz").status_code == 200
         assert c.get("/readyz").status_code == 200
+        metrics = c.get("/metrics")
+        assert metrics.status_code == 200 and "alice" not in metrics.text
         # and with a token the schema is there
         assert "/v1/jobs" in c.get("/openapi.json", headers=_as("tok-bob")).json()["paths"]
 

@@ -1,8 +1,9 @@
 """Liveness, readiness and Prometheus: GET /healthz (the process answers), GET /readyz
 (Redis answers and an agent heartbeats; 503 with the reason when not) and GET /metrics
-(queue depth, jobs by state, registered nodes, API request latency by route). With tokens
-set /metrics needs one, as every route does but the two probes, which carry no data and
-must answer a supervisor that holds no secret."""
+(queue depth, jobs by state, registered nodes, API request latency by route). These three
+need no token even when tokens are set: the probes answer a supervisor and /metrics a
+Prometheus that hold no secret, and none of them carries a job id, an owner or a spec —
+only counts by state and latency by route."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from wstrain.service.api.deps import CallerDep, Metrics, Store
+from wstrain.service.api.deps import Metrics, Store
 
 router = APIRouter()
 
@@ -21,7 +22,7 @@ class Health(BaseModel):
 
 
 @router.get("/metrics")
-async def prometheus(st: Store, metrics: Metrics, _: CallerDep) -> Response:
+async def prometheus(st: Store, metrics: Metrics) -> Response:
     body = await metrics.render(st)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
