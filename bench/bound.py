@@ -6,7 +6,7 @@ bound on tokens/s over resident, from a benchmark row's own measurements. CPU on
 It prints the bound at each micro-batch the planner tries first (AdaWS's bound and above).
 
 The argument, per round of X sequences. Every (layer, sequence) of the round's forward
-produces a saved set (worker/runtime/working_set/schedule.py levels 0-3; level 0, the input, at the least).
+produces a saved set (working_set/schedule.py levels 0-3; level 0, the input, at the least).
 When the round's forward (and its LM-head loss) ends, each byte of those sets has either left
 over the D2H link during it or is still in device memory, so
 
@@ -153,7 +153,8 @@ def main() -> None:
     p.add_argument("--resident", default="resident")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows = [r for r in json.load(open(args.results)) if "error" not in r]
+    with open(args.results) as f:
+        rows = [r for r in json.load(f) if "error" not in r]
     res = next(r for r in rows if r["name"] == args.resident)
     row = next(r for r in rows if r["name"] == args.row)
     measured = res["measured_step_seconds"] / row["measured_step_seconds"]

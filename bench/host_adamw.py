@@ -1,5 +1,5 @@
 """Host AdamW throughput: the working-set runtime's own update of one Llama-3-8B layer
-(218M parameters; `HostState.step_group` with torch's fused CPU AdamW, as worker/runtime/working_set/host_optim.py
+(218M parameters; `HostState.step_group` with torch's fused CPU AdamW, as working_set/host_optim.py
 runs it) at several intra-op thread counts and precisions ("bf16": pure bf16 tiles; "mixed":
 bf16 gradient widened into fp32, fp32 master and moments, master rounded into the bf16 weight
 tile), beside a plain copy's memory bandwidth.

@@ -90,11 +90,11 @@ WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     "ws-24-32l": (24, 32, {}),
     "ws-20-host": (20, None, {"optimizer": "host"}),
     "ws-24-32l-host": (24, 32, {"optimizer": "host"}),
-    # the lead pass (worker/runtime/working_set/schedule.py lead_rounds) pinned, for A/B against the planner
+    # the lead pass (working_set/schedule.py lead_rounds) pinned, for A/B against the planner
     "ws-12-lead1": (12, None, {"lead_rounds": 1}),
     "ws-20-lead2": (20, None, {"lead_rounds": 2}),
     "ws-24-32l-lead2": (24, 32, {"lead_rounds": 2}),
-    # the split optimizer (worker/runtime/working_set/schedule.py device_opt_layers) pinned
+    # the split optimizer (working_set/schedule.py device_opt_layers) pinned
     "ws-24-32l-split": (24, 32, {"optimizer": "split"}),
     "ws-20-split": (20, None, {"optimizer": "split"}),
     # precision "mixed" (a row named *-mixed): fp32 master and moments on the host

@@ -66,7 +66,7 @@ def prometheus(stack: Stack, tmp_path: Path) -> Iterator[str]:
             f"--web.listen-address=127.0.0.1:{port}",
         ],
         stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "prometheus.log", "wb"),
+        stderr=open(tmp_path / "prometheus.log", "wb"),  # noqa: SIM115 - the child owns it
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

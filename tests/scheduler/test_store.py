@@ -93,7 +93,7 @@ def test_concurrent_claims_take_each_job_once(redis_url: str) -> None:
                 job = await store.get(jid)
                 assert job.state == JobState.planning and job.node == f"n{i}"
         assert await store.queue_depth() == 0
-        for s in claimers + [store]:
+        for s in [*claimers, store]:
             await s.close()
 
     asyncio.run(run())

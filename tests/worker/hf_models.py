@@ -1,8 +1,8 @@
 """Hugging Face reference models for a ModelDims (`LlamaForCausalLM`, `Qwen3ForCausalLM`,
-`OlmoeForCausalLM`, `Qwen3MoeForCausalLM`, `Qwen2MoeForCausalLM` by dims.model_type), and their parameters and
-gradients under the names checkpoints on the Hub use (transformers 5 fuses each MoE layer's
-experts into `experts.gate_up_proj` (E, 2I, D) and `experts.down_proj` (E, D, I) in memory,
-and writes them per expert, as wstrain does)."""
+`OlmoeForCausalLM`, `Qwen3MoeForCausalLM`, `Qwen2MoeForCausalLM` by dims.model_type), and
+their parameters and gradients under the names checkpoints on the Hub use (transformers 5
+fuses each MoE layer's experts into `experts.gate_up_proj` (E, 2I, D) and
+`experts.down_proj` (E, D, I) in memory, and writes them per expert, as wstrain does)."""
 
 from __future__ import annotations
 

@@ -9,10 +9,11 @@ claim one job.
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 
@@ -37,8 +38,8 @@ if not cur then return {0, ''} end
 if not string.find(',' .. allowed .. ',', ',' .. cur .. ',', 1, true) then return {0, cur} end
 redis.call('HSET', job, 'state', dst, 'updated_at', now)
 for i = 9, #ARGV, 2 do redis.call('HSET', job, ARGV[i], ARGV[i + 1]) end
-redis.call('SREM', prefix .. ':state:' .. cur, id)
-redis.call('SADD', prefix .. ':state:' .. dst, id)
+redis.call('ZREM', prefix .. ':by-state:' .. cur, id)
+redis.call('ZADD', prefix .. ':by-state:' .. dst, redis.call('HGET', job, 'created_at'), id)
 if dst == 'queued' then
   redis.call('ZADD', queue, redis.call('HGET', job, 'queue_score'), id)
 else
@@ -59,8 +60,8 @@ for _, id in ipairs(redis.call('ZRANGE', queue, 0, 99)) do
   if f[1] == 'queued' and tonumber(f[2]) <= free_dev and tonumber(f[3]) <= free_host then
     redis.call('ZREM', queue, id)
     redis.call('HSET', job, 'state', 'planning', 'node', node, 'updated_at', now)
-    redis.call('SREM', prefix .. ':state:queued', id)
-    redis.call('SADD', prefix .. ':state:planning', id)
+    redis.call('ZREM', prefix .. ':by-state:queued', id)
+    redis.call('ZADD', prefix .. ':by-state:planning', redis.call('HGET', job, 'created_at'), id)
     redis.call('XADD', prefix .. ':events:' .. id, '*', 'ts', now, 'kind', 'state',
                'message', 'planning on node ' .. node, 'data', '{"state":"planning"}')
     return id
@@ -122,7 +123,8 @@ class JobStore:
             pipe.hset(self.keys.job(job_id), mapping={k: _encode(v) for k, v in fields.items()})
             pipe.zadd(self.keys.jobs, {job_id: now})
             pipe.zadd(self.keys.queue, {job_id: queue_score})
-            pipe.sadd(f"{self.keys.prefix}:state:queued", job_id)
+            pipe.zadd(self.keys.by_state(JobState.queued.value), {job_id: now})
+            pipe.zadd(self.keys.by_owner(owner), {job_id: now})
             pipe.xadd(
                 self.keys.events(job_id),
                 {
@@ -136,7 +138,7 @@ class JobStore:
         return await self.get(job_id)
 
     async def get(self, job_id: str) -> Job:
-        raw = await self.redis.hgetall(self.keys.job(job_id))
+        raw = cast(dict[str, str], await self.redis.hgetall(self.keys.job(job_id)))
         if not raw:
             raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /v1/jobs")
         return _job_from_hash(raw)
@@ -147,25 +149,41 @@ class JobStore:
         owner: str | None = None,
         offset: int = 0,
         limit: int = 50,
-    ) -> tuple[list[Job], int]:
-        ids = await self.redis.zrevrange(self.keys.jobs, 0, -1)
-        if state is not None:
-            members = await self.redis.smembers(f"{self.keys.prefix}:state:{state.value}")
-            ids = [i for i in ids if i in members]
-        jobs = []
+    ) -> tuple[builtins.list[Job], int]:
+        """A page of jobs, newest first, and how many match. One filter reads its index's
+        page alone (O(log n + page)); both intersect the two indexes inside Redis first."""
+        if state is not None and owner is not None:
+            index = f"{self.keys.prefix}:tmp:{uuid.uuid4().hex}"
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.zinterstore(
+                    index,
+                    {self.keys.by_state(state.value): 0, self.keys.by_owner(owner): 1},
+                    aggregate="SUM",
+                )
+                pipe.expire(index, 10)  # a crashed request leaves nothing for long
+                await pipe.execute()
+        elif state is not None:
+            index = self.keys.by_state(state.value)
+        elif owner is not None:
+            index = self.keys.by_owner(owner)
+        else:
+            index = self.keys.jobs
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrevrange(index, offset, offset + limit - 1)
+            pipe.zcard(index)
+            ids, total = await pipe.execute()
+        if state is not None and owner is not None:
+            await self.redis.delete(index)
         async with self.redis.pipeline(transaction=False) as pipe:
             for i in ids:
                 pipe.hgetall(self.keys.job(i))
             raws = await pipe.execute()
-        jobs = [_job_from_hash(r) for r in raws if r]
-        if owner is not None:
-            jobs = [j for j in jobs if j.owner == owner]
-        return jobs[offset : offset + limit], len(jobs)
+        return [_job_from_hash(r) for r in raws if r], int(total)
 
     async def counts_by_state(self) -> dict[JobState, int]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for s in JobState:
-                pipe.scard(f"{self.keys.prefix}:state:{s.value}")
+                pipe.zcard(self.keys.by_state(s.value))
             counts = await pipe.execute()
         return dict(zip(JobState, counts))
 
@@ -210,10 +228,12 @@ class JobStore:
         return JobState(cur)
 
     async def claim(self, node: str, free_device_bytes: int, free_host_bytes: int) -> str | None:
-        return await self._claim(
+        """The id of the job this node claimed (now `planning`), or None."""
+        claimed = await self._claim(
             keys=[self.keys.queue],
             args=[self.keys.prefix, node, free_device_bytes, free_host_bytes, time.time()],
         )
+        return cast(str | None, claimed)
 
     async def update(self, job_id: str, **fields: Any) -> None:
         """Progress fields of a live job (step, loss, ...); never touches `state`."""
@@ -235,9 +255,14 @@ class JobStore:
             approximate=True,
         )
 
-    async def events(self, job_id: str, after: str | None = None, limit: int = 100) -> list[Event]:
+    async def events(
+        self, job_id: str, after: str | None = None, limit: int = 100
+    ) -> builtins.list[Event]:
         start = f"({after}" if after else "-"
-        rows = await self.redis.xrange(self.keys.events(job_id), min=start, max="+", count=limit)
+        rows = cast(
+            builtins.list[tuple[str, dict[str, str]]],
+            await self.redis.xrange(self.keys.events(job_id), min=start, max="+", count=limit),
+        )
         return [
             Event(
                 id=eid,
@@ -261,8 +286,8 @@ class JobStore:
         await self.redis.delete(self.keys.node(name))
         await self.redis.srem(self.keys.nodes, name)
 
-    async def nodes(self) -> list[Node]:
-        names = sorted(await self.redis.smembers(self.keys.nodes))
+    async def nodes(self) -> builtins.list[Node]:
+        names = sorted(cast(set[str], await self.redis.smembers(self.keys.nodes)))
         if not names:
             return []
         raws = await self.redis.mget([self.keys.node(n) for n in names])

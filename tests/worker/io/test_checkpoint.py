@@ -72,7 +72,7 @@ def test_large_checkpoints_are_sharded_with_an_index(tmp_path: Path, monkeypatch
     index = (path / checkpoint.INDEX).read_text()
     assert len(list(path.glob("model-*-of-*.safetensors"))) > 1 and "weight_map" in index
     ref = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
-    state, tensors, _ = checkpoint.load(path)
+    _, tensors, _ = checkpoint.load(path)
     assert set(tensors) == set(model.state_dict())
     tokens = torch.randint(0, dims.vocab_size, (2, 12))
     with torch.no_grad():

@@ -39,7 +39,7 @@ def test_heldout_split_is_kept_out_of_training(tmp_path: Path) -> None:
     data = TokenData(kind="tokens", path=str(tmp_path / "t.bin"), dtype="uint32")
     stream = TokenStream.open(data, 20_000, 32, seed=0, heldout_fraction=0.1)
     for step in range(50):
-        x, y = stream.batch(step, 0, 4)
+        _, y = stream.batch(step, 0, 4)
         assert int(y.max()) < 18_000  # training never reads the held-out tail
     ex, ey = stream.eval_batch(6)
     assert int(ex.min()) >= 18_000 and torch.equal(ex[:, 1:], ey[:, :-1])

@@ -98,7 +98,7 @@ def test_missing_and_unexpected_weights_are_named(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="'c'"):
         stream_into(views, tmp_path)
-    with pytest.raises(ValueError, match="no \\*.safetensors"):
+    with pytest.raises(ValueError, match=r"no \*.safetensors"):
         stream_into(views, tmp_path / "nowhere")
 
 

@@ -1,6 +1,7 @@
 """Our decoder against Hugging Face `transformers` (`LlamaForCausalLM`, `Qwen3ForCausalLM`,
-`OlmoeForCausalLM`, `Qwen3MoeForCausalLM`, `Qwen2MoeForCausalLM`) on small random configs: same weights, same batch
--> same logits, loss (with the MoE load-balancing loss) and every gradient (fp32)."""
+`OlmoeForCausalLM`, `Qwen3MoeForCausalLM`, `Qwen2MoeForCausalLM`) on small random configs:
+same weights, same batch -> same logits, loss (with the MoE load-balancing loss) and every
+gradient (fp32)."""
 
 from __future__ import annotations
 

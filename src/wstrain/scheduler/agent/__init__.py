@@ -1,1 +1,2 @@
-"""The per-host agent: claims jobs that fit, plans them, supervises one worker process per job, exports their metrics."""
+"""The per-host agent: claims jobs that fit, plans them, supervises one worker process per
+job, exports their metrics."""

@@ -2,12 +2,13 @@
 queued jobs whose budgets fit a free device, plans them, launches one worker per job and
 supervises it; fails the jobs of nodes that stopped heartbeating.
 
-    python -m wstrain.scheduler.agent.agent        # settings from WSTRAIN_* env vars (AgentSettings)
+    wstrain-agent        # settings from WSTRAIN_* env vars (AgentSettings)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -25,7 +26,7 @@ from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
 from wstrain.scheduler.agent.supervisor import WorkerHandle, forward_cancel, pump, spawn
 from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.errors import Conflict, WstrainError
-from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
+from wstrain.scheduler.contracts.hardware import Device, LayerTimes, NodeProfile
 from wstrain.scheduler.contracts.jobs import GPUInfo, Job, JobSpec, JobState, Node, job_dir
 from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.scheduler.planning.planner import make_plan
@@ -74,7 +75,7 @@ class Agent:
         self.name = settings.node_name
         self.workers: dict[str, WorkerHandle] = {}
         self.stopping = asyncio.Event()
-        self.device = "cpu"
+        self.device: Device = "cpu"
         self.gpus: list[GPUInfo] = []
         self.profile: dict[str, float] = {}
         self.profile_key = ""
@@ -250,7 +251,7 @@ class Agent:
         self.workers[job_id] = handle
         await self.store.update(job_id, worker_pid=proc.pid)
         log.info("job %s: worker pid %d started (attempt %d)", job_id, proc.pid, job.attempt)
-        asyncio.create_task(self._supervise(handle))
+        handle.task = asyncio.create_task(self._supervise(handle))  # held: tasks are weak refs
 
     async def _supervise(self, handle: WorkerHandle) -> None:
         try:
@@ -321,10 +322,8 @@ class Agent:
             if time.monotonic() - last_reap > self.settings.node_ttl_s:
                 await self._reap_orphans()
                 last_reap = time.monotonic()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_s / 4)
-            except TimeoutError:
-                pass
         await self._shutdown()
 
     async def _shutdown(self) -> None:

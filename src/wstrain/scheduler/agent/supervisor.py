@@ -36,6 +36,7 @@ class WorkerHandle:
     error: str | None = None
     last_step: int = 0
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None  # the agent's supervision of this worker
 
 
 async def spawn(

@@ -20,7 +20,7 @@ GIB: Final = 1 << 30
 ELEMENT_BYTES: Final = {"bf16": 2, "mixed": 2, "fp32": 4}
 
 # Saved-activation levels of a (layer, chunk): 0 the input only, 1 + the attention kernel's
-# set, 2 + the MLP's lean set, 3 both (worker/runtime/working_set/schedule.py).
+# set, 2 + the MLP's lean set, 3 both (working_set/schedule.py).
 LEVELS: Final = 4
 
 # ----------------------------------------------------------------- device memory

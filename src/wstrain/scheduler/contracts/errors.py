@@ -1,9 +1,11 @@
 """wstrain's one small exception hierarchy. The API translates it to HTTP in one place
-(service/app.py); the CLI prints the message. Every message says what failed, the
+(service/api/errors.py); the CLI prints the message. Every message says what failed, the
 offending value, and what to change.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 
 class WstrainError(Exception):
@@ -27,6 +29,11 @@ class InfeasibleBudget(WstrainError):
     """The budgets are too small for the model; `detail['min_budget']` says what works."""
 
     status = 422
+
+    @property
+    def min_budget(self) -> dict[str, float]:
+        """{"device_gib": ..., "host_gib": ...}: the smallest budgets that would work."""
+        return cast(dict[str, float], self.detail["min_budget"])
 
 
 class NotFound(WstrainError):

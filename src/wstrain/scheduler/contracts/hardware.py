@@ -8,10 +8,14 @@ cost model uses. Torch-free, so the API can dry-run plans.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from wstrain.scheduler.contracts.calibration import GIB
+
+Device = Literal["cpu", "cuda"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class LayerTimes:
 
 @dataclass(frozen=True)
 class NodeProfile:
-    device: str  # "cpu" | "cuda"
+    device: Device
     matmul_flops: float  # practical dense-matmul FLOP/s at a decoder layer's GEMM shape
     optimizer_params_per_s: float  # CPU AdamW parameter updates per second
     device_total_bytes: int
@@ -52,7 +56,11 @@ class NodeProfile:
 
     @classmethod
     def from_profile(
-        cls, device: str, profile: dict[str, float], device_total_bytes: int, host_total_bytes: int
+        cls,
+        device: Device,
+        profile: dict[str, float],
+        device_total_bytes: int,
+        host_total_bytes: int,
     ) -> NodeProfile:
         # Defaults for records of agents that predate a key: a CPU node's "link" is memcpy.
         link = 5.0e10 if device == "cuda" else 1.0e10
@@ -85,7 +93,7 @@ class NodeProfile:
             return self.matmul_flops
         if seq_len <= pts[0][0]:
             return pts[0][1]
-        for (s0, f0), (s1, f1) in zip(pts, pts[1:]):
+        for (s0, f0), (s1, f1) in itertools.pairwise(pts):
             if seq_len <= s1:
                 w = math.log(seq_len / s0) / math.log(s1 / s0)
                 return f0 + w * (f1 - f0)

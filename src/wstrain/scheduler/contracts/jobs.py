@@ -17,7 +17,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from wstrain.scheduler.contracts.calibration import GIB
 
 
-class JobState(str, enum.Enum):
+class JobState(str, enum.Enum):  # noqa: UP042 - StrEnum changes str(); stored as .value
     queued = "queued"
     planning = "planning"
     running = "running"
@@ -535,6 +535,12 @@ class Keys:
     @property
     def queue(self) -> str:  # sorted set: id by (-priority, created_at)
         return f"{self.prefix}:queue"
+
+    def by_state(self, state: str) -> str:  # sorted set: ids in that state by created_at
+        return f"{self.prefix}:by-state:{state}"
+
+    def by_owner(self, owner: str) -> str:  # sorted set: the owner's ids by created_at
+        return f"{self.prefix}:by-owner:{owner}"
 
     @property
     def nodes(self) -> str:  # set of node names

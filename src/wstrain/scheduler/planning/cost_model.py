@@ -15,6 +15,7 @@ exposed only where they outlast the compute they overlap.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -38,6 +39,8 @@ from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.planning.levels import LayerCost, write_buffer_stall_s
 
+OptimizerPlacement = Literal["host", "device", "split"]
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -46,14 +49,12 @@ class Layout:
     micro_batch: int  # sequences per round, one chunk each
     r_param: int = 3
     r_grad: int = 2
-    # where last step's deferred AdamW runs (worker/runtime/working_set/schedule.py device_opt_layers):
+    # where last step's deferred AdamW runs (working_set/schedule.py device_opt_layers):
     # "host", "device" (two moment slots each for m and v on the device) or "split" (the
     # first device_layers layers and the embedding on the device, the rest on the host)
-    optimizer: str = "host"
+    optimizer: OptimizerPlacement = "host"
     loss_tokens: int = 2048  # LM-head token block
-    lead_rounds: int = (
-        1  # rounds the step's first pass carries (worker/runtime/working_set/schedule.py)
-    )
+    lead_rounds: int = 1  # rounds the step's first pass carries (working_set/schedule.py)
     device_layers: int = 0  # split: 0 until the planner picks it (split_layers)
 
     @property
@@ -90,7 +91,7 @@ def activation_bytes_per_token(dims: ModelDims, precision: str) -> int:
 
 
 def saved_bytes(dims: ModelDims, spec: JobSpec, level: int) -> int:
-    """What one (layer, sequence) saves at `level` (worker/runtime/working_set/schedule.py): its input, at
+    """What one (layer, sequence) saves at `level` (working_set/schedule.py): its input, at
     levels 1 and 3 the attention kernel's set (q, k, v, output, fp32 log-sum-exp), at 2 and 3
     the MLP's lean set (gate and up; MoE: per routed copy, plus the routing)."""
     e = ELEMENT_BYTES[spec.precision]
@@ -119,7 +120,7 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     rings = (lay.r_param + lay.r_grad + 4 * lay.device_optimizer) * dims.layer_params * e
     transition = lay.lead_rounds * lay.micro_batch * S * D * e
     # LM-head block: logits, their fp32 copy and grad (the head's weight gradient
-    # accumulates in place: worker/runtime/working_set/schedule.py _head_loss)
+    # accumulates in place: working_set/schedule.py _head_loss)
     loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8)
     workspace = int(LAYER_WORKSPACE_FACTOR * activation_bytes_per_token(dims, spec.precision) * S)
     # copies in flight home: bounded by the write buffer and by all the home layers can send
@@ -153,7 +154,7 @@ def lead_pass_saved(lay: Layout, home_saved: int, window_inputs: int) -> int:
 
 
 def host_state_bytes(dims: ModelDims, precision: str) -> int:
-    """The host tiles (worker/runtime/working_set/state.py): weights, gradients and two moments, each of the
+    """The host tiles (working_set/state.py): weights, gradients and two moments, each of the
     streamed element size; in mixed precision bf16 weights and gradients, an fp32 master and
     fp32 moments, and the fp32 gradient scratch of the largest group."""
     if precision == "mixed":  # the largest group: a layer, or the head with the final norm
@@ -312,7 +313,7 @@ def first_forward_sent(
 def optimizer_s(
     dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int], node: NodeProfile, device: str
 ) -> float:
-    """What last step's deferred AdamW adds to this step (worker/runtime/working_set/schedule.py). The device
+    """What last step's deferred AdamW adds to this step (working_set/schedule.py). The device
     part: layer k's gradient and moments come in and its weights and moments go home while
     its first forward computes, beside the saved sets `sent[k]` it sends home; the embedding
     (and head, if all is on the device) update right after backward with their moments

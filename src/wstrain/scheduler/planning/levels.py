@@ -1,7 +1,7 @@
 """Saved-activation levels per (layer, chunk) for a working-set plan: AdaWS §3.2.4's dynamic
 program, maximising avoided recomputation subject to "the write buffer is free in time".
 
-Levels (worker/runtime/working_set/schedule.py): 0 saves a layer's input only (backward recomputes the layer
+Levels (working_set/schedule.py): 0 saves a layer's input only (backward recomputes the layer
 but the MLP's down projection), 1 adds the attention kernel's saved set (recompute the output
 projection and the MLP's gate/up), 2 the MLP's lean set gate/up (recompute attention), 3
 both. Outside the device window every (layer, chunk)'s saved set
@@ -46,7 +46,7 @@ class LayerCost:
     value_s: tuple[float, ...]  # per level: recomputation avoided in backward vs level 0
     cap_s: float  # the backlog allowed after any of its chunks (the write buffer)
     # Its backward: saved sets come back on the inbound stream, overlapped with compute, by a
-    # rolling prefetch that keeps up to the cap in flight (worker/runtime/working_set/saved_acts.py
+    # rolling prefetch that keeps up to the cap in flight (working_set/saved_acts.py
     # BackwardPrefetch); a set larger than the cap is fetched when needed, on the compute
     # stream.
     back_s: tuple[float, ...] = (0.0,) * LEVELS  # per level, at the inbound rate

@@ -38,11 +38,11 @@ def make_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
                 f"{other.predicted.step_seconds:.3g} s {other.runtime}; both fit the budgets"
             )
         elif best.runtime == "working_set":
-            need = errors[0].detail["min_budget"]  # type: ignore[index]
+            need = errors[0].min_budget
             best.reasons["runtime"] = (
                 f"working_set: the resident model needs device_gib >= {need['device_gib']} "
                 f"and host_gib >= {need['host_gib']}"
             )
         return best
     # Name whichever runtime's minimum asks for less device memory.
-    raise min(errors, key=lambda e: e.detail["min_budget"]["device_gib"])  # type: ignore[index]
+    raise min(errors, key=lambda e: e.min_budget["device_gib"])

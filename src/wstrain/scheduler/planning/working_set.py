@@ -27,7 +27,7 @@ import numpy as np
 
 from wstrain.scheduler.contracts.calibration import ELEMENT_BYTES, GIB, LEVELS
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
-from wstrain.scheduler.contracts.hardware import NodeProfile
+from wstrain.scheduler.contracts.hardware import Device, NodeProfile
 from wstrain.scheduler.contracts.jobs import JobSpec, MinBudget, Plan, Predicted, WorkingSetPlan
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.planning import cost_model as cm
@@ -84,7 +84,7 @@ def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int]) -> list[cm.Layout]:
         [(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad) else [(3, 2), (2, 2), (2, 1)]
     )
     # split: the first layers on the device, the rest on the host (_finish picks how many)
-    optimizers = (
+    optimizers: list[cm.OptimizerPlacement] = (
         [o.optimizer]
         if o.optimizer
         else ["host"]
@@ -174,12 +174,13 @@ def _evaluate(
         spare = cm.spare_window_bytes(dims, spec, lay, w)
         if spare < 0:
             continue
-        if forced_value is None:
+        if forced is None:
             home_value = sol.best_s(L - w)
             win = _fill_window(w, lc, saved, spare)
         else:
             if w * X * (saved[forced] - saved[0]) > spare:
                 continue
+            assert forced_value is not None  # set whenever `forced` is
             home_value, win = (L - w) * forced_value, _Window(w, X, forced, w * X)
         if home_value == float("-inf"):
             continue
@@ -338,7 +339,7 @@ def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> 
 
 
 def _plan(
-    spec: JobSpec, dims: ModelDims, node: NodeProfile, c: _Candidate, device: str, bound: float
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, c: _Candidate, device: Device, bound: float
 ) -> Plan:
     L, lay = dims.num_layers, c.lay
     return Plan(

@@ -1,7 +1,7 @@
-"""worker/runtime/working_set/rings.py Streams: a host wait is a stall only as far as the compute stream runs
+"""working_set/rings.py Streams: a host wait is a stall only as far as the compute stream runs
 dry during it (CUDA), and the host's wall time on CPU, where nothing runs behind the host.
 
-    pytest tests/worker/runtime/working_set/test_rings.py
+    pytest tests/working_set/test_rings.py
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""worker/runtime/working_set/saved_acts.py's backward prefetch on CPU (streams are no-ops, the bookkeeping is
+"""working_set/saved_acts.py's backward prefetch on CPU (streams are no-ops, the bookkeeping is
 the one CUDA runs): sets start in queue order up to the byte cap, a set taken frees its
 bytes for the next, a set taken before its turn is never copied again, and what backward
 takes is the host copy's contents.
 
-    pytest tests/worker/runtime/working_set/test_saved_acts.py
+    pytest tests/working_set/test_saved_acts.py
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -93,7 +95,7 @@ def test_hooks_send_cuda_activations_home() -> None:
 # Llama-3-8B (layer, 8K sequence) at 1/1024 scale: input, k, q, v, log-sum-exp, output
 # (level 1), then gate and up (level 3).
 LEVEL1_KIB = (64, 16, 64, 16, 1, 64)
-LEVEL3_KIB = LEVEL1_KIB + (224, 224)
+LEVEL3_KIB = (*LEVEL1_KIB, 224, 224)
 
 
 def test_store_packs_a_rounds_sets_and_reuses_them() -> None:
@@ -116,4 +118,4 @@ def test_store_packs_a_rounds_sets_and_reuses_them() -> None:
         wanted = sum(map(sum, sets)) * kib
         assert wanted <= store.arena.total_bytes <= wanted + 64 * kib
     taken.sort()  # no two tensors of a round overlap
-    assert all(a + n <= b for (a, n), (b, _) in zip(taken, taken[1:]))
+    assert all(a + n <= b for (a, n), (b, _) in itertools.pairwise(taken))

@@ -129,7 +129,7 @@ def test_every_level_and_window_matches_transformers(level: int, window: int) ->
 def test_home_sets_take_what_the_planner_counts(level: int) -> None:
     """What a round sends home is, byte for byte, what the planner counts for the host
     budget (scheduler/planning/cost_model.py saved_bytes), so the arena holds no more than it
-    planned (worker/runtime/working_set/saved_acts.py packs the sets within a chunk of that)."""
+    planned (working_set/saved_acts.py packs the sets within a chunk of that)."""
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
     levels = tuple((level,) * 2 for _ in range(DIMS.num_layers))
     rt = make_runtime(

@@ -1,9 +1,9 @@
-"""worker/runtime/working_set/state.py HostState: the host arena holds exactly what the planner counts for the
+"""working_set/state.py HostState: the host arena holds exactly what the planner counts for the
 training state (scheduler/planning/cost_model.py host_state_bytes), in every precision, and never
 more than its limit (the host budget); mixed precision keeps bf16 tiles for the link beside
 an fp32 master and fp32 moments.
 
-    pytest tests/worker/runtime/working_set/test_state.py
+    pytest tests/working_set/test_state.py
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from wstrain.worker.runtime.working_set.state import HostState
 def test_arena_holds_what_the_planner_counts(preset: str, precision: str) -> None:
     dims = PRESETS[preset]
     host = HostState.create(dims, precision, pin=False)
-    # the rest is each tensor's alignment inside its tile (worker/runtime/working_set/arena.py ALIGN_ELEMS),
+    # the rest is each tensor's alignment inside its tile (working_set/arena.py ALIGN_ELEMS),
     # up to 2% of these toy models (the fp32 gradient scratch alone is 7-11%)
     extra = host.arena.total_bytes - host_state_bytes(dims, precision)
     assert 0 <= extra < 0.02 * host.arena.total_bytes
