@@ -113,3 +113,59 @@ def test_claim_respects_budgets_and_priority(redis_url: str) -> None:
         await store.close()
 
     asyncio.run(run())
+
+
+def test_listing_pages_come_from_the_owner_and_state_indexes(redis_url: str) -> None:
+    """Newest first, each filter alone and both together, totals exact; the indexes follow
+    every transition, including the claim's Lua script."""
+
+    async def run() -> None:
+        store = await _store(redis_url)
+        ids = {}
+        for i, owner in enumerate(["ann", "bob", "ann", "ann", "bob"]):
+            spec = _spec(f"j{i}")
+            plan = make_plan(spec, PRESETS["micro-llama"], DEFAULT_PROFILE)
+            ids[i] = (await store.create(spec, owner, plan)).id
+        await store.transition(ids[2], JobState.cancelled, "c")
+        claimed = await store.claim("n0", 1 << 40, 1 << 40)  # the oldest queued job
+        assert claimed == ids[0]
+        jobs, total = await store.list(owner="ann", limit=2)
+        assert total == 3 and [j.id for j in jobs] == [ids[3], ids[2]]
+        jobs, total = await store.list(owner="ann", offset=2, limit=2)
+        assert total == 3 and [j.id for j in jobs] == [ids[0]]
+        jobs, total = await store.list(state=JobState.queued)
+        assert total == 3 and [j.id for j in jobs] == [ids[4], ids[3], ids[1]]
+        jobs, total = await store.list(state=JobState.queued, owner="ann")
+        assert total == 1 and [j.id for j in jobs] == [ids[3]]
+        jobs, total = await store.list(state=JobState.planning, owner="bob")
+        assert total == 0 and jobs == []
+        counts = await store.counts_by_state()
+        assert counts[JobState.queued] == 3 and counts[JobState.planning] == 1
+        assert counts[JobState.cancelled] == 1
+        # no temporary intersection is left behind
+        assert not [k async for k in store.redis.scan_iter(f"{store.keys.prefix}:tmp:*")]
+        await store.close()
+
+    asyncio.run(run())
+
+
+def test_indexes_are_rebuilt_for_a_store_that_predates_them(redis_url: str) -> None:
+    async def run() -> None:
+        store = await _store(redis_url)
+        first, second = await _new_job(store, "a"), await _new_job(store, "b")
+        await store.transition(second, JobState.cancelled, "c")
+        p = store.keys.prefix
+        await store.redis.delete(
+            f"{p}:index-version",
+            store.keys.by_owner("tester"),
+            *[store.keys.by_state(s.value) for s in JobState],
+        )
+        assert (await store.list(owner="tester"))[1] == 0
+        assert await store.ensure_indexes() == 2
+        jobs, total = await store.list(owner="tester")
+        assert total == 2 and [j.id for j in jobs] == [second, first]
+        assert [j.id for j in (await store.list(state=JobState.cancelled))[0]] == [second]
+        assert await store.ensure_indexes() == 0  # built once
+        await store.close()
+
+    asyncio.run(run())

@@ -70,6 +70,9 @@ end
 return false
 """
 
+# Bump when the index layout changes; ensure_indexes rebuilds older stores once.
+INDEX_VERSION = "2"
+
 _OPTIONAL_FLOATS = ("loss", "eval_loss", "tokens_per_s", "mfu", "step_seconds", "eta_s")
 _OPTIONAL_STRS = ("error", "node", "last_checkpoint")
 
@@ -95,6 +98,31 @@ class JobStore:
 
     async def close(self) -> None:
         await self.redis.aclose()
+
+    async def ensure_indexes(self) -> int:
+        """Build the per-owner and per-state indexes of jobs stored before they existed (a
+        Redis that held only the per-state sets); idempotent, and a no-op once built.
+        Returns how many jobs it indexed."""
+        version_key = f"{self.keys.prefix}:index-version"
+        if await self.redis.get(version_key) == INDEX_VERSION:
+            return 0
+        ids = cast(builtins.list[str], await self.redis.zrange(self.keys.jobs, 0, -1))
+        for start in range(0, len(ids), 500):
+            batch = ids[start : start + 500]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for i in batch:
+                    pipe.hmget(self.keys.job(i), ["owner", "state", "created_at"])
+                rows = await pipe.execute()
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for i, (owner, state, created) in zip(batch, rows):
+                    if state is None:
+                        continue
+                    score = float(created or 0.0)
+                    pipe.zadd(self.keys.by_owner(owner or "anonymous"), {i: score})
+                    pipe.zadd(self.keys.by_state(state), {i: score})
+                await pipe.execute()
+        await self.redis.set(version_key, INDEX_VERSION)
+        return len(ids)
 
     # ------------------------------------------------------------ jobs
 

@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from redis.exceptions import RedisError
 from starlette.middleware.base import RequestResponseEndpoint
 
 from wstrain.scheduler.store import JobStore
@@ -43,6 +44,10 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.store = JobStore.from_url(settings.redis_url, settings.key_prefix)
+        try:
+            await app.state.store.ensure_indexes()
+        except RedisError as exc:  # Redis away: routes answer 503 until it is back
+            log.warning("job indexes not checked, Redis unavailable: %s", exc)
         app.state.planner = Planner(settings.plan_timeout_s, settings.data_roots)
         try:
             yield
