@@ -16,6 +16,41 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from wstrain.scheduler.contracts.calibration import GIB
 
+# Bounds on what a real job can use, so no number a client sends can make planning or
+# validation walk for hours: 65,536 sequences a step is 32x the largest published
+# pretraining batches at 8K tokens; 10^8 steps outlasts any run; 64 TiB outsizes any node.
+MAX_GLOBAL_BATCH = 1 << 16
+MAX_STEPS = 100_000_000
+MAX_BUDGET_GIB = 65536.0
+MAX_PATH_CHARS = 4096  # Linux PATH_MAX
+# Strings anywhere in a spec longer than this are refused (a name is 128, a path 4096; a
+# free-form string in an hf_config, such as a rope type, is short).
+MAX_STRING_CHARS = 4096
+
+Path_ = Annotated[str, Field(min_length=1, max_length=MAX_PATH_CHARS)]
+
+
+def check_text(value: object, where: str = "spec") -> None:
+    """Refuse a NUL byte or a lone surrogate in any string of a JSON value (keys included):
+    neither can be a path, a name or a tokenizer, and a surrogate cannot even be stored as
+    UTF-8. Raises ValueError naming the field."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{where}: contains a NUL byte; remove it")
+        if len(value) > MAX_STRING_CHARS:
+            raise ValueError(f"{where}: {len(value)} characters, over {MAX_STRING_CHARS}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{where}: contains a lone surrogate, not valid UTF-8") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_text(k, f"{where} key")
+            check_text(v, f"{where}.{str(k)[:64]!s}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            check_text(v, f"{where}[{i}]")
+
 
 class JobState(str, enum.Enum):  # noqa: UP042 - StrEnum changes str(); stored as .value
     queued = "queued"
@@ -77,37 +112,39 @@ class HFModelConfig(_Strict):
 
     model_type: Literal["llama", "qwen3", "olmoe", "qwen3_moe", "qwen2_moe"] = "llama"
 
-    vocab_size: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int | None = Field(default=None, gt=0)
-    head_dim: int | None = Field(default=None, gt=0)
-    rms_norm_eps: float = Field(default=1e-5, gt=0)
-    rope_theta: float = Field(default=10000.0, gt=0)
+    vocab_size: int = Field(gt=0, le=1 << 22)
+    hidden_size: int = Field(gt=0, le=1 << 16)
+    intermediate_size: int = Field(gt=0, le=1 << 18)
+    num_hidden_layers: int = Field(gt=0, le=1024)
+    num_attention_heads: int = Field(gt=0, le=1024)
+    num_key_value_heads: int | None = Field(default=None, gt=0, le=1024)
+    head_dim: int | None = Field(default=None, gt=0, le=1024)
+    rms_norm_eps: float = Field(default=1e-5, gt=0, le=1)
+    rope_theta: float = Field(default=10000.0, gt=0, le=1e12)
     # RoPE as transformers >= 5 writes it ({"rope_type", "rope_theta", scaling fields}), or
     # the older `rope_scaling`; types "default" and "llama3" are understood.
     rope_parameters: dict[str, Any] | None = None
     rope_scaling: dict[str, Any] | None = None
-    max_position_embeddings: int = Field(default=8192, gt=0)
+    max_position_embeddings: int = Field(default=8192, gt=0, le=1 << 24)
     tie_word_embeddings: bool = False
     attention_bias: bool = False
-    pad_token_id: int | None = Field(default=None, ge=0)
+    pad_token_id: int | None = Field(default=None, ge=0, le=1 << 22)
     # mixture of experts (olmoe, qwen3_moe)
     num_experts: int = Field(
-        default=0, ge=0, validation_alias=AliasChoices("num_experts", "num_local_experts")
+        default=0, ge=0, le=4096, validation_alias=AliasChoices("num_experts", "num_local_experts")
     )  # transformers 5 writes the latter for qwen3_moe
-    num_experts_per_tok: int = Field(default=0, ge=0)
-    moe_intermediate_size: int | None = Field(default=None, gt=0)  # qwen3_moe's expert width
+    num_experts_per_tok: int = Field(default=0, ge=0, le=64)
+    moe_intermediate_size: int | None = Field(
+        default=None, gt=0, le=1 << 18
+    )  # qwen3_moe's expert width
     norm_topk_prob: bool = False
-    router_aux_loss_coef: float = Field(default=0.0, ge=0)
+    router_aux_loss_coef: float = Field(default=0.0, ge=0, le=1e3)
     # as in transformers: the load-balancing loss is trained only with output_router_logits
     output_router_logits: bool = False
-    decoder_sparse_step: int = 1
-    mlp_only_layers: list[int] = Field(default_factory=list)
+    decoder_sparse_step: int = Field(default=1, ge=1, le=1024)
+    mlp_only_layers: list[int] = Field(default_factory=list, max_length=1024)
     clip_qkv: float | None = None
-    shared_expert_intermediate_size: int = Field(default=0, ge=0)  # qwen2_moe
+    shared_expert_intermediate_size: int = Field(default=0, ge=0, le=1 << 18)  # qwen2_moe
     qkv_bias: bool | None = None  # qwen2_moe: q/k/v projections with bias (its default)
     use_sliding_window: bool = False
 
@@ -207,7 +244,7 @@ class HFConfigModel(_Strict):
 
 
 class PathModel(_Strict):
-    path: str
+    path: Path_
 
 
 ModelRef = PresetModel | HFConfigModel | PathModel
@@ -219,7 +256,7 @@ class SyntheticData(_Strict):
 
 class TokenData(_Strict):
     kind: Literal["tokens"]
-    path: str
+    path: Path_
     dtype: Literal["uint16", "uint32"] = "uint32"
 
 
@@ -229,12 +266,12 @@ class TextData(_Strict):
     for the byte tokenizer), so sequences cross document boundaries only at that token."""
 
     kind: Literal["text"]
-    path: str
-    tokenizer: str = Field(
+    path: Path_
+    tokenizer: Path_ = Field(
         default="byte",
         description='"byte" (UTF-8 bytes, vocab 256) or a path to a tokenizers tokenizer.json',
     )
-    text_field: str = "text"
+    text_field: str = Field(default="text", min_length=1, max_length=256)
 
 
 # Special tokens taken as a tokenizer's end of text, in this order of preference.
@@ -250,19 +287,21 @@ class EvalSpec(_Strict):
     heldout_fraction: float = Field(
         default=0.05, gt=0, le=0.5, description="tail of the data kept out of training"
     )
-    every_steps: int = Field(default=50, ge=1)
-    sequences: int = Field(default=8, ge=1, description="held-out sequences per evaluation")
+    every_steps: int = Field(default=50, ge=1, le=MAX_STEPS)
+    sequences: int = Field(
+        default=8, ge=1, le=4096, description="held-out sequences per evaluation"
+    )
 
 
 class OptimizerSpec(_Strict):
-    lr: float = Field(default=3e-4, gt=0)
+    lr: float = Field(default=3e-4, gt=0, le=10)
     betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(default=1e-8, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    warmup_steps: int = Field(default=0, ge=0)
+    eps: float = Field(default=1e-8, gt=0, le=1)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     schedule: Literal["constant", "cosine"] = "cosine"
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
-    grad_clip: float | None = Field(default=1.0, gt=0)
+    grad_clip: float | None = Field(default=1.0, gt=0, le=1e6)
 
     @field_validator("betas")
     @classmethod
@@ -273,8 +312,10 @@ class OptimizerSpec(_Strict):
 
 
 class Budget(_Strict):
-    device_gib: float = Field(gt=0, description="hard device-memory budget in GiB")
-    host_gib: float = Field(gt=0, description="hard host-memory budget in GiB")
+    device_gib: float = Field(
+        gt=0, le=MAX_BUDGET_GIB, description="hard device-memory budget in GiB"
+    )
+    host_gib: float = Field(gt=0, le=MAX_BUDGET_GIB, description="hard host-memory budget in GiB")
 
     @property
     def device_bytes(self) -> int:
@@ -292,15 +333,16 @@ class PlanOverrides(_Strict):
     """Manual plan choices; each one wins over the planner's and is validated."""
 
     runtime: Runtime | None = None
-    micro_batch: int | None = Field(default=None, gt=0)
+    micro_batch: int | None = Field(default=None, gt=0, le=MAX_GLOBAL_BATCH)
     device: Literal["cpu", "cuda"] | None = None
     window: int | None = Field(
         default=None,
         ge=0,
+        le=1024,
         description="working set: layers whose saved activations stay on the device",
     )
-    r_param: int | None = Field(default=None, ge=2, description="working set: weight slots")
-    r_grad: int | None = Field(default=None, ge=1, description="working set: gradient slots")
+    r_param: int | None = Field(default=None, ge=2, le=64, description="working set: weight slots")
+    r_grad: int | None = Field(default=None, ge=1, le=64, description="working set: gradient slots")
     level: int | None = Field(
         default=None,
         ge=0,
@@ -316,24 +358,33 @@ class PlanOverrides(_Strict):
     lead_rounds: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_GLOBAL_BATCH,
         description="working set: rounds whose sequences the step's "
         "first pass carries (more compute per weight load while last step's update lands)",
     )
 
 
 class JobSpec(_Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_text(cls, data: Any) -> Any:
+        check_text(data)
+        return data
+
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     model: ModelRef
     data: DataRef
     seq_len: int = Field(gt=0, le=1 << 20)
-    global_batch: int = Field(gt=0, description="sequences per optimizer step")
-    steps: int = Field(gt=0)
+    global_batch: int = Field(gt=0, le=MAX_GLOBAL_BATCH, description="sequences per optimizer step")
+    steps: int = Field(gt=0, le=MAX_STEPS)
     optimizer: OptimizerSpec = OptimizerSpec()
     precision: Literal["bf16", "mixed", "fp32"] = "bf16"
     budget: Budget
-    checkpoint_every: int = Field(default=0, ge=0, description="0: only at the end and at cancel")
+    checkpoint_every: int = Field(
+        default=0, ge=0, le=MAX_STEPS, description="0: only at the end and at cancel"
+    )
     eval: EvalSpec | None = None
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=(1 << 63) - 1)
     priority: int = Field(default=0, ge=-100, le=100)
     overrides: PlanOverrides = PlanOverrides()
 

@@ -7,6 +7,8 @@ smallest budgets it needs. Torch-free, so the API can dry-run plans.
 
 from __future__ import annotations
 
+import math
+
 from wstrain.scheduler.contracts.calibration import (
     ALLOCATOR_SLACK,
     DEVICE_ADAMW_BYTES_PER_PARAM,
@@ -44,7 +46,9 @@ def host_peak_bytes(dims: ModelDims, device: str) -> int:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n in ascending order, in O(sqrt n)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def min_budget(spec: JobSpec, dims: ModelDims, device: str) -> MinBudget:
