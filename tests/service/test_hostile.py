@@ -253,7 +253,7 @@ _json = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(-(1 << 70), 1 << 70)
-    | st.floats(allow_nan=False)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=40),
     lambda inner: (
         st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
