@@ -12,7 +12,15 @@ import enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from wstrain.scheduler.contracts.calibration import GIB
 
@@ -26,6 +34,9 @@ MAX_PATH_CHARS = 4096  # Linux PATH_MAX
 # Strings anywhere in a spec longer than this are refused (a name is 128, a path 4096; a
 # free-form string in an hf_config, such as a rope type, is short).
 MAX_STRING_CHARS = 4096
+
+# Validation context of a spec read back from the store: it passed every check on submission.
+STORED = "stored"
 
 Path_ = Annotated[str, Field(min_length=1, max_length=MAX_PATH_CHARS)]
 
@@ -367,8 +378,9 @@ class PlanOverrides(_Strict):
 class JobSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
-    def _plain_text(cls, data: Any) -> Any:
-        check_text(data)
+    def _plain_text(cls, data: Any, info: ValidationInfo) -> Any:
+        if not (info.context and info.context.get(STORED)):  # checked when it was submitted
+            check_text(data)
         return data
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -482,7 +494,7 @@ class Job(BaseModel):
 
 
 class JobList(BaseModel):
-    jobs: list[Job]
+    jobs: list[Job] = Field(description="newest first; each without its plan (GET .../plan)")
     total: int
     offset: int
     limit: int
