@@ -1,1 +1,2 @@
-"""The worker process (`wstrain-worker`): trains one attempt of one job with the runtime its plan names."""
+"""The worker process (`wstrain-worker`): trains one attempt of one job with the runtime its
+plan names."""

@@ -58,7 +58,7 @@ def save(
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     _save_sharded(tensors, tmp)
     (tmp / "config.json").write_text(json.dumps(hf_config, indent=1))
-    rng = {"torch": torch.get_rng_state()}
+    rng: dict[str, object] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     torch.save({**extra, "rng": rng}, tmp / "optimizer.pt")

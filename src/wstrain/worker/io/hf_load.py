@@ -15,11 +15,12 @@ then the raw little-endian data.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import struct
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import torch
 
@@ -29,7 +30,7 @@ DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F
 CONVERT_BYTES = 64 * 1024**2  # conversion buffer when the file's dtype is not the state's
 
 
-def read_header(f: BinaryIO) -> tuple[dict[str, dict[str, object]], int]:
+def read_header(f: BinaryIO | io.RawIOBase) -> tuple[dict[str, dict[str, Any]], int]:
     """(tensor entries by name, byte offset of the data section) of a safetensors file."""
     (length,) = struct.unpack("<Q", f.read(8))
     header = json.loads(f.read(length))
@@ -37,20 +38,21 @@ def read_header(f: BinaryIO) -> tuple[dict[str, dict[str, object]], int]:
     return header, 8 + length
 
 
-def _read_into(f: BinaryIO, dest: torch.Tensor, dtype: torch.dtype, nbytes: int) -> None:
+def _read_into(f: io.RawIOBase, dest: torch.Tensor, dtype: torch.dtype, nbytes: int) -> None:
     flat = dest.view(-1)  # views into tiles and parameters are contiguous
     if dtype == dest.dtype:
-        view = memoryview(flat.view(torch.uint8).numpy())
+        view = memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]  # ndarray is a buffer
         if f.readinto(view) != nbytes:
-            raise ValueError(f"{f.name}: truncated tensor data")
+            raise ValueError(f"{getattr(f, 'name', f)}: truncated tensor data")
         return
     itemsize = torch.empty((), dtype=dtype).element_size()
     step = max(1, CONVERT_BYTES // itemsize)
     buf = torch.empty(min(step, flat.numel()), dtype=dtype)
     for start in range(0, flat.numel(), step):
         part = buf[: min(step, flat.numel() - start)]
-        if f.readinto(memoryview(part.view(torch.uint8).numpy())) != part.nbytes:
-            raise ValueError(f"{f.name}: truncated tensor data")
+        chunk = memoryview(part.view(torch.uint8).numpy())  # type: ignore[arg-type]  # a buffer
+        if f.readinto(chunk) != part.nbytes:
+            raise ValueError(f"{getattr(f, 'name', f)}: truncated tensor data")
         flat[start : start + part.numel()].copy_(part)
 
 
@@ -77,7 +79,7 @@ def stream_into(views: dict[str, torch.Tensor], directory: Path) -> int:
                             "config.json does not have; is config.json the one "
                             "these weights were saved with?"
                         )
-                    shape = tuple(entry["shape"])  # type: ignore[arg-type]
+                    shape = tuple(entry["shape"])
                     if shape != tuple(views[name].shape):
                         raise ValueError(
                             f"{path.name}: {name!r} has shape {shape}, the "
@@ -88,7 +90,7 @@ def stream_into(views: dict[str, torch.Tensor], directory: Path) -> int:
                             f"{path.name}: {name!r} has dtype {entry['dtype']}; "
                             f"wstrain reads {sorted(DTYPES)}"
                         )
-                    begin, end = entry["data_offsets"]  # type: ignore[misc]
+                    begin, end = entry["data_offsets"]
                     f.seek(data_start + begin)
                     _read_into(f, views[name], DTYPES[entry["dtype"]], end - begin)
                     nbytes += end - begin

@@ -6,7 +6,8 @@ Eager PyTorch runs Hugging Face's RMSNorm as seven kernels over fp32 copies, RoP
 and 8K tokens they took ~2.9 s of a 17.2 s working-set step (H200, bench/RESULTS.md).
 Each op here reads its inputs once and writes its outputs once, computing in fp32 and
 rounding where Hugging Face rounds (the normalised activations are rounded to the input
-dtype before the weight scales them). worker/models/dense.py dispatches to these on CUDA tensors when Triton is importable and
+dtype before the weight scales them). worker/models/dense.py dispatches to these on CUDA
+tensors when Triton is importable and
 `ENABLED` is set; everywhere else (CPU, the CI) the eager code runs, so the tests against
 `transformers` exercise the same model code. tests/worker/kernels/test_fused.py checks each
 kernel against the eager op on the GPU.
@@ -181,13 +182,13 @@ def rms_norm_backward(
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, eps):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, x, w, eps):
         ctx.save_for_backward(x, w)
         ctx.eps = eps
         return rms_norm_forward(x, w, eps)
 
     @staticmethod
-    def backward(ctx, dy):  # type: ignore[no-untyped-def, override]
+    def backward(ctx, dy):
         x, w = ctx.saved_tensors
         dx, dw = rms_norm_backward(dy, x, w, ctx.eps)
         return dx, dw, None
@@ -227,12 +228,12 @@ def rope_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class _RoPE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, cos, sin):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, x, cos, sin):
         ctx.save_for_backward(cos, sin)
         return rope_fused(x, cos, sin)
 
     @staticmethod
-    def backward(ctx, dy):  # type: ignore[no-untyped-def, override]
+    def backward(ctx, dy):
         cos, sin = ctx.saved_tensors
         return rope_fused(dy, cos, -sin), None, None
 
@@ -274,12 +275,12 @@ def swiglu_backward(
 
 class _SiluMul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, g, u):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, g, u):
         ctx.save_for_backward(g, u)
         return silu_mul(g, u)
 
     @staticmethod
-    def backward(ctx, dp):  # type: ignore[no-untyped-def, override]
+    def backward(ctx, dp):
         g, u = ctx.saved_tensors
         dg, du, _ = swiglu_backward(dp, g, u)
         return dg, du

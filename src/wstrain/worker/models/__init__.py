@@ -1,1 +1,2 @@
-"""Llama, Qwen3 and mixture-of-experts decoder layers as plain functions of their weights; they know nothing of streaming."""
+"""Llama, Qwen3 and mixture-of-experts decoder layers as plain functions of their weights;
+they know nothing of streaming."""

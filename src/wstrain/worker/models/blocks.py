@@ -1,6 +1,6 @@
 """A decoder layer's two halves as functions of a weight dict (the views of one tile, on a
 device slot or leaves of autograd): the attention block and the MLP block, dense or
-mixture-of-experts. The working-set runtime (worker/runtime/working_set/schedule.py) composes them per
+mixture-of-experts. The working-set runtime (working_set/schedule.py) composes them per
 saved-activation level; worker/profile/layer.py times them.
 
     h = attn_block(x, w, dims, cos, sin); y, probs = ffn_block(h, w, dims, router)
@@ -38,7 +38,11 @@ def qkv(
     """The layer's queries, keys (with RoPE) and values from the normalised input n (B, S, D):
     (B, H, S, hd), (B, KV, S, hd) x2."""
     qk = (w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"]) if dims.qk_norm else None
-    bias = tuple(w[f"self_attn.{p}_proj.bias"] for p in "qkv") if dims.qkv_bias else None
+    bias = (
+        (w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"], w["self_attn.v_proj.bias"])
+        if dims.qkv_bias
+        else None
+    )
     return project_qkv(
         n,
         w["self_attn.q_proj.weight"],
@@ -51,7 +55,7 @@ def qkv(
         qk,
         dims.rms_norm_eps,
         bias,
-    )  # type: ignore[arg-type]
+    )
 
 
 def out_proj(x: torch.Tensor, out: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -95,7 +99,7 @@ def ffn_block(
 
 
 class GradViews(Protocol):
-    """A gradient slot's views by parameter name (a dict, or worker/runtime/working_set/streamer.py's
+    """A gradient slot's views by parameter name (a dict, or working_set/streamer.py's
     LazyGradViews, which takes its slot at the first lookup)."""
 
     def __getitem__(self, name: str) -> torch.Tensor: ...

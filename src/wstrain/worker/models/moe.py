@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 ROUTER = "mlp.gate.weight"
-# a layer's experts, stacked (E, ., .) under these names in worker/runtime/working_set/arena.py's layout
+# a layer's experts, stacked (E, ., .) under these names in working_set/arena.py's layout
 EXPERTS = (
     "mlp.experts.*.gate_proj.weight",
     "mlp.experts.*.up_proj.weight",
@@ -81,12 +81,16 @@ def _grouped_ok(x: torch.Tensor, w: object) -> bool:
 
 
 def grouped_linear(
-    x: torch.Tensor, w: Sequence[torch.Tensor], groups: Groups, transpose: bool = True
+    x: torch.Tensor,
+    w: torch.Tensor | Sequence[torch.Tensor],
+    groups: Groups,
+    transpose: bool = True,
 ) -> torch.Tensor:
     """Each group's rows of x (N, in) times its expert's weight: w[e]^T (w[e]: (out, in)),
-    or w[e] itself when not `transpose` (w[e]: (in, out)). -> (N, out)"""
-    if _grouped_ok(x, w):
-        wt = w.transpose(-2, -1) if transpose else w  # type: ignore[union-attr]
+    or w[e] itself when not `transpose` (w[e]: (in, out)); `w` the experts stacked (E, ., .)
+    or one tensor each. -> (N, out)"""
+    if isinstance(w, torch.Tensor) and _grouped_ok(x, w):
+        wt = w.transpose(-2, -1) if transpose else w
         return torch._grouped_mm(x, wt, offs=groups.offs)
     # experts with no rows multiply too: their weights get a zero gradient, as transformers'
     # fused experts give them (so AdamW still decays them), instead of none
@@ -106,9 +110,9 @@ def experts(
     x: torch.Tensor,
     top_idx: torch.Tensor,
     top_w: torch.Tensor,
-    w_gate: Sequence[torch.Tensor],
-    w_up: Sequence[torch.Tensor],
-    w_down: Sequence[torch.Tensor],
+    w_gate: torch.Tensor | Sequence[torch.Tensor],
+    w_up: torch.Tensor | Sequence[torch.Tensor],
+    w_down: torch.Tensor | Sequence[torch.Tensor],
 ) -> torch.Tensor:
     """sum over each token's k experts of top_w · down(silu(gate(x)) * up(x)), differentiable.
     x: (T, D); w_gate/w_up: E of (I, D), w_down: E of (D, I), stacked (E, ., .) or a list."""

@@ -11,7 +11,7 @@ device). The backward recomputes the norm (elementwise) and, for h, the output p
 forward (one GEMM), runs the kernel's own backward, and undoes RoPE exactly (a rotation: its
 transpose rotates by -θ), so no QKV GEMM or attention forward is recomputed. With q/k norms
 (OLMoE, Qwen3) the projections are recomputed with their graph instead: the norm's backward
-needs its input. It is level 1's and level 3's attention in worker/runtime/working_set/schedule.py.
+needs its input. It is level 1's and level 3's attention in working_set/schedule.py.
 
     h, out, core = lean_attn_forward(x, w, dims, cos, sin)    # under the saved-tensor hooks
     h = out_proj(x, out, w)                                   # in backward, from the saved out
@@ -20,6 +20,8 @@ needs its input. It is level 1's and level 3's attention in worker/runtime/worki
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -40,11 +42,11 @@ class _Entry(torch.autograd.Function):
     backward never runs."""
 
     @staticmethod
-    def forward(ctx, anchor, q, k, v):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, anchor, q, k, v):
         return q.view_as(q), k.view_as(k), v.view_as(v)
 
     @staticmethod
-    def backward(ctx, dq, dk, dv):  # type: ignore[no-untyped-def, override]
+    def backward(ctx, dq, dk, dv):
         return None, dq, dk, dv
 
 
@@ -70,7 +72,8 @@ def lean_attn_forward(
     with torch.enable_grad():
         qa, ka, va = _Entry.apply(anchor, q, k, v)
         out = causal_attention(qa, ka, va)  # (B, H, S, hd)
-    core = CoreGraph(get_gradient_edge(out), tuple(get_gradient_edge(t) for t in (qa, ka, va)))
+    edges = (get_gradient_edge(qa), get_gradient_edge(ka), get_gradient_edge(va))
+    core = CoreGraph(get_gradient_edge(out), edges)
     with torch.no_grad():
         h = out_proj(x, out, w)
     return h, out.detach(), core
@@ -114,7 +117,8 @@ def lean_attn_backward(
             _unrope(dk, cos, sin),
             dv.transpose(1, 2).reshape(b, s, -1),
         )  # (B, S, H·hd), (B, S, KV·hd) x2
-        dn = sum(dp @ w[f"{p}.weight"] for p, dp in zip(PROJ, d_proj))  # (B, S, D)
+        # summed as they come, as sum() would: one (B, S, D) term alive at a time
+        dn = functools.reduce(operator.add, (dp @ w[f"{p}.weight"] for p, dp in zip(PROJ, d_proj)))
         for p, dp in zip(PROJ, d_proj):
             dws[f"{p}.weight"] = flat_tokens(dp).t() @ n_flat
             if dims.qkv_bias:

@@ -6,7 +6,7 @@ and the two GEMM outputs gate and up, e·(d + 2f) bytes (a third of a Llama-8B l
 set); the backward recomputes just the cheap parts (the norm and the SwiGLU product) and
 recomputes no GEMM. No autograd object outlives the forward, so nothing but these three
 tensors holds device memory — whether they stay on the device or travel home. It is level
-2's and level 3's MLP in worker/runtime/working_set/schedule.py.
+2's and level 3's MLP in working_set/schedule.py.
 """
 
 from __future__ import annotations

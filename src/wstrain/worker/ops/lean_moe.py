@@ -10,7 +10,7 @@ down-projection's output is never needed, because d top_w = rowsum(dp_raw · p) 
 dy·W_down the GEMM the backward runs anyway. A shared expert (Qwen2-MoE) is not saved: the
 backward recomputes it with its graph, like a level-0 dense MLP. It is level 2's and level
 3's MLP for MoE layers
-in worker/runtime/working_set/schedule.py, as worker/ops/lean_mlp.py is for dense ones.
+in working_set/schedule.py, as worker/ops/lean_mlp.py is for dense ones.
 
     y, saved = lean_moe_forward(h, w, dims)                   # saved: (top_idx, gate, up)
     dh, dw = lean_moe_backward(dy, h, *saved, w, dims, aux_grad)
@@ -139,6 +139,12 @@ def lean_moe_backward(
         grads.append(aux_grad.expand_as(probs))
     torch.autograd.backward(outs, grads)
     dws = dict(zip(EXPERTS, (dw_gate, dw_up, dw_down)))
-    dws.update({NORM: wn_.grad, ROUTER: wr_.grad})
-    dws.update({n: leaf.grad for n, leaf in shared_w.items()})
-    return dy + h_.grad, dws  # type: ignore[operator]
+    dws.update({NORM: _grad(wn_), ROUTER: _grad(wr_)})
+    dws.update({n: _grad(leaf) for n, leaf in shared_w.items()})
+    return dy + _grad(h_), dws
+
+
+def _grad(leaf: torch.Tensor) -> torch.Tensor:
+    """A leaf's gradient after the backward above, which reaches every leaf."""
+    assert leaf.grad is not None, "the backward reaches every leaf"
+    return leaf.grad

@@ -114,7 +114,7 @@ def attention_flops(
 
 
 def optimizer_params_per_s(numel: int) -> float:
-    """Host AdamW updates per second as worker/runtime/working_set/host_optim.py runs them on the working set's
+    """Host AdamW updates per second as working_set/host_optim.py runs them on the working set's
     tiles (HostState.step_group): bf16 state, clipping, then fused CPU AdamW (the global norm
     is summed on the device)."""
     p = torch.nn.Parameter(torch.randn(numel, dtype=torch.bfloat16))

@@ -1,4 +1,4 @@
-"""What the working-set runtime (worker/runtime/working_set/schedule.py) is told to do: the plan's rings,
+"""What the working-set runtime (working_set/schedule.py) is told to do: the plan's rings,
 window, saved-activation levels, LM-head block, lead pass and optimizer placement, with the
 two rules derived from them (where a (layer, chunk)'s saved set lives, which optimizer
 groups update where). worker/main.py builds it from a Plan; tests build it directly.

@@ -9,7 +9,7 @@ The CPU optimizer (HostState.optimizer_step) then never sits on the critical pat
 Embedding and head groups (resident on the device) update at the end of step t in slices
 staged through the moment slots. `flush()` applies whatever is pending (checkpoints). The
 runtime may give it only the first layers (and the embedding) and the host the rest
-(worker/runtime/working_set/schedule.py device_opt_layers).
+(working_set/schedule.py device_opt_layers).
 
     opt.start(update, layers, [(embed_w, embed_g, L)])   # at the end of step `update.step`
     if opt.needs(k): opt.apply(k, slot, weights, upcoming)   # where layer k's weights arrive

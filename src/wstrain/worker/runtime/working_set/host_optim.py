@@ -5,7 +5,7 @@ its own backward. Instead the runtime sums the squared norm on the device as eac
 final gradient goes home (no host pass over the gradients), and when the step's backward
 ends a host thread updates its groups in the order the next step needs them — embedding,
 layers 0..L-1, head; or only the later layers and the head where the device takes the first
-ones (worker/runtime/working_set/device_optim.py) — while the main thread already runs the next forward: loading
+ones (working_set/device_optim.py) — while the main thread already runs the next forward: loading
 layer k's weights waits only for layer k's update (the wait is the step's `optimizer` stall).
 
     opt = HostOptimizerPipeline(host, spec, device)

@@ -55,11 +55,9 @@ class Streams:
         """The compute stream waits for `event`; the wait is timed as a stall of `dependency`."""
         if not self.cuda or event is None:
             return
-        before, after = self.event(), self.event()
-        before.record(self.comp)
+        before = self._record_now("comp")
         self.comp.wait_event(event)
-        after.record(self.comp)
-        self._pending.append((dependency, before, after))
+        self._pending.append((dependency, before, self._record_now("comp")))
 
     @contextlib.contextmanager
     def host_waits(self, dependency: str) -> Iterator[None]:
@@ -73,14 +71,16 @@ class Streams:
             yield
             self.time_host(dependency, start)
             return
-        before = self.record("comp")
+        before = self._record_now("comp")
         yield
-        self._pending.append((dependency, before, self.record("comp")))
+        self._pending.append((dependency, before, self._record_now("comp")))
 
     def record(self, stream: str) -> torch.cuda.Event | None:
-        if not self.cuda:
-            return None
-        ev = self.event()
+        """An event recorded on `stream` now; None on CPU, where streams are no-ops."""
+        return self._record_now(stream) if self.cuda else None
+
+    def _record_now(self, stream: str) -> torch.cuda.Event:
+        ev = torch.cuda.Event(enable_timing=True)
         ev.record(getattr(self, stream))
         return ev
 

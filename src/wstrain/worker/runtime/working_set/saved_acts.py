@@ -94,7 +94,7 @@ class HostActivationStore:
         nbytes = -(-like.numel() * like.element_size() // 256) * 256
         idx, off = self._place(nbytes)
         raw = self.chunks[idx][off : off + like.numel() * like.element_size()].view(like.dtype)
-        order = sorted(range(like.dim()), key=lambda d: -like.stride(d))  # outermost first
+        order = sorted(range(like.dim()), key=lambda d: -like.stride()[d])  # outermost first
         if not like.permute(order).is_contiguous():
             return raw.view(like.shape)
         inverse = sorted(range(like.dim()), key=lambda i: order[i])
@@ -149,7 +149,7 @@ class SavedTensorPolicy:
         def pack(t: torch.Tensor) -> object:
             ptr = t.untyped_storage().data_ptr()
             if ptr == slot_ptr:
-                return _WeightRef(t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+                return _WeightRef(int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
             # resident constants and scalars (SDPA's RNG seed and offset) stay where they are
             # (device types: the streams' "cuda" and a tensor's "cuda:0" are not equal)
             if (
@@ -188,8 +188,8 @@ class SavedTensorPolicy:
             if s.cuda:
                 t.record_stream(s.saves)
         self.counters["d2h_bytes"] += t.nbytes
-        done = s.record("saves")
-        if s.cuda:
+        done = s.record("saves")  # None on CPU
+        if done is not None:
             self.store.track(done, t.nbytes)
         return HostCopy(host, done)
 

@@ -15,8 +15,8 @@ holds the whole training state. The step reads like AdaWS Algorithms 1-2:
     optimizer:  global-norm clip (norm summed on the device as gradients go home), then
                 AdamW per group, deferred into the next step's first forward: layers
                 0..device_opt_layers-1 on the device over streamed moments, where their
-                weights arrive (worker/runtime/working_set/device_optim.py), the others in a host thread
-                (worker/runtime/working_set/host_optim.py) that starts at once, so it is that many layers
+                weights arrive (working_set/device_optim.py), the others in a host thread
+                (working_set/host_optim.py) that starts at once, so it is that many layers
                 ahead when the forward first waits for it
 
 Saved-activation levels per (layer, chunk), each keeping the layer's input: 0 nothing more
@@ -252,12 +252,14 @@ class WorkingSetRuntime:
             with torch.no_grad():
                 h = attn_block(x, w, dims, self.cos, self.sin)
         if level in (2, 3):
+            saved: tuple[torch.Tensor, ...]
             if dims.is_moe:
                 y, probs, top_idx, saved = lean_moe_forward(h, w, dims)
                 if self.router is not None:
                     self.router.add(probs, top_idx)
             else:
-                y, *saved = lean_forward(h, w, dims.rms_norm_eps)
+                y, *rest = lean_forward(h, w, dims.rms_norm_eps)
+                saved = tuple(rest)
             g.lean = tuple(self._stash(t, home, policy) for t in saved)
         else:
             with torch.no_grad():
@@ -284,9 +286,9 @@ class WorkingSetRuntime:
         # the MLP's lean set, saved (levels 2, 3) or recomputed without its down projection
         saved = tuple(self._unstash(t, policy) for t in g.lean) if g.lean is not None else None
         if dims.is_moe:
-            moe_saved = saved or lean_moe_saved(h, w, dims)
-            dh, dws = lean_moe_backward(dy, h, *moe_saved, w, dims, self._aux_grad)
-            del moe_saved
+            top_idx, gate, up = saved if saved is not None else lean_moe_saved(h, w, dims)
+            dh, dws = lean_moe_backward(dy, h, top_idx, gate, up, w, dims, self._aux_grad)
+            del top_idx, gate, up
         else:
             dh, dws = lean_backward(dy, h, saved, w, dims.rms_norm_eps)  # type: ignore[arg-type]
         del saved
@@ -322,8 +324,10 @@ class WorkingSetRuntime:
             (loss * scale).backward()
             # The head's gradient accumulates in place: autograd would allocate a whole
             # (V, D) weight gradient per block first (1 GiB at Llama-3's vocabulary).
-            g_head.addmm_(logits.grad.t(), h.detach())  # type: ignore[union-attr]
+            assert logits.grad is not None  # the loss's backward just wrote it
+            g_head.addmm_(logits.grad.t(), h.detach())
             h.backward(logits.grad @ w_head)  # (T, D)
+            assert xb.grad is not None
             dx[i : i + step] = xb.grad
             gviews["model.norm.weight"].add_(norm_w.grad)  # type: ignore[arg-type]
             total += loss.detach()

@@ -1,6 +1,6 @@
 """The host-side training state of the working-set runtime: per-layer flat tiles of weights,
 gradients and AdamW moments in one accounted `HostArena`, plus the embedding and the head
-group, and the CPU AdamW that updates them group by group (worker/runtime/working_set/host_optim.py runs it
+group, and the CPU AdamW that updates them group by group (working_set/host_optim.py runs it
 beside the next step's forward).
 
 Precision: "bf16" keeps every tile in bf16 (8 bytes a parameter, as AdaWS), "fp32" in fp32;
@@ -116,7 +116,7 @@ class HostState:
         arena_limit_bytes: int | None = None,
     ) -> HostState:
         """fused_adamw: torch's fused CPU AdamW (several times faster; rounds differently);
-        arena_limit_bytes: what the arena may hold in all (worker/runtime/working_set/arena.py HostArena)."""
+        arena_limit_bytes: what the arena may hold in all (working_set/arena.py HostArena)."""
         return cls(dims, precision, HostArena(pin, arena_limit_bytes), fused_adamw)
 
     # ------------------------------------------------------------ named tensors (HF names)
@@ -193,6 +193,7 @@ class HostState:
             p.grad.copy_(self.groups[group][1])
         fused, clipped = bool(opt.defaults.get("fused")), clip_coef < 1.0
         if clipped and not fused:
+            assert p.grad is not None  # the tile's gradient view, bound above
             p.grad.mul_(clip_coef)
         # the fused kernel divides the gradient by `grad_scale` as it reads it: clipping
         # then costs no pass of its own over the gradient (a fifth of the update's traffic)
