@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the output
     if args.cmd == "serve":
         from wstrain.service.serve import serve  # uvicorn and process management only when serving
 
