@@ -144,7 +144,9 @@ async def _load(
     }
 
 
-def run(jobs: int, clients: int, seconds: float, rate: float | None = None) -> dict[str, Any]:
+def run(
+    jobs: int, clients: int, seconds: float, rate: float | None = None, workers: int = 1
+) -> dict[str, Any]:
     """Start Redis and the API, seed the store, run the load; stops everything it started."""
     from wstrain.service.serve import free_port, start_redis
 
@@ -156,6 +158,7 @@ def run(jobs: int, clients: int, seconds: float, rate: float | None = None) -> d
             WSTRAIN_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
             WSTRAIN_KEY_PREFIX="load",
             WSTRAIN_LISTEN_PORT=str(api_port),
+            WSTRAIN_WORKERS=str(workers),
         )
         api = subprocess.Popen(
             [sys.executable, "-m", "wstrain.service.app"],
@@ -191,6 +194,7 @@ def run(jobs: int, clients: int, seconds: float, rate: float | None = None) -> d
         "jobs_in_store": jobs,
         "clients": clients,
         "offered_rps": rate,
+        "api_workers": workers,
         "mix": "45% list (half by owner, 30% by state), 45% get, 10% submit",
         "seed_seconds": seed_s,
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
@@ -226,9 +230,10 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--rate", type=float, help="offered requests/s in all (open loop)")
+    p.add_argument("--workers", type=int, default=1, help="API processes (WSTRAIN_WORKERS)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    row = run(args.jobs, args.clients, args.seconds, args.rate)
+    row = run(args.jobs, args.clients, args.seconds, args.rate, args.workers)
     print(json.dumps(row, indent=2))
     if args.out:
         args.out.write_text(json.dumps([row], indent=2) + "\n")

@@ -35,6 +35,8 @@ from wstrain.service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
+APP_FACTORY = "wstrain.service.app:create_app"
+
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     """The API app; `settings` default to ServiceSettings() (the WSTRAIN_* environment)."""
@@ -110,8 +112,14 @@ def main() -> None:
         settings.key_prefix,
         settings.plan_timeout_s,
     )
+    # Several worker processes share the port: the API is stateless, and one process's GIL
+    # caps it near 230 mixed requests/s on 2 cores (bench/api_load.py). Each builds its
+    # app from the same WSTRAIN_* environment.
+    app: FastAPI | str = create_app(settings) if settings.workers == 1 else APP_FACTORY
     uvicorn.run(
-        create_app(settings),
+        app,
+        factory=settings.workers > 1,
+        workers=settings.workers,
         host=settings.listen_host,
         port=settings.listen_port,
         log_level="info",

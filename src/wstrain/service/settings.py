@@ -6,6 +6,7 @@
                                       "user"|"admin"}}; empty turns auth off
     WSTRAIN_MAX_BODY_BYTES            largest request body read (1 MiB); larger: 413
     WSTRAIN_ACCESS_LOG                a log line per request (false)
+    WSTRAIN_WORKERS                   API processes sharing the port (1)
     WSTRAIN_LISTEN_HOST, _PORT        where `wstrain-api` listens (127.0.0.1, 8000)
     WSTRAIN_PLAN_TIMEOUT_S            deadline of a submission's checks and planning (2.0)
 
@@ -39,6 +40,7 @@ class ServiceSettings(RedisSettings):
     # {token: owner} is shorthand for {token: {"owner": owner, "role": "user"}}
     api_tokens: dict[str, TokenGrant | str] = Field(default_factory=dict)
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
+    workers: int = Field(default=1, ge=1, le=64)  # API processes sharing the port
     access_log: bool = False  # uvicorn's line per request (the request metrics count them)
     # listen_*, not host/port: Kubernetes sets <SERVICE>_PORT=tcp://... for a Service named
     # wstrain, which WSTRAIN_PORT would have to parse
