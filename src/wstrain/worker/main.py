@@ -173,6 +173,7 @@ class Worker:
                 runtime.state_tensors(),
                 runtime.optimizer_state(),
                 hf_config,
+                keep=self.spec.keep_checkpoints,
             )
             self.emit(WorkerMessage(kind="checkpoint", step=step, path=str(path)))
 

@@ -77,3 +77,53 @@ def test_large_checkpoints_are_sharded_with_an_index(tmp_path: Path, monkeypatch
     tokens = torch.randint(0, dims.vocab_size, (2, 12))
     with torch.no_grad():
         assert torch.allclose(model(tokens), ref(input_ids=tokens).logits, atol=1e-5)
+
+
+def _tiny_state() -> dict[str, torch.Tensor]:
+    return {"w": torch.arange(4096, dtype=torch.float32)}
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    (root / ".tmp-crashed").mkdir(parents=True)  # a write a killed worker left behind
+    for step in (10, 20, 30, 40):
+        checkpoint.save(root, checkpoint.TrainerState(step, step), _tiny_state(), {}, {}, keep=2)
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [
+        "latest",
+        "step-00000030",
+        "step-00000040",
+    ]
+    assert checkpoint.latest(root) == root / "step-00000040"
+    assert not list(root.glob(".tmp-*"))
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_and_no_temp_files(tmp_path: Path) -> None:
+    """A real write failure: the worker process may write at most 64 KiB per file
+    (RLIMIT_FSIZE, the kernel's EFBIG, as a full disk's ENOSPC fails a write), so the second
+    checkpoint, of 1 MiB, cannot be written."""
+    import subprocess
+    import sys
+
+    code = f"""
+import resource, signal, sys, torch
+from pathlib import Path
+from wstrain.worker.io import checkpoint
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG, not a kill
+root = Path({str(tmp_path / "ckpt")!r})
+checkpoint.save(root, checkpoint.TrainerState(1, 1), {{"w": torch.zeros(1024)}}, {{}}, {{}})
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+try:
+    checkpoint.save(root, checkpoint.TrainerState(2, 2), {{"w": torch.zeros(1 << 18)}}, {{}}, {{}})
+except OSError as exc:
+    print(exc)
+    sys.exit(7)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 7, res.stderr[-2000:]
+    assert "checkpoint of step 2 not written" in res.stdout
+    assert "step-00000001 stays valid" in res.stdout
+    root = tmp_path / "ckpt"
+    assert checkpoint.latest(root) == root / "step-00000001"
+    assert not list(root.glob(".tmp-*"))
+    state, tensors, _ = checkpoint.load(root / "step-00000001")
+    assert state.step == 1 and tensors["w"].numel() == 1024

@@ -395,6 +395,9 @@ class JobSpec(_Strict):
     checkpoint_every: int = Field(
         default=0, ge=0, le=MAX_STEPS, description="0: only at the end and at cancel"
     )
+    keep_checkpoints: int = Field(
+        default=2, ge=1, le=1000, description="newest checkpoints kept; older ones are deleted"
+    )
     eval: EvalSpec | None = None
     seed: int = Field(default=0, ge=0, le=(1 << 63) - 1)
     priority: int = Field(default=0, ge=-100, le=100)

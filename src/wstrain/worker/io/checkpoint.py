@@ -11,15 +11,18 @@ a checkpoint costs at most one shard of extra host memory.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from wstrain.scheduler.contracts.calibration import CHECKPOINT_SHARD_BYTES
@@ -51,30 +54,76 @@ def save(
     tensors: dict[str, torch.Tensor],
     extra: dict[str, object],
     hf_config: dict[str, object],
+    keep: int = 2,
 ) -> Path:
-    """tensors: weights under Hugging Face names; extra: the runtime's optimizer state."""
+    """tensors: weights under Hugging Face names; extra: the runtime's optimizer state. Keeps
+    the newest `keep` checkpoints. A write that fails (a full disk) removes its temporary
+    directory and raises OSError naming the path; the previous checkpoint stays valid."""
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):  # left by a process killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step-{state.step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    _save_sharded(tensors, tmp)
-    (tmp / "config.json").write_text(json.dumps(hf_config, indent=1))
+    try:
+        _write(tmp, state, tensors, extra, hf_config)
+        if final.exists():  # a re-run of the same step after a crash: replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        pointer = root / f".{LATEST}.tmp"
+        pointer.write_text(final.name)
+        os.replace(pointer, root / LATEST)
+        _fsync_dir(root)
+    except (OSError, SafetensorError) as exc:  # safetensors reports I/O errors as its own
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest(root)
+        kept = f"{previous} stays valid" if previous else "there is no earlier checkpoint"
+        code = _errno(exc)
+        what = f"no space left on {root}" if code == errno.ENOSPC else f"{exc}"
+        raise OSError(
+            code,
+            f"checkpoint of step {state.step} not written: {what}; {kept}. Free space "
+            "under the state dir, then resume the job",
+        ) from exc
+    _prune(root, keep)
+    log.info("checkpoint written: %s", final)
+    return final
+
+
+def _errno(exc: BaseException) -> int | None:
+    """The OS error number of a failed write, also from safetensors' "(os error 28)"."""
+    if isinstance(exc, OSError):
+        return exc.errno
+    found = re.search(r"os error (\d+)", str(exc))
+    return int(found.group(1)) if found else None
+
+
+def _write(
+    out: Path,
+    state: TrainerState,
+    tensors: dict[str, torch.Tensor],
+    extra: dict[str, object],
+    hf_config: dict[str, object],
+) -> None:
+    _save_sharded(tensors, out)
+    (out / "config.json").write_text(json.dumps(hf_config, indent=1))
     rng: dict[str, object] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save({**extra, "rng": rng}, tmp / "optimizer.pt")
-    (tmp / "trainer.json").write_text(json.dumps(state.__dict__))
-    for f in tmp.iterdir():
+    torch.save({**extra, "rng": rng}, out / "optimizer.pt")
+    (out / "trainer.json").write_text(json.dumps(state.__dict__))
+    for f in out.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
-    if final.exists():  # a re-run of the same step after a crash: replace it
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    pointer = root / f".{LATEST}.tmp"
-    pointer.write_text(final.name)
-    os.replace(pointer, root / LATEST)
-    _fsync_dir(root)
-    log.info("checkpoint written: %s", final)
-    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints (never the one `latest` names)."""
+    current = latest(root)
+    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
+    for old in steps[: max(0, len(steps) - keep)]:
+        if old != current:
+            shutil.rmtree(old, ignore_errors=True)
+            log.info("checkpoint pruned: %s (keeping %d)", old, keep)
 
 
 def _save_sharded(tensors: dict[str, torch.Tensor], out: Path) -> None:
