@@ -16,6 +16,9 @@ import uuid
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from wstrain.scheduler.contracts.errors import Conflict, NotFound
 from wstrain.scheduler.contracts.jobs import (
@@ -71,6 +74,8 @@ end
 return false
 """
 
+RETRY_CAP_S = 2.0  # the longest pause between two tries of a command
+
 # Bump when the index layout changes; ensure_indexes rebuilds older stores once.
 INDEX_VERSION = "2"
 
@@ -94,8 +99,27 @@ class JobStore:
         self._claim = redis.register_script(_CLAIM_LUA)
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "wstrain") -> JobStore:
-        return cls(aioredis.from_url(url, decode_responses=True), prefix)
+    def from_url(cls, url: str, prefix: str = "wstrain", retry_s: float = 0.0) -> JobStore:
+        """A store on the Redis at `url`. A command that meets a connection error, a timeout
+        or a Redis still loading its AOF is retried with exponential back-off for about
+        `retry_s` seconds before the error is raised: the agent waits out a Redis restart
+        (its workers train on meanwhile), the API answers 503 after a short try."""
+        retries = 0
+        waited = 0.0
+        while waited < retry_s:  # back-off 0.05, 0.1, 0.2 ... capped at 2 s
+            waited += min(RETRY_CAP_S, 0.05 * 2**retries)
+            retries += 1
+        retry = Retry(
+            ExponentialBackoff(cap=RETRY_CAP_S, base=0.05),
+            retries,
+            supported_errors=(
+                redis_errors.ConnectionError,
+                redis_errors.TimeoutError,
+                redis_errors.BusyLoadingError,
+            ),
+        )
+        client = aioredis.from_url(url, decode_responses=True, retry=retry)
+        return cls(client, prefix)
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -45,7 +45,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.store = JobStore.from_url(settings.redis_url, settings.key_prefix)
+        # a short retry: a request waits out a blip, then answers 503 with Retry-After
+        app.state.store = JobStore.from_url(settings.redis_url, settings.key_prefix, retry_s=1.0)
         try:
             await app.state.store.ensure_indexes()
         except RedisError as exc:  # Redis away: routes answer 503 until it is back

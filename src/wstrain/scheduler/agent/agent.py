@@ -55,6 +55,13 @@ class AgentSettings(RedisSettings):
     metrics_port: int = Field(
         default=9464, ge=0, le=65535, description="the agent's /metrics port (0: not served)"
     )
+    redis_retry_s: float = Field(
+        default=300.0,
+        ge=0,
+        le=86400,
+        description="how long a Redis command is retried before the agent gives up; its "
+        "workers train on meanwhile",
+    )
     metrics_grace_s: float = Field(
         default=120.0, ge=0, description="seconds a finished job's series stay exported"
     )
@@ -340,7 +347,7 @@ class Agent:
 
 
 async def _amain(settings: AgentSettings) -> None:
-    store = JobStore.from_url(settings.redis_url, settings.key_prefix)
+    store = JobStore.from_url(settings.redis_url, settings.key_prefix, settings.redis_retry_s)
     agent = Agent(settings, store)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
