@@ -5,43 +5,68 @@
 #   bash scripts/setup.sh serve   # what `wstrain serve` needs: redis-server, CPU torch, wstrain
 #   bash scripts/setup.sh test    # + the test and lint extras, and promtool for the metrics tests
 #
-# PYTHON picks the interpreter that makes the venv (default python3). A second run that has
-# nothing to install takes about a second: each install leaves a stamp newer than
-# pyproject.toml.
+# PYTHON picks the interpreter that makes the venv (default python3); an existing, working
+# .venv is kept whatever made it. A second run that has nothing to install takes well under a
+# second: each install leaves a stamp (.venv/.installed-ROLE) newer than pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-serve}"
 case "$what" in serve|test) ;; *) echo "usage: $0 [serve|test]" >&2; exit 2 ;; esac
+PY="${PYTHON:-python3}"
+VPY=.venv/bin/python
 
-SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-apt_install() {  # Debian/Ubuntu packages, only those missing
+apt_install() {  # Debian/Ubuntu packages, only those asked for (the callers ask for missing ones)
   [ $# -eq 0 ] && return 0
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install: $*" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  command -v apt-get >/dev/null || { echo "setup: no apt-get; install these: $*" >&2; exit 1; }
   echo "setup: apt-get install $*"
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "$@" >/dev/null
+  # env inside sudo: sudo drops the caller's environment; noninteractive: no debconf prompts
+  "${sudo[@]+"${sudo[@]}"}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  "${sudo[@]+"${sudo[@]}"}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
-# OS packages: Redis for every run; promtool (package prometheus) only lints /metrics in tests.
+venv_works() {  # a venv whose interpreter still exists (pyenv versions come and go) and has pip
+  [ -x "$VPY" ] && "$VPY" -c "import pip" 2>/dev/null
+}
+
+# Quick path: a stamp newer than pyproject.toml, the console script it installed and an OS
+# binary for each role mean there is nothing to do; a test install serves `serve` as well.
+ready() {
+  [ -x "$VPY" ] && [ -x .venv/bin/wstrain ] && command -v redis-server >/dev/null || return 1
+  if [ "$what" = test ]; then command -v promtool >/dev/null || return 1; fi
+  for stamp in ".venv/.installed-$what" .venv/.installed-test; do
+    if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then return 0; fi
+  done
+  return 1
+}
+ready && exit 0
+
+# OS packages: Redis for every run; promtool (Debian package prometheus) only lints the deploy
+# config and checks /metrics in the tests.
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 if [ "$what" = test ]; then command -v promtool >/dev/null || missing+=(prometheus); fi
-PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ] && ! "$PY" -c "import ensurepip, venv" 2>/dev/null; then
-  missing+=(python3-venv)  # Debian ships venv's ensurepip separately
+if ! venv_works && ! "$PY" -c "import ensurepip, venv" 2>/dev/null; then
+  # Debian and Ubuntu ship venv's ensurepip apart, per minor version (python3.11-venv, ...)
+  missing+=("$("$PY" -c 'import sys; print("python3.%d-venv" % sys.version_info[1])')")
 fi
 apt_install "${missing[@]+"${missing[@]}"}"
 
-if [ ! -x .venv/bin/python ]; then
-  echo "setup: creating .venv with $("$PY" --version 2>&1)"
-  "$PY" -m venv .venv
+if ! venv_works; then
+  # --clear: a venv left half-made (no pip, or its interpreter gone) is made again
+  echo "setup: creating .venv with $("$PY" --version 2>&1) ($(command -v "$PY"))"
+  "$PY" -m venv --clear .venv
+  rm -f .venv/.installed-*
 fi
-VPY=.venv/bin/python
-stamp=".venv/.installed-$what"
-for done_stamp in "$stamp" .venv/.installed-test; do  # a test install serves as well
-  if [ -f "$done_stamp" ] && [ "$done_stamp" -nt pyproject.toml ]; then exit 0; fi
-done
 "$VPY" -m pip install -q --upgrade pip
-# CPU torch 2.13.0 (a GPU host brings its own torch): a bare `torch` requirement would pull
-# a multi-GB CUDA build, so install the pinned CPU build first and let `torch>=2.5` accept it.
+# CPU torch 2.13.0 (a GPU host brings its own torch): the bare `torch>=2.5` requirement would
+# pull a multi-GB CUDA build, so install the pinned CPU build first and let the range accept
+# it. Skipped when the venv already imports a torch (any build: a GPU host's stays).
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   echo "setup: installing torch 2.13.0 (CPU)"
   "$VPY" -m pip install -q "torch==2.13.0"
@@ -51,5 +76,5 @@ if [ "$what" = test ]; then
 else
   "$VPY" -m pip install -q -e .
 fi
-touch "$stamp"
+touch ".venv/.installed-$what"
 echo "setup: .venv ready ($what)"

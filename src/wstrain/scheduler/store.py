@@ -76,6 +76,17 @@ return false
 
 RETRY_CAP_S = 2.0  # the longest pause between two tries of a command
 
+_HOLD_NODE_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local holder = cjson.decode(cur)['agent_id']
+  if holder and holder ~= '' and holder ~= ARGV[2] then return cur end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[4])
+return false
+"""
+
 # Bump when the index layout changes; ensure_indexes rebuilds older stores once.
 INDEX_VERSION = "2"
 
@@ -97,6 +108,7 @@ class JobStore:
         self.keys = Keys(prefix)
         self._transition = redis.register_script(_TRANSITION_LUA)
         self._claim = redis.register_script(_CLAIM_LUA)
+        self._hold_node = redis.register_script(_HOLD_NODE_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "wstrain", retry_s: float = 0.0) -> JobStore:
@@ -332,11 +344,20 @@ class JobStore:
 
     # ------------------------------------------------------------ nodes
 
-    async def put_node(self, node: Node, ttl_s: float) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.node(node.name), node.model_dump_json(), px=int(ttl_s * 1000))
-            pipe.sadd(self.keys.nodes, node.name)
-            await pipe.execute()
+    async def hold_node(self, node: Node, ttl_s: float) -> Node | None:
+        """Heartbeat `node` for its agent: write it with a TTL unless another live agent
+        holds the name (its record not yet expired, another agent_id); then nothing is
+        written and that agent's record is returned. Atomic (one Lua script)."""
+        held = await self._hold_node(
+            keys=[self.keys.node(node.name), self.keys.nodes],
+            args=[node.model_dump_json(), node.agent_id, int(ttl_s * 1000), node.name],
+        )
+        return Node.model_validate_json(held) if held else None
+
+    async def node(self, name: str) -> Node | None:
+        """The live record of node `name`, None once its heartbeat expired."""
+        raw = await self.redis.get(self.keys.node(name))
+        return Node.model_validate_json(raw) if raw else None
 
     async def remove_node(self, name: str) -> None:
         await self.redis.delete(self.keys.node(name))

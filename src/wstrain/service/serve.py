@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +59,9 @@ def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
         ],
         stdout=open(data_dir / "redis.log", "ab"),  # noqa: SIM115 - the child owns it
         stderr=subprocess.STDOUT,
+        # its own session: a terminal's Ctrl-C reaches `wstrain serve` alone, which stops
+        # Redis last, after the agent has checkpointed and requeued its jobs into it
+        start_new_session=True,
     )
     client = redis.Redis(port=port)
     deadline = time.monotonic() + 10
@@ -71,6 +75,50 @@ def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
                     f"wstrain: redis-server did not start; see {data_dir}/redis.log"
                 ) from exc
             time.sleep(0.05)
+
+
+class AgentKeeper:
+    """Runs the scheduler agent in its own session and starts it again when it dies (after
+    1, 2, 4 ... 60 s), until stop() sends it SIGTERM and waits for its checkpoints."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="agent-keeper", daemon=True)
+
+    def _spawn(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "wstrain.scheduler.agent.agent"],
+            env=self.env,
+            start_new_session=True,  # Ctrl-C goes to serve, which stops the agent in order
+        )
+
+    def start(self) -> None:
+        self._spawn()
+        self._thread.start()
+
+    def _watch(self) -> None:
+        backoff_s = 1.0
+        while not self._stopping.is_set():
+            assert self.proc is not None
+            started = time.monotonic()
+            code = self.proc.wait()
+            if self._stopping.is_set():
+                return
+            if time.monotonic() - started > 60:
+                backoff_s = 1.0  # it ran a while: this is a new failure, not a crash loop
+            log.error("agent exited with %s; starting it again in %.0f s", code, backoff_s)
+            if self._stopping.wait(backoff_s):
+                return
+            backoff_s = min(60.0, backoff_s * 2)
+            self._spawn()
+
+    def stop(self, timeout_s: float = 90) -> None:
+        self._stopping.set()
+        if self.proc is not None:
+            _stop(self.proc, "agent", timeout_s)
+        self._thread.join(5)
 
 
 def _stop(proc: subprocess.Popen[bytes], name: str, timeout_s: float) -> None:
@@ -101,7 +149,8 @@ def serve(host: str, port: int, state_dir: Path, metrics_port: int) -> int:
         WSTRAIN_METRICS_HOST=host,
         WSTRAIN_METRICS_PORT=str(metrics_port),
     )
-    agent = subprocess.Popen([sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=env)
+    keeper = AgentKeeper(env)
+    keeper.start()
     # uvicorn re-raises SIGTERM/SIGINT once it has shut down; with these no-op handlers in
     # place that lands here instead of killing the process, so the children stop cleanly.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -110,7 +159,8 @@ def serve(host: str, port: int, state_dir: Path, metrics_port: int) -> int:
         settings = ServiceSettings(redis_url=redis_url)
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
     finally:
-        _stop(agent, "agent", 90)
+        # the API has stopped taking work; now the agent checkpoints and requeues, then Redis
+        keeper.stop()
         if redis_proc is not None:
             _stop(redis_proc, "redis-server", 10)
     return 0

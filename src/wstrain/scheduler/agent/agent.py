@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from pydantic import Field
@@ -36,6 +37,18 @@ from wstrain.scheduler.store import JobStore
 log = logging.getLogger(__name__)
 
 _LIVE = (JobState.planning, JobState.running, JobState.cancelling)
+
+
+class NodeNameTaken(SystemExit):
+    """Another live agent heartbeats under this node name: two agents of one name would
+    each think the other's jobs orphaned. Exits the agent with the reason."""
+
+    def __init__(self, name: str, other: Node) -> None:
+        super().__init__(
+            f"wstrain-agent: node name {name!r} is held by a live agent (pid {other.agent_pid}, "
+            f"heartbeat {time.time() - other.heartbeat_at:.1f} s ago); give this agent "
+            "another WSTRAIN_NODE_NAME, or stop the other one"
+        )
 
 
 class AgentSettings(RedisSettings):
@@ -80,6 +93,7 @@ class Agent:
     def __init__(self, settings: AgentSettings, store: JobStore) -> None:
         self.settings, self.store = settings, store
         self.name = settings.node_name
+        self.agent_id = uuid.uuid4().hex  # this process's hold on the node name
         self.workers: dict[str, WorkerHandle] = {}
         self.stopping = asyncio.Event()
         self.device: Device = "cpu"
@@ -152,6 +166,8 @@ class Agent:
             running=sorted(self.workers),
             profile=self.profile,
             heartbeat_at=time.time(),
+            agent_id=self.agent_id,
+            agent_pid=os.getpid(),
         )
 
     def node_gauges(self) -> NodeGauges:
@@ -306,7 +322,19 @@ class Agent:
 
     # ------------------------------------------------------------ main loop
 
+    async def _refuse_if_taken(self) -> None:
+        """Exit before touching the GPU or any job if a live agent holds this node name."""
+        other = await self.store.node(self.name)
+        if other is not None and other.agent_id and other.agent_id != self.agent_id:
+            raise NodeNameTaken(self.name, other)
+
+    async def _heartbeat(self) -> None:
+        other = await self.store.hold_node(self.node(), self.settings.node_ttl_s)
+        if other is not None:
+            raise NodeNameTaken(self.name, other)
+
     async def run(self) -> None:
+        await self._refuse_if_taken()
         await self._measure()
         if self.settings.metrics_port:
             self.exporter.serve(self.settings.metrics_host, self.settings.metrics_port)
@@ -316,11 +344,11 @@ class Agent:
                 self.settings.metrics_host,
                 self.settings.metrics_port,
             )
-        await self.store.put_node(self.node(), self.settings.node_ttl_s)
+        await self._heartbeat()
         await self._reap_orphans()
         last_reap = time.monotonic()
         while not self.stopping.is_set():
-            await self.store.put_node(self.node(), self.settings.node_ttl_s)
+            await self._heartbeat()
             self.exporter.set_node(self.node_gauges())
             while await self._claim_one():
                 pass
@@ -342,7 +370,9 @@ class Agent:
         waits = [h.done.wait() for h in self.workers.values()]
         if waits:
             await asyncio.wait_for(asyncio.gather(*waits), self.settings.shutdown_grace_s)
-        await self.store.remove_node(self.name)
+        held = await self.store.node(self.name)
+        if held is not None and held.agent_id == self.agent_id:
+            await self.store.remove_node(self.name)
         log.info("node %s: stopped", self.name)
 
 

@@ -528,6 +528,10 @@ class Node(BaseModel):
     running: list[str]
     profile: dict[str, float]
     heartbeat_at: float
+    # the agent process that holds this node name: a second agent with the same name is
+    # refused while this one heartbeats
+    agent_id: str = ""
+    agent_pid: int | None = None
 
 
 class PresetInfo(BaseModel):
