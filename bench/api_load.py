@@ -204,24 +204,28 @@ def run(
 
 
 def _register_node(redis_url: str) -> None:
-    """A CPU node record as an agent writes it, so submissions check budgets against it
-    (no agent runs: jobs stay queued, as in a busy queue)."""
-    import redis
+    """A CPU node as an agent heartbeats it (for a day), so submissions check budgets
+    against it; no agent runs, so jobs stay queued, as in a busy queue."""
+    from wstrain.scheduler.contracts.jobs import Node
+    from wstrain.scheduler.store import JobStore
 
-    node = {
-        "name": "load-node",
-        "device": "cpu",
-        "gpus": [],
-        "host_total_bytes": 64 << 30,
-        "host_free_bytes": 64 << 30,
-        "slots": 1,
-        "running": [],
-        "profile": {"matmul_flops": 1e10},
-        "heartbeat_at": time.time(),
-    }
-    r = redis.Redis.from_url(redis_url)
-    r.set("load:node:load-node", json.dumps(node))
-    r.sadd("load:nodes", "load-node")
+    async def hold() -> None:
+        store = JobStore.from_url(redis_url, "load")
+        node = Node(
+            name="load-node",
+            device="cpu",
+            gpus=[],
+            host_total_bytes=64 << 30,
+            host_free_bytes=64 << 30,
+            slots=1,
+            running=[],
+            profile={"matmul_flops": 1e10},
+            heartbeat_at=time.time(),
+        )
+        assert await store.hold_node(node, ttl_s=86400) is None
+        await store.close()
+
+    asyncio.run(hold())
 
 
 def main() -> None:
