@@ -1,19 +1,44 @@
-"""Faults under a running job, end to end on a private Redis (with its AOF), a real API, a
-real agent and a real worker: Redis stopped and restarted mid-job, and the job still ends
-`succeeded` at its last step, once, with the same agent.
+"""Faults under a running job, end to end on real Redis, a real API, real agents and real
+workers. Each ends with every job in a correct state, none lost, never two workers on one
+job, and a job that was running resumed from its last checkpoint bit-exactly:
+
+- Redis stopped and restarted (AOF) mid-job: the job ends `succeeded`, once, same agent;
+- the agent SIGKILLed and started again: the new agent stops the old worker (it
+  checkpoints), requeues the job, and it ends with the weights of an uninterrupted run;
+- the worker SIGKILLed: the job fails with the reason; resumed, it ends bit-exact;
+- Ctrl-C to `wstrain serve`: it stops the API, the agent (which requeues with a
+  checkpoint), then Redis; the next `wstrain serve` finishes the job.
+
+A second agent with a live agent's node name is refused: tests/scheduler/agent/test_agent.py.
 
     pytest -m slow tests/e2e/test_faults.py
 """
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from safetensors.torch import load_file
 
-from tests.conftest import make_stack, tiny_spec, wait_job, wait_terminal
+from tests.conftest import (
+    REPO,
+    Stack,
+    _wait_http,
+    make_stack,
+    tiny_spec,
+    wait_job,
+    wait_terminal,
+)
+from wstrain.scheduler.agent.processes import is_running, start_ticks
 
 pytestmark = pytest.mark.slow
 
@@ -52,3 +77,144 @@ def test_a_redis_restart_mid_job_loses_nothing(tmp_path: Path) -> None:
         stack.stop()
         redis_proc.terminate()
         redis_proc.wait(10)
+
+
+def _weights(job: dict[str, Any]) -> dict[str, Any]:
+    return load_file(Path(job["last_checkpoint"]) / "model.safetensors")
+
+
+def _assert_same_weights(a: dict[str, Any], b: dict[str, Any]) -> None:
+    a_w, b_w = _weights(a), _weights(b)
+    assert a_w.keys() == b_w.keys()
+    for name in a_w:
+        assert a_w[name].equal(b_w[name]), f"{name} differs from the uninterrupted run"
+
+
+def _states(c: httpx.Client, job_id: str) -> list[str]:
+    events = c.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()
+    return [e["data"]["state"] for e in events if e["kind"] == "state"]
+
+
+def _start_agent(stack: Stack) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=stack.env, cwd=REPO
+    )
+
+
+SPEC = dict(steps=300, seed=11)
+
+
+def test_a_sigkilled_agent_is_replaced_and_its_job_resumes_bit_exact(
+    redis_url: str, tmp_path: Path
+) -> None:
+    stack = make_stack(redis_url, tmp_path, "agentkill", with_agent=True)
+    try:
+        assert stack.agent is not None
+        with stack.client() as c:
+            straight = c.post("/v1/jobs", json=tiny_spec("straight", **SPEC)).json()
+            straight = wait_terminal(c, straight["id"])
+            assert straight["state"] == "succeeded", straight["error"]
+            job = c.post("/v1/jobs", json=tiny_spec("victim", **SPEC)).json()
+            running = wait_job(c, job["id"], lambda j: j["worker_pid"] and j["step"] >= 20)
+            old_pid = running["worker_pid"]
+            old_start = start_ticks(old_pid)
+            assert old_start is not None
+
+            stack.agent.send_signal(signal.SIGKILL)
+            stack.agent.wait(10)
+            stack.agent = _start_agent(stack)
+            # the new worker appears only once the old one is gone: never two on one job
+            moved = wait_job(c, job["id"], lambda j: j["worker_pid"] not in (None, old_pid))
+            assert not is_running(old_pid, old_start)
+            assert moved["attempt"] == 2
+
+            done = wait_terminal(c, job["id"])
+            assert done["state"] == "succeeded", done["error"]
+            assert done["step"] == 300 and done["attempt"] == 2
+            assert _states(c, job["id"]) == [
+                "queued", "planning", "running", "queued", "planning", "running", "succeeded"
+            ]  # fmt: skip
+            events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+            requeued = [e["message"] for e in events if "restarted" in e["message"]]
+            assert requeued and f"worker pid {old_pid}" in requeued[0], requeued
+            starts = [e["data"]["step"] for e in events if e["kind"] == "started"]
+            assert starts[0] == 0 and starts[1] >= 20  # resumed at the old worker's checkpoint
+            _assert_same_weights(done, straight)
+            assert stack.agent.poll() is None
+    finally:
+        stack.stop()
+
+
+def test_a_sigkilled_worker_fails_its_job_and_resumes_bit_exact(
+    redis_url: str, tmp_path: Path
+) -> None:
+    stack = make_stack(redis_url, tmp_path, "workerkill", with_agent=True)
+    try:
+        with stack.client() as c:
+            straight = c.post("/v1/jobs", json=tiny_spec("straight", **SPEC)).json()
+            job = c.post("/v1/jobs", json=tiny_spec("victim", checkpoint_every=25, **SPEC)).json()
+            running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
+            os.kill(running["worker_pid"], signal.SIGKILL)
+            failed = wait_terminal(c, job["id"])
+            assert failed["state"] == "failed" and "SIGKILL" in failed["error"]
+            assert failed["step"] < 300, "the kill must land mid-run for this test to mean much"
+            assert c.post(f"/v1/jobs/{job['id']}/resume").status_code == 200
+            done = wait_terminal(c, job["id"])
+            assert done["state"] == "succeeded" and done["attempt"] == 2, done["error"]
+            straight = wait_terminal(c, straight["id"])
+            _assert_same_weights(done, straight)
+    finally:
+        stack.stop()
+
+
+def test_ctrl_c_to_serve_requeues_the_job_and_the_next_serve_finishes_it(
+    tmp_path: Path,
+) -> None:
+    from wstrain.service.serve import free_port
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "WSTRAIN_REDIS_URL")}
+    env.update(
+        WSTRAIN_CPU_SLOTS="1",
+        WSTRAIN_WORKER_THREADS="1",
+        WSTRAIN_NODE_NAME="node-serve",
+        WSTRAIN_DATA_ROOTS=json.dumps([str(REPO), str(tmp_path)]),
+        WSTRAIN_HEARTBEAT_S="0.5",
+        PYTHONPATH=str(REPO),
+    )
+    state = tmp_path / "state"
+
+    def serve() -> tuple[subprocess.Popen[bytes], str]:
+        port = free_port()
+        cmd = [sys.executable, "-m", "wstrain.service.cli", "serve", "--port", str(port)]
+        cmd += ["--state-dir", str(state), "--metrics-port", str(free_port())]
+        # its own process group, as a shell gives a foreground job: Ctrl-C signals the group
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{url}/healthz", proc, timeout_s=60)
+        return proc, url
+
+    proc, url = serve()
+    try:
+        with httpx.Client(base_url=url, timeout=30) as c:
+            job = c.post("/v1/jobs", json=tiny_spec("through-ctrl-c", steps=400)).json()
+            running = wait_job(c, job["id"], lambda j: j["worker_pid"] and j["step"] >= 10)
+            agent_pid = c.get("/v1/nodes").json()["nodes"][0]["agent_pid"]
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        assert proc.wait(120) == 0
+        for pid in (agent_pid, running["worker_pid"]):  # nothing left behind
+            assert start_ticks(pid) is None, f"pid {pid} outlived wstrain serve"
+
+        proc, url = serve()  # the same state dir: the same Redis data and checkpoints
+        with httpx.Client(base_url=url, timeout=30) as c:
+            done = wait_terminal(c, job["id"])
+            assert done["state"] == "succeeded", done["error"]
+            assert done["step"] == 400 and done["attempt"] == 2
+            events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+            assert any("agent shut down; requeued" in e["message"] for e in events)
+            assert _states(c, job["id"]) == [
+                "queued", "planning", "running", "queued", "planning", "running", "succeeded"
+            ]  # fmt: skip
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(120)

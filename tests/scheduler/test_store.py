@@ -4,12 +4,13 @@ claimers never take one job twice."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
 
 from tests.conftest import tiny_spec
-from wstrain.scheduler.contracts.errors import Conflict, NotFound
+from wstrain.scheduler.contracts.errors import Conflict, LeaseLost, NotFound
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
 from wstrain.scheduler.contracts.jobs import ALLOWED_TRANSITIONS, JobSpec, JobState
 from wstrain.scheduler.contracts.model_dims import PRESETS
@@ -169,3 +170,36 @@ def test_indexes_are_rebuilt_for_a_store_that_predates_them(redis_url: str) -> N
         await store.close()
 
     asyncio.run(run())
+
+
+def test_a_lease_fences_every_agent_write(redis_url: str) -> None:
+    """Only the agent holding a job's lease writes its progress or moves it; another agent's
+    write changes nothing and raises LeaseLost; renewing reports the leases lost."""
+
+    async def go() -> None:
+        store = await _store(redis_url)
+        job_id = await _new_job(store)
+        assert await store.claim("n1", 1 << 40, 1 << 40, "agent-a", lease_s=30) == job_id
+        lease = await store.lease(job_id)
+        assert lease.agent_id == "agent-a" and lease.expires_at > time.time() + 20
+        await store.transition(job_id, JobState.running, "go", fence="agent-a")
+        await store.report(job_id, "agent-a", ("progress", "step 3", {}), step=3, worker_pid=42)
+        assert (await store.get(job_id)).step == 3
+
+        # agent-b took the job over (as a restarted agent requeues and re-claims it)
+        await store.redis.hset(store.keys.job(job_id), "lease_agent", "agent-b")
+        events_before = len(await store.events(job_id, limit=1000))
+        with pytest.raises(LeaseLost):
+            await store.report(job_id, "agent-a", ("progress", "step 4", {}), step=4)
+        with pytest.raises(LeaseLost):
+            await store.transition(job_id, JobState.succeeded, "done", fence="agent-a")
+        job = await store.get(job_id)
+        assert (job.state, job.step) == (JobState.running, 3)
+        assert len(await store.events(job_id, limit=1000)) == events_before
+        assert await store.renew("agent-a", [job_id], 30) == {job_id}
+        assert await store.renew("agent-b", [job_id], 30) == set()
+        # the API's own transitions (cancel) are not fenced
+        await store.transition(job_id, JobState.cancelling, "cancel")
+        await store.close()
+
+    asyncio.run(go())

@@ -236,6 +236,9 @@ def test_a_huge_batch_answers_at_once_while_the_api_keeps_serving(api_only: Stac
     pinger = threading.Thread(target=ping)
     pinger.start()
     try:
+        deadline = time.monotonic() + 10
+        while not latencies and time.monotonic() < deadline:  # the pinger is under way
+            time.sleep(0.01)
         with api_only.client() as c:
             for _ in range(5):
                 t0 = time.perf_counter()

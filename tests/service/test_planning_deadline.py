@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, _wait_http, tiny_spec
+from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.service.settings import ServiceSettings
 from wstrain.service.validation import validate_and_plan
@@ -81,7 +82,7 @@ def _slow_spec() -> dict[str, Any]:
 def test_slow_plan_answers_422_while_the_api_keeps_answering(impatient_api: str) -> None:
     spec = _slow_spec()
     start = time.perf_counter()
-    assert validate_and_plan(JobSpec.model_validate(spec), [], [str(REPO)]).runtime
+    assert validate_and_plan(JobSpec.model_validate(spec), [], DataAccess.of([REPO], None)).runtime
     took = time.perf_counter() - start  # what the check costs with no deadline
     with httpx.Client(base_url=impatient_api, timeout=30) as c:
         before = c.get("/v1/jobs", params={"limit": 1}).json()["total"]

@@ -13,6 +13,7 @@ import builtins
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -20,7 +21,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from wstrain.scheduler.contracts.errors import Conflict, NotFound
+from wstrain.scheduler.contracts.errors import Conflict, LeaseLost, NotFound
 from wstrain.scheduler.contracts.jobs import (
     ALLOWED_TRANSITIONS,
     STORED,
@@ -33,15 +34,18 @@ from wstrain.scheduler.contracts.jobs import (
     Plan,
 )
 
+# A transition fenced by an agent id (ARGV[9], '' for none: the API's) changes nothing unless
+# that agent holds the job's lease.
 _TRANSITION_LUA = """
 local job, events, queue = KEYS[1], KEYS[2], KEYS[3]
 local prefix, id, dst, allowed, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local kind, msg, data = ARGV[6], ARGV[7], ARGV[8]
+local kind, msg, data, fence = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local cur = redis.call('HGET', job, 'state')
 if not cur then return {0, ''} end
+if fence ~= '' and redis.call('HGET', job, 'lease_agent') ~= fence then return {-1, cur} end
 if not string.find(',' .. allowed .. ',', ',' .. cur .. ',', 1, true) then return {0, cur} end
 redis.call('HSET', job, 'state', dst, 'updated_at', now)
-for i = 9, #ARGV, 2 do redis.call('HSET', job, ARGV[i], ARGV[i + 1]) end
+for i = 10, #ARGV, 2 do redis.call('HSET', job, ARGV[i], ARGV[i + 1]) end
 redis.call('ZREM', prefix .. ':by-state:' .. cur, id)
 redis.call('ZADD', prefix .. ':by-state:' .. dst, redis.call('HGET', job, 'created_at'), id)
 if dst == 'queued' then
@@ -53,7 +57,8 @@ redis.call('XADD', events, '*', 'ts', now, 'kind', kind, 'message', msg, 'data',
 return {1, cur}
 """
 
-# Scan the queue in priority order and claim the first job whose budgets fit the node.
+# Scan the queue in priority order and claim the first job whose budgets fit the node; the
+# claiming agent takes the job's lease (ARGV[6], until ARGV[7]).
 _CLAIM_LUA = """
 local queue = KEYS[1]
 local prefix, node, now = ARGV[1], ARGV[2], ARGV[5]
@@ -63,7 +68,9 @@ for _, id in ipairs(redis.call('ZRANGE', queue, 0, 99)) do
   local f = redis.call('HMGET', job, 'state', 'device_bytes', 'host_bytes')
   if f[1] == 'queued' and tonumber(f[2]) <= free_dev and tonumber(f[3]) <= free_host then
     redis.call('ZREM', queue, id)
-    redis.call('HSET', job, 'state', 'planning', 'node', node, 'updated_at', now)
+    redis.call('HSET', job, 'state', 'planning', 'node', node, 'updated_at', now,
+               'lease_agent', ARGV[6], 'lease_expires_at', ARGV[7])
+    redis.call('HDEL', job, 'worker_pid', 'worker_start')
     redis.call('ZREM', prefix .. ':by-state:queued', id)
     redis.call('ZADD', prefix .. ':by-state:planning', redis.call('HGET', job, 'created_at'), id)
     redis.call('XADD', prefix .. ':events:' .. id, '*', 'ts', now, 'kind', 'state',
@@ -72,6 +79,34 @@ for _, id in ipairs(redis.call('ZRANGE', queue, 0, 99)) do
   end
 end
 return false
+"""
+
+# Progress from a job's worker, written only while the writing agent holds the job's lease:
+# fields (ARGV[4..] pairs after the event's kind, message and data) and one event.
+_REPORT_LUA = """
+local job, events = KEYS[1], KEYS[2]
+if redis.call('HGET', job, 'lease_agent') ~= ARGV[1] then return 0 end
+local now, kind, msg, data = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+redis.call('HSET', job, 'updated_at', now)
+for i = 6, #ARGV, 2 do redis.call('HSET', job, ARGV[i], ARGV[i + 1]) end
+if kind ~= '' then
+  redis.call('XADD', events, 'MAXLEN', '~', 10000, '*', 'ts', now, 'kind', kind,
+             'message', msg, 'data', data)
+end
+return 1
+"""
+
+# Extend this agent's leases; returns the ids whose lease another agent holds now.
+_RENEW_LUA = """
+local lost = {}
+for i, job in ipairs(KEYS) do
+  if redis.call('HGET', job, 'lease_agent') == ARGV[1] then
+    redis.call('HSET', job, 'lease_expires_at', ARGV[2])
+  else
+    table.insert(lost, ARGV[2 + i])
+  end
+end
+return lost
 """
 
 RETRY_CAP_S = 2.0  # the longest pause between two tries of a command
@@ -89,6 +124,19 @@ return false
 
 # Bump when the index layout changes; ensure_indexes rebuilds older stores once.
 INDEX_VERSION = "2"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """An agent's hold on a live job: only `agent_id` may write its progress or move it, until
+    `expires_at` (epoch s) unless renewed; the worker is identified by pid and start time
+    (clock ticks since boot, /proc/PID/stat) so a recycled pid is never mistaken for it."""
+
+    agent_id: str
+    expires_at: float
+    worker_pid: int | None
+    worker_start: int | None
+
 
 _OPTIONAL_FLOATS = ("loss", "eval_loss", "tokens_per_s", "mfu", "step_seconds", "eta_s")
 _OPTIONAL_STRS = ("error", "node", "last_checkpoint")
@@ -109,6 +157,8 @@ class JobStore:
         self._transition = redis.register_script(_TRANSITION_LUA)
         self._claim = redis.register_script(_CLAIM_LUA)
         self._hold_node = redis.register_script(_HOLD_NODE_LUA)
+        self._report = redis.register_script(_REPORT_LUA)
+        self._renew = redis.register_script(_RENEW_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "wstrain", retry_s: float = 0.0) -> JobStore:
@@ -264,10 +314,12 @@ class JobStore:
         dst: JobState,
         message: str,
         sources: frozenset[JobState] | None = None,
+        fence: str = "",
         **fields: Any,
     ) -> JobState:
         """Move a job to `dst` if the state machine allows it; returns the previous state.
-        Raises NotFound or Conflict (with the current state) and then changes nothing."""
+        With `fence` (an agent id) only while that agent holds the job's lease. Raises
+        NotFound, LeaseLost or Conflict (with the current state) and then changes nothing."""
         allowed = (
             sources
             if sources is not None
@@ -283,6 +335,7 @@ class JobStore:
             "state",
             message,
             json.dumps({"state": dst.value}),
+            fence,
         ]
         for k, v in fields.items():
             args += [k, _encode(v)]
@@ -291,37 +344,90 @@ class JobStore:
         )
         if not cur:
             raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /v1/jobs")
+        if ok == -1:
+            raise LeaseLost(
+                f"job {job_id} is leased by another agent now; {fence} may not move it",
+                state=cur,
+            )
         if not ok:
             raise Conflict(f"job {job_id} is {cur}; it cannot become {dst.value}", state=cur)
         return JobState(cur)
 
-    async def claim(self, node: str, free_device_bytes: int, free_host_bytes: int) -> str | None:
-        """The id of the job this node claimed (now `planning`), or None."""
+    async def claim(
+        self,
+        node: str,
+        free_device_bytes: int,
+        free_host_bytes: int,
+        agent_id: str = "",
+        lease_s: float = 30.0,
+    ) -> str | None:
+        """The id of the job this node claimed (now `planning`, leased to `agent_id` for
+        `lease_s`), or None."""
+        now = time.time()
         claimed = await self._claim(
             keys=[self.keys.queue],
-            args=[self.keys.prefix, node, free_device_bytes, free_host_bytes, time.time()],
+            args=[
+                self.keys.prefix,
+                node,
+                free_device_bytes,
+                free_host_bytes,
+                now,
+                agent_id,
+                now + lease_s,
+            ],
         )
         return cast(str | None, claimed)
 
-    async def update(self, job_id: str, **fields: Any) -> None:
-        """Progress fields of a live job (step, loss, ...); never touches `state`."""
+    # ------------------------------------------------------------ leases
+
+    async def report(
+        self,
+        job_id: str,
+        fence: str,
+        event: tuple[str, str, dict[str, Any]] | None = None,
+        **fields: Any,
+    ) -> None:
+        """Write a live job's progress fields (step, loss, ...; never `state`) and an event
+        (kind, message, data) as the agent `fence`, atomically; LeaseLost, writing nothing,
+        once another agent holds the job's lease."""
         assert "state" not in fields, "state changes go through transition()"
-        fields["updated_at"] = time.time()
-        await self.redis.hset(
-            self.keys.job(job_id), mapping={k: _encode(v) for k, v in fields.items()}
+        kind, message, data = event or ("", "", {})
+        args: list[Any] = [fence, time.time(), kind, message, json.dumps(data)]
+        for k, v in fields.items():
+            args += [k, _encode(v)]
+        written = await self._report(
+            keys=[self.keys.job(job_id), self.keys.events(job_id)], args=args
+        )
+        if not written:
+            raise LeaseLost(f"job {job_id} is leased by another agent now; {fence} lost it")
+
+    async def renew(self, agent_id: str, job_ids: builtins.list[str], lease_s: float) -> set[str]:
+        """Extend `agent_id`'s lease on `job_ids` by `lease_s`; the ids it no longer holds."""
+        if not job_ids:
+            return set()
+        lost = await self._renew(
+            keys=[self.keys.job(j) for j in job_ids],
+            args=[agent_id, time.time() + lease_s, *job_ids],
+        )
+        return set(cast(builtins.list[str], lost))
+
+    async def lease(self, job_id: str) -> Lease:
+        """Who holds the job's lease, until when, and the worker it runs."""
+        agent, expires, pid, start = cast(
+            builtins.list[str | None],
+            await self.redis.hmget(
+                self.keys.job(job_id),
+                ["lease_agent", "lease_expires_at", "worker_pid", "worker_start"],
+            ),
+        )
+        return Lease(
+            agent or "",
+            float(expires or 0.0),
+            int(pid) if pid else None,
+            int(start) if start else None,
         )
 
     # ------------------------------------------------------------ events
-
-    async def add_event(
-        self, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None
-    ) -> None:
-        await self.redis.xadd(
-            self.keys.events(job_id),
-            {"ts": time.time(), "kind": kind, "message": message, "data": json.dumps(data or {})},
-            maxlen=10000,
-            approximate=True,
-        )
 
     async def events(
         self, job_id: str, after: str | None = None, limit: int = 100

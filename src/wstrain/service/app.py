@@ -51,7 +51,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             await app.state.store.ensure_indexes()
         except RedisError as exc:  # Redis away: routes answer 503 until it is back
             log.warning("job indexes not checked, Redis unavailable: %s", exc)
-        app.state.planner = Planner(settings.plan_timeout_s, settings.data_roots)
+        app.state.planner = Planner(settings.plan_timeout_s, settings.access())
         try:
             yield
         finally:

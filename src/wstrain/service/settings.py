@@ -1,7 +1,7 @@
 """Settings of the API process (env prefix WSTRAIN_), built once in main() / create_app().
 
-    WSTRAIN_REDIS_URL, WSTRAIN_KEY_PREFIX  see scheduler/settings.py
-    WSTRAIN_DATA_ROOTS                JSON list of directories jobs may read data/models from
+    WSTRAIN_REDIS_URL, WSTRAIN_KEY_PREFIX, WSTRAIN_STATE_DIR, WSTRAIN_DATA_ROOTS
+                                      see scheduler/settings.py
     WSTRAIN_API_TOKENS                JSON {token: owner} or {token: {"owner": .., "role":
                                       "user"|"admin"}}; empty turns auth off
     WSTRAIN_MAX_BODY_BYTES            largest request body read (1 MiB); larger: 413
@@ -19,7 +19,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from wstrain.scheduler.settings import RedisSettings
+from wstrain.scheduler.settings import SharedSettings
 
 
 class Role(StrEnum):
@@ -35,8 +35,7 @@ class TokenGrant(BaseModel):
     role: Role = Role.user
 
 
-class ServiceSettings(RedisSettings):
-    data_roots: list[str] = Field(default_factory=lambda: ["."])
+class ServiceSettings(SharedSettings):
     # {token: owner} is shorthand for {token: {"owner": owner, "role": "user"}}
     api_tokens: dict[str, TokenGrant | str] = Field(default_factory=dict)
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)

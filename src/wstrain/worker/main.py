@@ -1,10 +1,12 @@
 """The worker process: runs one attempt of one job, started by the scheduler agent.
 
-    python -m wstrain.worker.main --job-dir STATE/jobs/ID --device cpu --peak-flops 1e12
+    python -m wstrain.worker.main --job-dir STATE/jobs/ID --peak-flops 1e12 \
+        --data-roots '["/data"]' --state-dir STATE
 
 It reads `spec.json` and `plan.json` from the job dir, resumes from the latest checkpoint
 there, trains, and reports to its agent as JSON lines on stdout (contracts.WorkerMessage);
-logs go to stderr. SIGTERM asks it to stop at the next step boundary with a checkpoint.
+logs go to stderr. SIGTERM asks it to stop at the next step boundary with a checkpoint, and
+so does a closed report pipe (its agent died).
 The exit code is contracts.WorkerExit: 0 succeeded, 3 cancelled, 1 failed.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import os
 import signal
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.calibration import GPU_PEAK_FLOPS, host_reserve_bytes
 from wstrain.scheduler.contracts.jobs import JobSpec, PathModel, Plan, WorkerExit, WorkerMessage
 from wstrain.scheduler.contracts.model_dims import resolve_dims
@@ -41,9 +45,9 @@ log = logging.getLogger("worker")
 REPORT_INTERVAL_S = 0.2
 
 
-def build_runtime(spec: JobSpec, plan: Plan) -> Runtime:
+def build_runtime(spec: JobSpec, plan: Plan, access: DataAccess | None = None) -> Runtime:
     """The runtime the plan names, initialised from the spec's seed, or from the weights of
-    the Hugging Face directory the spec's model names."""
+    the Hugging Face directory the spec's model names (read through `access`)."""
     dims = resolve_dims(spec.model)
     pretrained = Path(spec.model.path) if isinstance(spec.model, PathModel) else None
     if plan.runtime == "resident":
@@ -52,7 +56,7 @@ def build_runtime(spec: JobSpec, plan: Plan) -> Runtime:
         )
         resident = ResidentRuntime(dims, cfg, spec.optimizer)
         if pretrained is not None:
-            stream_into(dict(resident.model.named_parameters()), pretrained)
+            stream_into(dict(resident.model.named_parameters()), pretrained, access)
         return resident
     cuda = plan.device == "cuda"
     arena_limit = spec.budget.host_bytes - host_reserve_bytes(
@@ -62,7 +66,7 @@ def build_runtime(spec: JobSpec, plan: Plan) -> Runtime:
         dims, spec.precision, pin=cuda, fused_adamw=cuda, arena_limit_bytes=arena_limit
     )
     if pretrained is not None:  # straight into the host tiles
-        host.stream_from(pretrained)
+        host.stream_from(pretrained, access)
     else:
         init = LlamaModel(dims)  # same initial weights as the resident runtime for this seed
         init.init_weights(spec.seed)
@@ -97,16 +101,25 @@ def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
 
 
 class Worker:
-    def __init__(self, job_dir: Path, peak_flops: float) -> None:
-        self.job_dir, self.peak_flops = job_dir, peak_flops
+    def __init__(self, job_dir: Path, peak_flops: float, access: DataAccess) -> None:
+        self.job_dir, self.peak_flops, self.access = job_dir, peak_flops, access
         self.spec = JobSpec.model_validate_json((job_dir / "spec.json").read_text())
         self.plan = Plan.model_validate_json((job_dir / "plan.json").read_text())
         self.job_id = job_dir.name
         self.cancel_requested = False
+        self.orphaned = False  # the agent's end of the report pipe is closed
 
     def emit(self, msg: WorkerMessage) -> None:
-        sys.stdout.write(msg.model_dump_json(exclude_none=True) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(msg.model_dump_json(exclude_none=True) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # the agent died: nobody reads our reports. Stop at the next step boundary with
+            # a checkpoint, as on SIGTERM; the restarted agent requeues the job from there.
+            if not self.orphaned:
+                log.warning("job %s: the agent is gone; stopping with a checkpoint", self.job_id)
+            self.orphaned = self.cancel_requested = True
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
 
     def _request_cancel(self, signum: int, _frame: object) -> None:
         log.info("job %s: signal %d, stopping at the next step boundary", self.job_id, signum)
@@ -138,8 +151,10 @@ class Worker:
         signal.signal(signal.SIGTERM, self._request_cancel)
         torch.manual_seed(self.spec.seed)
         self._enforce_device_budget()
+        if isinstance(self.spec.model, PathModel):  # its config.json: the dims read next
+            self.access.check(str(Path(self.spec.model.path) / "config.json"), "model.path")
         dims = resolve_dims(self.spec.model)
-        runtime = build_runtime(self.spec, self.plan)
+        runtime = build_runtime(self.spec, self.plan, self.access)
         evals = self.spec.eval
         data = TokenStream.open(
             self.spec.data,
@@ -147,6 +162,7 @@ class Worker:
             self.spec.seq_len,
             self.spec.seed,
             evals.heldout_fraction if evals else 0.0,
+            self.access,
         )
         root = self.job_dir / "checkpoints"
         start = 0
@@ -222,6 +238,18 @@ def main(argv: list[str] | None = None) -> int:
         help="peak FLOP/s the MFU is measured against",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    parser.add_argument(
+        "--data-roots",
+        type=json.loads,
+        default=["/"],
+        help="JSON list of the directories the job may read (the agent passes its own)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="the service's state dir, which the job may not read (default: the job dir's "
+        "grandparent, STATE/jobs/ID)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -230,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.threads:
         torch.set_num_threads(args.threads)
-    worker = Worker(args.job_dir, args.peak_flops)
+    access = DataAccess.of(args.data_roots, args.state_dir or args.job_dir.resolve().parent.parent)
+    worker = Worker(args.job_dir, args.peak_flops, access)
     try:
         return int(worker.run())
     except torch.cuda.OutOfMemoryError as exc:

@@ -65,6 +65,7 @@ def test_plan_fits_budget_or_names_a_minimum_that_does(
         assert ws is not None and len(ws.levels) == dims.num_layers
         assert all(len(row) == plan.micro_batch // ws.chunk for row in ws.levels)
         assert 0 <= plan.window <= dims.num_layers and ws.r_param >= 2
-    # More device budget never predicts a slower step or a smaller micro-batch.
+    # More device budget never predicts a slower step or a smaller micro-batch. Equal plans
+    # may sum their costs in another order: 1e-12 relative is that rounding, not a slowdown.
     bigger = make_plan(_spec(preset, seq, batch, dev * 2, host, prec), dims, DEFAULT_PROFILE)
-    assert bigger.predicted.step_seconds <= plan.predicted.step_seconds
+    assert bigger.predicted.step_seconds <= plan.predicted.step_seconds * (1 + 1e-12)

@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
+from wstrain.scheduler.contracts.access import DataAccess
+from wstrain.scheduler.contracts.errors import InvalidSpec
 from wstrain.scheduler.contracts.jobs import TokenData
 from wstrain.worker.io.data import TokenStream
 
@@ -67,6 +70,37 @@ def test_jsonl_documents_are_packed_with_end_of_text(tmp_path: Path) -> None:
     )
     tok = _tokenizer_json(tmp_path)
     data = TextData(kind="text", path=str(tmp_path / "d.jsonl"), tokenizer=str(tok))
-    assert _load_tokens(data, 6, 0).tolist() == [2, 3, 1, 4, 1, 5, 2, 1]
+    assert _load_tokens(data, 6, 0, DataAccess.of([tmp_path], None)).tolist() == [
+        2,
+        3,
+        1,
+        4,
+        1,
+        5,
+        2,
+        1,
+    ]
     by_bytes = TextData(kind="text", path=str(tmp_path / "d.jsonl"))
-    assert bytes(_load_tokens(by_bytes, 256, 0)) == b"a b\0c\0d a\0"
+    assert (
+        bytes(_load_tokens(by_bytes, 256, 0, DataAccess.of([tmp_path], None))) == b"a b\0c\0d a\0"
+    )
+
+
+def test_the_worker_reads_only_what_access_allows_and_checks_every_id(tmp_path: Path) -> None:
+    """The API reads a token file's head only; the worker refuses a file swapped for a link
+    out of the roots, and an id past the vocabulary anywhere in the file."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    access = DataAccess.of([root], tmp_path / "state")
+    ids = np.arange(100_000, dtype=np.uint32) % 1000
+    ids[-1] = 5000  # past a 1000-token vocabulary, in the tail only
+    ids.tofile(outside / "t.bin")
+    (root / "t.bin").symlink_to(outside / "t.bin")
+    data = TokenData(kind="tokens", path=str(root / "t.bin"), dtype="uint32")
+    with pytest.raises(InvalidSpec, match="outside the data roots"):
+        TokenStream.open(data, 1000, 32, seed=0, access=access)
+    (root / "t.bin").unlink()
+    ids.tofile(root / "t.bin")
+    with pytest.raises(ValueError, match=r"token id 5000 .*position 99999.* vocab_size is 1000"):
+        TokenStream.open(data, 1000, 32, seed=0, access=access)

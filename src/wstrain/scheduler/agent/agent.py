@@ -2,6 +2,12 @@
 queued jobs whose budgets fit a free device, plans them, launches one worker per job and
 supervises it; fails the jobs of nodes that stopped heartbeating.
 
+Each job it claims is leased to this agent (its id, renewed with every heartbeat) and every
+write about it is fenced by that lease. A restarted agent first stops the workers its
+predecessor left (by pid and start time: SIGTERM, so they checkpoint) and requeues their
+jobs to resume from that checkpoint; it never adopts them, since their report pipe died
+with the old agent, and it claims nothing before they are gone.
+
     wstrain-agent        # settings from WSTRAIN_* env vars (AgentSettings)
 """
 
@@ -24,14 +30,22 @@ from pathlib import Path
 from pydantic import Field
 
 from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
-from wstrain.scheduler.agent.supervisor import WorkerHandle, forward_cancel, pump, spawn
+from wstrain.scheduler.agent.processes import start_ticks, stop_process
+from wstrain.scheduler.agent.supervisor import (
+    WorkerHandle,
+    forward_cancel,
+    lose_lease,
+    pump,
+    requeue,
+    spawn,
+)
 from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.errors import Conflict, WstrainError
+from wstrain.scheduler.contracts.errors import Conflict, LeaseLost, WstrainError
 from wstrain.scheduler.contracts.hardware import Device, LayerTimes, NodeProfile
 from wstrain.scheduler.contracts.jobs import GPUInfo, Job, JobSpec, JobState, Node, job_dir
 from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.scheduler.planning.planner import make_plan
-from wstrain.scheduler.settings import RedisSettings
+from wstrain.scheduler.settings import SharedSettings
 from wstrain.scheduler.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -51,13 +65,19 @@ class NodeNameTaken(SystemExit):
         )
 
 
-class AgentSettings(RedisSettings):
-    state_dir: Path = Path("wstrain-state")
+class AgentSettings(SharedSettings):
     node_name: str = Field(default_factory=socket.gethostname)
     cpu_slots: int = Field(default=1, ge=1, description="concurrent jobs on a CPU-only node")
     worker_threads: int = Field(default=0, ge=0, description="torch threads per CPU worker")
     heartbeat_s: float = 1.0
     node_ttl_s: float = 10.0
+    lease_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="how long a job stays leased to this agent without a heartbeat; "
+        "another agent takes over a dead node's jobs only after it",
+    )
     shutdown_grace_s: float = 60.0
     profile_cache: bool = Field(
         default=True,
@@ -101,6 +121,8 @@ class Agent:
         self.profile: dict[str, float] = {}
         self.profile_key = ""
         self.exporter = AgentExporter(settings.metrics_grace_s)
+        self.access = settings.access()  # what its jobs may read
+        self.fatal: NodeNameTaken | None = None  # why the heartbeat stopped the agent
 
     async def _measure(self) -> None:
         cache = ["--cache-dir", str(self.settings.state_dir / "profiles")]
@@ -233,6 +255,24 @@ class Agent:
         return LayerTimes.from_json(json.loads(cache.read_text()))
 
     async def _start(self, job_id: str) -> None:
+        try:
+            await self._plan_and_spawn(job_id)
+        except LeaseLost:
+            log.warning("job %s: taken over by another agent while starting", job_id)
+        except Exception as exc:  # a full disk, a failed spawn: the job fails with why
+            reason = f"starting the worker on {self.name} failed: {type(exc).__name__}: {exc}"
+            log.exception("job %s: %s", job_id, reason)
+            with contextlib.suppress(Conflict):
+                await self.store.transition(
+                    job_id,
+                    JobState.failed,
+                    f"failed: {reason}",
+                    sources=frozenset(_LIVE),
+                    fence=self.agent_id,
+                    error=reason,
+                )
+
+    async def _plan_and_spawn(self, job_id: str) -> None:
         job = await self.store.get(job_id)
         jdir = job_dir(self.settings.state_dir, job_id).resolve()
         jdir.mkdir(parents=True, exist_ok=True)
@@ -244,7 +284,11 @@ class Agent:
             )
         except WstrainError as exc:
             await self.store.transition(
-                job_id, JobState.failed, f"planning failed: {exc.message}", error=exc.message
+                job_id,
+                JobState.failed,
+                f"planning failed: {exc.message}",
+                fence=self.agent_id,
+                error=exc.message,
             )
             return
         (jdir / "plan.json").write_text(plan.model_dump_json(indent=1))
@@ -254,9 +298,19 @@ class Agent:
                 JobState.running,
                 f"running on {self.name}",
                 sources=frozenset({JobState.planning}),
+                fence=self.agent_id,
                 plan=plan.model_dump(mode="json"),
             )
+        except LeaseLost:
+            raise
         except Conflict:  # cancelled while we planned
+            await self.store.transition(
+                job_id,
+                JobState.cancelled,
+                "cancelled before it started",
+                sources=frozenset({JobState.cancelling}),
+                fence=self.agent_id,
+            )
             return
         gpu = self._free_gpu() if self.gpus else None
         proc = await spawn(
@@ -266,15 +320,29 @@ class Agent:
             self.settings.worker_threads,
             gpu,
             dict(os.environ),
+            self.access,
         )
         handle = WorkerHandle(
-            job, proc, job.spec.budget.device_bytes, job.spec.budget.host_bytes, gpu, self.exporter
+            job,
+            proc,
+            job.spec.budget.device_bytes,
+            job.spec.budget.host_bytes,
+            gpu,
+            self.exporter,
+            self.agent_id,
         )
         self.exporter.job_started(job.model_copy(update={"plan": plan}))
         self.workers[job_id] = handle
-        await self.store.update(job_id, worker_pid=proc.pid)
-        log.info("job %s: worker pid %d started (attempt %d)", job_id, proc.pid, job.attempt)
         handle.task = asyncio.create_task(self._supervise(handle))  # held: tasks are weak refs
+        # the worker is recorded by pid and start time: a restarted agent stops exactly it
+        await self.store.report(
+            job_id,
+            self.agent_id,
+            ("worker", f"worker pid {proc.pid} started on {self.name}", {"pid": proc.pid}),
+            worker_pid=proc.pid,
+            worker_start=start_ticks(proc.pid),
+        )
+        log.info("job %s: worker pid %d started (attempt %d)", job_id, proc.pid, job.attempt)
 
     async def _supervise(self, handle: WorkerHandle) -> None:
         try:
@@ -286,7 +354,9 @@ class Agent:
         if len(self.workers) >= self.slots:
             return False
         free_dev, free_host = self._free_bytes()
-        job_id = await self.store.claim(self.name, free_dev, free_host)
+        job_id = await self.store.claim(
+            self.name, free_dev, free_host, self.agent_id, self.settings.lease_s
+        )
         if job_id is None:
             return False
         log.info("job %s: claimed by %s", job_id, self.name)
@@ -294,26 +364,52 @@ class Agent:
         return True
 
     async def _reap_orphans(self) -> None:
-        """Fail live jobs whose node is gone, or which this agent no longer runs."""
+        """Settle live jobs no live agent holds: this node's from a previous agent process
+        (stop its worker, requeue), and a dead node's once its lease has expired (fail)."""
         alive = {n.name for n in await self.store.nodes()}
+        ours: list[Job] = []
         for state in _LIVE:
             jobs, _ = await self.store.list(state=state, limit=10000)
             for job in jobs:
                 if job.node == self.name and job.id not in self.workers:
-                    reason = f"agent {self.name} restarted and lost the worker"
+                    ours.append(job)
                 elif job.node and job.node != self.name and job.node not in alive:
-                    reason = f"node {job.node} stopped heartbeating"
-                else:
-                    continue
-                await self._fail_orphan(job, reason)
+                    await self._fail_orphan(job)
+        # each worker left behind checkpoints at its own step boundary: wait for all at once
+        await asyncio.gather(*(self._take_back(job) for job in ours))
 
-    async def _fail_orphan(self, job: Job, reason: str) -> None:
+    async def _take_back(self, job: Job) -> None:
+        """A job of this node's previous agent: stop the worker it left (SIGTERM: it writes a
+        checkpoint at its next step boundary), then requeue the job, fenced by the old lease,
+        so it resumes from that checkpoint; one the user cancelled ends cancelled."""
+        lease = await self.store.lease(job.id)
+        if lease.agent_id == self.agent_id:
+            return  # ours, between claim and spawn
+        how = "no worker"
+        if lease.worker_pid is not None and lease.worker_start is not None:
+            how = await stop_process(
+                lease.worker_pid, lease.worker_start, self.settings.shutdown_grace_s
+            )
+            how = f"worker pid {lease.worker_pid} {how}"
+        why = f"agent on {self.name} restarted ({how})"
+        log.warning("job %s: %s", job.id, why)
+        with contextlib.suppress(Conflict):  # a concurrent settle or cancel wins
+            await requeue(self.store, job.id, lease.agent_id, job.attempt, why)
+
+    async def _fail_orphan(self, job: Job) -> None:
+        """A job of a node that stopped heartbeating fails once its lease has expired (its
+        worker there cannot be seen from here, so it is not resumed behind its back)."""
+        lease = await self.store.lease(job.id)
+        if lease.expires_at > time.time():
+            return
+        reason = f"node {job.node} stopped heartbeating"
         try:
             await self.store.transition(
                 job.id,
                 JobState.failed,
                 f"failed: {reason}",
                 sources=frozenset(_LIVE),
+                fence=lease.agent_id,
                 error=reason + "; resume it",
             )
             log.warning("job %s: %s", job.id, reason)
@@ -332,6 +428,23 @@ class Agent:
         other = await self.store.hold_node(self.node(), self.settings.node_ttl_s)
         if other is not None:
             raise NodeNameTaken(self.name, other)
+        lost = await self.store.renew(self.agent_id, list(self.workers), self.settings.lease_s)
+        for job_id in lost:
+            if (handle := self.workers.get(job_id)) is not None:
+                lose_lease(handle)
+
+    async def _heartbeat_loop(self) -> None:
+        """Heartbeat the node and renew the leases every heartbeat_s, whatever the main loop
+        is waiting on (a slow plan, a predecessor's worker writing its checkpoint)."""
+        try:
+            while not self.stopping.is_set():
+                await self._heartbeat()
+                self.exporter.set_node(self.node_gauges())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_s)
+        except NodeNameTaken as exc:  # our record expired and another agent took the name
+            self.fatal = exc
+            self.stopping.set()
 
     async def run(self) -> None:
         await self._refuse_if_taken()
@@ -345,31 +458,46 @@ class Agent:
                 self.settings.metrics_port,
             )
         await self._heartbeat()
-        await self._reap_orphans()
-        last_reap = time.monotonic()
-        while not self.stopping.is_set():
-            await self._heartbeat()
-            self.exporter.set_node(self.node_gauges())
-            while await self._claim_one():
-                pass
-            for handle in list(self.workers.values()):
-                await forward_cancel(self.store, handle)
-            if time.monotonic() - last_reap > self.settings.node_ttl_s:
-                await self._reap_orphans()
-                last_reap = time.monotonic()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_s / 4)
-        await self._shutdown()
+        beating = asyncio.create_task(self._heartbeat_loop())
+        try:
+            await self._reap_orphans()  # a predecessor's workers are gone before any claim
+            last_reap = time.monotonic()
+            while not self.stopping.is_set():
+                while not self.stopping.is_set() and await self._claim_one():
+                    pass
+                for handle in list(self.workers.values()):
+                    await forward_cancel(self.store, handle)
+                if time.monotonic() - last_reap > self.settings.node_ttl_s:
+                    await self._reap_orphans()
+                    last_reap = time.monotonic()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_s / 4)
+            await self._shutdown()
+        finally:
+            self.stopping.set()
+            await beating
+        if self.fatal is not None:
+            raise self.fatal
 
     async def _shutdown(self) -> None:
-        """Give running jobs back: workers checkpoint, their jobs are requeued."""
+        """Give running jobs back: workers checkpoint, their jobs are requeued. A worker
+        still writing its checkpoint after shutdown_grace_s is left to finish: the next agent
+        on this node stops it and requeues its job."""
         for handle in self.workers.values():
             handle.shutting_down = True
             if handle.proc.returncode is None:
                 handle.proc.send_signal(signal.SIGTERM)
         waits = [h.done.wait() for h in self.workers.values()]
         if waits:
-            await asyncio.wait_for(asyncio.gather(*waits), self.settings.shutdown_grace_s)
+            try:
+                await asyncio.wait_for(asyncio.gather(*waits), self.settings.shutdown_grace_s)
+            except TimeoutError:
+                log.warning(
+                    "node %s: %d worker(s) still checkpointing after %.0f s; leaving them",
+                    self.name,
+                    sum(not h.done.is_set() for h in self.workers.values()),
+                    self.settings.shutdown_grace_s,
+                )
         held = await self.store.node(self.name)
         if held is not None and held.agent_id == self.agent_id:
             await self.store.remove_node(self.name)

@@ -1,5 +1,7 @@
 """Supervision of one worker process: spawn it, turn its JSON-line reports into job-store
 updates and events, forward cancel as SIGTERM, and map its exit to the job's final state.
+Every write is fenced by the agent's lease on the job: once another agent has taken the job
+over (this one was presumed dead), writes change nothing and the worker is stopped.
 
 Used by scheduler/agent/agent.py; one `WorkerHandle` per running job.
 """
@@ -7,6 +9,7 @@ Used by scheduler/agent/agent.py; one `WorkerHandle` per running job.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -15,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wstrain.scheduler.agent.exporter import AgentExporter
-from wstrain.scheduler.contracts.errors import Conflict
+from wstrain.scheduler.contracts.access import DataAccess
+from wstrain.scheduler.contracts.errors import Conflict, LeaseLost
 from wstrain.scheduler.contracts.jobs import Job, JobState, WorkerExit, WorkerMessage
 from wstrain.scheduler.store import JobStore
 
@@ -30,18 +34,28 @@ class WorkerHandle:
     host_bytes: int
     gpu: int | None
     exporter: AgentExporter
+    fence: str  # the id of the agent whose lease on the job every write needs
     started: bool = False  # the worker reported `started`: its SIGTERM handler is in place
     cancel_sent: bool = False
     shutting_down: bool = False
     error: str | None = None
     last_step: int = 0
+    lease_lost: bool = False  # another agent holds the job now: write nothing more
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None  # the agent's supervision of this worker
 
 
 async def spawn(
-    job: Job, job_dir: Path, peak_flops: float, threads: int, gpu: int | None, env: dict[str, str]
+    job: Job,
+    job_dir: Path,
+    peak_flops: float,
+    threads: int,
+    gpu: int | None,
+    env: dict[str, str],
+    access: DataAccess,
 ) -> asyncio.subprocess.Process:
+    """The worker of one attempt of `job`, in its own session, reading only what `access`
+    allows (the data roots less the state dir, checked again on every file it opens)."""
     env = dict(env)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -60,6 +74,10 @@ async def spawn(
             str(peak_flops),
             "--threads",
             str(threads),
+            "--data-roots",
+            json.dumps([str(r) for r in access.roots]),
+            "--state-dir",
+            str(access.state_dir),
             stdout=asyncio.subprocess.PIPE,
             stderr=log_file,
             env=env,
@@ -70,14 +88,20 @@ async def spawn(
 
 
 async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) -> None:
-    jid = h.job.id
+    jid, fence = h.job.id, h.fence
     if msg.kind == "step" and msg.step is not None:
         h.last_step = msg.step
         h.exporter.job_step(jid, msg)
         remaining = h.job.steps - msg.step
         eta = remaining * msg.step_seconds if msg.step_seconds else None
-        await store.update(
+        await store.report(
             jid,
+            fence,
+            (
+                "progress",
+                f"step {msg.step}/{h.job.steps} loss {msg.loss:.4f}",
+                msg.model_dump(exclude_none=True, exclude={"metrics"}),
+            ),
             step=msg.step,
             loss=msg.loss,
             tokens_per_s=msg.tokens_per_s,
@@ -86,50 +110,75 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
             eta_s=eta,
             telemetry=msg.metrics,
         )
-        await store.add_event(
-            jid,
-            "progress",
-            f"step {msg.step}/{h.job.steps} loss {msg.loss:.4f}",
-            msg.model_dump(exclude_none=True, exclude={"metrics"}),
-        )
     elif msg.kind == "eval" and msg.loss is not None:
         h.exporter.job_eval(jid, msg.loss)
-        await store.update(jid, eval_loss=msg.loss)
-        await store.add_event(
+        await store.report(
             jid,
-            "eval",
-            f"step {msg.step}: held-out loss {msg.loss:.4f}",
-            {"step": msg.step, "loss": msg.loss},
+            fence,
+            (
+                "eval",
+                f"step {msg.step}: held-out loss {msg.loss:.4f}",
+                {"step": msg.step, "loss": msg.loss},
+            ),
+            eval_loss=msg.loss,
         )
     elif msg.kind == "checkpoint":
-        await store.update(jid, last_checkpoint=msg.path)
-        await store.add_event(
+        await store.report(
             jid,
-            "checkpoint",
-            f"checkpoint at step {msg.step}: {msg.path}",
-            {"step": msg.step, "path": msg.path},
+            fence,
+            (
+                "checkpoint",
+                f"checkpoint at step {msg.step}: {msg.path}",
+                {"step": msg.step, "path": msg.path},
+            ),
+            last_checkpoint=msg.path,
         )
     elif msg.kind == "error":
         h.error = msg.message
-        await store.add_event(jid, "error", msg.message or "worker error")
+        await store.report(jid, fence, ("error", msg.message or "worker error", {}))
+    elif msg.kind == "started":
+        h.started = True
+        # a resumed worker starts at its checkpoint's step, which may be behind the last
+        # step reported before a crash
+        await store.report(
+            jid, fence, ("started", msg.message or "started", {"step": msg.step}), step=msg.step
+        )
     else:
-        h.started = h.started or msg.kind == "started"
-        await store.add_event(jid, msg.kind, msg.message or msg.kind)
+        await store.report(jid, fence, (msg.kind, msg.message or msg.kind, {}))
+
+
+def lose_lease(h: WorkerHandle) -> None:
+    """Another agent holds the job now: write nothing more, and stop the worker (it
+    checkpoints and exits) so that one job never has two workers for long."""
+    if h.lease_lost:
+        return
+    h.lease_lost = True
+    log.warning(
+        "job %s: another agent holds its lease now; stopping worker pid %d", h.job.id, h.proc.pid
+    )
+    if h.proc.returncode is None:
+        h.proc.send_signal(signal.SIGTERM)
 
 
 async def pump(store: JobStore, h: WorkerHandle) -> None:
     """Read the worker's reports until it exits, then settle the job's state."""
     assert h.proc.stdout is not None
     async for line in h.proc.stdout:
+        if h.lease_lost:
+            continue  # drain: a worker blocked on a full pipe would never exit
         try:
             msg = WorkerMessage.model_validate_json(line)
         except ValueError:
             log.warning("job %s: unparseable worker line %r", h.job.id, line[:200])
             continue
-        await _handle_message(store, h, msg)
+        try:
+            await _handle_message(store, h, msg)
+        except LeaseLost:
+            lose_lease(h)
     code = await h.proc.wait()
     h.exporter.job_ended(h.job.id)
-    await settle(store, h, code)
+    if not h.lease_lost:
+        await settle(store, h, code)
     h.done.set()
 
 
@@ -142,23 +191,17 @@ async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
                 JobState.succeeded,
                 "training finished",
                 sources=frozenset({JobState.running, JobState.cancelling}),
+                fence=h.fence,
             )
         elif code == WorkerExit.cancelled and h.shutting_down and not h.cancel_sent:
-            await store.transition(
-                jid,
-                JobState.queued,
-                "agent shut down; requeued from the last checkpoint",
-                sources=frozenset({JobState.running}),
-                attempt=h.job.attempt + 1,
-                node=None,
-                worker_pid=None,
-            )
+            await requeue(store, jid, h.fence, h.job.attempt, "agent shut down")
         elif code == WorkerExit.cancelled or (h.cancel_sent and code == -signal.SIGTERM):
             await store.transition(
                 jid,
                 JobState.cancelled,
                 f"cancelled at step {h.last_step}; checkpoint written",
                 sources=frozenset({JobState.running, JobState.cancelling}),
+                fence=h.fence,
             )
         else:
             reason = h.error or _describe_exit(code)
@@ -168,10 +211,39 @@ async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
                 f"failed: {reason}",
                 sources=frozenset({JobState.running, JobState.cancelling}),
                 error=reason,
+                fence=h.fence,
             )
-    except Conflict as exc:  # someone else settled it (e.g. an operator); keep theirs
+    except Conflict as exc:  # someone else settled it, or took the job over; keep theirs
         log.warning("job %s: could not settle after exit %d: %s", jid, code, exc.message)
     log.info("job %s: worker exited with %d", jid, code)
+
+
+async def requeue(store: JobStore, jid: str, fence: str, attempt: int, why: str) -> None:
+    """Put a job whose worker stopped at a checkpoint back in the queue (attempt + 1) to
+    resume there; a job the user cancelled meanwhile ends `cancelled` instead."""
+    try:
+        await store.transition(
+            jid,
+            JobState.queued,
+            f"{why}; requeued to resume from the last checkpoint",
+            sources=frozenset({JobState.planning, JobState.running}),
+            fence=fence,
+            attempt=attempt + 1,
+            node=None,
+            worker_pid=None,
+            worker_start=None,
+            lease_agent=None,
+        )
+    except Conflict as exc:
+        if isinstance(exc, LeaseLost) or exc.detail.get("state") != JobState.cancelling.value:
+            raise
+        await store.transition(
+            jid,
+            JobState.cancelled,
+            f"cancelled ({why}); checkpoint written",
+            sources=frozenset({JobState.cancelling}),
+            fence=fence,
+        )
 
 
 def _describe_exit(code: int) -> str:

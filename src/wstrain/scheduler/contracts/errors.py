@@ -46,6 +46,12 @@ class Conflict(WstrainError):
     status = 409
 
 
+class LeaseLost(Conflict):
+    """An agent wrote to a job whose lease another agent holds now (it took the job over
+    after this agent was presumed dead): the write changed nothing, and this agent must stop
+    its worker for that job."""
+
+
 class Unauthorized(WstrainError):
     status = 401
 

@@ -2,11 +2,11 @@
 a worker thread, off the event loop, under the deadline WSTRAIN_PLAN_TIMEOUT_S.
 
 validate_and_plan (service/validation.py) is CPU-bound: the planner's search takes 10-75 ms
-for the presets, and the data checks read every token id and every JSONL line. Run on the
+for the presets, and the data checks read the token file's head and every JSONL line. Run on the
 event loop it would stall every other request, /healthz included, for that long. Here it
 runs in a small pool of its own:
 
-    planner = Planner(timeout_s=2.0, data_roots=["."])     # create_app's lifespan does this
+    planner = Planner(timeout_s=2.0, access=settings.access())  # create_app's lifespan
     plan = await planner.plan(spec, await store.nodes())   # InvalidSpec (422) past 2 s
     planner.close()
 
@@ -21,6 +21,7 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
+from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import InvalidSpec
 from wstrain.scheduler.contracts.jobs import JobSpec, Node, Plan
 from wstrain.service.validation import validate_and_plan
@@ -41,18 +42,16 @@ PLAN_THREADS = 4
 class Planner:
     """validate_and_plan in PLAN_THREADS threads, each call under `timeout_s` seconds."""
 
-    def __init__(
-        self, timeout_s: float, data_roots: list[str], threads: int = PLAN_THREADS
-    ) -> None:
+    def __init__(self, timeout_s: float, access: DataAccess, threads: int = PLAN_THREADS) -> None:
         self.timeout_s = timeout_s
-        self.data_roots = list(data_roots)
+        self.access = access
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="wstrain-plan")
 
     async def plan(self, spec: JobSpec, nodes: list[Node]) -> Plan:
         """The plan validate_and_plan makes, or its InvalidSpec / InfeasibleBudget; InvalidSpec
         naming the fix when it takes longer than `timeout_s`."""
         loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self._pool, validate_and_plan, spec, nodes, self.data_roots)
+        work = loop.run_in_executor(self._pool, validate_and_plan, spec, nodes, self.access)
         try:
             done, _ = await asyncio.wait({work}, timeout=self.timeout_s)
         finally:
@@ -62,8 +61,8 @@ class Planner:
         if work not in done:
             log.warning("spec %s: checks and planning overran %s s", spec.name, self.timeout_s)
             raise InvalidSpec(
-                f"planning took too long (over {self.timeout_s} s); the API checks every token "
-                "id and JSONL line of the data and plans both runtimes within "
+                f"planning took too long (over {self.timeout_s} s); the API checks the "
+                "data and plans both runtimes within "
                 "WSTRAIN_PLAN_TIMEOUT_S: use a smaller data file, set overrides.runtime to "
                 "plan one runtime, or raise WSTRAIN_PLAN_TIMEOUT_S on the API",
                 timeout_s=self.timeout_s,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.documents import documents
 from wstrain.scheduler.contracts.jobs import (
     END_OF_TEXT_TOKENS,
@@ -24,34 +25,57 @@ from wstrain.scheduler.contracts.jobs import (
 )
 
 
-def _load_tokens(data: DataRef, vocab_size: int, seed: int) -> np.ndarray:
+def _load_tokens(data: DataRef, vocab_size: int, seed: int, access: DataAccess) -> np.ndarray:
+    """The job's token ids, every file opened through `access` (under a data root, outside
+    the state dir, checked on the file actually opened)."""
     if isinstance(data, SyntheticData):
         rng = np.random.default_rng(seed)
         return rng.integers(0, vocab_size, size=1 << 20, dtype=np.int64)
     if isinstance(data, TokenData):
-        if data.path.endswith(".npy"):
-            return np.load(data.path, mmap_mode="r").reshape(-1)
-        return np.memmap(data.path, dtype=np.dtype(data.dtype), mode="r")
+        with access.open(data.path, "data.path") as path:
+            if data.path.endswith(".npy"):
+                tokens = np.load(path, mmap_mode="r").reshape(-1)
+            else:
+                tokens = np.memmap(path, dtype=np.dtype(data.dtype), mode="r")
+        _check_ids(tokens, vocab_size, data.path)
+        return tokens
     assert isinstance(data, TextData)
     jsonl = data.path.endswith(".jsonl")
-    if data.tokenizer == "byte":
-        if not jsonl:
-            with open(data.path, "rb") as f:
-                return np.frombuffer(f.read(), dtype=np.uint8)
-        packed = b"".join(doc.encode() + b"\0" for doc in documents(data.path, data.text_field))
-        return np.frombuffer(packed, dtype=np.uint8)
-    from tokenizers import Tokenizer  # only text jobs with a tokenizer.json need it
+    with access.open(data.path, "data.path") as path:
+        if data.tokenizer == "byte":
+            if not jsonl:
+                with open(path, "rb") as f:
+                    return np.frombuffer(f.read(), dtype=np.uint8)
+            packed = b"".join(doc.encode() + b"\0" for doc in documents(path, data.text_field))
+            return np.frombuffer(packed, dtype=np.uint8)
+        from tokenizers import Tokenizer  # only text jobs with a tokenizer.json need it
 
-    tok = Tokenizer.from_file(data.tokenizer)
-    if not jsonl:
-        with open(data.path, encoding="utf-8") as f:
-            return np.asarray(tok.encode(f.read()).ids, dtype=np.int64)
-    eos = end_of_text_id(tok)
-    ids: list[int] = []
-    for doc in documents(data.path, data.text_field):
-        ids.extend(tok.encode(doc).ids)
-        ids.append(eos)
-    return np.asarray(ids, dtype=np.int64)
+        with access.open(data.tokenizer, "data.tokenizer") as tok_path:
+            tok = Tokenizer.from_file(tok_path)
+        if not jsonl:
+            with open(path, encoding="utf-8") as f:
+                return np.asarray(tok.encode(f.read()).ids, dtype=np.int64)
+        eos = end_of_text_id(tok)
+        ids: list[int] = []
+        for doc in documents(path, data.text_field):
+            ids.extend(tok.encode(doc).ids)
+            ids.append(eos)
+        return np.asarray(ids, dtype=np.int64)
+
+
+def _check_ids(tokens: np.ndarray, vocab_size: int, path: str) -> None:
+    """Every id below vocab_size (the API read only the file's head): an embedding lookup
+    past the vocabulary would fail deep in a step, or on a GPU corrupt memory."""
+    for start in range(0, len(tokens), SCAN_TOKENS):
+        block = tokens[start : start + SCAN_TOKENS]
+        top = int(block.max())
+        if top >= vocab_size:
+            at = start + int(np.argmax(block >= vocab_size))
+            raise ValueError(
+                f"data.path={path!r} holds token id {top} (first bad one at position {at}) "
+                f"but the model's vocab_size is {vocab_size}; use a model with a larger "
+                "vocabulary or the tokenizer the file was made with"
+            )
 
 
 def end_of_text_id(tok: object) -> int:
@@ -65,6 +89,10 @@ def end_of_text_id(tok: object) -> int:
     )
 
 
+# ids checked per block: 256 MiB of uint32, bounded memory whatever the file's size
+SCAN_TOKENS = 1 << 26
+
+
 @dataclass
 class TokenStream:
     tokens: np.ndarray  # (N,) token ids for training
@@ -74,9 +102,16 @@ class TokenStream:
 
     @classmethod
     def open(
-        cls, data: DataRef, vocab_size: int, seq_len: int, seed: int, heldout_fraction: float = 0.0
+        cls,
+        data: DataRef,
+        vocab_size: int,
+        seq_len: int,
+        seed: int,
+        heldout_fraction: float = 0.0,
+        access: DataAccess | None = None,
     ) -> TokenStream:
-        tokens = _load_tokens(data, vocab_size, seed)
+        """The job's data; files are read through `access` (default: anywhere)."""
+        tokens = _load_tokens(data, vocab_size, seed, access or DataAccess.of(["/"], None))
         cut = len(tokens) - int(len(tokens) * heldout_fraction)
         train, heldout = tokens[:cut], (tokens[cut:] if heldout_fraction else None)
         for name, part in (("training", train), ("held-out", heldout)):

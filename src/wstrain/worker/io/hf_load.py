@@ -19,10 +19,13 @@ import io
 import json
 import logging
 import struct
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+
+from wstrain.scheduler.contracts.access import DataAccess
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +59,13 @@ def _read_into(f: io.RawIOBase, dest: torch.Tensor, dtype: torch.dtype, nbytes: 
         flat[start : start + part.numel()].copy_(part)
 
 
-def stream_into(views: dict[str, torch.Tensor], directory: Path) -> int:
+def stream_into(
+    views: dict[str, torch.Tensor], directory: Path, access: DataAccess | None = None
+) -> int:
     """Copy every tensor of the directory's safetensors files into `views` (Hugging Face
-    names); returns the bytes read. ValueError names missing, unexpected or misshapen ones."""
+    names); returns the bytes read. ValueError names missing, unexpected or misshapen ones.
+    With `access` (a user's model dir, not our own checkpoint) each file is opened through
+    it: under a data root and outside the state dir, checked on the file actually opened."""
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ValueError(
@@ -69,7 +76,8 @@ def stream_into(views: dict[str, torch.Tensor], directory: Path) -> int:
     nbytes = 0
     with torch.no_grad():
         for path in files:
-            with open(path, "rb", buffering=0) as f:
+            checked = access.open(path, "model.path") if access else nullcontext(str(path))
+            with checked as real, open(real, "rb", buffering=0) as f:
                 header, data_start = read_header(f)
                 # in file order: the reads run sequentially through the shard
                 for name, entry in sorted(header.items(), key=lambda e: e[1]["data_offsets"]):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.jobs import OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.worker.io.hf_load import stream_into
@@ -155,9 +156,10 @@ class HostState:
                 v.copy_(tensors[n])
         self._round_master()
 
-    def stream_from(self, directory: Path) -> None:
-        """Weights from a Hugging Face or checkpoint directory, tensor by tensor."""
-        stream_into(self.weight_views(), directory)
+    def stream_from(self, directory: Path, access: DataAccess | None = None) -> None:
+        """Weights from a Hugging Face or checkpoint directory, tensor by tensor; a user's
+        directory is read through `access` (see io/hf_load.stream_into)."""
+        stream_into(self.weight_views(), directory, access)
         self._round_master()
 
     def _round_master(self, group: int | None = None) -> None:
