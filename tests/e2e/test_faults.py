@@ -158,7 +158,7 @@ def test_a_sigkilled_worker_fails_its_job_and_resumes_bit_exact(
             failed = wait_terminal(c, job["id"])
             assert failed["state"] == "failed" and "SIGKILL" in failed["error"]
             assert failed["step"] < 300, "the kill must land mid-run for this test to mean much"
-            assert c.post(f"/v1/jobs/{job['id']}/resume").status_code == 200
+            assert c.post(f"/v1/jobs/{job['id']}/resume").status_code == 202
             done = wait_terminal(c, job["id"])
             assert done["state"] == "succeeded" and done["attempt"] == 2, done["error"]
             straight = wait_terminal(c, straight["id"])

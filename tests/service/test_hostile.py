@@ -272,3 +272,18 @@ def test_random_values_in_any_field_never_get_a_5xx(api_only: Stack, path: str, 
     with api_only.client() as c:
         r = c.post("/v1/plans", json=_with(path, value))
         assert r.status_code < 500, (path, value, r.status_code, r.text[:300])
+
+
+def test_no_job_may_read_the_state_dir(api_only: Stack) -> None:
+    """The state dir holds every owner's checkpoints: a path into it is refused on submit even
+    where a data root contains it (the worker refuses it again on open)."""
+    other = api_only.state_dir / "jobs" / "someone-else"
+    other.mkdir(parents=True, exist_ok=True)
+    (other / "corpus.txt").write_text("another owner's data " * 100)
+    with api_only.client() as c:
+        for field, spec in (
+            ("data.path", {"data": {"kind": "text", "path": str(other / "corpus.txt")}}),
+            ("model.path", {"model": {"path": str(other)}}),
+        ):
+            r = c.post("/v1/jobs", json=tiny_spec("peek", **spec))
+            assert r.status_code == 422 and field in r.text and "state dir" in r.text, r.text

@@ -111,11 +111,13 @@ return lost
 
 RETRY_CAP_S = 2.0  # the longest pause between two tries of a command
 
+# ARGV[5]: the id of a holder known to be dead (its process gone), whose record may be
+# replaced before it expires; '' for none.
 _HOLD_NODE_LUA = """
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local holder = cjson.decode(cur)['agent_id']
-  if holder and holder ~= '' and holder ~= ARGV[2] then return cur end
+  if holder and holder ~= '' and holder ~= ARGV[2] and holder ~= ARGV[5] then return cur end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 redis.call('SADD', KEYS[2], ARGV[4])
@@ -450,13 +452,14 @@ class JobStore:
 
     # ------------------------------------------------------------ nodes
 
-    async def hold_node(self, node: Node, ttl_s: float) -> Node | None:
+    async def hold_node(self, node: Node, ttl_s: float, replacing: str = "") -> Node | None:
         """Heartbeat `node` for its agent: write it with a TTL unless another live agent
-        holds the name (its record not yet expired, another agent_id); then nothing is
-        written and that agent's record is returned. Atomic (one Lua script)."""
+        holds the name (its record not yet expired, another agent_id than `replacing`, a
+        holder known dead); then nothing is written and that agent's record is returned.
+        Atomic (one Lua script)."""
         held = await self._hold_node(
             keys=[self.keys.node(node.name), self.keys.nodes],
-            args=[node.model_dump_json(), node.agent_id, int(ttl_s * 1000), node.name],
+            args=[node.model_dump_json(), node.agent_id, int(ttl_s * 1000), node.name, replacing],
         )
         return Node.model_validate_json(held) if held else None
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from pydantic import Field
 
 from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
-from wstrain.scheduler.agent.processes import start_ticks, stop_process
+from wstrain.scheduler.agent.processes import is_running, start_ticks, stop_process
 from wstrain.scheduler.agent.supervisor import (
     WorkerHandle,
     forward_cancel,
@@ -123,6 +123,8 @@ class Agent:
         self.exporter = AgentExporter(settings.metrics_grace_s)
         self.access = settings.access()  # what its jobs may read
         self.fatal: NodeNameTaken | None = None  # why the heartbeat stopped the agent
+        self.started = start_ticks(os.getpid())
+        self.replacing = ""  # the id of a dead predecessor whose node record we may replace
 
     async def _measure(self) -> None:
         cache = ["--cache-dir", str(self.settings.state_dir / "profiles")]
@@ -190,6 +192,8 @@ class Agent:
             heartbeat_at=time.time(),
             agent_id=self.agent_id,
             agent_pid=os.getpid(),
+            host=socket.gethostname(),
+            agent_start=self.started,
         )
 
     def node_gauges(self) -> NodeGauges:
@@ -419,13 +423,26 @@ class Agent:
     # ------------------------------------------------------------ main loop
 
     async def _refuse_if_taken(self) -> None:
-        """Exit before touching the GPU or any job if a live agent holds this node name."""
+        """Exit before touching the GPU or any job if a live agent holds this node name. A
+        holder that ran on this host and whose process is gone (killed, crashed) is no
+        obstacle: this agent replaces its record at once instead of waiting out the TTL."""
         other = await self.store.node(self.name)
-        if other is not None and other.agent_id and other.agent_id != self.agent_id:
-            raise NodeNameTaken(self.name, other)
+        if other is None or not other.agent_id or other.agent_id == self.agent_id:
+            return
+        if other.host == socket.gethostname() and not is_running(
+            other.agent_pid, other.agent_start
+        ):
+            log.warning(
+                "node %s: its previous agent (pid %s) is gone; taking over its jobs",
+                self.name,
+                other.agent_pid,
+            )
+            self.replacing = other.agent_id
+            return
+        raise NodeNameTaken(self.name, other)
 
     async def _heartbeat(self) -> None:
-        other = await self.store.hold_node(self.node(), self.settings.node_ttl_s)
+        other = await self.store.hold_node(self.node(), self.settings.node_ttl_s, self.replacing)
         if other is not None:
             raise NodeNameTaken(self.name, other)
         lost = await self.store.renew(self.agent_id, list(self.workers), self.settings.lease_s)

@@ -532,6 +532,10 @@ class Node(BaseModel):
     # refused while this one heartbeats
     agent_id: str = ""
     agent_pid: int | None = None
+    # where that agent runs, and its start time (clock ticks since boot): an agent started
+    # on the same host can tell that its predecessor under this name is dead, not just quiet
+    host: str = ""
+    agent_start: int | None = None
 
 
 class PresetInfo(BaseModel):
