@@ -203,3 +203,31 @@ def test_a_lease_fences_every_agent_write(redis_url: str) -> None:
         await store.close()
 
     asyncio.run(go())
+
+
+def test_reads_follow_every_write_through_the_parsed_cache(redis_url: str) -> None:
+    """Jobs parsed once are reused while their revision stands; every write (claim, report,
+    transition) bumps it, so a read never answers a stale job."""
+
+    async def go() -> None:
+        store = await _store(redis_url)
+        job_id = await _new_job(store)
+        first = await store.get(job_id)
+        assert (await store.get_json(job_id)) == ("tester", first.model_dump_json())
+        assert await store.claim("n1", 1 << 40, 1 << 40, "agent-a") == job_id
+        assert '"state":"planning"' in (await store.get_json(job_id))[1]
+        await store.transition(job_id, JobState.running, "go", fence="agent-a")
+        await store.report(job_id, "agent-a", None, step=7, loss=1.5)
+        got = await store.get(job_id)
+        assert (got.state, got.step, got.loss) == (JobState.running, 7, 1.5)
+        assert got.rev > first.rev and got.plan is not None
+        (listed,), total = await store.list()
+        assert total == 1 and listed.step == 7 and listed.plan is None
+        (as_json,), _ = await store.list_json()
+        assert as_json == listed.model_dump_json()
+        await store.report(job_id, "agent-a", None, step=8)
+        assert (await store.list())[0][0].step == 8
+        assert '"step":8' in (await store.get_json(job_id))[1]
+        await store.close()
+
+    asyncio.run(go())

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, Stack, tiny_spec
+from wstrain.scheduler.contracts.jobs import JobList
 
 
 def _total(c: httpx.Client) -> int:
@@ -255,6 +256,8 @@ def test_list_filters_and_pages(api_only: Stack) -> None:
         assert mine["total"] == 3 and [j["id"] for j in mine["jobs"]] == ids[::-1]
         page = c.get("/v1/jobs", params={"owner": "pager", "limit": 2, "offset": 2}).json()
         assert [j["id"] for j in page["jobs"]] == [ids[0]]
+        assert JobList.model_validate(page).model_dump(mode="json") == page  # the schema, exactly
+        assert page["jobs"][0]["state"] == "cancelled" and page["jobs"][0]["plan"] is None
         cancelled = c.get("/v1/jobs", params={"state": "cancelled"}).json()["jobs"]
         assert ids[0] in [j["id"] for j in cancelled]
         assert c.get("/v1/jobs", params={"state": "bogus"}).status_code == 422

@@ -13,8 +13,9 @@ import builtins
 import json
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
@@ -45,6 +46,7 @@ if not cur then return {0, ''} end
 if fence ~= '' and redis.call('HGET', job, 'lease_agent') ~= fence then return {-1, cur} end
 if not string.find(',' .. allowed .. ',', ',' .. cur .. ',', 1, true) then return {0, cur} end
 redis.call('HSET', job, 'state', dst, 'updated_at', now)
+redis.call('HINCRBY', job, 'rev', 1)
 for i = 10, #ARGV, 2 do redis.call('HSET', job, ARGV[i], ARGV[i + 1]) end
 redis.call('ZREM', prefix .. ':by-state:' .. cur, id)
 redis.call('ZADD', prefix .. ':by-state:' .. dst, redis.call('HGET', job, 'created_at'), id)
@@ -71,6 +73,7 @@ for _, id in ipairs(redis.call('ZRANGE', queue, 0, 99)) do
     redis.call('HSET', job, 'state', 'planning', 'node', node, 'updated_at', now,
                'lease_agent', ARGV[6], 'lease_expires_at', ARGV[7])
     redis.call('HDEL', job, 'worker_pid', 'worker_start')
+    redis.call('HINCRBY', job, 'rev', 1)
     redis.call('ZREM', prefix .. ':by-state:queued', id)
     redis.call('ZADD', prefix .. ':by-state:planning', redis.call('HGET', job, 'created_at'), id)
     redis.call('XADD', prefix .. ':events:' .. id, '*', 'ts', now, 'kind', 'state',
@@ -88,6 +91,7 @@ local job, events = KEYS[1], KEYS[2]
 if redis.call('HGET', job, 'lease_agent') ~= ARGV[1] then return 0 end
 local now, kind, msg, data = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 redis.call('HSET', job, 'updated_at', now)
+redis.call('HINCRBY', job, 'rev', 1)
 for i = 6, #ARGV, 2 do redis.call('HSET', job, ARGV[i], ARGV[i + 1]) end
 if kind ~= '' then
   redis.call('XADD', events, 'MAXLEN', '~', 10000, '*', 'ts', now, 'kind', kind,
@@ -107,6 +111,15 @@ for i, job in ipairs(KEYS) do
   end
 end
 return lost
+"""
+
+# A page of an index, newest first: its ids, each job's revision ('' for a job without one)
+# and the index's size.
+_PAGE_REVS_LUA = """
+local ids = redis.call('ZREVRANGE', KEYS[1], ARGV[2], ARGV[3])
+local revs = {}
+for i, id in ipairs(ids) do revs[i] = redis.call('HGET', ARGV[1] .. id, 'rev') or '' end
+return {ids, revs, redis.call('ZCARD', KEYS[1])}
 """
 
 RETRY_CAP_S = 2.0  # the longest pause between two tries of a command
@@ -140,6 +153,41 @@ class Lease:
     worker_start: int | None
 
 
+class _Parsed(NamedTuple):
+    rev: int
+    owner: str
+    job_json: str  # with its plan, as GET /v1/jobs/{id} answers
+    listed_json: str  # without: as a page lists it
+
+
+class ParsedJobs:
+    """Jobs already dumped to JSON, by id and revision (every write to a job bumps its
+    `rev`): a job read again unchanged costs one HGET instead of parsing its spec and plan
+    and dumping them again, which was most of a listing's CPU (bench/api_load.py). Strings
+    only, so the cache adds nothing for the garbage collector to walk (1,000 parsed jobs
+    made each full collection 60-120 ms). Bounded; one per store, so per process."""
+
+    def __init__(self, max_jobs: int = 4096) -> None:
+        self.max_jobs = max_jobs
+        self._jobs: OrderedDict[str, _Parsed] = OrderedDict()
+
+    def get(self, job_id: str, rev: int) -> _Parsed | None:
+        hit = self._jobs.get(job_id)
+        if hit is None or hit.rev != rev:
+            return None
+        self._jobs.move_to_end(job_id)
+        return hit
+
+    def put(self, job: Job) -> _Parsed:
+        listed = job.model_copy(update={"plan": None}).model_dump_json()
+        parsed = _Parsed(job.rev, job.owner, job.model_dump_json(), listed)
+        self._jobs[job.id] = parsed
+        self._jobs.move_to_end(job.id)
+        while len(self._jobs) > self.max_jobs:
+            self._jobs.popitem(last=False)
+        return parsed
+
+
 _OPTIONAL_FLOATS = ("loss", "eval_loss", "tokens_per_s", "mfu", "step_seconds", "eta_s")
 _OPTIONAL_STRS = ("error", "node", "last_checkpoint")
 
@@ -160,6 +208,8 @@ class JobStore:
         self._claim = redis.register_script(_CLAIM_LUA)
         self._hold_node = redis.register_script(_HOLD_NODE_LUA)
         self._report = redis.register_script(_REPORT_LUA)
+        self._page_revs = redis.register_script(_PAGE_REVS_LUA)
+        self._parsed = ParsedJobs()
         self._renew = redis.register_script(_RENEW_LUA)
 
     @classmethod
@@ -226,6 +276,7 @@ class JobStore:
             "owner": owner,
             "state": JobState.queued.value,
             "attempt": 1,
+            "rev": 1,
             "step": 0,
             "steps": spec.steps,
             "created_at": now,
@@ -258,7 +309,18 @@ class JobStore:
         raw = cast(dict[str, str], await self.redis.hgetall(self.keys.job(job_id)))
         if not raw:
             raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /v1/jobs")
-        return _job_from_hash(raw)
+        job = _job_from_hash(raw)
+        self._parsed.put(job)
+        return job
+
+    async def get_json(self, job_id: str) -> tuple[str, str]:
+        """The job's owner and its JSON (plan included), from the cache while its revision
+        stands."""
+        rev = await self.redis.hget(self.keys.job(job_id), "rev")
+        if rev is not None and (hit := self._parsed.get(job_id, int(rev))) is not None:
+            return hit.owner, hit.job_json
+        job = await self.get(job_id)
+        return job.owner, job.model_dump_json()
 
     async def list(
         self,
@@ -270,6 +332,23 @@ class JobStore:
         """A page of jobs, newest first, without their plans, and how many match. One filter
         reads its index's page alone (O(log n + page)); both intersect the two indexes inside
         Redis first."""
+        page, total = await self._page(state, owner, offset, limit)
+        return [Job.model_validate_json(p.listed_json) for p in page], total
+
+    async def list_json(
+        self,
+        state: JobState | None = None,
+        owner: str | None = None,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[builtins.list[str], int]:
+        """The same page as `list`, each job as its JSON (what the API answers)."""
+        page, total = await self._page(state, owner, offset, limit)
+        return [p.listed_json for p in page], total
+
+    async def _page(
+        self, state: JobState | None, owner: str | None, offset: int, limit: int
+    ) -> tuple[builtins.list[_Parsed], int]:
         if state is not None and owner is not None:
             index = f"{self.keys.prefix}:tmp:{uuid.uuid4().hex}"
             async with self.redis.pipeline(transaction=True) as pipe:
@@ -286,19 +365,27 @@ class JobStore:
             index = self.keys.by_owner(owner)
         else:
             index = self.keys.jobs
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrevrange(index, offset, offset + limit - 1)
-            pipe.zcard(index)
-            ids, total = await pipe.execute()
+        # ids, their revisions and the count in one round trip
+        ids, revs, total = await self._page_revs(
+            keys=[index], args=[f"{self.keys.prefix}:job:", offset, offset + limit - 1]
+        )
         if state is not None and owner is not None:
             await self.redis.delete(index)
+        page: dict[str, _Parsed] = {}
+        for i, r in zip(ids, revs):
+            if r and (hit := self._parsed.get(i, int(r))) is not None:
+                page[i] = hit
+        missing = [i for i in ids if i not in page]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for i in ids:
+            for i in missing:
                 pipe.hgetall(self.keys.job(i))
             raws = await pipe.execute()
+        for raw in raws:
+            if raw:
+                page[raw["id"]] = self._parsed.put(_job_from_hash(raw))
         # a page leaves each job's plan out (GET /v1/jobs/{id}/plan has it): it is 2/3 of a
         # listed job's bytes, and a list answers 2.3x faster without (bench/api_load.py)
-        return [_job_from_hash(r, with_plan=False) for r in raws if r], int(total)
+        return [page[i] for i in ids if i in page], int(total)
 
     async def counts_by_state(self) -> dict[JobState, int]:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -487,6 +574,7 @@ def _job_from_hash(raw: dict[str, str], with_plan: bool = True) -> Job:
         "owner": raw["owner"],
         "state": raw["state"],
         "attempt": int(raw["attempt"]),
+        "rev": int(raw.get("rev") or 0),
         "step": int(raw.get("step") or 0),
         "steps": int(raw["steps"]),
         "created_at": float(raw["created_at"]),

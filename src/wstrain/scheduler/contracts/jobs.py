@@ -473,6 +473,7 @@ class Job(BaseModel):
     owner: str
     state: JobState
     attempt: int
+    rev: int = Field(default=0, description="bumped by every change to the job")
     step: int
     steps: int
     loss: float | None = None

@@ -58,7 +58,10 @@ class Caller:
     admin: bool
 
     def may_see(self, job: Job) -> bool:
-        return self.admin or job.owner == self.owner
+        return self.may_see_owner(job.owner)
+
+    def may_see_owner(self, owner: str) -> bool:
+        return self.admin or owner == self.owner
 
 
 def _grant_for(settings: ServiceSettings, token: str) -> Caller | None:
