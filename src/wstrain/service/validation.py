@@ -194,7 +194,7 @@ def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
         if cached is not None:
             _PLANS.move_to_end(key)
             return cached.model_copy(deep=True)  # the caller may annotate its copy
-    plan = make_plan(spec, dims, node)  # InfeasibleBudget is not cached: it is cheap to redo
+    plan = make_plan(spec, dims, node)  # a refusal (InfeasibleBudget) raises, uncached
     with _PLANS_LOCK:
         _PLANS[key] = plan.model_copy(deep=True)
         while len(_PLANS) > _PLANS_MAX:
