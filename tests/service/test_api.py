@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, Stack, tiny_spec
-from wstrain.scheduler.contracts.jobs import JobList
+from wstrain.scheduler.contracts.jobs import JobList, OptimizerSpec
 
 
 def _total(c: httpx.Client) -> int:
@@ -96,7 +96,6 @@ BAD_SPECS = {
         _bad(data={"kind": "text", "path": "/etc/hostname"}),
         "outside the data roots",
     ),
-    "seq_len over model max": (_bad(seq_len=4096), "max_position_embeddings"),
     "micro_batch override not dividing": (_bad(overrides={"micro_batch": 3}), "divide"),
     "MoE with more experts per token than experts": (
         _bad(model={"hf_config": {**MOE_HF, "num_experts_per_tok": 9}}),
@@ -362,3 +361,21 @@ def test_small_budget_gets_a_working_set_plan(api_only: Stack) -> None:
         spec["overrides"] = {"runtime": "working_set", "optimizer": "device"}
         r = c.post("/v1/plans", json=spec)
         assert r.status_code == 422 and "fp32 master on the host" in r.text
+
+
+def test_seq_len_past_the_models_positions_plans_with_a_warning(api_only: Stack) -> None:
+    """micro-llama has 512 positions; RoPE has no table to outgrow, so 4096 is planned and
+    the plan says why it may hurt a pretrained model."""
+    with api_only.client() as c:
+        r = c.post("/v1/plans", json=tiny_spec("long", seq_len=4096))
+        assert r.status_code == 200, r.text
+        assert "max_position_embeddings" in r.json()["reasons"]["seq_len"]
+        assert "seq_len" not in c.post("/v1/plans", json=tiny_spec("short")).json()["reasons"]
+
+
+def test_grad_clip_zero_or_null_turns_clipping_off() -> None:
+    for off in (0, 0.0, None):
+        assert OptimizerSpec(grad_clip=off).grad_clip is None
+    assert OptimizerSpec().grad_clip == 1.0
+    with pytest.raises(ValueError, match="grad_clip"):
+        OptimizerSpec(grad_clip=-1)

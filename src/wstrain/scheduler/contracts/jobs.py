@@ -312,7 +312,14 @@ class OptimizerSpec(_Strict):
     warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     schedule: Literal["constant", "cosine"] = "cosine"
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
-    grad_clip: float | None = Field(default=1.0, gt=0, le=1e6)
+    grad_clip: float | None = Field(
+        default=1.0, ge=0, le=1e6, description="max global gradient norm; 0 or null: no clipping"
+    )
+
+    @field_validator("grad_clip")
+    @classmethod
+    def _zero_clip_is_off(cls, v: float | None) -> float | None:
+        return None if v == 0 else v  # users write 0 for "off", as in transformers
 
     @field_validator("betas")
     @classmethod

@@ -18,7 +18,21 @@ from wstrain.scheduler.planning.working_set import make_ws_plan
 def make_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     """The faster of the resident and the working-set plan that fit the budgets (the cost
     model decides); `overrides.runtime` forces either. InfeasibleBudget names the smallest
-    budgets of whichever runtime needs less device memory."""
+    budgets of whichever runtime needs less device memory. A seq_len past the model's
+    max_position_embeddings is planned, with a warning in reasons["seq_len"]: RoPE has no
+    table to outgrow, and the bench trains 4K-position models at 8K."""
+    plan = _fastest(spec, dims, node)
+    if spec.seq_len > dims.max_position_embeddings:
+        plan.reasons["seq_len"] = (
+            f"warning: seq_len={spec.seq_len} exceeds the model's max_position_embeddings="
+            f"{dims.max_position_embeddings}; positions past it were not seen in "
+            "pre-training, so a pretrained model may extrapolate poorly (a model with "
+            "rope_scaling in its hf_config, or a shorter seq_len, avoids it)"
+        )
+    return plan
+
+
+def _fastest(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     if spec.overrides.runtime == "working_set":
         return make_ws_plan(spec, dims, node)
     if spec.overrides.runtime == "resident":

@@ -60,11 +60,6 @@ def min_budget(spec: JobSpec, dims: ModelDims, device: str) -> MinBudget:
 
 def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     """The fastest resident plan under the spec's budgets; InfeasibleBudget if none fits."""
-    if spec.seq_len > dims.max_position_embeddings:
-        raise InvalidSpec(
-            f"seq_len={spec.seq_len} exceeds the model's max_position_embeddings="
-            f"{dims.max_position_embeddings}; lower seq_len"
-        )
     dev_budget, host_budget = spec.budget.device_bytes, spec.budget.host_bytes
     device = spec.overrides.device or node.device
     host = host_peak_bytes(dims, device)
