@@ -188,7 +188,7 @@ class ParsedJobs:
         return parsed
 
 
-_OPTIONAL_FLOATS = ("loss", "eval_loss", "tokens_per_s", "mfu", "step_seconds", "eta_s")
+_OPTIONAL_FLOATS = ("epoch", "loss", "eval_loss", "tokens_per_s", "mfu", "step_seconds", "eta_s")
 _OPTIONAL_STRS = ("error", "node", "last_checkpoint")
 
 
@@ -582,6 +582,7 @@ def _job_from_hash(raw: dict[str, str], with_plan: bool = True) -> Job:
         "spec": JobSpec.model_validate_json(raw["spec"], context={STORED: True}),
         "plan": Plan.model_validate_json(raw["plan"]) if with_plan and raw.get("plan") else None,
         "worker_pid": int(raw["worker_pid"]) if raw.get("worker_pid") else None,
+        "tokens_seen": int(raw["tokens_seen"]) if raw.get("tokens_seen") else None,
         "telemetry": json.loads(raw.get("telemetry") or "{}"),
     }
     for k in _OPTIONAL_FLOATS:

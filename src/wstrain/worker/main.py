@@ -163,6 +163,8 @@ class Worker:
             self.spec.seed,
             evals.heldout_fraction if evals else 0.0,
             self.access,
+            global_batch=self.spec.global_batch,
+            shuffle=self.spec.shuffle,
         )
         root = self.job_dir / "checkpoints"
         start = 0
@@ -185,7 +187,7 @@ class Worker:
         def save(step: int) -> None:
             path = checkpoint.save(
                 root,
-                checkpoint.TrainerState(step, step),
+                checkpoint.TrainerState(step, step * self.spec.global_batch),
                 runtime.state_tensors(),
                 runtime.optimizer_state(),
                 hf_config,
@@ -211,6 +213,8 @@ class Worker:
                     WorkerMessage(
                         kind="step",
                         step=done,
+                        epoch=data.epochs_done(done),
+                        tokens_seen=done * self.spec.global_batch * self.spec.seq_len,
                         loss=res.loss,
                         step_seconds=res.step_seconds,
                         tokens_per_s=tokens_per_s,

@@ -1,5 +1,6 @@
-"""Token files read the same whether raw (.bin) or .npy, and the batch order is a pure
-function of (seed, step, round), so a resumed run continues with exactly the next batch."""
+"""Token files read the same whether raw (.bin) or .npy; the data order is the documented
+one (consecutive sequences, a permutation per epoch from (seed, epoch), global_batch of them
+a step, then cut into rounds), the same under any plan and across a resume."""
 
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ def test_bin_and_npy_token_files_give_the_same_batches(tmp_path: Path) -> None:
     np.save(tmp_path / "t.npy", ids)
     streams = [
         TokenStream.open(
-            TokenData(kind="tokens", path=str(tmp_path / f), dtype="uint32"), 50_000, 64, seed=3
+            TokenData(kind="tokens", path=str(tmp_path / f), dtype="uint32"),
+            50_000,
+            64,
+            seed=3,
+            global_batch=12,
         )
         for f in ("t.bin", "t.npy")
     ]
@@ -30,7 +35,11 @@ def test_bin_and_npy_token_files_give_the_same_batches(tmp_path: Path) -> None:
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
         assert xa.shape == (4, 64) and torch.equal(xa[:, 1:], ya[:, :-1])
     again = TokenStream.open(
-        TokenData(kind="tokens", path=str(tmp_path / "t.bin"), dtype="uint32"), 50_000, 64, seed=3
+        TokenData(kind="tokens", path=str(tmp_path / "t.bin"), dtype="uint32"),
+        50_000,
+        64,
+        seed=3,
+        global_batch=12,
     )
     assert torch.equal(again.batch(7, 2, 4)[0], streams[0].batch(7, 2, 4)[0])
     assert not torch.equal(streams[0].batch(7, 2, 4)[0], streams[0].batch(8, 2, 4)[0])
@@ -40,7 +49,7 @@ def test_heldout_split_is_kept_out_of_training(tmp_path: Path) -> None:
     ids = np.arange(20_000, dtype=np.uint32)  # every id names its position
     ids.tofile(tmp_path / "t.bin")
     data = TokenData(kind="tokens", path=str(tmp_path / "t.bin"), dtype="uint32")
-    stream = TokenStream.open(data, 20_000, 32, seed=0, heldout_fraction=0.1)
+    stream = TokenStream.open(data, 20_000, 32, seed=0, heldout_fraction=0.1, global_batch=4)
     for step in range(50):
         _, y = stream.batch(step, 0, 4)
         assert int(y.max()) < 18_000  # training never reads the held-out tail
@@ -104,3 +113,56 @@ def test_the_worker_reads_only_what_access_allows_and_checks_every_id(tmp_path: 
     ids.tofile(root / "t.bin")
     with pytest.raises(ValueError, match=r"token id 5000 .*position 99999.* vocab_size is 1000"):
         TokenStream.open(data, 1000, 32, seed=0, access=access)
+
+
+def _positions(tmp_path: Path, shuffle: bool = True) -> tuple[TokenData, np.ndarray]:
+    """A token file whose every id is its own position: a batch names the sequences it
+    read (input row i starts at sequence index x[i, 0] // seq_len)."""
+    ids = np.arange(32 * 50 + 7, dtype=np.uint32)  # 50 sequences of 32 and a ragged tail
+    ids.tofile(tmp_path / "pos.bin")
+    return TokenData(kind="tokens", path=str(tmp_path / "pos.bin"), dtype="uint32"), ids
+
+
+def _seen(stream: TokenStream, step: int, rounds: int, micro_batch: int) -> list[int]:
+    rows = []
+    for r in range(rounds):
+        x, y = stream.batch(step, r, micro_batch)
+        assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y[:, -1], x[:, -1] + 1)
+        rows += (x[:, 0] // 32).tolist()
+    return rows
+
+
+def test_each_epoch_visits_every_sequence_once_in_the_documented_order(tmp_path: Path) -> None:
+    """global_batch 8 over 50 sequences: steps cross epoch boundaries; the job is stopped
+    mid-epoch at step 9 and a new stream (a resumed worker) carries on from step 9."""
+    data, _ = _positions(tmp_path)
+    first = TokenStream.open(data, 1 << 20, 32, seed=5, global_batch=8)
+    assert first.sequences == 50  # (N - 1) // seq_len: the last input's label is in the tail
+    seen = [s for step in range(9) for s in _seen(first, step, rounds=4, micro_batch=2)]
+    resumed = TokenStream.open(data, 1 << 20, 32, seed=5, global_batch=8)
+    seen += [s for step in range(9, 25) for s in _seen(resumed, step, rounds=2, micro_batch=4)]
+    assert len(seen) == 25 * 8 == 4 * 50
+    for epoch in range(4):
+        visited = seen[epoch * 50 : (epoch + 1) * 50]
+        assert sorted(visited) == list(range(50))  # each sequence exactly once
+        assert visited == np.random.default_rng([5, epoch]).permutation(50).tolist()
+    assert seen[:50] != seen[50:100]  # a new order each epoch
+    assert first.epochs_done(25) == 4.0
+
+
+def test_a_plan_never_changes_which_sequences_a_step_trains_on(tmp_path: Path) -> None:
+    data, _ = _positions(tmp_path)
+    stream = TokenStream.open(data, 1 << 20, 32, seed=1, global_batch=8)
+    for step in (0, 6, 7, 13):
+        one = _seen(stream, step, rounds=1, micro_batch=8)
+        assert _seen(stream, step, rounds=4, micro_batch=2) == one
+        assert _seen(stream, step, rounds=8, micro_batch=1) == one
+    with pytest.raises(ValueError, match="global_batch=8"):
+        stream.batch(0, 2, 4)  # 3 rounds of 4 is not 8
+
+
+def test_without_shuffle_the_file_order_is_kept(tmp_path: Path) -> None:
+    data, _ = _positions(tmp_path)
+    stream = TokenStream.open(data, 1 << 20, 32, seed=1, global_batch=8, shuffle=False)
+    seen = [s for step in range(7) for s in _seen(stream, step, rounds=2, micro_batch=4)]
+    assert seen == list(range(50)) + list(range(6))

@@ -54,7 +54,9 @@ def test_save_pretrained_checkpoint_fine_tunes_and_round_trips(
     assert set(start) == set(hub)
     for name, p in hub.items():  # the runtime starts from the checkpoint
         assert torch.equal(start[name].cpu(), p), name
-    data = TokenStream.open(spec.data, dims.vocab_size, spec.seq_len, spec.seed)
+    data = TokenStream.open(
+        spec.data, dims.vocab_size, spec.seq_len, spec.seed, global_batch=spec.global_batch
+    )
     for step in range(3):
         rt.train_step(data, step)
     trained = {k: v.cpu() for k, v in rt.state_tensors().items()}

@@ -103,6 +103,8 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
                 msg.model_dump(exclude_none=True, exclude={"metrics"}),
             ),
             step=msg.step,
+            epoch=msg.epoch,
+            tokens_seen=msg.tokens_seen,
             loss=msg.loss,
             tokens_per_s=msg.tokens_per_s,
             mfu=msg.mfu,

@@ -407,6 +407,11 @@ class JobSpec(_Strict):
     )
     eval: EvalSpec | None = None
     seed: int = Field(default=0, ge=0, le=(1 << 63) - 1)
+    shuffle: bool = Field(
+        default=True,
+        description="each epoch visits the data's sequences in an order drawn from (seed, "
+        "epoch); false: in file order",
+    )
     priority: int = Field(default=0, ge=-100, le=100)
     overrides: PlanOverrides = PlanOverrides()
 
@@ -483,6 +488,8 @@ class Job(BaseModel):
     rev: int = Field(default=0, description="bumped by every change to the job")
     step: int
     steps: int
+    epoch: float | None = Field(default=None, description="epochs of the training data done")
+    tokens_seen: int | None = Field(default=None, description="input tokens trained on")
     loss: float | None = None
     eval_loss: float | None = Field(default=None, description="held-out loss, last evaluation")
     tokens_per_s: float | None = None
@@ -580,6 +587,8 @@ class WorkerMessage(BaseModel):
 
     kind: Literal["started", "step", "eval", "checkpoint", "log", "error"]
     step: int | None = None
+    epoch: float | None = None  # epochs of the training data done
+    tokens_seen: int | None = None
     loss: float | None = None
     tokens_per_s: float | None = None
     mfu: float | None = None

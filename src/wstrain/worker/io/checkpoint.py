@@ -37,7 +37,7 @@ INDEX = "model.safetensors.index.json"
 @dataclass(frozen=True)
 class TrainerState:
     step: int  # optimizer steps completed
-    data_position: int  # the next batch to read (= step: data order is a function of it)
+    data_position: int  # sequences of the data order consumed (= step * global_batch)
 
 
 def _fsync_dir(path: Path) -> None:

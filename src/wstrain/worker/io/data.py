@@ -2,9 +2,15 @@
 uint16/uint32), or text — plain or JSON Lines documents packed with an end-of-text token
 between them — with a tokenizer ("byte" or a tokenizers tokenizer.json).
 
-The order is a pure function of (seed, step, round): batch(step) reads the same sequences
-whenever it is asked, so the data position in a checkpoint is just the step, and a resumed
-run continues with exactly the next batch.
+The order, the same under any plan: the token stream is cut into consecutive sequences of
+seq_len inputs (the label of a sequence's last input is the next one's first token, so every
+token but the first is a target once an epoch). Each epoch visits all of them in a
+permutation drawn from (seed, epoch), or in file order without shuffle. Step k trains on the
+next global_batch sequences of that order, positions [k*G, (k+1)*G); only then are they cut
+into rounds of micro-batches, round r taking the r-th run of micro_batch of them. So a plan
+(micro-batch, rounds, runtime) changes nothing about which sequences a step sees, and the
+data position in a checkpoint is step * G: a resumed run continues with exactly the next
+batch.
 """
 
 from __future__ import annotations
@@ -99,6 +105,9 @@ class TokenStream:
     seq_len: int
     seed: int
     heldout: np.ndarray | None = None  # the data's tail, kept out of training
+    global_batch: int = 1  # sequences a step trains on
+    shuffle: bool = True
+    _order: tuple[int, np.ndarray] | None = None  # (epoch, its permutation)
 
     @classmethod
     def open(
@@ -109,6 +118,9 @@ class TokenStream:
         seed: int,
         heldout_fraction: float = 0.0,
         access: DataAccess | None = None,
+        *,
+        global_batch: int = 1,
+        shuffle: bool = True,
     ) -> TokenStream:
         """The job's data; files are read through `access` (default: anywhere)."""
         tokens = _load_tokens(data, vocab_size, seed, access or DataAccess.of(["/"], None))
@@ -121,7 +133,38 @@ class TokenStream:
                     f"sequence of seq_len+1={seq_len + 1}; use more data, a "
                     "shorter seq_len or another eval.heldout_fraction"
                 )
-        return cls(train, seq_len, seed, heldout)
+        return cls(train, seq_len, seed, heldout, global_batch, shuffle)
+
+    @property
+    def sequences(self) -> int:
+        """Sequences in one epoch: seq_len inputs each, plus the next one's first token."""
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def epochs_done(self, steps: int) -> float:
+        return steps * self.global_batch / self.sequences
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's sequence indices in the order it visits them."""
+        if self._order is None or self._order[0] != epoch:
+            n = self.sequences
+            perm = (
+                np.random.default_rng([self.seed, epoch]).permutation(n)
+                if self.shuffle
+                else np.arange(n)
+            )
+            self._order = (epoch, perm)  # one epoch's at a time: 8 bytes a sequence
+        return self._order[1]
+
+    def indices(self, position: int, count: int) -> np.ndarray:
+        """The sequence indices at positions [position, position + count) of the run's
+        order (epoch after epoch)."""
+        n, out = self.sequences, []
+        while count > 0:
+            epoch, at = divmod(position, n)
+            take = min(count, n - at)
+            out.append(self.order(epoch)[at : at + take])
+            position, count = position + take, count - take
+        return np.concatenate(out)
 
     def eval_batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The same n held-out sequences at every evaluation, spread over the split."""
@@ -133,10 +176,15 @@ class TokenStream:
     def batch(
         self, step: int, round_idx: int, micro_batch: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and next-token targets, each (micro_batch, seq_len) int64."""
-        rng = np.random.default_rng([self.seed, step, round_idx])
-        starts = rng.integers(0, len(self.tokens) - self.seq_len - 1, size=micro_batch)
-        return self._rows(self.tokens, starts)
+        """Inputs and next-token targets of round `round_idx` of step `step`, each
+        (micro_batch, seq_len) int64: the step's global_batch sequences, this round's run."""
+        if (round_idx + 1) * micro_batch > self.global_batch:
+            raise ValueError(
+                f"round {round_idx} of {micro_batch} sequences runs past global_batch="
+                f"{self.global_batch}; rounds x micro_batch must equal global_batch"
+            )
+        position = step * self.global_batch + round_idx * micro_batch
+        return self._rows(self.tokens, self.indices(position, micro_batch) * self.seq_len)
 
     def _rows(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         rows = np.stack(
