@@ -15,7 +15,7 @@ import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from tests.conftest import REPO
-from wstrain.scheduler.agent.agent import AgentSettings
+from wstrain.scheduler.agent.settings import AgentSettings
 from wstrain.service.settings import ServiceSettings
 
 DEPLOY = REPO / "deploy"

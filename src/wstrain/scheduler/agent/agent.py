@@ -27,16 +27,15 @@ import time
 import uuid
 from pathlib import Path
 
-from pydantic import Field
-
 from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
-from wstrain.scheduler.agent.processes import is_running, start_ticks, stop_process
+from wstrain.scheduler.agent.processes import is_running, start_ticks
+from wstrain.scheduler.agent.recovery import LIVE, fail_orphan, take_back
+from wstrain.scheduler.agent.settings import AgentSettings
 from wstrain.scheduler.agent.supervisor import (
     WorkerHandle,
     forward_cancel,
     lose_lease,
     pump,
-    requeue,
     spawn,
 )
 from wstrain.scheduler.contracts.calibration import GIB
@@ -45,12 +44,9 @@ from wstrain.scheduler.contracts.hardware import Device, LayerTimes, NodeProfile
 from wstrain.scheduler.contracts.jobs import GPUInfo, Job, JobSpec, JobState, Node, job_dir
 from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.scheduler.planning.planner import make_plan
-from wstrain.scheduler.settings import SharedSettings
 from wstrain.scheduler.store import JobStore
 
 log = logging.getLogger(__name__)
-
-_LIVE = (JobState.planning, JobState.running, JobState.cancelling)
 
 
 class NodeNameTaken(SystemExit):
@@ -63,41 +59,6 @@ class NodeNameTaken(SystemExit):
             f"heartbeat {time.time() - other.heartbeat_at:.1f} s ago); give this agent "
             "another WSTRAIN_NODE_NAME, or stop the other one"
         )
-
-
-class AgentSettings(SharedSettings):
-    node_name: str = Field(default_factory=socket.gethostname)
-    cpu_slots: int = Field(default=1, ge=1, description="concurrent jobs on a CPU-only node")
-    worker_threads: int = Field(default=0, ge=0, description="torch threads per CPU worker")
-    heartbeat_s: float = 1.0
-    node_ttl_s: float = 10.0
-    lease_s: float = Field(
-        default=30.0,
-        gt=0,
-        le=3600,
-        description="how long a job stays leased to this agent without a heartbeat; "
-        "another agent takes over a dead node's jobs only after it",
-    )
-    shutdown_grace_s: float = 60.0
-    profile_cache: bool = Field(
-        default=True,
-        description="reuse the hardware profile "
-        "measured for this GPU/driver/torch under state_dir/profiles",
-    )
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = Field(
-        default=9464, ge=0, le=65535, description="the agent's /metrics port (0: not served)"
-    )
-    redis_retry_s: float = Field(
-        default=300.0,
-        ge=0,
-        le=86400,
-        description="how long a Redis command is retried before the agent gives up; its "
-        "workers train on meanwhile",
-    )
-    metrics_grace_s: float = Field(
-        default=120.0, ge=0, description="seconds a finished job's series stay exported"
-    )
 
 
 def _host_memory() -> tuple[int, int]:
@@ -271,7 +232,7 @@ class Agent:
                     job_id,
                     JobState.failed,
                     f"failed: {reason}",
-                    sources=frozenset(_LIVE),
+                    sources=frozenset(LIVE),
                     fence=self.agent_id,
                     error=reason,
                 )
@@ -372,53 +333,18 @@ class Agent:
         (stop its worker, requeue), and a dead node's once its lease has expired (fail)."""
         alive = {n.name for n in await self.store.nodes()}
         ours: list[Job] = []
-        for state in _LIVE:
+        for state in LIVE:
             jobs, _ = await self.store.list(state=state, limit=10000)
             for job in jobs:
                 if job.node == self.name and job.id not in self.workers:
                     ours.append(job)
                 elif job.node and job.node != self.name and job.node not in alive:
-                    await self._fail_orphan(job)
+                    await fail_orphan(self.store, job)
         # each worker left behind checkpoints at its own step boundary: wait for all at once
-        await asyncio.gather(*(self._take_back(job) for job in ours))
-
-    async def _take_back(self, job: Job) -> None:
-        """A job of this node's previous agent: stop the worker it left (SIGTERM: it writes a
-        checkpoint at its next step boundary), then requeue the job, fenced by the old lease,
-        so it resumes from that checkpoint; one the user cancelled ends cancelled."""
-        lease = await self.store.lease(job.id)
-        if lease.agent_id == self.agent_id:
-            return  # ours, between claim and spawn
-        how = "no worker"
-        if lease.worker_pid is not None and lease.worker_start is not None:
-            how = await stop_process(
-                lease.worker_pid, lease.worker_start, self.settings.shutdown_grace_s
-            )
-            how = f"worker pid {lease.worker_pid} {how}"
-        why = f"agent on {self.name} restarted ({how})"
-        log.warning("job %s: %s", job.id, why)
-        with contextlib.suppress(Conflict):  # a concurrent settle or cancel wins
-            await requeue(self.store, job.id, lease.agent_id, job.attempt, why)
-
-    async def _fail_orphan(self, job: Job) -> None:
-        """A job of a node that stopped heartbeating fails once its lease has expired (its
-        worker there cannot be seen from here, so it is not resumed behind its back)."""
-        lease = await self.store.lease(job.id)
-        if lease.expires_at > time.time():
-            return
-        reason = f"node {job.node} stopped heartbeating"
-        try:
-            await self.store.transition(
-                job.id,
-                JobState.failed,
-                f"failed: {reason}",
-                sources=frozenset(_LIVE),
-                fence=lease.agent_id,
-                error=reason + "; resume it",
-            )
-            log.warning("job %s: %s", job.id, reason)
-        except Conflict:
-            pass
+        grace_s = self.settings.shutdown_grace_s
+        await asyncio.gather(
+            *(take_back(self.store, job, self.name, self.agent_id, grace_s) for job in ours)
+        )
 
     # ------------------------------------------------------------ main loop
 

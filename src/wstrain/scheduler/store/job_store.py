@@ -13,9 +13,8 @@ import builtins
 import json
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
@@ -34,108 +33,10 @@ from wstrain.scheduler.contracts.jobs import (
     Node,
     Plan,
 )
-
-# A transition fenced by an agent id (ARGV[9], '' for none: the API's) changes nothing unless
-# that agent holds the job's lease.
-_TRANSITION_LUA = """
-local job, events, queue = KEYS[1], KEYS[2], KEYS[3]
-local prefix, id, dst, allowed, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local kind, msg, data, fence = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local cur = redis.call('HGET', job, 'state')
-if not cur then return {0, ''} end
-if fence ~= '' and redis.call('HGET', job, 'lease_agent') ~= fence then return {-1, cur} end
-if not string.find(',' .. allowed .. ',', ',' .. cur .. ',', 1, true) then return {0, cur} end
-redis.call('HSET', job, 'state', dst, 'updated_at', now)
-redis.call('HINCRBY', job, 'rev', 1)
-for i = 10, #ARGV, 2 do redis.call('HSET', job, ARGV[i], ARGV[i + 1]) end
-redis.call('ZREM', prefix .. ':by-state:' .. cur, id)
-redis.call('ZADD', prefix .. ':by-state:' .. dst, redis.call('HGET', job, 'created_at'), id)
-if dst == 'queued' then
-  redis.call('ZADD', queue, redis.call('HGET', job, 'queue_score'), id)
-else
-  redis.call('ZREM', queue, id)
-end
-redis.call('XADD', events, '*', 'ts', now, 'kind', kind, 'message', msg, 'data', data)
-return {1, cur}
-"""
-
-# Scan the queue in priority order and claim the first job whose budgets fit the node; the
-# claiming agent takes the job's lease (ARGV[6], until ARGV[7]).
-_CLAIM_LUA = """
-local queue = KEYS[1]
-local prefix, node, now = ARGV[1], ARGV[2], ARGV[5]
-local free_dev, free_host = tonumber(ARGV[3]), tonumber(ARGV[4])
-for _, id in ipairs(redis.call('ZRANGE', queue, 0, 99)) do
-  local job = prefix .. ':job:' .. id
-  local f = redis.call('HMGET', job, 'state', 'device_bytes', 'host_bytes')
-  if f[1] == 'queued' and tonumber(f[2]) <= free_dev and tonumber(f[3]) <= free_host then
-    redis.call('ZREM', queue, id)
-    redis.call('HSET', job, 'state', 'planning', 'node', node, 'updated_at', now,
-               'lease_agent', ARGV[6], 'lease_expires_at', ARGV[7])
-    redis.call('HDEL', job, 'worker_pid', 'worker_start')
-    redis.call('HINCRBY', job, 'rev', 1)
-    redis.call('ZREM', prefix .. ':by-state:queued', id)
-    redis.call('ZADD', prefix .. ':by-state:planning', redis.call('HGET', job, 'created_at'), id)
-    redis.call('XADD', prefix .. ':events:' .. id, '*', 'ts', now, 'kind', 'state',
-               'message', 'planning on node ' .. node, 'data', '{"state":"planning"}')
-    return id
-  end
-end
-return false
-"""
-
-# Progress from a job's worker, written only while the writing agent holds the job's lease:
-# fields (ARGV[4..] pairs after the event's kind, message and data) and one event.
-_REPORT_LUA = """
-local job, events = KEYS[1], KEYS[2]
-if redis.call('HGET', job, 'lease_agent') ~= ARGV[1] then return 0 end
-local now, kind, msg, data = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-redis.call('HSET', job, 'updated_at', now)
-redis.call('HINCRBY', job, 'rev', 1)
-for i = 6, #ARGV, 2 do redis.call('HSET', job, ARGV[i], ARGV[i + 1]) end
-if kind ~= '' then
-  redis.call('XADD', events, 'MAXLEN', '~', 10000, '*', 'ts', now, 'kind', kind,
-             'message', msg, 'data', data)
-end
-return 1
-"""
-
-# Extend this agent's leases; returns the ids whose lease another agent holds now.
-_RENEW_LUA = """
-local lost = {}
-for i, job in ipairs(KEYS) do
-  if redis.call('HGET', job, 'lease_agent') == ARGV[1] then
-    redis.call('HSET', job, 'lease_expires_at', ARGV[2])
-  else
-    table.insert(lost, ARGV[2 + i])
-  end
-end
-return lost
-"""
-
-# A page of an index, newest first: its ids, each job's revision ('' for a job without one)
-# and the index's size.
-_PAGE_REVS_LUA = """
-local ids = redis.call('ZREVRANGE', KEYS[1], ARGV[2], ARGV[3])
-local revs = {}
-for i, id in ipairs(ids) do revs[i] = redis.call('HGET', ARGV[1] .. id, 'rev') or '' end
-return {ids, revs, redis.call('ZCARD', KEYS[1])}
-"""
+from wstrain.scheduler.store import lua
+from wstrain.scheduler.store.cache import Parsed, ParsedJobs
 
 RETRY_CAP_S = 2.0  # the longest pause between two tries of a command
-
-# ARGV[5]: the id of a holder known to be dead (its process gone), whose record may be
-# replaced before it expires; '' for none.
-_HOLD_NODE_LUA = """
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local holder = cjson.decode(cur)['agent_id']
-  if holder and holder ~= '' and holder ~= ARGV[2] and holder ~= ARGV[5] then return cur end
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
-redis.call('SADD', KEYS[2], ARGV[4])
-return false
-"""
 
 # Bump when the index layout changes; ensure_indexes rebuilds older stores once.
 INDEX_VERSION = "2"
@@ -151,41 +52,6 @@ class Lease:
     expires_at: float
     worker_pid: int | None
     worker_start: int | None
-
-
-class _Parsed(NamedTuple):
-    rev: int
-    owner: str
-    job_json: str  # with its plan, as GET /v1/jobs/{id} answers
-    listed_json: str  # without: as a page lists it
-
-
-class ParsedJobs:
-    """Jobs already dumped to JSON, by id and revision (every write to a job bumps its
-    `rev`): a job read again unchanged costs one HGET instead of parsing its spec and plan
-    and dumping them again, which was most of a listing's CPU (bench/api_load.py). Strings
-    only, so the cache adds nothing for the garbage collector to walk (1,000 parsed jobs
-    made each full collection 60-120 ms). Bounded; one per store, so per process."""
-
-    def __init__(self, max_jobs: int = 4096) -> None:
-        self.max_jobs = max_jobs
-        self._jobs: OrderedDict[str, _Parsed] = OrderedDict()
-
-    def get(self, job_id: str, rev: int) -> _Parsed | None:
-        hit = self._jobs.get(job_id)
-        if hit is None or hit.rev != rev:
-            return None
-        self._jobs.move_to_end(job_id)
-        return hit
-
-    def put(self, job: Job) -> _Parsed:
-        listed = job.model_copy(update={"plan": None}).model_dump_json()
-        parsed = _Parsed(job.rev, job.owner, job.model_dump_json(), listed)
-        self._jobs[job.id] = parsed
-        self._jobs.move_to_end(job.id)
-        while len(self._jobs) > self.max_jobs:
-            self._jobs.popitem(last=False)
-        return parsed
 
 
 _OPTIONAL_FLOATS = ("epoch", "loss", "eval_loss", "tokens_per_s", "mfu", "step_seconds", "eta_s")
@@ -204,13 +70,13 @@ class JobStore:
     def __init__(self, redis: aioredis.Redis, prefix: str = "wstrain") -> None:
         self.redis = redis
         self.keys = Keys(prefix)
-        self._transition = redis.register_script(_TRANSITION_LUA)
-        self._claim = redis.register_script(_CLAIM_LUA)
-        self._hold_node = redis.register_script(_HOLD_NODE_LUA)
-        self._report = redis.register_script(_REPORT_LUA)
-        self._page_revs = redis.register_script(_PAGE_REVS_LUA)
+        self._transition = redis.register_script(lua.TRANSITION_LUA)
+        self._claim = redis.register_script(lua.CLAIM_LUA)
+        self._hold_node = redis.register_script(lua.HOLD_NODE_LUA)
+        self._report = redis.register_script(lua.REPORT_LUA)
+        self._page_revs = redis.register_script(lua.PAGE_REVS_LUA)
         self._parsed = ParsedJobs()
-        self._renew = redis.register_script(_RENEW_LUA)
+        self._renew = redis.register_script(lua.RENEW_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "wstrain", retry_s: float = 0.0) -> JobStore:
@@ -348,7 +214,7 @@ class JobStore:
 
     async def _page(
         self, state: JobState | None, owner: str | None, offset: int, limit: int
-    ) -> tuple[builtins.list[_Parsed], int]:
+    ) -> tuple[builtins.list[Parsed], int]:
         if state is not None and owner is not None:
             index = f"{self.keys.prefix}:tmp:{uuid.uuid4().hex}"
             async with self.redis.pipeline(transaction=True) as pipe:
@@ -371,7 +237,7 @@ class JobStore:
         )
         if state is not None and owner is not None:
             await self.redis.delete(index)
-        page: dict[str, _Parsed] = {}
+        page: dict[str, Parsed] = {}
         for i, r in zip(ids, revs):
             if r and (hit := self._parsed.get(i, int(r))) is not None:
                 page[i] = hit

@@ -1,0 +1,49 @@
+"""The scheduler agent's settings (env prefix WSTRAIN_), built once in agent.main().
+
+WSTRAIN_NODE_NAME, _CPU_SLOTS, _WORKER_THREADS, _HEARTBEAT_S, _NODE_TTL_S, _LEASE_S,
+_SHUTDOWN_GRACE_S, _PROFILE_CACHE, _METRICS_HOST, _METRICS_PORT, _REDIS_RETRY_S,
+_METRICS_GRACE_S; and the shared ones of scheduler/settings.py (README lists them all)
+"""
+
+from __future__ import annotations
+
+import socket
+
+from pydantic import Field
+
+from wstrain.scheduler.settings import SharedSettings
+
+
+class AgentSettings(SharedSettings):
+    node_name: str = Field(default_factory=socket.gethostname)
+    cpu_slots: int = Field(default=1, ge=1, description="concurrent jobs on a CPU-only node")
+    worker_threads: int = Field(default=0, ge=0, description="torch threads per CPU worker")
+    heartbeat_s: float = 1.0
+    node_ttl_s: float = 10.0
+    lease_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="how long a job stays leased to this agent without a heartbeat; "
+        "another agent takes over a dead node's jobs only after it",
+    )
+    shutdown_grace_s: float = 60.0
+    profile_cache: bool = Field(
+        default=True,
+        description="reuse the hardware profile "
+        "measured for this GPU/driver/torch under state_dir/profiles",
+    )
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(
+        default=9464, ge=0, le=65535, description="the agent's /metrics port (0: not served)"
+    )
+    redis_retry_s: float = Field(
+        default=300.0,
+        ge=0,
+        le=86400,
+        description="how long a Redis command is retried before the agent gives up; its "
+        "workers train on meanwhile",
+    )
+    metrics_grace_s: float = Field(
+        default=120.0, ge=0, description="seconds a finished job's series stay exported"
+    )
