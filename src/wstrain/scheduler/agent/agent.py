@@ -227,6 +227,8 @@ class Agent:
         except Exception as exc:  # a full disk, a failed spawn: the job fails with why
             reason = f"starting the worker on {self.name} failed: {type(exc).__name__}: {exc}"
             log.exception("job %s: %s", job_id, reason)
+            if (handle := self.workers.get(job_id)) is not None and handle.proc.returncode is None:
+                handle.proc.send_signal(signal.SIGTERM)  # no worker trains a failed job
             with contextlib.suppress(Conflict):
                 await self.store.transition(
                     job_id,
