@@ -26,6 +26,10 @@ from wstrain.scheduler.planning.working_set import make_ws_plan, micro_batches
 
 LLAMA3_8B = PRESETS["llama3-8b"]
 
+# Only a hang takes this long: a plan takes 10-75 ms (bench/planner.py), so no machine's
+# speed, CI's included, decides these tests.
+HANG_S = 60.0
+
 
 def _spec(
     dims: ModelDims, seq: int, batch: int, dev: float, host: float, **overrides: object
@@ -205,8 +209,8 @@ def test_backward_prefetch_rolls_under_its_cap() -> None:
     assert exposed[0] == pytest.approx(0.013 + max(0.0, 0.017 + 0.012 - 0.060 - rec[0]))
 
 
-def test_dp_meets_its_speed_on_64_layers_of_32_chunks() -> None:
-    """Sanity bound only (the < 10 ms figure is measured in bench/planner.py)."""
+def test_dp_solves_64_layers_of_32_chunks() -> None:
+    """Within a hang guard only: the DP's speed (< 10 ms) is measured in bench/planner.py."""
     lc = LayerCost(
         32,
         0.0078,
@@ -216,7 +220,7 @@ def test_dp_meets_its_speed_on_64_layers_of_32_chunks() -> None:
     )
     start = time.perf_counter()
     sol = solve([lc] * 64)
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < HANG_S
     assert simulate([lc] * 64, sol.levels(64)) <= 0.02 + 1e-9
 
 
@@ -277,7 +281,7 @@ def test_working_set_plans_fit_and_more_budget_is_never_slower(
         need = exc.detail["min_budget"]
         assert need["device_gib"] > dev or need["host_gib"] > host
         return
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < HANG_S
     assert plan.predicted.peak_device_bytes <= spec.budget.device_bytes
     assert plan.predicted.peak_host_bytes <= spec.budget.host_bytes
     pred = plan.predicted
@@ -301,7 +305,8 @@ def test_working_set_plans_fit_and_more_budget_is_never_slower(
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_every_preset_plans_in_under_a_second(preset: str) -> None:
+def test_every_preset_plans_at_every_budget(preset: str) -> None:
+    """Each plan within a hang guard only; planning speed is measured in bench/planner.py."""
     dims = PRESETS[preset]
     seq = min(8192, dims.max_position_embeddings)
     for dev in (4, 12, 24, 40, 80):
@@ -309,7 +314,7 @@ def test_every_preset_plans_in_under_a_second(preset: str) -> None:
         start = time.perf_counter()
         with contextlib.suppress(InfeasibleBudget):
             make_plan(spec, dims, H200)
-        assert time.perf_counter() - start < 1.0, (preset, dev)
+        assert time.perf_counter() - start < HANG_S, (preset, dev)
 
 
 def test_overrides_win_and_are_validated() -> None:
