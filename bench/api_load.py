@@ -179,7 +179,7 @@ def run(
                 if time.monotonic() > deadline or api.poll() is not None:
                     raise RuntimeError("the API did not start")
                 time.sleep(0.1)
-            _register_node(f"redis://127.0.0.1:{redis_port}/0")
+            register_node(f"redis://127.0.0.1:{redis_port}/0", "load", "load-node", 64 << 30)
             owners = [f"user{i}" for i in range(10)]
             t0 = time.monotonic()
             ids = asyncio.run(_seed(url, jobs, owners))
@@ -208,20 +208,21 @@ def run(
     }
 
 
-def _register_node(redis_url: str) -> None:
-    """A CPU node as an agent heartbeats it (for a day), so submissions check budgets
-    against it; no agent runs, so jobs stay queued, as in a busy queue."""
+def register_node(redis_url: str, prefix: str, name: str, host_bytes: int) -> None:
+    """A CPU node heartbeated as an agent does (for a day), so submissions check budgets
+    against it while no agent runs: jobs stay queued, as in a busy queue. The tests'
+    api_only fixture uses it too."""
     from wstrain.scheduler.contracts.jobs import Node
     from wstrain.scheduler.store import JobStore
 
     async def hold() -> None:
-        store = JobStore.from_url(redis_url, "load")
+        store = JobStore.from_url(redis_url, prefix)
         node = Node(
-            name="load-node",
+            name=name,
             device="cpu",
             gpus=[],
-            host_total_bytes=64 << 30,
-            host_free_bytes=64 << 30,
+            host_total_bytes=host_bytes,
+            host_free_bytes=host_bytes,
             slots=1,
             running=[],
             profile={"matmul_flops": 1e10},

@@ -163,28 +163,9 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def register_node(redis_url: str, prefix: str) -> None:
     """A 16 GiB CPU node heartbeated as an agent does (for a day), so budgets check against
     a node while no agent runs (jobs stay queued)."""
-    import asyncio
+    from bench.api_load import register_node as hold
 
-    from wstrain.scheduler.contracts.jobs import Node
-    from wstrain.scheduler.store import JobStore
-
-    async def hold() -> None:
-        store = JobStore.from_url(redis_url, prefix)
-        node = Node(
-            name="fake-capacity",
-            device="cpu",
-            gpus=[],
-            host_total_bytes=16 << 30,
-            host_free_bytes=16 << 30,
-            slots=1,
-            running=[],
-            profile={"matmul_flops": 1e10},
-            heartbeat_at=time.time(),
-        )
-        assert await store.hold_node(node, ttl_s=86400) is None
-        await store.close()
-
-    asyncio.run(hold())
+    hold(redis_url, prefix, "fake-capacity", 16 << 30)
 
 
 @pytest.fixture(scope="session")

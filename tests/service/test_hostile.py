@@ -21,6 +21,14 @@ from hypothesis import strategies as st
 from tests.conftest import Stack, tiny_spec
 
 BIG = 1 << 40
+# a one-layer config.json for the hf_config cases, each changing one field
+TINY_HF = {
+    "vocab_size": 64,
+    "hidden_size": 8,
+    "intermediate_size": 8,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+}
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
@@ -91,43 +99,9 @@ BAD_FIELDS: list[tuple[str, Any]] = [
     ("model", {"preset": "no-such-model"}),
     ("model", {"preset": "tiny\x00"}),
     ("model", {"path": "m\ud800"}),
-    (
-        "model",
-        {
-            "hf_config": {
-                "vocab_size": BIG,
-                "hidden_size": 8,
-                "intermediate_size": 8,
-                "num_hidden_layers": 1,
-                "num_attention_heads": 1,
-            }
-        },
-    ),
-    (
-        "model",
-        {
-            "hf_config": {
-                "vocab_size": 64,
-                "hidden_size": 8,
-                "intermediate_size": 8,
-                "num_hidden_layers": BIG,
-                "num_attention_heads": 1,
-            }
-        },
-    ),
-    (
-        "model",
-        {
-            "hf_config": {
-                "vocab_size": 64,
-                "hidden_size": 8,
-                "intermediate_size": 8,
-                "num_hidden_layers": 1,
-                "num_attention_heads": 1,
-                "rope_scaling": {"rope_type": "x\x00"},
-            }
-        },
-    ),
+    ("model", {"hf_config": {**TINY_HF, "vocab_size": BIG}}),
+    ("model", {"hf_config": {**TINY_HF, "num_hidden_layers": BIG}}),
+    ("model", {"hf_config": {**TINY_HF, "rope_scaling": {"rope_type": "x\x00"}}}),
     ("model", {"hf_config": {"model_type": "gpt2"}}),
     ("model", {"preset": "micro-llama", "extra": 1}),
     ("precision", "int4"),
