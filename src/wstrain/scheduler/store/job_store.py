@@ -175,9 +175,7 @@ class JobStore:
         raw = cast(dict[str, str], await self.redis.hgetall(self.keys.job(job_id)))
         if not raw:
             raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /v1/jobs")
-        job = _job_from_hash(raw)
-        self._parsed.put(job)
-        return job
+        return _job_from_hash(raw)
 
     async def get_json(self, job_id: str) -> tuple[str, str]:
         """The job's owner and its JSON (plan included), from the cache while its revision
@@ -185,8 +183,8 @@ class JobStore:
         rev = await self.redis.hget(self.keys.job(job_id), "rev")
         if rev is not None and (hit := self._parsed.get(job_id, int(rev))) is not None:
             return hit.owner, hit.job_json
-        job = await self.get(job_id)
-        return job.owner, job.model_dump_json()
+        parsed = self._parsed.put(await self.get(job_id))
+        return parsed.owner, parsed.job_json
 
     async def list(
         self,
