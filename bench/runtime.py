@@ -125,6 +125,9 @@ class RandomTokens:
         t = torch.randint(0, self.vocab, (n, self.seq_len + 1), generator=self.gen)
         return t[:, :-1], t[:, 1:]
 
+    def target_tokens(self, step: int, sequences: int) -> int:
+        return sequences * self.seq_len  # every random target counts
+
 
 def time_steps(step_fn, steps: int) -> list[float]:  # type: ignore[no-untyped-def]
     import torch

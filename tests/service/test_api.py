@@ -156,6 +156,43 @@ def test_token_files_are_checked_before_anything_is_queued(api_only: Stack) -> N
         assert _total(c) == before
 
 
+def test_prepared_token_files_are_checked_by_their_header(api_only: Stack) -> None:
+    """A prepared file: dtype from its header; an unfinished one, a header that disagrees
+    with the file or a tokenizer larger than the model's vocabulary is a 422."""
+    from wstrain.prepare.pipeline import PrepareRequest, prepare
+
+    root = api_only.state_dir.parent / "prepared"
+    root.mkdir(exist_ok=True)
+    (root / "docs.jsonl").write_text("".join(f'{{"text": "doc {i} " }}\n' * 40 for i in range(9)))
+    header = prepare(PrepareRequest(str(root / "docs.jsonl"), str(root / "docs.bin")))
+    data = {"kind": "tokens", "path": str(root / "docs.bin")}
+    with api_only.client() as c:
+        before = _total(c)
+        assert c.post("/v1/plans", json=tiny_spec("p", data=data)).status_code == 200
+        r = c.post("/v1/plans", json=tiny_spec("p", data={**data, "dtype": "uint32"}))
+        assert r.status_code == 422 and "leave data.dtype out" in r.text
+        headers = {
+            "complete: false": ({"complete": False}, "run the same `wstrain prepare` again"),
+            "tokens": ({"tokens": header.tokens + 1}, "as its header says"),
+            "vocab": ({"vocab_size": 50_000}, "tokenizer of 50000 tokens"),
+        }
+        for name, (change, needle) in headers.items():
+            (root / "docs.json").write_text(header.model_copy(update=change).model_dump_json())
+            r = c.post("/v1/plans", json=tiny_spec("p", data=data))
+            assert r.status_code == 422 and needle in r.text, (name, r.text)
+        assert _total(c) == before
+
+
+def test_raw_text_over_64_mib_is_refused_with_the_prepare_command(api_only: Stack) -> None:
+    big = api_only.state_dir.parent / "big.jsonl"
+    with open(big, "wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: its size is what the API looks at
+    with api_only.client() as c:
+        r = c.post("/v1/plans", json=tiny_spec("big", data={"kind": "text", "path": str(big)}))
+    assert r.status_code == 422, r.text
+    assert f"wstrain prepare {big} {big.with_suffix('')}.bin --tokenizer byte" in r.text
+
+
 def test_jsonl_text_is_checked_line_by_line(api_only: Stack) -> None:
     from tests.worker.io.test_data import _tokenizer_json
 

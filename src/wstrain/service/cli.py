@@ -96,6 +96,9 @@ def _print_job(job: dict[str, Any]) -> None:
         ("step", f"{job['step']}/{job['steps']}"),
         ("loss", _fmt(job["loss"])),
         ("eval_loss", _fmt(job.get("eval_loss"))),
+        ("epoch", _fmt(job.get("epoch"))),
+        ("tokens", _fmt(job.get("tokens_seen"))),
+        ("data pos", _fmt(job.get("data_position"))),
         ("tokens/s", _fmt(job["tokens_per_s"])),
         ("mfu", _fmt(job["mfu"])),
         ("eta_s", _fmt(job["eta_s"])),
@@ -224,7 +227,36 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("cancel", help="cancel a job (checkpoint, then stop)").add_argument("id")
     sub.add_parser("resume", help="resume a cancelled/failed job").add_argument("id")
     sub.add_parser("presets", help="list model presets: sizes, experts, training state")
+    s = sub.add_parser(
+        "prepare",
+        help="tokenize text/JSONL/Parquet/datasets dir into a token file (all cores, resumable)",
+    )
+    s.add_argument("input", help="a .txt, .jsonl or .parquet file, or a datasets save_to_disk dir")
+    s.add_argument("out", help="the token file to write, NAME.bin (NAME.idx, NAME.json beside)")
+    s.add_argument("--tokenizer", default="byte", help='a tokenizer.json, or "byte"')
+    s.add_argument("--text-field", default="text", help="JSONL key / Parquet or Arrow column")
+    s.add_argument("--workers", type=int, default=0, help="processes (default: every core)")
+    s.add_argument("--chunk-mib", type=int, default=16, help="MiB of input per unit of work")
     return p
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from wstrain.prepare.pipeline import PrepareRequest, prepare  # numpy and tokenizers
+
+    if not 0 <= args.workers <= 4096 or not 1 <= args.chunk_mib <= 4096:
+        raise CliError("--workers must be 0..4096 and --chunk-mib 1..4096")
+    req = PrepareRequest(
+        args.input, args.out, args.tokenizer, args.text_field, args.workers, args.chunk_mib << 20
+    )
+    try:
+        header = prepare(req, progress=sys.stderr.isatty())
+    except (ValueError, OSError) as exc:
+        raise CliError(f"prepare {args.input}: {exc}") from exc
+    print(
+        f"{args.out}: {header.tokens} tokens ({header.dtype}), {header.documents} documents; "
+        f"train on it with data: {{kind: tokens, path: {args.out}}}"
+    )
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve(args.host, args.port, args.state_dir, args.metrics_port)
     try:
-        return _run_client(args)
+        return _prepare(args) if args.cmd == "prepare" else _run_client(args)
     except CliError as exc:
         print(f"wstrain: {exc}", file=sys.stderr)
         return 1

@@ -24,10 +24,17 @@ from wstrain.scheduler.contracts.jobs import (
     Node,
     PathModel,
     Plan,
+    SyntheticData,
     TextData,
     TokenData,
 )
 from wstrain.scheduler.contracts.model_dims import ModelDims, resolve_dims
+from wstrain.scheduler.contracts.token_file import (
+    RAW_TEXT_MAX_BYTES,
+    prepare_command,
+    read_header,
+    token_dtype,
+)
 from wstrain.scheduler.planning.planner import make_plan
 
 _TOKEN_BYTES = {"uint16": 2, "uint32": 4}
@@ -47,7 +54,7 @@ def _check_tokens(data: TokenData, path: Path, vocab_size: int, seq_len: int) ->
             raise InvalidSpec(
                 f"data.path={data.path!r} is not a readable .npy file: {exc}"
             ) from exc
-        if tokens.dtype != np.dtype(data.dtype):
+        if data.dtype is not None and tokens.dtype != np.dtype(data.dtype):
             raise InvalidSpec(
                 f"data.path={data.path!r} holds {tokens.dtype} tokens but "
                 f"data.dtype={data.dtype!r}; set data.dtype to match (uint16 or "
@@ -55,13 +62,29 @@ def _check_tokens(data: TokenData, path: Path, vocab_size: int, seq_len: int) ->
             )
         tokens = tokens.reshape(-1)
     else:
-        size, width = path.stat().st_size, _TOKEN_BYTES[data.dtype]
-        if size % width:
+        try:
+            dtype, header = token_dtype(path, data.dtype)
+        except ValueError as exc:
+            raise InvalidSpec(f"data.path: {exc}") from exc
+        size, width = path.stat().st_size, _TOKEN_BYTES[dtype]
+        if size % width or (header is not None and size != header.tokens * width):
             raise InvalidSpec(
                 f"data.path={data.path!r} has {size} bytes, not a multiple of "
-                f"{width}; is data.dtype={data.dtype!r} right?"
+                f"{width}"
+                + (
+                    ""
+                    if header is None
+                    else f" x {header.tokens} tokens as its header says; prepare it again"
+                )
+                + f"; is the dtype {dtype!r} right?"
             )
-        tokens = np.memmap(path, dtype=np.dtype(data.dtype), mode="r")
+        if header is not None and header.vocab_size > vocab_size:
+            raise InvalidSpec(
+                f"data.path={data.path!r} was made with a tokenizer of {header.vocab_size} "
+                f"tokens ({header.tokenizer}) but the model's vocab_size is {vocab_size}; "
+                "use a model with a larger vocabulary or prepare the data with its tokenizer"
+            )
+        tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
     if len(tokens) < seq_len + 1:
         raise InvalidSpec(
             f"data.path={data.path!r} holds {len(tokens)} tokens, fewer than "
@@ -90,12 +113,21 @@ def _check_jsonl(data: TextData) -> None:
 
 def _check_data(spec: JobSpec, dims: ModelDims, access: DataAccess) -> None:
     data = spec.data
+    if spec.document_mask and isinstance(data, SyntheticData):
+        raise InvalidSpec("document_mask: synthetic data has no documents; set it false")
     if isinstance(data, (TokenData, TextData)):
         path = access.check(data.path, "data.path")
         if not path.is_file():
             raise InvalidSpec(f"data.path={data.path!r} does not exist or is not a file")
     if isinstance(data, TokenData):
         count = _check_tokens(data, path, dims.vocab_size, spec.seq_len)
+        header = read_header(path)
+        if spec.document_mask and (header is None or not header.documents):
+            raise InvalidSpec(
+                f"document_mask: data.path={data.path!r} has no document index (NAME.idx "
+                "with its NAME.json header); make the file with `wstrain prepare`, or set "
+                "document_mask: false"
+            )
         held_out = int(count * spec.eval.heldout_fraction) if spec.eval else None
         if held_out is not None and held_out < spec.seq_len + 1:
             raise InvalidSpec(
@@ -104,6 +136,15 @@ def _check_data(spec: JobSpec, dims: ModelDims, access: DataAccess) -> None:
                 f"seq_len+1={spec.seq_len + 1}; raise the fraction or use more data"
             )
     if isinstance(data, TextData):
+        size = path.stat().st_size
+        if size > RAW_TEXT_MAX_BYTES:
+            command = prepare_command(data.path, data.tokenizer, data.text_field)
+            raise InvalidSpec(
+                f"data.path={data.path!r} is {size / 2**20:.0f} MiB of raw text, over the "
+                f"{RAW_TEXT_MAX_BYTES >> 20} MiB a job tokenizes at its start; make a token "
+                f"file once, on all cores: `{command}`, and submit data: "
+                "{kind: tokens, path: ...bin}"
+            )
         vocab, specials = 256, set()
         if data.path.endswith(".jsonl"):
             _check_jsonl(data)

@@ -52,7 +52,13 @@ def build_runtime(spec: JobSpec, plan: Plan, access: DataAccess | None = None) -
     pretrained = Path(spec.model.path) if isinstance(spec.model, PathModel) else None
     if plan.runtime == "resident":
         cfg = RuntimeConfig(
-            spec.precision, plan.device, plan.micro_batch, plan.rounds, spec.steps, spec.seed
+            spec.precision,
+            plan.device,
+            plan.micro_batch,
+            plan.rounds,
+            spec.steps,
+            spec.seed,
+            spec.document_mask,
         )
         resident = ResidentRuntime(dims, cfg, spec.optimizer)
         if pretrained is not None:
@@ -97,6 +103,7 @@ def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
             ws.optimizer
         ],
         lead_rounds=ws.lead_rounds,
+        document_mask=spec.document_mask,
     )
 
 
@@ -215,6 +222,7 @@ class Worker:
                         step=done,
                         epoch=data.epochs_done(done),
                         tokens_seen=done * self.spec.global_batch * self.spec.seq_len,
+                        data_position=done * self.spec.global_batch,
                         loss=res.loss,
                         step_seconds=res.step_seconds,
                         tokens_per_s=tokens_per_s,
@@ -223,7 +231,8 @@ class Worker:
                     )
                 )
             if evals and (done % evals.every_steps == 0 or done == self.spec.steps):
-                held_out = runtime.eval_loss(*data.eval_batch(evals.sequences))
+                docs = data.eval_documents(evals.sequences) if self.spec.document_mask else None
+                held_out = runtime.eval_loss(*data.eval_batch(evals.sequences), docs)
                 self.emit(WorkerMessage(kind="eval", step=done, loss=held_out))
             every = self.spec.checkpoint_every
             if every and done % every == 0 and done < self.spec.steps:

@@ -12,7 +12,7 @@ import torch
 
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import InvalidSpec
-from wstrain.scheduler.contracts.jobs import TokenData
+from wstrain.scheduler.contracts.jobs import TextData, TokenData
 from wstrain.worker.io.data import TokenStream
 
 
@@ -79,7 +79,7 @@ def test_jsonl_documents_are_packed_with_end_of_text(tmp_path: Path) -> None:
     )
     tok = _tokenizer_json(tmp_path)
     data = TextData(kind="text", path=str(tmp_path / "d.jsonl"), tokenizer=str(tok))
-    assert _load_tokens(data, 6, 0, DataAccess.of([tmp_path], None)).tolist() == [
+    assert _load_tokens(data, 6, 0, DataAccess.of([tmp_path], None))[0].tolist() == [
         2,
         3,
         1,
@@ -91,7 +91,7 @@ def test_jsonl_documents_are_packed_with_end_of_text(tmp_path: Path) -> None:
     ]
     by_bytes = TextData(kind="text", path=str(tmp_path / "d.jsonl"))
     assert (
-        bytes(_load_tokens(by_bytes, 256, 0, DataAccess.of([tmp_path], None))) == b"a b\0c\0d a\0"
+        bytes(_load_tokens(by_bytes, 256, 0, DataAccess.of([tmp_path], None))[0]) == b"a b\0c\0d a\0"
     )
 
 
@@ -166,3 +166,17 @@ def test_without_shuffle_the_file_order_is_kept(tmp_path: Path) -> None:
     stream = TokenStream.open(data, 1 << 20, 32, seed=1, global_batch=8, shuffle=False)
     seen = [s for step in range(7) for s in _seen(stream, step, rounds=2, micro_batch=4)]
     assert seen == list(range(50)) + list(range(6))
+
+
+def test_documents_give_positions_within_documents_and_their_indices(tmp_path: Path) -> None:
+    """Byte JSONL documents of 3, 6 and 9 bytes (+ NUL each): ends 4, 11, 21."""
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(f'{{"text": "{"x" * n}"}}\n' for n in (3, 6, 9, 2, 30)))
+    data = TextData(kind="text", path=str(docs))
+    stream = TokenStream.open(data, 256, 8, 0, global_batch=2, shuffle=False)
+    np.testing.assert_array_equal(stream.doc_ends[:3], [4, 11, 21])  # type: ignore[index]
+    pos, seg = stream.documents(0, 0, 2)  # sequences at tokens 0..7 and 8..15
+    # the second starts inside document 1 (tokens 4..10): nothing before token 8 is visible
+    # to it, so that document's positions restart at 0 there
+    assert pos.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3], [0, 1, 2, 0, 1, 2, 3, 4]]
+    assert seg.tolist() == [[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1]]

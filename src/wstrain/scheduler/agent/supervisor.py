@@ -105,6 +105,7 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
             step=msg.step,
             epoch=msg.epoch,
             tokens_seen=msg.tokens_seen,
+            data_position=msg.data_position,
             loss=msg.loss,
             tokens_per_s=msg.tokens_per_s,
             mfu=msg.mfu,

@@ -266,9 +266,16 @@ class SyntheticData(_Strict):
 
 
 class TokenData(_Strict):
+    """A token file: one `wstrain prepare` wrote (NAME.bin with its NAME.json header and
+    NAME.idx document index), or a bare .bin / .npy of ids."""
+
     kind: Literal["tokens"]
     path: Path_
-    dtype: Literal["uint16", "uint32"] = "uint32"
+    dtype: Literal["uint16", "uint32"] | None = Field(
+        default=None,
+        description="the ids' width: read from the header beside a prepared file; a bare "
+        ".bin without one is uint32 unless this says otherwise",
+    )
 
 
 class TextData(_Strict):
@@ -412,6 +419,12 @@ class JobSpec(_Strict):
         description="each epoch visits the data's sequences in an order drawn from (seed, "
         "epoch); false: in file order",
     )
+    document_mask: bool = Field(
+        default=False,
+        description="packed documents kept apart: attention never crosses a document "
+        "boundary and positions restart at each document (needs a prepared token file or "
+        "text data, which know their boundaries)",
+    )
     priority: int = Field(default=0, ge=-100, le=100)
     overrides: PlanOverrides = PlanOverrides()
 
@@ -490,6 +503,11 @@ class Job(BaseModel):
     steps: int
     epoch: float | None = Field(default=None, description="epochs of the training data done")
     tokens_seen: int | None = Field(default=None, description="input tokens trained on")
+    data_position: int | None = Field(
+        default=None,
+        description="sequences of the data order consumed (step x global_batch): the next "
+        "step starts at this position of the order, epoch after epoch",
+    )
     loss: float | None = None
     eval_loss: float | None = Field(default=None, description="held-out loss, last evaluation")
     tokens_per_s: float | None = None
@@ -589,6 +607,7 @@ class WorkerMessage(BaseModel):
     step: int | None = None
     epoch: float | None = None  # epochs of the training data done
     tokens_seen: int | None = None
+    data_position: int | None = None  # sequences of the data order consumed
     loss: float | None = None
     tokens_per_s: float | None = None
     mfu: float | None = None

@@ -447,6 +447,7 @@ def _job_from_hash(raw: dict[str, str], with_plan: bool = True) -> Job:
         "plan": Plan.model_validate_json(raw["plan"]) if with_plan and raw.get("plan") else None,
         "worker_pid": int(raw["worker_pid"]) if raw.get("worker_pid") else None,
         "tokens_seen": int(raw["tokens_seen"]) if raw.get("tokens_seen") else None,
+        "data_position": int(raw["data_position"]) if raw.get("data_position") else None,
         "telemetry": json.loads(raw.get("telemetry") or "{}"),
     }
     for k in _OPTIONAL_FLOATS:

@@ -11,6 +11,12 @@ into rounds of micro-batches, round r taking the r-th run of micro_batch of them
 (micro-batch, rounds, runtime) changes nothing about which sequences a step sees, and the
 data position in a checkpoint is step * G: a resumed run continues with exactly the next
 batch.
+
+Documents: where the data knows its document boundaries (a prepared token file's .idx, the
+end-of-text tokens of text the worker packed), `documents(step, round, mb)` gives each
+token's position within its document and its document's index within the sequence, for
+`document_mask: true` (attention within a document, positions restarting at each one; a
+document cut by a sequence's start restarts at 0 there, as it can see nothing before).
 """
 
 from __future__ import annotations
@@ -29,44 +35,55 @@ from wstrain.scheduler.contracts.jobs import (
     TextData,
     TokenData,
 )
+from wstrain.scheduler.contracts.token_file import index_path, token_dtype
 
 
-def _load_tokens(data: DataRef, vocab_size: int, seed: int, access: DataAccess) -> np.ndarray:
-    """The job's token ids, every file opened through `access` (under a data root, outside
-    the state dir, checked on the file actually opened)."""
+def _load_tokens(
+    data: DataRef, vocab_size: int, seed: int, access: DataAccess
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The job's token ids and its documents' end offsets (None where unknown), every file
+    opened through `access` (under a data root, outside the state dir, checked on the file
+    actually opened)."""
     if isinstance(data, SyntheticData):
         rng = np.random.default_rng(seed)
-        return rng.integers(0, vocab_size, size=1 << 20, dtype=np.int64)
+        return rng.integers(0, vocab_size, size=1 << 20, dtype=np.int64), None
     if isinstance(data, TokenData):
+        ends = None
         with access.open(data.path, "data.path") as path:
             if data.path.endswith(".npy"):
                 tokens = np.load(path, mmap_mode="r").reshape(-1)
-            else:
-                tokens = np.memmap(path, dtype=np.dtype(data.dtype), mode="r")
+            else:  # a prepared file's header names its dtype (the worker never tokenizes it)
+                dtype, header = token_dtype(data.path, data.dtype)
+                tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+                if header is not None and header.documents:
+                    ends = np.fromfile(index_path(data.path), np.uint64).astype(np.int64)
         _check_ids(tokens, vocab_size, data.path)
-        return tokens
+        return tokens, ends
     assert isinstance(data, TextData)
     jsonl = data.path.endswith(".jsonl")
     with access.open(data.path, "data.path") as path:
         if data.tokenizer == "byte":
             if not jsonl:
                 with open(path, "rb") as f:
-                    return np.frombuffer(f.read(), dtype=np.uint8)
+                    raw = np.frombuffer(f.read(), dtype=np.uint8)
+                return raw, np.asarray([len(raw)])  # plain text: one document
             packed = b"".join(doc.encode() + b"\0" for doc in documents(path, data.text_field))
-            return np.frombuffer(packed, dtype=np.uint8)
+            tokens = np.frombuffer(packed, dtype=np.uint8)
+            return tokens, np.flatnonzero(tokens == 0) + 1
         from tokenizers import Tokenizer  # only text jobs with a tokenizer.json need it
 
         with access.open(data.tokenizer, "data.tokenizer") as tok_path:
             tok = Tokenizer.from_file(tok_path)
         if not jsonl:
             with open(path, encoding="utf-8") as f:
-                return np.asarray(tok.encode(f.read()).ids, dtype=np.int64)
+                ids = np.asarray(tok.encode(f.read()).ids, dtype=np.int64)
+            return ids, np.asarray([len(ids)])
         eos = end_of_text_id(tok)
-        ids: list[int] = []
+        lengths, parts = [], []
         for doc in documents(path, data.text_field):
-            ids.extend(tok.encode(doc).ids)
-            ids.append(eos)
-        return np.asarray(ids, dtype=np.int64)
+            parts.append([*tok.encode(doc).ids, eos])
+            lengths.append(len(parts[-1]))
+        return np.concatenate(parts).astype(np.int64), np.cumsum(lengths)
 
 
 def _check_ids(tokens: np.ndarray, vocab_size: int, path: str) -> None:
@@ -107,6 +124,8 @@ class TokenStream:
     heldout: np.ndarray | None = None  # the data's tail, kept out of training
     global_batch: int = 1  # sequences a step trains on
     shuffle: bool = True
+    doc_ends: np.ndarray | None = None  # (documents,) end offset of each, into `tokens`
+    heldout_ends: np.ndarray | None = None  # the same into `heldout`
     _order: tuple[int, np.ndarray] | None = None  # (epoch, its permutation)
 
     @classmethod
@@ -123,7 +142,7 @@ class TokenStream:
         shuffle: bool = True,
     ) -> TokenStream:
         """The job's data; files are read through `access` (default: anywhere)."""
-        tokens = _load_tokens(data, vocab_size, seed, access or DataAccess.of(["/"], None))
+        tokens, ends = _load_tokens(data, vocab_size, seed, access or DataAccess.of(["/"], None))
         cut = len(tokens) - int(len(tokens) * heldout_fraction)
         train, heldout = tokens[:cut], (tokens[cut:] if heldout_fraction else None)
         for name, part in (("training", train), ("held-out", heldout)):
@@ -133,7 +152,8 @@ class TokenStream:
                     f"sequence of seq_len+1={seq_len + 1}; use more data, a "
                     "shorter seq_len or another eval.heldout_fraction"
                 )
-        return cls(train, seq_len, seed, heldout, global_batch, shuffle)
+        held_ends = None if ends is None else np.append(ends[ends > cut] - cut, len(tokens) - cut)
+        return cls(train, seq_len, seed, heldout, global_batch, shuffle, ends, held_ends)
 
     @property
     def sequences(self) -> int:
@@ -166,12 +186,34 @@ class TokenStream:
             position, count = position + take, count - take
         return np.concatenate(out)
 
+    def _eval_starts(self, n: int) -> np.ndarray:
+        assert self.heldout is not None, "no held-out split was asked for"
+        return np.linspace(0, len(self.heldout) - self.seq_len - 1, n).astype(np.int64)
+
     def eval_batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The same n held-out sequences at every evaluation, spread over the split."""
-        assert self.heldout is not None, "no held-out split was asked for"
-        span = len(self.heldout) - self.seq_len - 1
-        starts = np.linspace(0, span, n).astype(np.int64)
-        return self._rows(self.heldout, starts)
+        return self._rows(self.heldout, self._eval_starts(n))  # type: ignore[arg-type]
+
+    def eval_documents(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """eval_batch's sequences' positions and document indices (see `documents`)."""
+        return _where(self._ends(self.heldout_ends), self._eval_starts(n), self.seq_len)
+
+    def documents(
+        self, step: int, round_idx: int, micro_batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each input token's position within its document and its document's index within
+        its sequence, each (micro_batch, seq_len) int64, for the sequences `batch` gives."""
+        position = step * self.global_batch + round_idx * micro_batch
+        starts = self.indices(position, micro_batch) * self.seq_len
+        return _where(self._ends(self.doc_ends), starts, self.seq_len)
+
+    def _ends(self, ends: np.ndarray | None) -> np.ndarray:
+        if ends is None:
+            raise ValueError(
+                "document_mask needs the data's document boundaries: a token file made by "
+                "`wstrain prepare` (its .idx) or text/JSONL data"
+            )
+        return ends
 
     def batch(
         self, step: int, round_idx: int, micro_batch: int
@@ -186,9 +228,24 @@ class TokenStream:
         position = step * self.global_batch + round_idx * micro_batch
         return self._rows(self.tokens, self.indices(position, micro_batch) * self.seq_len)
 
+    def target_tokens(self, step: int, sequences: int) -> int:
+        """Every target of a token stream counts: each is the real next token (a document's
+        end-of-text token predicts the next document's first token, as in torchtitan)."""
+        return sequences * self.seq_len
+
     def _rows(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         rows = np.stack(
             [np.asarray(tokens[s : s + self.seq_len + 1], dtype=np.int64) for s in starts]
         )  # (B, S+1)
         t = torch.from_numpy(rows)
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+def _where(ends: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions within documents and document indices within sequences, (B, S) each, of
+    the sequences whose inputs start at token offsets `starts`."""
+    t = starts[:, None] + np.arange(seq_len)  # (B, S) token offsets
+    doc = np.searchsorted(ends, t, side="right")  # (B, S) global document index
+    doc_start = np.where(doc > 0, ends[np.maximum(doc - 1, 0)], 0)
+    begins = np.maximum(doc_start, starts[:, None])  # a document cut by the sequence's start
+    return torch.from_numpy(t - begins), torch.from_numpy(doc - doc[:, :1])

@@ -70,9 +70,10 @@ def attn_block(
     dims: ModelDims,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     n = rms_norm(x, w["input_layernorm.weight"], dims.rms_norm_eps)
-    return out_proj(x, causal_attention(*qkv(n, w, dims, cos, sin)), w)  # (B, S, D)
+    return out_proj(x, causal_attention(*qkv(n, w, dims, cos, sin), mask), w)  # (B, S, D)
 
 
 def mlp_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims) -> torch.Tensor:

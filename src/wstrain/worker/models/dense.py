@@ -103,7 +103,13 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd if per_head else dims.num_heads * hd, dims.rms_norm_eps)
             self.k_norm = RMSNorm(hd if per_head else dims.num_kv_heads * hd, dims.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         qk = (self.q_norm.weight, self.k_norm.weight) if hasattr(self, "q_norm") else None
         bias = (
             (self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)
@@ -123,6 +129,7 @@ class Attention(nn.Module):
             qk,
             self.eps,
             bias,
+            mask,
         )
 
 
@@ -153,17 +160,39 @@ def project_qkv(
     q, k = q.view(b, s, n_heads, hd), k.view(b, s, n_kv, hd)  # (B, S, H, hd), (B, S, KV, hd)
     if qk_norm is not None and qk_norm[0].shape[-1] == hd:
         q, k = rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)
-    q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (S, 1, hd) or per token (B, S, 1, hd)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     v = F.linear(x, wv, bv).view(b, s, n_kv, hd)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """SDPA, causal; grouped-query heads go to the kernel as they are (no repeated K/V, so
-    autograd keeps K and V at their own size). (B, H, S, hd), (B, KV, S, hd) x2 -> (B, H, S, hd)"""
-    return F.scaled_dot_product_attention(
-        q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
-    )
+def document_positions(
+    dims: ModelDims, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin per token, (B, S, head_dim), for positions (B, S) that restart at each
+    packed document (document_mask)."""
+    cos, sin = rope_tables(dims, positions.shape[1], positions.device, dtype)  # (S, hd)
+    return cos[positions], sin[positions]
+
+
+def document_mask(segments: torch.Tensor) -> torch.Tensor:
+    """(B, 1, S, S) bool: a query attends to the keys at or before it in its own document
+    (dense: S² bytes a sequence). segments: (B, S) each token's document within its sequence."""
+    s = segments.shape[1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=segments.device).tril()
+    return ((segments[:, :, None] == segments[:, None, :]) & causal)[:, None]
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """SDPA, causal, or under `mask` (document_mask: within each packed document); grouped-
+    query heads go to the kernel as they are (no repeated K/V, so autograd keeps K and V at
+    their own size). (B, H, S, hd), (B, KV, S, hd) x2 -> (B, H, S, hd)"""
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
 def attention(
@@ -179,12 +208,13 @@ def attention(
     qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
     eps: float = 1e-6,
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal GQA self-attention with RoPE through SDPA (project_qkv's options).
-    x: (B, S, D) -> (B, S, D)"""
+    """Causal GQA self-attention with RoPE through SDPA (project_qkv's options; `mask`:
+    see causal_attention). x: (B, S, D) -> (B, S, D)"""
     b, s, _ = x.shape
     out = causal_attention(
-        *project_qkv(x, wq, wk, wv, cos, sin, n_heads, n_kv, qk_norm, eps, bias)
+        *project_qkv(x, wq, wk, wv, cos, sin, n_heads, n_kv, qk_norm, eps, bias), mask
     )  # (B, H, S, hd)
     return F.linear(out.transpose(1, 2).reshape(b, s, -1), wo)
 
@@ -302,8 +332,9 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         router: moe.RouterTotals | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         if isinstance(self.mlp, SparseMoE):
             w = {
                 "post_attention_layernorm.weight": self.post_attention_layernorm.weight,
@@ -345,15 +376,32 @@ class LlamaModel(nn.Module):
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
 
-    def forward(self, tokens: torch.Tensor, router: moe.RouterTotals | None = None) -> torch.Tensor:
-        """(B, S) -> logits (B, S, V); MoE layers add their routing to `router`."""
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        router: moe.RouterTotals | None = None,
+        documents: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """(B, S) -> logits (B, S, V); MoE layers add their routing to `router`. With
+        `documents` (positions, segments), each (B, S): RoPE at the positions and attention
+        within each segment (packed documents kept apart)."""
         x = self.model.embed_tokens(tokens)  # (B, S, D)
-        cos, sin = rope_tables(self.dims, tokens.shape[1], x.device, x.dtype)
+        mask = None
+        if documents is None:
+            cos, sin = rope_tables(self.dims, tokens.shape[1], x.device, x.dtype)
+        else:
+            cos, sin = document_positions(self.dims, documents[0], x.dtype)
+            mask = document_mask(documents[1])
         for layer in self.model.layers:
-            x = layer(x, cos, sin, router)
+            x = layer(x, cos, sin, router, mask)
         return self.lm_head(self.model.norm(x))
 
 
-def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy in fp32; targets are already shifted. (B, S, V), (B, S)"""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+def causal_lm_loss(
+    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Next-token cross entropy in fp32 (mean or sum over the targets that are not -100);
+    targets are already shifted. (B, S, V), (B, S)"""
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction
+    )

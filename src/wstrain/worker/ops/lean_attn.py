@@ -64,14 +64,16 @@ def lean_attn_forward(
     dims: ModelDims,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, CoreGraph]:
-    """(h (B, S, D), the kernel's output (B, H, S, hd), its graph). x: (B, S, D)"""
+    """(h (B, S, D), the kernel's output (B, H, S, hd), its graph). x: (B, S, D); cos/sin
+    (S, hd) or per token (B, S, hd); mask: dense.document_mask for packed documents."""
     with torch.no_grad():
         q, k, v = qkv(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)
     anchor = torch.zeros((), requires_grad=True)
     with torch.enable_grad():
         qa, ka, va = _Entry.apply(anchor, q, k, v)
-        out = causal_attention(qa, ka, va)  # (B, H, S, hd)
+        out = causal_attention(qa, ka, va, mask)  # (B, H, S, hd)
     edges = (get_gradient_edge(qa), get_gradient_edge(ka), get_gradient_edge(va))
     core = CoreGraph(get_gradient_edge(out), edges)
     with torch.no_grad():
@@ -82,7 +84,8 @@ def lean_attn_forward(
 def _unrope(d: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The gradient through RoPE: (B, H, S, hd) -> (B, S, H·hd)."""
     b, _, s, _ = d.shape
-    return apply_rope(d.transpose(1, 2), cos[:, None], -sin[:, None]).reshape(b, s, -1)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (S, 1, hd) or (B, S, 1, hd)
+    return apply_rope(d.transpose(1, 2), cos, -sin).reshape(b, s, -1)
 
 
 def lean_attn_backward(

@@ -16,10 +16,19 @@ import torch
 
 from wstrain.worker.runtime.stats import StepStats
 
+# A target of IGNORE_INDEX counts in no loss (torch's cross_entropy default).
+IGNORE_INDEX = -100
+
 
 class Batches(Protocol):
     """A source of training batches, a pure function of (step, round): the token stream of
-    a job, or random tokens in a benchmark."""
+    a job, or random tokens in a benchmark.
+
+    The loss convention of every runtime: a step's loss is the sum of the cross entropy over
+    every target of its global batch divided by `target_tokens(step, G)`, the number of targets
+    that are not IGNORE_INDEX in the whole step, not a mean of micro-batch means. So how a
+    plan cuts the step into rounds and micro-batches changes nothing however the ignored
+    targets fall (transformers fixed the same bug in its gradient accumulation in 2024)."""
 
     seq_len: int
 
@@ -27,6 +36,19 @@ class Batches(Protocol):
         self, step: int, round_idx: int, micro_batch: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets, each (micro_batch, seq_len) int64."""
+        ...
+
+    def documents(
+        self, step: int, round_idx: int, micro_batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions within documents and document indices within sequences of `batch`'s
+        inputs, each (micro_batch, seq_len) int64 (document_mask); ValueError if the data
+        has no document boundaries."""
+        ...
+
+    def target_tokens(self, step: int, sequences: int) -> int:
+        """Targets of the `sequences` sequences of step `step` (its global batch) that count
+        in its loss (not IGNORE_INDEX)."""
         ...
 
 
@@ -44,8 +66,14 @@ class Runtime(Protocol):
         """One optimizer step (0-based `step`) over the plan's rounds."""
         ...
 
-    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """Mean next-token loss of (B, S) inputs and targets, without training."""
+    def eval_loss(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        documents: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> float:
+        """Mean next-token loss of (B, S) inputs and targets, without training; `documents`
+        (positions, segments) as Batches.documents gives them, under document_mask."""
         ...
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

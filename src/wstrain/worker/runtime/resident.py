@@ -32,6 +32,7 @@ class RuntimeConfig:
     rounds: int
     steps: int
     seed: int
+    document_mask: bool = False  # attention within packed documents, positions per document
 
 
 class ResidentRuntime:
@@ -69,14 +70,22 @@ class ResidentRuntime:
             torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
-    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    def eval_loss(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        documents: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> float:
         """Mean next-token loss of (B, S) inputs, micro_batch sequences at a time."""
-        total, n = 0.0, 0
-        for x, y in zip(inputs.split(self.cfg.micro_batch), targets.split(self.cfg.micro_batch)):
+        total, n, mb = 0.0, 0, self.cfg.micro_batch
+        for i, (x, y) in enumerate(zip(inputs.split(mb), targets.split(mb))):
+            docs = None
+            if documents is not None:
+                docs = tuple(d[i * mb : (i + 1) * mb].to(self.device) for d in documents)
             with torch.autocast(
                 self.device.type, torch.bfloat16, enabled=self.cfg.precision == "mixed"
             ):
-                logits = self.model(x.to(self.device))  # (b, S, V)
+                logits = self.model(x.to(self.device), None, docs)  # (b, S, V)
             total += float(causal_lm_loss(logits, y.to(self.device))) * y.numel()
             n += y.numel()
         return total / n
@@ -87,9 +96,16 @@ class ResidentRuntime:
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
+        per_target = 1.0 / max(
+            data.target_tokens(step, cfg.rounds * cfg.micro_batch), 1
+        )  # the global batch's mean
         for r in range(cfg.rounds):
             inputs, targets = data.batch(step, r, cfg.micro_batch)
             inputs, targets = inputs.to(self.device), targets.to(self.device)
+            docs = None
+            if cfg.document_mask:  # (positions, segments), each (B, S)
+                pos, seg = data.documents(step, r, cfg.micro_batch)
+                docs = (pos.to(self.device), seg.to(self.device))
             coef = self.dims.router_aux_loss_coef
             router = (
                 RouterTotals(self.dims.num_experts, self.device)
@@ -97,11 +113,10 @@ class ResidentRuntime:
                 else None
             )
             with torch.autocast(self.device.type, torch.bfloat16, enabled=cfg.precision == "mixed"):
-                logits = self.model(inputs, router)  # (B, S, V)
-            loss = causal_lm_loss(logits, targets)
-            if router is not None:  # HF's MoE models: + coef * load-balancing loss
-                loss = loss + coef * router.loss()
-            loss = loss / cfg.rounds
+                logits = self.model(inputs, router, docs)  # (B, S, V)
+            loss = causal_lm_loss(logits, targets, reduction="sum") * per_target
+            if router is not None:  # HF's MoE models: + coef * load-balancing loss per forward
+                loss = loss + coef * router.loss() / cfg.rounds
             loss.backward()
             total += loss.detach()
         if self.opt_spec.grad_clip is not None:

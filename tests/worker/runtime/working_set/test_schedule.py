@@ -41,6 +41,9 @@ class Batches:
         rows = self.pool[start : start + n]
         return rows[:, :-1], rows[:, 1:]
 
+    def target_tokens(self, step: int, sequences: int) -> int:
+        return sequences * self.seq_len
+
 
 def reference(dims: ModelDims) -> LlamaForCausalLM:
     torch.manual_seed(1)

@@ -34,6 +34,7 @@ class WorkingSetConfig:
     device_opt_layers: int = 0
     write_buffer_bytes: int = WRITE_BUFFER_BYTES  # saved activations in flight to the host, at most
     lead_rounds: int = 1  # rounds whose sequences the step's first pass carries
+    document_mask: bool = False  # attention within packed documents, positions per document
 
     @property
     def chunks(self) -> int:

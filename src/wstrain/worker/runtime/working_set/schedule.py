@@ -53,7 +53,12 @@ from wstrain.worker.models.blocks import (
     leaves,
     out_proj,
 )
-from wstrain.worker.models.dense import rms_norm, rope_tables
+from wstrain.worker.models.dense import (
+    document_mask,
+    document_positions,
+    rms_norm,
+    rope_tables,
+)
 from wstrain.worker.models.moe import RouterTotals
 from wstrain.worker.ops.lean_attn import CoreGraph, lean_attn_backward, lean_attn_forward
 from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
@@ -142,6 +147,9 @@ class WorkingSetRuntime:
         # the global gradient norm, squared, summed in fp32 as final gradients go home
         self.sq_norm = torch.zeros((), device=self.device, dtype=torch.float32)
         self.cos, self.sin = rope_tables(dims, cfg.seq_len, self.device, dtype)
+        # this pass's (cos, sin, attention mask) per chunk: the shared tables and plain
+        # causal attention, or per token and per document with document_mask
+        self._where: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         self._fwd_order = list(range(L))
         self._bwd_order = list(range(L - 1, -1, -1))
         self.router: RouterTotals | None = None  # this round's MoE routing
@@ -224,7 +232,7 @@ class WorkingSetRuntime:
             self.streams,
             self.acts,
             lambda: self.weights.storage_of(layer),
-            [self.cos, self.sin],
+            [self.cos, self.sin, *(t for w in self._where for t in w if t is not None)],
             self.counters,
         )
 
@@ -245,12 +253,12 @@ class WorkingSetRuntime:
         if level in (1, 3):  # the attention kernel's own saved set, through the hooks
             packed: dict[tuple[object, ...], HostCopy] = {}
             with policy.hooks(home, packed):
-                h, out, g.core = lean_attn_forward(x, w, dims, self.cos, self.sin)
+                h, out, g.core = lean_attn_forward(x, w, dims, *self._where[c])
             g.out = packed.pop(tensor_key(out), None) or self._stash(out, home, policy)
             g.core_copies = tuple(packed.values())
         else:
             with torch.no_grad():
-                h = attn_block(x, w, dims, self.cos, self.sin)
+                h = attn_block(x, w, dims, *self._where[c])
         if level in (2, 3):
             saved: tuple[torch.Tensor, ...]
             if dims.is_moe:
@@ -269,7 +277,7 @@ class WorkingSetRuntime:
     # ---------------------------------------------------------------- backward
 
     def _backward_layer(
-        self, k: int, g: _Graph, dy: torch.Tensor, slot: Slot, dw: GradViews
+        self, k: int, c: int, g: _Graph, dy: torch.Tensor, slot: Slot, dw: GradViews
     ) -> torch.Tensor:
         dims = self.dims
         policy = self._policy(k)
@@ -281,7 +289,7 @@ class WorkingSetRuntime:
                 h = out_proj(x, out, w)
         else:  # levels 0, 2: the attention block's graph, recomputed
             xa, wa = x.detach().requires_grad_(), leaves(w)
-            h_graph = attn_block(xa, wa, dims, self.cos, self.sin)
+            h_graph = attn_block(xa, wa, dims, *self._where[c])
             h = h_graph.detach()
         # the MLP's lean set, saved (levels 2, 3) or recomputed without its down projection
         saved = tuple(self._unstash(t, policy) for t in g.lean) if g.lean is not None else None
@@ -294,7 +302,8 @@ class WorkingSetRuntime:
         del saved
         add_grads(dw, dws)
         if g.core is not None:
-            dx, dws = lean_attn_backward(dh, x, out, g.core, w, dims, self.cos, self.sin)
+            cos, sin, _ = self._where[c]
+            dx, dws = lean_attn_backward(dh, x, out, g.core, w, dims, cos, sin)
             add_grads(dw, dws)
             return dx
         torch.autograd.backward(h_graph, dh)
@@ -334,21 +343,31 @@ class WorkingSetRuntime:
         return total, dx.view_as(x)
 
     @torch.no_grad()
-    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    def eval_loss(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        documents: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> float:
         """Mean next-token loss of (B, S) inputs: a forward through the streamed layers that
-        saves nothing, micro_batch sequences at a time."""
+        saves nothing, micro_batch sequences at a time (`documents`: as in train_step)."""
         self._apply_pending()  # a deferred device update belongs to the weights evaluated
         dims, total = self.dims, 0.0
         views = self.host.head_layout.views(self.head)
         table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
-        for x_mb, y_mb in zip(
-            inputs.split(self.cfg.micro_batch), targets.split(self.cfg.micro_batch)
-        ):
+        mb = self.cfg.micro_batch
+        for i, (x_mb, y_mb) in enumerate(zip(inputs.split(mb), targets.split(mb))):
             T = [F.embedding(t.to(self.device), table) for t in x_mb.split(self.cfg.chunk)]
+            self._set_where(
+                None if documents is None else tuple(d[i * mb : (i + 1) * mb] for d in documents)
+            )
             for k in self._fwd_order:
                 slot = self.weights.consume(k, self._fwd_order[k + 1 :])
                 w = self.host.layout.views(slot.flat)
-                T = [ffn_block(attn_block(h, w, dims, self.cos, self.sin), w, dims)[0] for h in T]
+                T = [
+                    ffn_block(attn_block(h, w, dims, *self._where[c]), w, dims)[0]
+                    for c, h in enumerate(T)
+                ]
                 self.weights.release(slot)
             h = rms_norm(
                 torch.cat(T).reshape(-1, dims.hidden_size),
@@ -369,13 +388,32 @@ class WorkingSetRuntime:
 
     # ---------------------------------------------------------------- one step
 
+    def _set_where(self, documents: tuple[torch.Tensor, ...] | None) -> None:
+        """Each chunk's RoPE tables and attention mask for the pass over `documents`
+        ((positions, segments), each (sequences, S)), or the plain causal ones."""
+        chunks = -(-self.cfg.micro_batch * self.cfg.lead_rounds // self.cfg.chunk)
+        if documents is None:
+            self._where = [(self.cos, self.sin, None)] * chunks
+            return
+        self._where = []
+        for pos, seg in zip(*(d.split(self.cfg.chunk) for d in documents)):
+            cos, sin = document_positions(self.dims, pos.to(self.device), self.cos.dtype)
+            self._where.append((cos, sin, document_mask(seg.to(self.device))))
+
     def _round(
-        self, tokens: torch.Tensor, targets: torch.Tensor, first: bool, last: bool, scale: float
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor,
+        first: bool,
+        last: bool,
+        scale: float,
+        documents: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
         """Forward, head and backward of one pass: a round's sequences, or the lead pass's
-        (cfg.lead_rounds rounds'). tokens/targets: (sequences, S)"""
+        (cfg.lead_rounds rounds'). tokens/targets and documents' parts: (sequences, S)"""
         cfg, L = self.cfg, self.dims.num_layers
         self.acts.reset()
+        self._set_where(documents)
         self._refresh_resident(L)
         if self.dims.is_moe:
             self.router = RouterTotals(self.dims.num_experts, self.device)
@@ -403,7 +441,7 @@ class WorkingSetRuntime:
         coef = self.dims.router_aux_loss_coef
         if self.router is not None and coef > 0:  # HF: loss += coef * aux, per micro-batch
             self._aux_grad = self.router.prob_grad(coef / cfg.rounds)
-            loss += coef * self.router.loss() * cfg.micro_batch * cfg.seq_len  # x scale later
+            loss += coef * self.router.loss() / (cfg.rounds * scale)  # x scale later
         # saved sets come back ahead of the chunks that take them
         ahead = BackwardPrefetch(self.streams, self.counters, cfg.write_buffer_bytes)
         for k in self._bwd_order:
@@ -415,7 +453,7 @@ class WorkingSetRuntime:
             dw = LazyGradViews(self.grads, k, self._bwd_order[i + 1 :], first, self.host.layout)
             for c in reversed(range(len(T))):
                 ahead.top_up()
-                T[c] = self._backward_layer(k, graphs[k][c], T[c], slot, dw)
+                T[c] = self._backward_layer(k, c, graphs[k][c], T[c], slot, dw)
                 graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
             self.weights.release(slot)
             gslot = dw.take()
@@ -442,7 +480,9 @@ class WorkingSetRuntime:
         cfg = self.cfg
         self.embed_grad.zero_()
         self.head_grad.zero_()
-        scale = 1.0 / (cfg.rounds * cfg.micro_batch * cfg.seq_len)
+        scale = 1.0 / max(
+            data.target_tokens(step, cfg.rounds * cfg.micro_batch), 1
+        )  # the global batch's mean (base.py)
         loss = torch.zeros((), device=self.device, dtype=torch.float32)
         passes = [
             range(cfg.lead_rounds),
@@ -451,7 +491,11 @@ class WorkingSetRuntime:
         for i, rounds in enumerate(passes):
             batches = [data.batch(step, r, cfg.micro_batch) for r in rounds]
             tokens, targets = (torch.cat(parts).to(self.device) for parts in zip(*batches))
-            loss += self._round(tokens, targets, i == 0, i == len(passes) - 1, scale)
+            docs = None
+            if cfg.document_mask:  # (positions, segments) of the pass's sequences
+                parts = [data.documents(step, r, cfg.micro_batch) for r in rounds]
+                docs = tuple(torch.cat(p) for p in zip(*parts))
+            loss += self._round(tokens, targets, i == 0, i == len(passes) - 1, scale, docs)
         self._send_home(self.embed_grad, self.host.embed_g)
         self.grads.flush()  # the layers' gradients, the head's and the embedding's are home
         return float(loss.item()) * scale

@@ -1,0 +1,1 @@
+"""Token files from text, JSONL, Parquet or `datasets` directories (`wstrain prepare`)."""

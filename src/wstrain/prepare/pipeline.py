@@ -1,0 +1,182 @@
+"""`wstrain prepare`: text, JSONL, Parquet or a `datasets` directory into a token file
+(contracts/token_file.py), streaming, on all cores, resumable.
+
+    wstrain prepare /data/web.jsonl /data/web.bin --tokenizer /models/llama/tokenizer.json
+    header = prepare(PrepareRequest("/data/web.jsonl", "/data/web.bin", "tok.json"))
+
+The input is cut into chunks (sources.py); one worker process per core tokenizes a chunk at
+a time into a part file under `web.parts/`; at most two chunks per worker are in flight, so
+memory stays near workers x (chunk + its tokens) whatever the input's size. When every part
+is there they are concatenated in chunk order into web.bin and web.idx and the header is
+marked complete. Killed at any point, the same command resumes: the header written first
+records the request, parts that exist are whole (renamed into place) and are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from wstrain.prepare.encode import TokenizerInfo, encode_chunk, init_worker, part_done
+from wstrain.prepare.encode import tokenizer_info as load_tokenizer_info
+from wstrain.prepare.sources import Chunk, Source, open_source
+from wstrain.scheduler.contracts.token_file import (
+    TokenFileHeader,
+    header_path,
+    index_path,
+    read_header,
+)
+
+log = logging.getLogger(__name__)
+
+# A chunk: 16 MiB of text is ~4 M tokens, ~2 s of one core; small enough that an
+# interrupted run loses little and the tail of the run keeps every core busy.
+DEFAULT_CHUNK_BYTES = 16 << 20
+COPY_BYTES = 64 << 20  # concatenation buffer
+
+
+@dataclass(frozen=True)
+class PrepareRequest:
+    source: str
+    out: str  # the .bin to write; .idx, .json and .parts/ go beside it
+    tokenizer: str = "byte"
+    text_field: str = "text"
+    workers: int = 0  # 0: every core this process may use
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+
+def _workers(asked: int) -> int:
+    return asked or len(os.sched_getaffinity(0))
+
+
+def _fresh_header(req: PrepareRequest, source: Source, info: TokenizerInfo) -> TokenFileHeader:
+    return TokenFileHeader(
+        complete=False,
+        dtype=info.dtype,  # type: ignore[arg-type]
+        tokens=0,
+        documents=0,
+        vocab_size=info.vocab_size,
+        eos_id=info.eos_id,
+        tokenizer=info.name,
+        tokenizer_sha256=info.sha256,
+        source=str(Path(req.source).resolve()),
+        source_bytes=source.size_bytes(),
+        text_field=req.text_field,
+        chunk_bytes=req.chunk_bytes,
+    )
+
+
+def _write_header(out: Path, header: TokenFileHeader) -> None:
+    tmp = header_path(out).with_suffix(".json.tmp")
+    tmp.write_text(header.model_dump_json(indent=2) + "\n")
+    os.replace(tmp, header_path(out))
+
+
+def prepare(req: PrepareRequest, progress: bool = False) -> TokenFileHeader:
+    """Write req.out (+ .idx, .json); resume a run of the same request that was cut off."""
+    out = Path(req.out)
+    if out.suffix != ".bin":
+        raise ValueError(f"out={req.out!r}: name the token file NAME.bin")
+    source = open_source(req.source, req.text_field)
+    info = load_tokenizer_info(req.tokenizer)
+    want = _fresh_header(req, source, info)
+    parts = out.with_suffix(".parts")
+    have = read_header(out) if header_path(out).is_file() else None
+    same = (
+        have is not None
+        and have.model_copy(update={"complete": False, "tokens": 0, "documents": 0}) == want
+    )
+    if same and have is not None and have.complete and out.is_file():
+        log.info("%s is already prepared from %s: %d tokens", out, req.source, have.tokens)
+        return have
+    if not same and parts.exists():
+        log.info("%s: another request made %s; starting over", out, parts)
+        shutil.rmtree(parts)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    parts.mkdir(exist_ok=True)
+    _write_header(out, want)
+
+    chunks = source.chunks(req.chunk_bytes)
+    done = {c.index: part_done(parts, c, info) for c in chunks}
+    todo = [c for c in chunks if done[c.index] is None]
+    if len(todo) < len(chunks):
+        log.info("resuming: %d of %d chunks already done", len(chunks) - len(todo), len(chunks))
+    total_bytes = sum(c.size_bytes for c in chunks)
+    done_bytes = total_bytes - sum(c.size_bytes for c in todo)
+    _run(source, todo, parts, info, _workers(req.workers), progress, (done_bytes, total_bytes))
+    header = _concatenate(out, parts, chunks, info, want)
+    shutil.rmtree(parts)
+    return header
+
+
+def _run(
+    source: Source,
+    todo: list[Chunk],
+    parts: Path,
+    info: TokenizerInfo,
+    workers: int,
+    progress: bool,
+    bytes_done_total: tuple[int, int],
+) -> None:
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    ctx = multiprocessing.get_context("spawn")  # no forked copy of a parent's threads
+    with (
+        Progress(*columns, disable=not progress) as bar,
+        ProcessPoolExecutor(workers, ctx, initializer=init_worker, initargs=(info.name,)) as pool,
+    ):
+        done_bytes, total_bytes = bytes_done_total
+        task = bar.add_task("tokenizing", total=total_bytes, completed=done_bytes)
+        pending: dict[Future[tuple[int, int]], Chunk] = {}
+        queue = list(reversed(todo))
+        try:
+            while queue or pending:
+                while queue and len(pending) < 2 * workers:
+                    chunk = queue.pop()
+                    pending[pool.submit(encode_chunk, source, chunk, parts, info)] = chunk
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    chunk = pending.pop(future)
+                    future.result()  # a chunk's error (a bad JSON line) stops the run, named
+                    bar.advance(task, chunk.size_bytes)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # the chunks not started yet: never
+            raise
+
+
+def _concatenate(
+    out: Path, parts: Path, chunks: list[Chunk], info: TokenizerInfo, want: TokenFileHeader
+) -> TokenFileHeader:
+    """parts/*.bin in chunk order into out, their document ends (shifted) into out.idx."""
+    tokens, documents = 0, 0
+    tmp_bin, tmp_idx = out.with_suffix(".bin.tmp"), out.with_suffix(".idx.tmp")
+    itemsize = np.dtype(info.dtype).itemsize
+    with open(tmp_bin, "wb") as dst, open(tmp_idx, "wb") as idx:
+        for chunk in chunks:
+            stem = parts / f"{chunk.index:06d}"
+            with open(stem.with_suffix(".bin"), "rb") as src:
+                shutil.copyfileobj(src, dst, COPY_BYTES)
+            ends = np.fromfile(stem.with_suffix(".ends"), np.uint64)
+            (ends + np.uint64(tokens)).tofile(idx)
+            tokens += stem.with_suffix(".bin").stat().st_size // itemsize
+            documents += len(ends)
+    os.replace(tmp_idx, index_path(out))
+    os.replace(tmp_bin, out)
+    header = want.model_copy(update={"complete": True, "tokens": tokens, "documents": documents})
+    _write_header(out, header)
+    log.info("%s: %d tokens, %d documents (%s)", out, tokens, documents, info.dtype)
+    return header

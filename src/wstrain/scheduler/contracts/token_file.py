@@ -1,0 +1,97 @@
+"""The token file `wstrain prepare` writes and a job's `data: {kind: tokens}` reads: three
+files beside each other, named by one stem.
+
+    train.bin    the token ids, uint16 (vocabularies up to 65,536) or uint32, native order
+    train.idx    document ends: uint64 token offsets, one per document (the last = tokens)
+    train.json   this header: dtype, counts, the tokenizer and its SHA-256, the source
+
+A header whose `complete` is false is a preparation still running or interrupted: the API
+refuses it and `wstrain prepare` with the same arguments resumes it. A bare .bin or .npy
+without a header is still accepted (dtype from the job spec, no document index).
+
+Also here: the largest raw text a job may name (above it the worker would tokenize many
+minutes at job start, in one process's memory; the API asks for `wstrain prepare` instead).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Raw text or JSONL a job may name directly: 64 MiB tokenizes in ~10 s on one core with a
+# BPE tokenizer; larger inputs go through `wstrain prepare`, once, on all cores.
+RAW_TEXT_MAX_BYTES = 64 << 20
+
+
+
+class TokenFileHeader(BaseModel):
+    """train.json: what the token file holds and how it was made."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["wstrain.tokens"] = "wstrain.tokens"
+    version: Literal[1] = 1
+    complete: bool = Field(description="false while `wstrain prepare` runs or if it was cut off")
+    dtype: Literal["uint16", "uint32"]
+    tokens: int = Field(ge=0, description="token ids in the .bin")
+    documents: int = Field(ge=0, description="entries of the .idx")
+    vocab_size: int = Field(gt=0, description="the tokenizer's vocabulary, ids below it")
+    eos_id: int = Field(ge=0, description="the end-of-text id appended to every document")
+    tokenizer: str = Field(description='"byte" or the tokenizer.json path it was made with')
+    tokenizer_sha256: str = Field(description='hash of the tokenizer.json ("" for byte)')
+    source: str = Field(description="the input: a text, JSONL or Parquet file, or an Arrow dir")
+    source_bytes: int = Field(ge=0)
+    text_field: str = Field(description="the JSONL key or Parquet/Arrow column read")
+    chunk_bytes: int = Field(gt=0, description="the unit of work and of resumption")
+
+
+def header_path(bin_path: str | Path) -> Path:
+    """train.bin -> train.json (the header beside a token file)."""
+    return Path(bin_path).with_suffix(".json")
+
+
+def index_path(bin_path: str | Path) -> Path:
+    """train.bin -> train.idx (the document ends beside a token file)."""
+    return Path(bin_path).with_suffix(".idx")
+
+
+def read_header(bin_path: str | Path) -> TokenFileHeader | None:
+    """The header beside `bin_path`, None if there is none (a bare token file); ValueError
+    names the file if it is there but unreadable."""
+    path = header_path(bin_path)
+    if Path(bin_path).suffix != ".bin" or not path.is_file():
+        return None
+    try:
+        return TokenFileHeader.model_validate_json(path.read_bytes())
+    except ValueError as exc:
+        raise ValueError(f"{path} is not a wstrain token-file header: {exc}") from exc
+
+
+def prepare_command(path: str, tokenizer: str, text_field: str) -> str:
+    """The `wstrain prepare` line that turns a raw input into a token file."""
+    stem = str(Path(path).with_suffix(""))
+    extra = f" --text-field {text_field}" if text_field != "text" else ""
+    return f"wstrain prepare {path} {stem}.bin --tokenizer {tokenizer}{extra}"
+
+
+def token_dtype(bin_path: str | Path, dtype: str | None) -> tuple[str, TokenFileHeader | None]:
+    """The ids' width of a job's token file and its header: the header's for a prepared
+    file (a complete one: an interrupted preparation is refused), else `dtype` or uint32.
+    ValueError says what is wrong and the fix."""
+    header = read_header(bin_path)
+    if header is None:
+        return dtype or "uint32", None
+    if not header.complete:
+        raise ValueError(
+            f"{bin_path} is still being prepared or its preparation was cut off "
+            f"({header_path(bin_path)} says complete: false); run the same `wstrain prepare` "
+            "again to finish it"
+        )
+    if dtype is not None and dtype != header.dtype:
+        raise ValueError(
+            f"data.dtype={dtype!r} but {header_path(bin_path)} says the file holds "
+            f"{header.dtype} ids; leave data.dtype out"
+        )
+    return header.dtype, header
