@@ -83,3 +83,9 @@ def perturb_norms(model: torch.nn.Module, seed: int) -> None:
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(torch.randn(p.shape, generator=g) * 0.1)
+
+
+def aux_per_sequence(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """transformers' own load-balancing loss of each sequence of `inputs` (B, S) run on its
+    own, a batch of one, summed over the sequences (wstrain's convention: worker/models/moe.py)."""
+    return sum(model(input_ids=inputs[b : b + 1]).aux_loss for b in range(inputs.shape[0]))  # type: ignore[return-value]

@@ -152,6 +152,15 @@ def test_document_masks_train_the_same_under_every_plan(tmp_path: Path) -> None:
         assert weight_err <= 1e-4, f"{plan}: the weights differ by {weight_err:.2e} relative"
 
 
+def test_the_moe_load_balancing_term_is_the_same_under_every_plan() -> None:
+    """OLMoE-shaped, router_aux_loss_coef 0.01: the term is a mean over the step's
+    sequences of each one's load-balancing loss, so micro-batches do not change it."""
+    model = {"preset": "tiny-olmoe"}
+    for plan, (loss_err, weight_err) in _compare(steps=6, model=model).items():
+        assert loss_err <= 1e-5, f"{plan}: a step's loss differs by {loss_err:.2e} relative"
+        assert weight_err <= 1e-5, f"{plan}: the weights differ by {weight_err:.2e} relative"
+
+
 # bf16 keeps 8 significant bits: one rounding is up to 2^-9 = 0.2% relative. The plans add
 # their micro-batches' gradients in another order and round them to bf16 at other points
 # (the resident runtime accumulates in the bf16 .grad, the working set in fp32 tiles), so

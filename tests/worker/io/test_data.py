@@ -90,9 +90,9 @@ def test_jsonl_documents_are_packed_with_end_of_text(tmp_path: Path) -> None:
         1,
     ]
     by_bytes = TextData(kind="text", path=str(tmp_path / "d.jsonl"))
-    assert (
-        bytes(_load_tokens(by_bytes, 256, 0, DataAccess.of([tmp_path], None))[0]) == b"a b\0c\0d a\0"
-    )
+    tokens, ends = _load_tokens(by_bytes, 256, 0, DataAccess.of([tmp_path], None))
+    assert bytes(tokens) == b"a b\0c\0d a\0"
+    assert ends.tolist() == [4, 6, 10]  # type: ignore[union-attr]
 
 
 def test_the_worker_reads_only_what_access_allows_and_checks_every_id(tmp_path: Path) -> None:

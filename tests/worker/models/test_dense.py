@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.worker.hf_models import hf_causal_lm, hub_grads, hub_state, perturb_norms
+from tests.worker.hf_models import (
+    aux_per_sequence,
+    hf_causal_lm,
+    hub_grads,
+    hub_state,
+    perturb_norms,
+)
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 from wstrain.worker.models.moe import RouterTotals
@@ -100,17 +106,18 @@ def test_logits_loss_grads_match_transformers(dims: ModelDims) -> None:
     tokens = torch.randint(0, dims.vocab_size, (3, 17))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
-    router = RouterTotals(dims.num_experts, torch.device("cpu")) if dims.is_moe else None
+    cpu = torch.device("cpu")
+    router = RouterTotals(dims.num_experts, cpu, 3, 16) if dims.is_moe else None
     logits = ours(inputs, router)
     loss = causal_lm_loss(logits, targets)
-    if router is not None:
-        loss = loss + dims.router_aux_loss_coef * router.loss()
+    if router is not None:  # the mean over the sequences of each one's load-balancing loss
+        loss = loss + dims.router_aux_loss_coef * router.loss() / 3
     loss.backward()
     out = ref(input_ids=inputs)
     ref_loss = causal_lm_loss(out.logits, targets)
-    if dims.is_moe:  # the reference's own load_balancing_loss_func, weighted as it weights it
+    if dims.is_moe:  # transformers' own aux loss of each sequence alone, weighted as it does
         assert out.aux_loss > 0
-        ref_loss = ref_loss + ref.router_aux_loss_coef * out.aux_loss
+        ref_loss = ref_loss + ref.router_aux_loss_coef * aux_per_sequence(ref, inputs) / 3
     ref_loss.backward()
 
     assert rel_err(logits, out.logits) < 1e-5

@@ -37,6 +37,12 @@ ALLOCATOR_SLACK: Final = 1.18
 # one sequence (transient GEMM and attention buffers; H200, Llama-8B at 8K).
 LAYER_WORKSPACE_FACTOR: Final = 1.3
 
+# document_mask: device bytes per (query, key) pair of each sequence a round holds — the
+# dense bool mask and the masked SDPA kernel's buffers. An H100 at 8K tokens (Llama-8B dims,
+# bench/documents.py) peaked 1.0 GiB higher with the mask for a resident micro-batch of 2
+# (8 bytes a pair) and 0.4 GiB for a working-set round of 4 (1.6): the larger is planned.
+DOCUMENT_MASK_BYTES_PER_PAIR: Final = 8
+
 # ----------------------------------------------------------------- host memory
 
 # Host memory of a worker process before any model state: interpreter, torch, CUDA context

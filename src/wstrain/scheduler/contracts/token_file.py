@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field
 RAW_TEXT_MAX_BYTES = 64 << 20
 
 
-
 class TokenFileHeader(BaseModel):
     """train.json: what the token file holds and how it was made."""
 

@@ -23,6 +23,7 @@ from wstrain.scheduler.contracts.calibration import (
     ACTIVATION_CHUNK_BYTES,
     ALLOCATOR_SLACK,
     DEVICE_RESERVE_BYTES,
+    DOCUMENT_MASK_BYTES_PER_PAIR,
     ELEMENT_BYTES,
     LAYER_WORKSPACE_FACTOR,
     LEVELS,
@@ -129,7 +130,10 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     # a layer's weight gradients, whole before they accumulate into the slot (a MoE layer's
     # experts: without it OLMoE at 12 GiB measured 0.14 GiB over the model)
     dw = dims.layer_params * e
-    moving = transition + loss + workspace + home + dw + DEVICE_RESERVE_BYTES
+    # document_mask: each sequence of the pass holds its dense (S, S) mask for the pass
+    mask = lay.lead_rounds * lay.micro_batch * S * S * DOCUMENT_MASK_BYTES_PER_PAIR
+    mask *= spec.document_mask
+    moving = transition + loss + workspace + home + dw + mask + DEVICE_RESERVE_BYTES
     return int(groups + rings + moving * ALLOCATOR_SLACK)
 
 

@@ -14,6 +14,7 @@ from wstrain.scheduler.contracts.calibration import (
     DEVICE_ADAMW_BYTES_PER_PARAM,
     DEVICE_MEMORY_BYTES_PER_S,
     DEVICE_RESERVE_BYTES,
+    DOCUMENT_MASK_BYTES_PER_PAIR,
     ELEMENT_BYTES,
     GIB,
     PROCESS_BYTES,
@@ -30,12 +31,15 @@ def logits_bytes_per_token(dims: ModelDims, precision: str) -> int:
     return dims.vocab_size * (ELEMENT_BYTES[precision] + 4)
 
 
-def device_peak_bytes(dims: ModelDims, precision: str, seq_len: int, micro_batch: int) -> int:
+def device_peak_bytes(
+    dims: ModelDims, precision: str, seq_len: int, micro_batch: int, document_mask: bool = False
+) -> int:
     tokens = seq_len * micro_batch
     state = dims.params * STATE_BYTES_PER_PARAM[precision]
     acts = tokens * dims.num_layers * activation_bytes_per_token(dims, precision)
     logits = tokens * logits_bytes_per_token(dims, precision)
-    return int((state + acts + logits + DEVICE_RESERVE_BYTES) * ALLOCATOR_SLACK)
+    mask = micro_batch * seq_len**2 * DOCUMENT_MASK_BYTES_PER_PAIR * document_mask
+    return int((state + acts + logits + mask + DEVICE_RESERVE_BYTES) * ALLOCATOR_SLACK)
 
 
 def host_peak_bytes(dims: ModelDims, device: str) -> int:
@@ -52,7 +56,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def min_budget(spec: JobSpec, dims: ModelDims, device: str) -> MinBudget:
-    dev = device_peak_bytes(dims, spec.precision, spec.seq_len, 1)
+    dev = device_peak_bytes(dims, spec.precision, spec.seq_len, 1, spec.document_mask)
     host = host_peak_bytes(dims, device)
     round_up = lambda b: round(b / GIB + 0.005, 2)
     return MinBudget(device_gib=round_up(dev), host_gib=round_up(host))
@@ -74,7 +78,8 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
     fitting = [
         mb
         for mb in candidates
-        if device_peak_bytes(dims, spec.precision, spec.seq_len, mb) <= dev_budget
+        if device_peak_bytes(dims, spec.precision, spec.seq_len, mb, spec.document_mask)
+        <= dev_budget
     ]
     if not fitting or host > host_budget:
         need = min_budget(spec, dims, device)
@@ -90,7 +95,9 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
     fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node)
     head_s = 6 * spec.seq_len * dims.embedding_params / node.matmul_flops
     compute_s = spec.global_batch * (dims.num_layers * (fwd_s + bwd_s) + head_s)
-    peak_dev = device_peak_bytes(dims, spec.precision, spec.seq_len, micro_batch)
+    peak_dev = device_peak_bytes(
+        dims, spec.precision, spec.seq_len, micro_batch, spec.document_mask
+    )
     # On a GPU the resident AdamW is a fused kernel over HBM (~14 bytes a parameter at
     # ~3 TB/s); on a CPU node it runs at the profiled CPU rate.
     optimizer_s = (

@@ -93,7 +93,7 @@ def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int]) -> list[cm.Layout]:
         if dims.num_layers > 1
         else ["device", "host"]
     )
-    # a lead pass of two rounds where the model allows it (MoE routing balances per round)
+    # a lead pass of two rounds for dense models (the MoE path is not tested under one)
     leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
     return [
         cm.Layout(m, rp, rg, opt, lt, lead)
@@ -281,8 +281,8 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     lead = spec.overrides.lead_rounds
     if lead and lead > 1 and dims.is_moe:
         raise InvalidSpec(
-            f"overrides.lead_rounds={lead}: a mixture-of-experts model balances "
-            "its routing per round; use lead_rounds 1"
+            f"overrides.lead_rounds={lead}: lead passes are for dense models; a "
+            "mixture-of-experts model trains with lead_rounds 1"
         )
     if lead and lead > spec.global_batch // (spec.overrides.micro_batch or 1):
         raise InvalidSpec(

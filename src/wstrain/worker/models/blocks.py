@@ -87,15 +87,20 @@ def mlp_block(h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims) -> t
 
 
 def ffn_block(
-    h: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims, router: RouterTotals | None = None
+    h: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    router: RouterTotals | None = None,
+    first: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The layer's MLP half, dense or MoE: (h + MLP(norm(h)), router probs (T, E) or None);
-    a MoE layer's routing goes into `router` (without its graph)."""
+    a MoE layer's routing goes into `router` (without its graph) as sequences first.. of its
+    batch."""
     if not dims.is_moe:
         return mlp_block(h, w, dims), None
     y, probs, top_idx = moe_block(h, w, dims)
     if router is not None:
-        router.add(probs.detach(), top_idx)
+        router.add(probs.detach(), top_idx, first)
     return y, probs
 
 

@@ -124,25 +124,45 @@ def experts(
 
 
 class RouterTotals:
-    """Per-expert sums over the layers and tokens of one batch: routed-token counts and
-    router probabilities — all `load_balancing_loss_func` needs. Probabilities added with
-    their graph keep it (the resident runtime backpropagates `loss()` directly)."""
+    """Per sequence and expert, sums over the layers and the sequence's tokens: routed-token
+    counts and router probabilities — what `load_balancing_loss_func` needs, sequence by
+    sequence. `loss()` is the sum over the batch's sequences of each one's load-balancing
+    loss (its own routed fractions and mean probabilities, over all layers, as
+    transformers computes it for a batch of one); the runtimes divide by the global batch's
+    sequences, so the term is a mean over sequences, the same however a plan cuts the step
+    into micro-batches. (transformers pools one batch's tokens, so its value moves with the
+    per-device batch size.) Probabilities added with their graph keep it: the resident
+    runtime backpropagates `loss()` directly.
 
-    def __init__(self, n_experts: int, device: torch.device) -> None:
-        self.counts = torch.zeros(n_experts, device=device, dtype=torch.float32)
-        self.probs = torch.zeros(n_experts, device=device, dtype=torch.float32)
-        self.rows = 0  # (layer, token) pairs seen
+        totals = RouterTotals(n_experts, device, sequences=B, seq_len=S)
+        totals.add(probs, top_idx, first=0)    # (b*S, E), (b*S, k): sequences first..first+b
+    """
 
-    def add(self, probs: torch.Tensor, top_idx: torch.Tensor) -> None:
-        self.counts += torch.bincount(top_idx.reshape(-1), minlength=self.counts.numel())
-        self.probs = self.probs + probs.sum(0)
-        self.rows += probs.shape[0]
+    def __init__(self, n_experts: int, device: torch.device, sequences: int, seq_len: int) -> None:
+        self.counts = torch.zeros(sequences, n_experts, device=device, dtype=torch.float32)
+        self.probs = torch.zeros(sequences, n_experts, device=device, dtype=torch.float32)
+        self.rows = torch.zeros(sequences, 1, device=device, dtype=torch.float32)
+        self.seq_len = seq_len
+
+    def add(self, probs: torch.Tensor, top_idx: torch.Tensor, first: int = 0) -> None:
+        """One layer's routing of sequences [first, first + b): probs (b*S, E), top_idx
+        (b*S, k)."""
+        b, e = probs.shape[0] // self.seq_len, probs.shape[1]
+        at = torch.arange(first, first + b, device=probs.device)
+        ones = torch.ones(top_idx.numel(), device=probs.device, dtype=torch.float32)
+        routed = torch.zeros(b, e, device=probs.device).scatter_add_(
+            1, top_idx.reshape(b, -1), ones.view(b, -1)
+        )  # (b, E) top-k picks per expert
+        self.counts[first : first + b] += routed
+        self.probs = self.probs.index_add(0, at, probs.view(b, self.seq_len, e).sum(1))
+        self.rows[first : first + b] += self.seq_len
 
     def loss(self) -> torch.Tensor:
-        """E · Σ_e (counts_e / rows) · (probs_e / rows)"""
-        e = self.counts.numel()
+        """Σ_b E · Σ_e (counts_be / rows_b) · (probs_be / rows_b)"""
+        e = self.counts.shape[1]
         return e * torch.sum((self.counts / self.rows) * (self.probs / self.rows))
 
     def prob_grad(self, weight: float) -> torch.Tensor:
-        """d(weight · loss)/d probs[t, e] for every (layer, token) row: an (E,) vector."""
-        return weight * self.counts.numel() * self.counts / self.rows**2
+        """d(weight · loss)/d probs[t, e] for each (layer, token) row of sequence b: a
+        (sequences, E) table, row b for every row of sequence b."""
+        return weight * self.counts.shape[1] * self.counts / self.rows**2

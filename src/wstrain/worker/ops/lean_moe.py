@@ -99,7 +99,8 @@ def lean_moe_backward(
     aux_grad: torch.Tensor | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """dL/dh and the weight gradients (router, stacked experts, norm) from dy = dL/dy and,
-    with `aux_grad` (E,), the load-balancing loss's gradient on every row's probabilities."""
+    with `aux_grad` (b, E), the load-balancing loss's gradient on the probabilities of each
+    row of sequence b (RouterTotals.prob_grad's rows for these sequences)."""
     w_gate, w_up, w_down = (w[n] for n in EXPERTS)
     with torch.enable_grad():  # the cheap graph: norm and router, recomputed
         h_ = h.detach().requires_grad_()
@@ -136,7 +137,8 @@ def lean_moe_backward(
         grads.append(dy.reshape(-1, dims.hidden_size))
     if aux_grad is not None:
         outs.append(probs)
-        grads.append(aux_grad.expand_as(probs))
+        per_row = aux_grad.repeat_interleave(probs.shape[0] // aux_grad.shape[0], dim=0)
+        grads.append(per_row)  # (T, E): each sequence's row for each of its tokens
     torch.autograd.backward(outs, grads)
     dws = dict(zip(EXPERTS, (dw_gate, dw_up, dw_down)))
     dws.update({NORM: _grad(wn_), ROUTER: _grad(wr_)})

@@ -108,15 +108,15 @@ class ResidentRuntime:
                 docs = (pos.to(self.device), seg.to(self.device))
             coef = self.dims.router_aux_loss_coef
             router = (
-                RouterTotals(self.dims.num_experts, self.device)
+                RouterTotals(self.dims.num_experts, self.device, cfg.micro_batch, data.seq_len)
                 if self.dims.is_moe and coef > 0
                 else None
             )
             with torch.autocast(self.device.type, torch.bfloat16, enabled=cfg.precision == "mixed"):
                 logits = self.model(inputs, router, docs)  # (B, S, V)
             loss = causal_lm_loss(logits, targets, reduction="sum") * per_target
-            if router is not None:  # HF's MoE models: + coef * load-balancing loss per forward
-                loss = loss + coef * router.loss() / cfg.rounds
+            if router is not None:  # + coef x the mean over the step's sequences (moe.py)
+                loss = loss + coef * router.loss() / (cfg.rounds * cfg.micro_batch)
             loss.backward()
             total += loss.detach()
         if self.opt_spec.grad_clip is not None:

@@ -15,7 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
 
-from tests.worker.hf_models import hf_causal_lm, hub_grads, hub_state, perturb_norms
+from tests.worker.hf_models import (
+    aux_per_sequence,
+    hf_causal_lm,
+    hub_grads,
+    hub_state,
+    perturb_norms,
+)
 from wstrain.scheduler.contracts.jobs import JobSpec, OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.planning.cost_model import saved_bytes
@@ -64,9 +70,9 @@ def ref_loss_and_grads(
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
         )
-        if getattr(out, "aux_loss", None) is not None:  # MoE: the reference's own aux loss
-            loss = loss + model.router_aux_loss_coef * out.aux_loss
         loss = loss / rounds
+        if getattr(out, "aux_loss", None) is not None:  # MoE: transformers' aux, per sequence
+            loss = loss + model.router_aux_loss_coef * aux_per_sequence(model, x) / (rounds * mb)
         loss.backward()
         total += loss.item()
     return total

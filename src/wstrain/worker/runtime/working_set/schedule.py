@@ -109,8 +109,8 @@ class WorkingSetRuntime:
         assert all(0 <= lv < LEVELS for row in cfg.levels for lv in row)
         assert 1 <= cfg.lead_rounds <= cfg.rounds
         assert 0 <= cfg.device_opt_layers <= dims.num_layers
-        # a lead pass would balance MoE routing over two rounds' tokens at once
-        assert cfg.lead_rounds == 1 or not (dims.is_moe and dims.router_aux_loss_coef > 0)
+        # lead passes are planned for dense models only: the MoE path is not tested under one
+        assert cfg.lead_rounds == 1 or not dims.is_moe
         self.dims, self.cfg, self.opt_spec, self.host = dims, cfg, opt, host
         self.device = torch.device(cfg.device)
         self.streams = Streams(self.device)
@@ -153,7 +153,7 @@ class WorkingSetRuntime:
         self._fwd_order = list(range(L))
         self._bwd_order = list(range(L - 1, -1, -1))
         self.router: RouterTotals | None = None  # this round's MoE routing
-        self._aux_grad: torch.Tensor | None = None  # (E,): d loss / d router probs
+        self._aux_grad: torch.Tensor | None = None  # (sequences, E): d loss / d router probs
 
     # ---------------------------------------------------------------- state for checkpoints
 
@@ -264,14 +264,14 @@ class WorkingSetRuntime:
             if dims.is_moe:
                 y, probs, top_idx, saved = lean_moe_forward(h, w, dims)
                 if self.router is not None:
-                    self.router.add(probs, top_idx)
+                    self.router.add(probs, top_idx, c * self.cfg.chunk)
             else:
                 y, *rest = lean_forward(h, w, dims.rms_norm_eps)
                 saved = tuple(rest)
             g.lean = tuple(self._stash(t, home, policy) for t in saved)
         else:
             with torch.no_grad():
-                y, _ = ffn_block(h, w, dims, self.router)
+                y, _ = ffn_block(h, w, dims, self.router, c * self.cfg.chunk)
         return y, g
 
     # ---------------------------------------------------------------- backward
@@ -295,7 +295,10 @@ class WorkingSetRuntime:
         saved = tuple(self._unstash(t, policy) for t in g.lean) if g.lean is not None else None
         if dims.is_moe:
             top_idx, gate, up = saved if saved is not None else lean_moe_saved(h, w, dims)
-            dh, dws = lean_moe_backward(dy, h, top_idx, gate, up, w, dims, self._aux_grad)
+            aux = self._aux_grad
+            if aux is not None:  # this chunk's sequences' rows
+                aux = aux[c * self.cfg.chunk : c * self.cfg.chunk + h.shape[0]]
+            dh, dws = lean_moe_backward(dy, h, top_idx, gate, up, w, dims, aux)
             del top_idx, gate, up
         else:
             dh, dws = lean_backward(dy, h, saved, w, dims.rms_norm_eps)  # type: ignore[arg-type]
@@ -416,7 +419,9 @@ class WorkingSetRuntime:
         self._set_where(documents)
         self._refresh_resident(L)
         if self.dims.is_moe:
-            self.router = RouterTotals(self.dims.num_experts, self.device)
+            self.router = RouterTotals(
+                self.dims.num_experts, self.device, tokens.shape[0], cfg.seq_len
+            )
         chunks_in = tokens.split(cfg.chunk)
         table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
         T = [F.embedding(t, table) for t in chunks_in]  # transition table, (b, S, D) each
@@ -439,9 +444,10 @@ class WorkingSetRuntime:
         if last:  # the head's gradient is final: home beside the backward, not after it
             self._send_home(self.head_grad, self.host.head_g)
         coef = self.dims.router_aux_loss_coef
-        if self.router is not None and coef > 0:  # HF: loss += coef * aux, per micro-batch
-            self._aux_grad = self.router.prob_grad(coef / cfg.rounds)
-            loss += coef * self.router.loss() / (cfg.rounds * scale)  # x scale later
+        if self.router is not None and coef > 0:  # + coef x the mean over the step's sequences
+            sequences = cfg.rounds * cfg.micro_batch
+            self._aux_grad = self.router.prob_grad(coef / sequences)
+            loss += coef * self.router.loss() / (sequences * scale)  # x scale later
         # saved sets come back ahead of the chunks that take them
         ahead = BackwardPrefetch(self.streams, self.counters, cfg.write_buffer_bytes)
         for k in self._bwd_order:
