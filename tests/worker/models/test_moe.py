@@ -81,12 +81,12 @@ def test_lean_moe_matches_autograd_in_bf16_on_cuda() -> None:
     w["post_attention_layernorm.weight"].fill_(1.0)
     h = torch.randn(2, 64, dims.hidden_size, device="cuda", generator=g).bfloat16()
     dy = torch.randn_like(h)
-    aux = torch.rand(dims.num_experts, device="cuda", generator=g) * 1e-2
+    aux = torch.rand(2, dims.num_experts, device="cuda", generator=g) * 1e-2  # per sequence
 
     leaves = {n: v.detach().clone().requires_grad_() for n, v in w.items()}
     h_ref = h.clone().requires_grad_()
     y_ref, probs, _ = moe_block(h_ref, leaves, dims)
-    torch.autograd.backward((y_ref, probs), (dy, aux.expand_as(probs)))
+    torch.autograd.backward((y_ref, probs), (dy, aux.repeat_interleave(64, dim=0)))
 
     y, _, _, saved = lean_moe_forward(h, w, dims)
     dh, dw = lean_moe_backward(dy, h, *saved, w, dims, aux)
