@@ -33,7 +33,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-GIB = 1 << 30
+from wstrain.scheduler.contracts.calibration import GIB
+
 BASELINE_BATCH_BYTES = 8 << 20
 
 

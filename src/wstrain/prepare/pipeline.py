@@ -4,28 +4,27 @@
     wstrain prepare /data/web.jsonl /data/web.bin --tokenizer /models/llama/tokenizer.json
     header = prepare(PrepareRequest("/data/web.jsonl", "/data/web.bin", "tok.json"))
 
-The input is cut into chunks (sources.py); one worker process per core tokenizes a chunk at
-a time into a part file under `web.parts/`; at most two chunks per worker are in flight, so
-memory stays near workers x (chunk + its tokens) whatever the input's size. When every part
-is there they are concatenated in chunk order into web.bin and web.idx and the header is
-marked complete. Killed at any point, the same command resumes: the header written first
-records the request, parts that exist are whole (renamed into place) and are kept.
+The input is cut into chunks (sources.py); a pool of one thread per core tokenizes a chunk
+at a time each into a part file under `web.parts/` (encode.py says why threads); at most two
+chunks a thread are queued, and the text encoded at once is bounded, so memory does not grow
+with the input. When every part is there they are concatenated in chunk order into web.bin
+and web.idx and the header is marked complete. Killed at any point, the same command
+resumes: the header written first records the request, parts that exist are whole (renamed
+into place) and are kept.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import shutil
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from wstrain.prepare.encode import TokenizerInfo, encode_chunk, init_worker, part_done
-from wstrain.prepare.encode import tokenizer_info as load_tokenizer_info
+from wstrain.prepare.encode import Encoder, TokenizerInfo
 from wstrain.prepare.sources import Chunk, Source, open_source
 from wstrain.scheduler.contracts.token_file import (
     TokenFileHeader,
@@ -48,7 +47,7 @@ class PrepareRequest:
     out: str  # the .bin to write; .idx, .json and .parts/ go beside it
     tokenizer: str = "byte"
     text_field: str = "text"
-    workers: int = 0  # 0: every core this process may use
+    workers: int = 0  # threads; 0: one per core this process may use
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
 
@@ -85,7 +84,8 @@ def prepare(req: PrepareRequest, progress: bool = False) -> TokenFileHeader:
     if out.suffix != ".bin":
         raise ValueError(f"out={req.out!r}: name the token file NAME.bin")
     source = open_source(req.source, req.text_field)
-    info = load_tokenizer_info(req.tokenizer)
+    encoder = Encoder.open(req.tokenizer)
+    info = encoder.info
     want = _fresh_header(req, source, info)
     parts = out.with_suffix(".parts")
     have = read_header(out) if header_path(out).is_file() else None
@@ -104,23 +104,23 @@ def prepare(req: PrepareRequest, progress: bool = False) -> TokenFileHeader:
     _write_header(out, want)
 
     chunks = source.chunks(req.chunk_bytes)
-    done = {c.index: part_done(parts, c, info) for c in chunks}
+    done = {c.index: encoder.part_done(parts, c) for c in chunks}
     todo = [c for c in chunks if done[c.index] is None]
     if len(todo) < len(chunks):
         log.info("resuming: %d of %d chunks already done", len(chunks) - len(todo), len(chunks))
     total_bytes = sum(c.size_bytes for c in chunks)
     done_bytes = total_bytes - sum(c.size_bytes for c in todo)
-    _run(source, todo, parts, info, _workers(req.workers), progress, (done_bytes, total_bytes))
+    _run(encoder, source, todo, parts, _workers(req.workers), progress, (done_bytes, total_bytes))
     header = _concatenate(out, parts, chunks, info, want)
     shutil.rmtree(parts)
     return header
 
 
 def _run(
+    encoder: Encoder,
     source: Source,
     todo: list[Chunk],
     parts: Path,
-    info: TokenizerInfo,
     workers: int,
     progress: bool,
     bytes_done_total: tuple[int, int],
@@ -134,11 +134,7 @@ def _run(
     )
 
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    ctx = multiprocessing.get_context("spawn")  # no forked copy of a parent's threads
-    with (
-        Progress(*columns, disable=not progress) as bar,
-        ProcessPoolExecutor(workers, ctx, initializer=init_worker, initargs=(info.name,)) as pool,
-    ):
+    with Progress(*columns, disable=not progress) as bar, ThreadPoolExecutor(workers) as pool:
         done_bytes, total_bytes = bytes_done_total
         task = bar.add_task("tokenizing", total=total_bytes, completed=done_bytes)
         pending: dict[Future[tuple[int, int]], Chunk] = {}
@@ -147,7 +143,7 @@ def _run(
             while queue or pending:
                 while queue and len(pending) < 2 * workers:
                     chunk = queue.pop()
-                    pending[pool.submit(encode_chunk, source, chunk, parts, info)] = chunk
+                    pending[pool.submit(encoder.chunk, source, chunk, parts)] = chunk
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     chunk = pending.pop(future)

@@ -15,11 +15,10 @@ import numpy as np
 
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.documents import documents
+from wstrain.scheduler.contracts.documents import END_OF_TEXT_TOKENS, documents
 from wstrain.scheduler.contracts.errors import InvalidSpec
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE, NodeProfile
 from wstrain.scheduler.contracts.jobs import (
-    END_OF_TEXT_TOKENS,
     JobSpec,
     Node,
     PathModel,

@@ -292,10 +292,6 @@ class TextData(_Strict):
     text_field: str = Field(default="text", min_length=1, max_length=256)
 
 
-# Special tokens taken as a tokenizer's end of text, in this order of preference.
-END_OF_TEXT_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>")
-
-
 DataRef = Annotated[SyntheticData | TokenData | TextData, Field(discriminator="kind")]
 
 

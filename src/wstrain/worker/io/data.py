@@ -27,9 +27,8 @@ import numpy as np
 import torch
 
 from wstrain.scheduler.contracts.access import DataAccess
-from wstrain.scheduler.contracts.documents import documents
+from wstrain.scheduler.contracts.documents import documents, end_of_text_id
 from wstrain.scheduler.contracts.jobs import (
-    END_OF_TEXT_TOKENS,
     DataRef,
     SyntheticData,
     TextData,
@@ -99,17 +98,6 @@ def _check_ids(tokens: np.ndarray, vocab_size: int, path: str) -> None:
                 f"but the model's vocab_size is {vocab_size}; use a model with a larger "
                 "vocabulary or the tokenizer the file was made with"
             )
-
-
-def end_of_text_id(tok: object) -> int:
-    for name in END_OF_TEXT_TOKENS:
-        found = tok.token_to_id(name)  # type: ignore[attr-defined]
-        if found is not None:
-            return int(found)
-    raise ValueError(
-        f"the tokenizer has none of the end-of-text tokens {END_OF_TEXT_TOKENS}; "
-        "packing documents needs one"
-    )
 
 
 # ids checked per block: 256 MiB of uint32, bounded memory whatever the file's size
