@@ -15,6 +15,7 @@ into place) and are kept.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import shutil
@@ -53,6 +54,21 @@ class PrepareRequest:
 
 def _workers(asked: int) -> int:
     return asked or len(os.sched_getaffinity(0))
+
+
+# glibc gives each thread its own malloc arena (up to 8 a core), and an arena keeps what its
+# thread freed: 16 tokenizing threads held 1.3 GiB RSS on the H100 host for ~0.3 GiB live.
+# Four arenas shared by all threads, and trimming after each chunk, hand it back.
+MALLOC_ARENAS = 4
+_M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+
+
+def _libc() -> object | None:
+    try:
+        libc = ctypes.CDLL(None)
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None  # not glibc: nothing to tune
 
 
 def _fresh_header(req: PrepareRequest, source: Source, info: TokenizerInfo) -> TokenFileHeader:
@@ -134,6 +150,9 @@ def _run(
     )
 
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    libc = _libc()
+    if libc is not None:  # before the pool's threads make arenas of their own
+        libc.mallopt(_M_ARENA_MAX, MALLOC_ARENAS)  # type: ignore[attr-defined]
     with Progress(*columns, disable=not progress) as bar, ThreadPoolExecutor(workers) as pool:
         done_bytes, total_bytes = bytes_done_total
         task = bar.add_task("tokenizing", total=total_bytes, completed=done_bytes)
@@ -149,6 +168,8 @@ def _run(
                     chunk = pending.pop(future)
                     future.result()  # a chunk's error (a bad JSON line) stops the run, named
                     bar.advance(task, chunk.size_bytes)
+                    if libc is not None:
+                        libc.malloc_trim(0)  # type: ignore[attr-defined]
         except BaseException:
             pool.shutdown(cancel_futures=True)  # the chunks not started yet: never
             raise
