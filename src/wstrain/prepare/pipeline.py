@@ -57,8 +57,9 @@ def _workers(asked: int) -> int:
 
 
 # glibc gives each thread its own malloc arena (up to 8 a core), and an arena keeps what its
-# thread freed: 16 tokenizing threads held 1.3 GiB RSS on the H100 host for ~0.3 GiB live.
-# Four arenas shared by all threads, and trimming after each chunk, hand it back.
+# thread freed: 16 tokenizing threads peaked at 1.3 GiB RSS on the H100 host. Four arenas
+# shared by all threads, trimmed after each chunk, keep less (measured on 2 cores only so
+# far: bench/RESULTS.md).
 MALLOC_ARENAS = 4
 _M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
 
