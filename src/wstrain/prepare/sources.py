@@ -78,9 +78,11 @@ def _lines(path: str, chunk: Chunk) -> Iterator[tuple[int, bytes]]:
 
 
 @dataclass(frozen=True)
-class JsonlSource:
+class _FileSource:
+    """A file read in byte ranges that start and end at line starts (see `_lines`)."""
+
     path: str
-    field: str
+    field: str = "text"
 
     def size_bytes(self) -> int:
         return Path(self.path).stat().st_size
@@ -88,6 +90,9 @@ class JsonlSource:
     def chunks(self, chunk_bytes: int) -> list[Chunk]:
         return _byte_ranges(self.size_bytes(), chunk_bytes)
 
+
+@dataclass(frozen=True)
+class JsonlSource(_FileSource):
     def ends_documents(self) -> bool:
         return True
 
@@ -108,16 +113,7 @@ class JsonlSource:
 
 
 @dataclass(frozen=True)
-class TextSource:
-    path: str
-    field: str = "text"
-
-    def size_bytes(self) -> int:
-        return Path(self.path).stat().st_size
-
-    def chunks(self, chunk_bytes: int) -> list[Chunk]:
-        return _byte_ranges(self.size_bytes(), chunk_bytes)
-
+class TextSource(_FileSource):
     def ends_documents(self) -> bool:
         return False
 
