@@ -156,3 +156,14 @@ def test_a_bad_line_is_named_and_nothing_is_marked_complete(tmp_path: Path) -> N
     assert "line 2" in run.stderr and "'text' string" in run.stderr, run.stderr
     header = read_header(tmp_path / "bad.bin")
     assert header is not None and not header.complete
+    (tmp_path / "tok.json").write_text("{not json")
+    for args, needle in (
+        (["--tokenizer", str(tmp_path / "tok.json")], "is not a tokenizers tokenizer.json"),
+        (["--tokenizer", str(tmp_path / "none.json")], "No such file"),
+    ):
+        run = subprocess.run(_cli(str(src), str(tmp_path / "t.bin"), *args), cwd=REPO,
+                             capture_output=True, text=True)  # fmt: skip
+        assert run.returncode == 1 and needle in run.stderr, run.stderr
+    run = subprocess.run(_cli(str(tmp_path / "absent.jsonl"), str(tmp_path / "t.bin")),
+                         cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 1 and "does not exist" in run.stderr, run.stderr

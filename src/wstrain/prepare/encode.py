@@ -82,7 +82,10 @@ class Encoder:
         from tokenizers import Tokenizer
 
         raw = Path(name).read_bytes()
-        tok = Tokenizer.from_str(raw.decode("utf-8"))
+        try:
+            tok = Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as exc:  # tokenizers raises a bare Exception for a bad file
+            raise ValueError(f"{name} is not a tokenizers tokenizer.json: {exc}") from exc
         eos = end_of_text_id(tok)
         vocab = tok.get_vocab_size(with_added_tokens=True)
         info = TokenizerInfo(str(Path(name).resolve()), hashlib.sha256(raw).hexdigest(), vocab, eos)

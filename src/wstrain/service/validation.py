@@ -30,8 +30,8 @@ from wstrain.scheduler.contracts.jobs import (
 from wstrain.scheduler.contracts.model_dims import ModelDims, resolve_dims
 from wstrain.scheduler.contracts.token_file import (
     RAW_TEXT_MAX_BYTES,
+    TokenFileHeader,
     prepare_command,
-    read_header,
     token_dtype,
 )
 from wstrain.scheduler.planning.planner import make_plan
@@ -42,10 +42,14 @@ _TOKEN_BYTES = {"uint16": 2, "uint32": 4}
 HEAD_TOKENS = 1 << 21
 
 
-def _check_tokens(data: TokenData, path: Path, vocab_size: int, seq_len: int) -> int:
-    """dtype, length and the head's token ids of a .bin (raw) or .npy token file; its length.
-    Only the first HEAD_TOKENS ids are read here, so a submission costs the same for a 2 GiB
-    file as for a small one; the worker checks every id before it trains (worker/io/data.py)."""
+def _check_tokens(
+    data: TokenData, path: Path, vocab_size: int, seq_len: int
+) -> tuple[int, TokenFileHeader | None]:
+    """dtype, length and the head's token ids of a .bin (raw or prepared) or .npy token file;
+    its length and its header (None for a bare file). Only the first HEAD_TOKENS ids are read
+    here, so a submission costs the same for a 2 GiB file as for a small one; the worker
+    checks every id before it trains (worker/io/data.py)."""
+    header = None
     if path.suffix == ".npy":
         try:
             tokens = np.load(path, mmap_mode="r")
@@ -98,7 +102,7 @@ def _check_tokens(data: TokenData, path: Path, vocab_size: int, seq_len: int) ->
             f"{top}) but the model's vocab_size is {vocab_size}; use a model with a larger "
             "vocabulary or the tokenizer the file was made with"
         )
-    return len(tokens)
+    return len(tokens), header
 
 
 def _check_jsonl(data: TextData) -> None:
@@ -119,8 +123,7 @@ def _check_data(spec: JobSpec, dims: ModelDims, access: DataAccess) -> None:
         if not path.is_file():
             raise InvalidSpec(f"data.path={data.path!r} does not exist or is not a file")
     if isinstance(data, TokenData):
-        count = _check_tokens(data, path, dims.vocab_size, spec.seq_len)
-        header = read_header(path)
+        count, header = _check_tokens(data, path, dims.vocab_size, spec.seq_len)
         if spec.document_mask and (header is None or not header.documents):
             raise InvalidSpec(
                 f"document_mask: data.path={data.path!r} has no document index (NAME.idx "

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 # Raw text or JSONL a job may name directly: 64 MiB tokenizes in ~10 s on one core with a
 # BPE tokenizer; larger inputs go through `wstrain prepare`, once, on all cores.
 RAW_TEXT_MAX_BYTES = 64 << 20
+HEADER_MAX_BYTES = 64 << 10
 
 
 class TokenFileHeader(BaseModel):
@@ -62,6 +63,8 @@ def read_header(bin_path: str | Path) -> TokenFileHeader | None:
     path = header_path(bin_path)
     if Path(bin_path).suffix != ".bin" or not path.is_file():
         return None
+    if path.stat().st_size > HEADER_MAX_BYTES:  # a header is ~0.5 KB; never read a huge one
+        raise ValueError(f"{path} is {path.stat().st_size} bytes, not a token-file header")
     try:
         return TokenFileHeader.model_validate_json(path.read_bytes())
     except ValueError as exc:
