@@ -166,15 +166,6 @@ def project_qkv(
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
-def document_positions(
-    dims: ModelDims, positions: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin per token, (B, S, head_dim), for positions (B, S) that restart at each
-    packed document (document_mask)."""
-    cos, sin = rope_tables(dims, positions.shape[1], positions.device, dtype)  # (S, hd)
-    return cos[positions], sin[positions]
-
-
 def document_mask(segments: torch.Tensor) -> torch.Tensor:
     """(B, 1, S, S) bool: a query attends to the keys at or before it in its own document
     (dense: S² bytes a sequence). segments: (B, S) each token's document within its sequence."""
@@ -386,11 +377,10 @@ class LlamaModel(nn.Module):
         `documents` (positions, segments), each (B, S): RoPE at the positions and attention
         within each segment (packed documents kept apart)."""
         x = self.model.embed_tokens(tokens)  # (B, S, D)
+        cos, sin = rope_tables(self.dims, tokens.shape[1], x.device, x.dtype)  # (S, hd)
         mask = None
-        if documents is None:
-            cos, sin = rope_tables(self.dims, tokens.shape[1], x.device, x.dtype)
-        else:
-            cos, sin = document_positions(self.dims, documents[0], x.dtype)
+        if documents is not None:  # per token, (B, S, hd): positions restart per document
+            cos, sin = cos[documents[0]], sin[documents[0]]
             mask = document_mask(documents[1])
         for layer in self.model.layers:
             x = layer(x, cos, sin, router, mask)

@@ -55,7 +55,6 @@ from wstrain.worker.models.blocks import (
 )
 from wstrain.worker.models.dense import (
     document_mask,
-    document_positions,
     rms_norm,
     rope_tables,
 )
@@ -400,8 +399,8 @@ class WorkingSetRuntime:
             return
         self._where = []
         for pos, seg in zip(*(d.split(self.cfg.chunk) for d in documents)):
-            cos, sin = document_positions(self.dims, pos.to(self.device), self.cos.dtype)
-            self._where.append((cos, sin, document_mask(seg.to(self.device))))
+            pos = pos.to(self.device)  # (b, S): the shared tables gathered per token
+            self._where.append((self.cos[pos], self.sin[pos], document_mask(seg.to(self.device))))
 
     def _round(
         self,
