@@ -121,16 +121,16 @@ def _cli(*args: str) -> list[str]:
 
 
 def test_a_killed_run_resumes_to_the_same_file(tmp_path: Path, bpe: Path) -> None:
-    src = _jsonl(tmp_path / "docs.jsonl", _docs(6000))  # ~13 MB, 1 MiB chunks
+    src = _jsonl(tmp_path / "docs.jsonl", _docs(12000))  # ~26 MB: 26 chunks of 1 MiB
     args = [str(src), str(tmp_path / "cut.bin"), "--tokenizer", str(bpe), "--text-field",
             "body", "--chunk-mib", "1", "--workers", "1"]  # fmt: skip
     parts = tmp_path / "cut.parts"
     proc = subprocess.Popen(_cli(*args), cwd=REPO, start_new_session=True)
     deadline = time.monotonic() + 120
-    while len(list(parts.glob("*.bin"))) < 2:
+    while not list(parts.glob("*.bin")):  # the first whole part: the kill lands mid-run
         assert proc.poll() is None, "prepare ended before it could be cut off"
         assert time.monotonic() < deadline
-        time.sleep(0.05)
+        time.sleep(0.002)
     os.killpg(proc.pid, signal.SIGKILL)  # the parent and its worker, mid-chunk
     proc.wait()
     header = read_header(tmp_path / "cut.bin")
