@@ -6,7 +6,8 @@ runs in its own process; the driver prints a table and writes the raw rows as JS
         --out bench/results/X.json
 
 Needs a GPU. Timed over whole steps after one warm-up step, optimizer included; MFU counts
-Ψ_active (AdaWS: 6·S·(Ψ_active + S·L·n_Q·h_dim) per sequence over 989 TFLOP/s).
+Ψ_active (AdaWS: 6·S·(Ψ_active + S·L·n_Q·h_dim) per sequence) over the chip table's dense
+peak (bench/runtime.py mfu_fields).
 """
 
 from __future__ import annotations

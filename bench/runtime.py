@@ -5,7 +5,9 @@ own peak RSS); the driver prints a table and writes the raw rows as JSON.
     python -m bench.runtime --layers 16 --seq 8192 --global-batch 32 \
         --rows resident,resident-ckpt,ws-40,ws-20,ws-12 --out bench/results/X.json
 
-Needs a GPU. Timed over whole steps after one warm-up step, optimizer included.
+Needs a GPU. Timed over whole steps after one warm-up step, optimizer included. MFU divides
+by the chip table's dense peak (scheduler/contracts/chips.py) for the row's GPU and compute
+precision; a row on a GPU the table does not know has none.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypedDict
 
-from wstrain.scheduler.contracts.calibration import GIB, GPU_PEAK_FLOPS
+from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.chips import compute_precision, peak_flops
 
 log = logging.getLogger("bench.runtime")
-
-PEAK_FLOPS = GPU_PEAK_FLOPS  # AdaWS's MFU denominator
 
 
 @dataclass
@@ -38,7 +40,7 @@ class Row:
     device_budget_gib: float | None
     global_batch: int
     tokens_per_s: float
-    mfu: float
+    mfu: float | None  # None on a GPU the chip table does not know
     peak_device_gib: float
     peak_reserved_gib: float
     peak_rss_gib: float
@@ -57,6 +59,9 @@ class Row:
     timeline: dict[str, object] | None = None  # one extra step's GPU timeline (--profile)
     gc_pause_s: dict[str, float] | None = None  # GC pauses a step (warm-up included)
     kernels: str = "fused"  # worker/kernels/fused.py's Triton kernels, or "eager" (--eager-kernels)
+    precision: str | None = None  # what the matmuls compute in: bf16, tf32, fp32
+    peak_flops: float | None = None  # the dense peak FLOP/s the mfu divides by
+    peak_source: str | None = None  # the chip table's row
 
 
 class GcPauses:
@@ -102,6 +107,32 @@ WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     "ws-40-mixed": (40, None, {}),
 }
 HOST_BUDGET_GIB = 100
+
+
+def job_precision(name: str) -> str:
+    """JobSpec.precision of a row: "mixed" for a row named *-mixed, else "bf16"."""
+    return "mixed" if name.endswith("-mixed") else "bf16"
+
+
+class MfuFields(TypedDict):
+    mfu: float | None
+    precision: str
+    peak_flops: float | None
+    peak_source: str | None
+
+
+def mfu_fields(flops_per_token: float, tokens_per_s: float, gpu: str, precision: str) -> MfuFields:
+    """A row's mfu, compute precision, peak and peak_source: model FLOPs per token x
+    tokens/s over the chip table's dense peak for `gpu` (torch's device name) at the
+    compute precision of JobSpec.precision `precision` (the bench never enables TF32)."""
+    compute = compute_precision(precision)
+    found = peak_flops(gpu, compute)
+    return {
+        "mfu": flops_per_token * tokens_per_s / found[0] if found else None,
+        "precision": compute,
+        "peak_flops": found[0] if found else None,
+        "peak_source": found[1] if found else None,
+    }
 
 
 def _dims(layers: int):  # type: ignore[no-untyped-def]
@@ -222,7 +253,7 @@ def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-de
         budget,
         HOST_BUDGET_GIB,
         overrides,
-        precision="mixed" if name.endswith("-mixed") else "bf16",
+        precision=job_precision(name),
     )
     node = measured_node(args.seq, dims)
     return spec, dims, make_plan(spec, dims, node), node
@@ -382,6 +413,7 @@ def row_from(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
     )
+    gpu = torch.cuda.get_device_name(0)
     return Row(
         name=name,
         runtime=runtime,
@@ -390,7 +422,7 @@ def row_from(
         device_budget_gib=budget,
         global_batch=global_batch,
         tokens_per_s=tokens_per_s,
-        mfu=dims.flops_per_token(seq_len) * tokens_per_s / PEAK_FLOPS,
+        **mfu_fields(dims.flops_per_token(seq_len), tokens_per_s, gpu, job_precision(name)),
         peak_device_gib=torch.cuda.max_memory_allocated() / GIB,
         peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
         peak_rss_gib=proc_status_bytes("VmHWM") / GIB,
@@ -400,7 +432,7 @@ def row_from(
         step_seconds=res["times"],
         plan=res["plan"],
         commit=commit,
-        gpu=torch.cuda.get_device_name(0),
+        gpu=gpu,
         measured_step_seconds=step_s,
         predicted_step_seconds=res.get("predicted_step_seconds"),
         predicted_peak_device_gib=res.get("predicted_peak_device_gib"),
@@ -426,9 +458,10 @@ def _table(rows: list[dict[str, object]]) -> str:
         pred = f"{r['predicted_peak_device_gib']:.1f}" if r["predicted_peak_device_gib"] else "-"
         pred_s = f"{r['predicted_step_seconds']:.1f}" if r["predicted_step_seconds"] else "-"
         label = f"{r['name']}*" if r.get("kernels") == "eager" else r["name"]
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         lines.append(
             f"{label:<14}{r['layers']:>3}{r['global_batch']:>6}"
-            f"{r['tokens_per_s']:>9.0f}{r['mfu']:>7.1%}{r['peak_device_gib']:>9.1f}"
+            f"{r['tokens_per_s']:>9.0f}{mfu:>7}{r['peak_device_gib']:>9.1f}"
             f"{r['peak_reserved_gib']:>9.1f}{pred:>7}{r['peak_rss_gib']:>9.1f}{arena:>7}"
             f"{stall:>7}{r['measured_step_seconds']:>8.2f}{pred_s:>8}"
         )

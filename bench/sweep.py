@@ -8,7 +8,9 @@ then a small grid of hand-made plans at one budget against the automatic plan.
 
 Each point runs in its own process (its own budget and peak RSS). Timed over whole steps
 after one warm-up step, optimizer included. Raw rows carry predicted_step_seconds,
-measured_step_seconds, predicted_peak_device_gib, device_budget_gib.
+measured_step_seconds, predicted_peak_device_gib, device_budget_gib, and mfu against the
+chip table's dense peak (scheduler/contracts/chips.py) with its precision, peak_flops and
+peak_source.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ ALL = POINTS + GRID
 def run_point(point: Point, steps: int) -> dict[str, object]:
     import torch
 
-    from bench.runtime import _dims, llama_spec, measured_node, run_plan
+    from bench.runtime import _dims, llama_spec, measured_node, mfu_fields, run_plan
     from wstrain.scheduler.planning.planner import make_plan
     from wstrain.worker.runtime.stats import proc_status_bytes
 
@@ -86,6 +88,7 @@ def run_point(point: Point, steps: int) -> dict[str, object]:
     timed = res["times"][1:]  # type: ignore[index]
     step_s = sum(timed) / len(timed)
     tokens_per_s = point.global_batch * point.seq_len / step_s
+    gpu = torch.cuda.get_device_name(0)
     return {
         **asdict(point),
         "device_budget_gib": point.device_gib,
@@ -104,10 +107,11 @@ def run_point(point: Point, steps: int) -> dict[str, object]:
         "arena_gib": res["arena_gib"],
         "stalls_s": {k: v / len(timed) for k, v in res["stalls"].items()},  # type: ignore[union-attr]
         "tokens_per_s": tokens_per_s,
-        "mfu": dims.flops_per_token(point.seq_len) * tokens_per_s / 989e12,
+        # mfu, precision, peak_flops, peak_source: the chip table's dense peak
+        **mfu_fields(dims.flops_per_token(point.seq_len), tokens_per_s, gpu, spec.precision),
         "plan": res["plan"],
         "layer_times": asdict(node.layer) if node.layer else None,
-        "gpu": torch.cuda.get_device_name(0),
+        "gpu": gpu,
         "commit": os.environ.get("BENCH_COMMIT", "?"),
     }
 
@@ -131,13 +135,14 @@ def _table(rows: list[dict[str, object]]) -> str:
             lines.append(f"{r['name']:<20} FAILED: {str(r['error'])[:90]}")
             continue
         plan = r["plan"]
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         lines.append(
             f"{r['name']:<20}{plan['micro_batch']:>3}{plan['window']:>4}"  # type: ignore[index]
             f"{r['measured_step_seconds']:>8.2f}{r['predicted_step_seconds']:>8.2f}"
             f"{r['error_ratio']:>7.1%}{r['predicted_step_seconds_flops_only']:>8.2f}"
             f"{r['device_budget_gib']:>7.0f}{r['peak_reserved_gib']:>8.1f}"
             f"{r['predicted_peak_device_gib']:>6.1f}{r['peak_rss_gib']:>6.1f}"
-            f"{r['tokens_per_s']:>8.0f}{r['mfu']:>6.1%}"
+            f"{r['tokens_per_s']:>8.0f}{mfu:>6}"
         )
     return "\n".join(lines)
 

@@ -38,7 +38,11 @@ venv_works() {  # a venv whose interpreter still exists (pyenv versions come and
 # binary for each role mean there is nothing to do; a test install serves `serve` as well.
 ready() {
   [ -x "$VPY" ] && [ -x .venv/bin/wstrain ] && command -v redis-server >/dev/null || return 1
-  if [ "$what" = test ]; then command -v promtool >/dev/null || return 1; fi
+  if [ "$what" = test ]; then
+    for tool in promtool prometheus-node-exporter amtool chromium; do
+      command -v "$tool" >/dev/null || return 1
+    done
+  fi
   for stamp in ".venv/.installed-$what" .venv/.installed-test; do
     if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then return 0; fi
   done
@@ -46,11 +50,17 @@ ready() {
 }
 ready && exit 0
 
-# OS packages: Redis for every run; promtool (Debian package prometheus) only lints the deploy
-# config and checks /metrics in the tests.
+# OS packages: Redis for every run. The tests also run the real Prometheus (package
+# prometheus: promtool, the server), node-exporter beside it, amtool (package
+# prometheus-alertmanager) on the Alertmanager config, and headless Chromium on the report.
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
-if [ "$what" = test ]; then command -v promtool >/dev/null || missing+=(prometheus); fi
+if [ "$what" = test ]; then
+  command -v promtool >/dev/null || missing+=(prometheus)
+  command -v prometheus-node-exporter >/dev/null || missing+=(prometheus-node-exporter)
+  command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
+  command -v chromium >/dev/null || missing+=(chromium)
+fi
 if ! venv_works && ! "$PY" -c "import ensurepip, venv" 2>/dev/null; then
   # Debian and Ubuntu ship venv's ensurepip apart, per minor version (python3.11-venv, ...)
   missing+=("$("$PY" -c 'import sys; print("python3.%d-venv" % sys.version_info[1])')")

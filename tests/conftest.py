@@ -125,7 +125,6 @@ def make_stack(
         WSTRAIN_DATA_ROOTS=json.dumps([str(REPO), str(tmp)]),
         WSTRAIN_HEARTBEAT_S="0.5",
         WSTRAIN_METRICS_PORT=str(metrics_port),
-        WSTRAIN_METRICS_GRACE_S="3",
         PYTHONPATH=str(REPO),
     )
     env.update(extra_env or {})

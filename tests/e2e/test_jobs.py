@@ -39,11 +39,12 @@ def test_job_trains_to_completion_with_falling_loss(stack: Stack) -> None:
         while (cur := c.get(f"/v1/jobs/{job['id']}").json())["state"] == "running":
             if cur["loss"] is not None and not metrics_seen:
                 text = httpx.get(stack.metrics_url).text
-                metrics_seen = f'wstrain_loss{{job="{job["id"]}"}}' in text
+                metrics_seen = f'wstrain_job_loss{{job="{job["id"]}"}}' in text
             time.sleep(0.05)
         done = wait_terminal(c, job["id"])
         assert done["state"] == "succeeded", done["error"]
-        assert done["step"] == 150 and done["tokens_per_s"] > 0 and done["mfu"] > 0
+        assert done["step"] == 150 and done["tokens_per_s"] > 0
+        assert done["mfu"] is None  # a CPU job: no MFU without WSTRAIN_CPU_PEAK_FLOPS
         assert seen_running["node"] == "node-full"
         events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
         states = [e["data"]["state"] for e in events if e["kind"] == "state"]
@@ -201,19 +202,17 @@ def test_working_set_telemetry_reaches_metrics(stack: Stack) -> None:
         text = httpx.get(stack.metrics_url).text
         jid = job["id"]
         for line in (
-            f'wstrain_transfer_bytes_total{{direction="h2d",job="{jid}"}}',
-            f'wstrain_host_arena_bytes{{job="{jid}"}}',
-            f'wstrain_stall_seconds_total{{dependency="optimizer",job="{jid}"}}',
+            f'wstrain_job_transfer_bytes_total{{direction="h2d",job="{jid}"}}',
+            f'wstrain_job_host_arena_bytes{{job="{jid}"}}',
+            f'wstrain_job_stall_seconds_total{{job="{jid}",reason="optimizer"}}',
+            f'wstrain_job_steps_total{{job="{jid}"}}',
         ):
             assert line in text, line
         c.post(f"/v1/jobs/{jid}/cancel")
         assert wait_terminal(c, jid)["state"] == "cancelled"
-    # A finished job's series stay for the grace period (3 s in the test stack), then go.
-    assert f'job="{jid}"' in httpx.get(stack.metrics_url).text
-    deadline = time.monotonic() + 30
-    while f'job="{jid}"' in httpx.get(stack.metrics_url).text:
-        assert time.monotonic() < deadline, "finished job's series never dropped"
-        time.sleep(0.2)
+    # The worker's exit drops the job's series before the job's state changes: the first
+    # scrape after the API says "cancelled" has none of them.
+    assert f'job="{jid}"' not in httpx.get(stack.metrics_url).text
 
 
 def _trains_on_the_working_set(stack: Stack, spec: dict) -> tuple[dict, dict]:  # type: ignore[type-arg]

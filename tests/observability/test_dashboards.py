@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,6 +17,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from tests.conftest import REPO
 from wstrain.scheduler.agent.settings import AgentSettings
+from wstrain.scheduler.contracts import metrics
 from wstrain.service.settings import ServiceSettings
 
 DEPLOY = REPO / "deploy"
@@ -30,16 +32,45 @@ def test_dashboard_json_is_what_the_sdk_builds() -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert {p.name for p in BOARDS} == {"overview.json", "job.json"}
+    assert {p.name for p in BOARDS} == {"queue.json", "job.json", "overview.json"}
 
 
 @pytest.mark.parametrize("path", BOARDS, ids=lambda p: p.name)
-def test_dashboard_parses_into_grafana_models(path) -> None:  # type: ignore[no-untyped-def]
+def test_dashboard_parses_into_grafana_models(path: Path) -> None:
     raw = json.loads(path.read_text())
     board = Dashboard.from_json(raw)
     assert board.uid and board.title and board.panels
     again = json.loads(json.dumps(board.to_json(), default=lambda o: o.to_json()))
     assert again["panels"] == raw["panels"]  # nothing we wrote was dropped by the schema model
+
+
+def test_every_wstrain_series_a_query_names_is_in_the_metrics_contract() -> None:
+    known = {m.name for m in metrics.ALL}
+    known |= {
+        f"{m.name}_{part}"
+        for m in metrics.ALL
+        if m.kind is metrics.Kind.histogram
+        for part in ("bucket", "sum", "count")
+    }
+    named = set()
+    for path in BOARDS:
+        board = json.loads(path.read_text())
+        exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+        exprs += [v["query"] for v in board.get("templating", {}).get("list", [])]
+        for expr in exprs:
+            named |= set(re.findall(r"\bwstrain_[a-z_]+", str(expr)))
+    assert named and named <= known, named - known
+
+
+def test_home_dashboard_and_data_links_name_existing_boards() -> None:
+    uids = {json.loads(p.read_text())["uid"]: p.name for p in BOARDS}
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    home = compose["services"]["grafana"]["environment"][
+        "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"
+    ]
+    assert home.rsplit("/", 1)[1] == uids["wstrain-queue"]
+    links = re.findall(r"/d/([a-z-]+)/", "".join(p.read_text() for p in BOARDS))
+    assert links and set(links) <= set(uids), links
 
 
 def test_every_datasource_reference_is_provisioned() -> None:
@@ -50,6 +81,9 @@ def test_every_datasource_reference_is_provisioned() -> None:
     for path in BOARDS:
         board = json.loads(path.read_text())
         for panel in board["panels"]:
+            if "targets" not in panel:  # a text panel queries nothing
+                assert panel["type"] == "text", panel["title"]
+                continue
             refs |= {item["datasource"]["uid"] for item in [panel, *panel["targets"]]}
         refs |= {v["datasource"]["uid"] for v in board.get("templating", {}).get("list", [])}
     assert refs and refs <= provisioned, refs - provisioned
@@ -74,7 +108,7 @@ def test_promtool_accepts_the_deploy_config() -> None:
     if promtool is None:
         pytest.fail("promtool is not installed; scripts/setup.sh installs the prometheus package")
     result = subprocess.run(
-        [promtool, "check", "config", str(DEPLOY / "prometheus.yml")],
+        [promtool, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
         capture_output=True,
         text=True,
         timeout=60,

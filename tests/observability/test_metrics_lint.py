@@ -27,7 +27,8 @@ def test_promtool_accepts_metrics_with_live_telemetry(stack: Stack) -> None:
         agent_text = httpx.get(stack.metrics_url).text
         c.post(f"/v1/jobs/{job['id']}/cancel")
         wait_terminal(c, job["id"])
-    assert "wstrain_stall_seconds_total" in agent_text and "wstrain_host_rss_bytes" in agent_text
+    assert "wstrain_job_stall_seconds_total" in agent_text
+    assert "wstrain_job_host_rss_bytes" in agent_text
     assert "wstrain_queue_depth" in api_text
     for text in (api_text, agent_text):
         result = subprocess.run(

@@ -159,3 +159,15 @@ def test_a_malformed_events_cursor_is_a_422(secured: Stack, cursor: str) -> None
         ok = c.get(f"/v1/jobs/{job}/events", headers=_as("tok-alice")).json()
         r = c.get(f"/v1/jobs/{job}/events", params={"after": ok[0]["id"]}, headers=_as("tok-alice"))
         assert r.status_code == 200 and r.json() == []
+
+
+def test_metrics_name_jobs_and_owners_to_an_admin_token_only(secured: Stack) -> None:
+    with secured.client() as c:
+        job = _submit(c, "tok-alice", "alice-metrics")
+        anonymous = c.get("/metrics").text
+        as_user = c.get("/metrics", headers=_as("tok-alice")).text
+        as_admin = c.get("/metrics", headers=_as("tok-root")).text
+    assert f'job="{job}"' in as_admin and 'owner="alice"' in as_admin
+    for text in (anonymous, as_user):  # counts only: no job id, no owner
+        assert "wstrain_queue_depth" in text and 'wstrain_jobs{state="queued"}' in text
+        assert job not in text and "alice" not in text and "wstrain_job_info" not in text

@@ -4,7 +4,9 @@ to 8, every saved-activation level, the device or split optimizer — trains the
 sequences at each step and computes the same loss at each of 20 steps and the same final
 weights, to 1e-5 relative; in bf16 within the tolerance BF16_REL states; and with targets
 ignored unevenly across the micro-batches, the same again (the loss is a mean over the
-global batch's targets, not of micro-batch means).
+global batch's targets, not of micro-batch means). And the worker process's MFU: none on
+CPU unless the agent passes a peak, the chip table's peak on a known GPU, the measured one
+on an unknown GPU.
 
     pytest tests/worker/test_main.py
 """
@@ -12,18 +14,22 @@ global batch's targets, not of micro-batch means).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
-from tests.conftest import CORPUS, tiny_spec
+from tests.conftest import CORPUS, REPO, tiny_spec
+from wstrain.scheduler.contracts.chips import peak_flops
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
-from wstrain.scheduler.contracts.jobs import JobSpec
+from wstrain.scheduler.contracts.jobs import JobSpec, WorkerMessage
 from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.scheduler.planning.planner import make_plan
 from wstrain.worker.io.data import TokenStream
-from wstrain.worker.main import build_runtime
+from wstrain.worker.main import build_runtime, mfu_peak
 from wstrain.worker.runtime.base import IGNORE_INDEX
 
 STEPS = 20
@@ -175,3 +181,96 @@ def test_every_plan_trains_the_same_in_bf16_within_its_rounding() -> None:
     for plan, (loss_err, weight_err) in _compare("bf16").items():
         assert loss_err <= BF16_REL, f"{plan}: a step's loss differs by {loss_err:.2e} relative"
         assert weight_err <= BF16_REL, f"{plan}: the weights differ by {weight_err:.2e} relative"
+
+
+def _run_worker(
+    tmp_path: Path, *extra: str, device: str = "cpu", precision: str = "fp32"
+) -> list[WorkerMessage]:
+    """The reports of a 3-step job (fp32 on the CPU unless told) run by
+    `python -m wstrain.worker.main`."""
+    spec = JobSpec.model_validate(
+        tiny_spec(
+            "mfu",
+            steps=3,
+            precision=precision,
+            overrides={"runtime": "resident", "device": device},
+            # the planner's GPU reserve (cuDNN, allocator slack) wants more than a CPU job
+            **({"budget": {"device_gib": 8, "host_gib": 16}} if device == "cuda" else {}),
+        )
+    )
+    plan = make_plan(spec, resolve_dims(spec.model), DEFAULT_PROFILE)
+    job_dir = tmp_path / "state" / "jobs" / "job-1"
+    job_dir.mkdir(parents=True)
+    (job_dir / "spec.json").write_text(spec.model_dump_json())
+    (job_dir / "plan.json").write_text(plan.model_dump_json())
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wstrain.worker.main",
+            "--job-dir",
+            str(job_dir),
+            "--threads",
+            "1",
+            "--data-roots",
+            json.dumps([str(REPO), str(tmp_path)]),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [WorkerMessage.model_validate_json(line) for line in proc.stdout.splitlines()]
+
+
+def test_a_cpu_job_reports_no_mfu_unless_given_a_peak(tmp_path: Path) -> None:
+    spec = JobSpec.model_validate(tiny_spec("mfu"))
+    flops_per_token = resolve_dims(spec.model).flops_per_token(spec.seq_len)
+    for extra, peak in (((), None), (("--cpu-peak-flops", "1e12"), 1e12)):
+        msgs = _run_worker(tmp_path / str(peak), *extra)
+        started = next(m for m in msgs if m.kind == "started")
+        assert started.flops_per_token == pytest.approx(flops_per_token, rel=1e-12)
+        assert started.precision == "fp32"
+        assert started.peak_flops == peak
+        assert started.peak_source == (None if peak is None else "configured")
+        steps = [m for m in msgs if m.kind == "step"]
+        assert steps and steps[-1].step == 3
+        for m in steps:
+            assert m.tokens_per_s is not None and m.tokens_per_s > 0
+            if peak is None:
+                assert m.mfu is None
+            else:
+                assert m.mfu == pytest.approx(flops_per_token * m.tokens_per_s / peak, rel=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_job_reports_mfu_against_its_chip(tmp_path: Path) -> None:
+    """On a lent H100/H200: the chip table's bf16 peak, by torch's device name."""
+    msgs = _run_worker(tmp_path, device="cuda", precision="bf16")
+    started = next(m for m in msgs if m.kind == "started")
+    expected = peak_flops(torch.cuda.get_device_name(), "bf16")
+    assert expected is not None, f"{torch.cuda.get_device_name()} is not in the chip table"
+    assert (started.peak_flops, started.peak_source) == expected
+    assert started.precision == "bf16" and started.flops_per_token
+    steps = [m for m in msgs if m.kind == "step"]
+    assert steps
+    for m in steps:
+        assert m.tokens_per_s and m.mfu == pytest.approx(
+            started.flops_per_token * m.tokens_per_s / expected[0], rel=1e-9
+        )
+
+
+def test_the_mfu_peak_by_device() -> None:
+    # a known GPU: the chip table, whatever was measured
+    assert mfu_peak("NVIDIA H200", "bf16", 6e14) == (989.4e12, "H200")
+    assert mfu_peak("NVIDIA H100 PCIe", "fp32") == (51.2e12, "H100 PCIe")
+    # an unknown GPU: the measured bf16 GEMM rate, for bf16 compute only
+    assert mfu_peak("NVIDIA GeForce RTX 4090", "bf16", 1.6e14) == (1.6e14, "measured")
+    assert mfu_peak("NVIDIA GeForce RTX 4090", "fp32", 1.6e14) is None
+    assert mfu_peak("NVIDIA GeForce RTX 4090", "bf16") is None
+    # CPU: only a configured peak
+    assert mfu_peak(None, "fp32") is None
+    assert mfu_peak(None, "fp32", 6e14, 0.0) is None
+    assert mfu_peak(None, "bf16", None, 2e12) == (2e12, "configured")

@@ -42,7 +42,9 @@ APP_FACTORY = "wstrain.service.app:create_app"
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     """The API app; `settings` default to ServiceSettings() (the WSTRAIN_* environment)."""
     settings = settings or ServiceSettings()
-    metrics = ApiMetrics()
+    metrics = ApiMetrics(
+        settings.metrics_lease_s, settings.metrics_ended_window_s, settings.metrics_max_jobs
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -3,6 +3,7 @@
     wstrain serve [--host 127.0.0.1] [--port 8000] [--state-dir DIR] [--metrics-port 9464]
     wstrain submit SPEC.yaml [--follow]     wstrain ls [--state S]     wstrain status ID
     wstrain cancel ID    wstrain resume ID    wstrain plan SPEC.yaml    wstrain presets
+    wstrain report ID [-o report-ID.html]   # one HTML page of plots, from the job's events
 
 Client commands talk to --server or $WSTRAIN_URL (default http://127.0.0.1:8000) and send
 $WSTRAIN_TOKEN as the bearer token when it is set. Errors print the server's message and
@@ -169,6 +170,24 @@ def _follow(client: httpx.Client, job_id: str, poll_s: float = 1.0) -> int:
         time.sleep(poll_s)
 
 
+def _report(client: httpx.Client, job_id: str, out: str | None) -> None:
+    from wstrain.service import report  # matplotlib: only for this command (0.3 s to import)
+
+    job, events = report.fetch(
+        lambda path, params: _call(client, "GET", path, params=params), job_id
+    )
+    page = report.render(job, events)
+    out = out or f"report-{job['id']}.html"  # the id the API knows, never a path
+    try:
+        Path(out).write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot write the report to {out}: {exc}; pass a writable -o FILE") from exc
+    print(
+        f"{out}: {len(events)} events of job {job['id']} ({job['state']}, step "
+        f"{job['step']}/{job['steps']}); open it in a browser"
+    )
+
+
 def _run_client(args: argparse.Namespace) -> int:
     with _client(args) as c:
         if args.cmd == "submit":
@@ -194,6 +213,8 @@ def _run_client(args: argparse.Namespace) -> int:
                 _print_job(job)
         elif args.cmd == "presets":
             _print_presets(_call(c, "GET", "/v1/presets")["presets"])
+        elif args.cmd == "report":
+            _report(c, args.id, args.out)
         elif args.cmd in ("cancel", "resume"):
             job = _call(c, "POST", f"/v1/jobs/{args.id}/{args.cmd}")
             print(f"{job['id']} {job['state']}")
@@ -227,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("cancel", help="cancel a job (checkpoint, then stop)").add_argument("id")
     sub.add_parser("resume", help="resume a cancelled/failed job").add_argument("id")
     sub.add_parser("presets", help="list model presets: sizes, experts, training state")
+    s = sub.add_parser("report", help="write one self-contained HTML page of a job's plots")
+    s.add_argument("id")
+    s.add_argument("-o", "--out", help="the HTML file to write (default: report-ID.html)")
     s = sub.add_parser(
         "prepare",
         help="tokenize text/JSONL/Parquet/datasets dir into a token file (all cores, resumable)",

@@ -9,6 +9,9 @@
     WSTRAIN_WORKERS                   API processes sharing the port (1)
     WSTRAIN_LISTEN_HOST, _PORT        where `wstrain-api` listens (127.0.0.1, 8000)
     WSTRAIN_PLAN_TIMEOUT_S            deadline of a submission's checks and planning (2.0)
+    WSTRAIN_METRICS_LEASE_S           how long one replica stays the store-wide exporter (30)
+    WSTRAIN_METRICS_ENDED_WINDOW_S    how long an ended job stays in wstrain_job_info (86400)
+    WSTRAIN_METRICS_MAX_JOBS          most jobs in wstrain_job_info, newest first (10000)
 
 Read them with `ServiceSettings()`; `wstrain-api` (app.main) does, once.
 """
@@ -49,6 +52,13 @@ class ServiceSettings(SharedSettings):
     # a GiB from the page cache, 2 s a GiB from a 500 MB/s disk. So 2 s passes every preset
     # and small corpora; where jobs train on many-GiB token files, raise it.
     plan_timeout_s: float = Field(default=2.0, gt=0)
+    # /metrics: the replica holding the exporter lease exports the store-wide series; another
+    # takes over this long after the holder's last scrape (3 scrapes at Prometheus's 10 s)
+    metrics_lease_s: float = Field(default=30.0, ge=1, le=3600)
+    # ended jobs keep their wstrain_job_info/_state series this long (a day of history in
+    # the queue table), and at most metrics_max_jobs jobs are exported, newest first
+    metrics_ended_window_s: float = Field(default=86400.0, ge=0, le=30 * 86400)
+    metrics_max_jobs: int = Field(default=10000, ge=1, le=100000)
 
     def grant(self, token: str) -> TokenGrant | None:
         """The grant of a bearer token, None for an unknown one."""

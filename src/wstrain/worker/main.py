@@ -1,6 +1,6 @@
 """The worker process: runs one attempt of one job, started by the scheduler agent.
 
-    python -m wstrain.worker.main --job-dir STATE/jobs/ID --peak-flops 1e12 \
+    python -m wstrain.worker.main --job-dir STATE/jobs/ID --measured-peak-flops 6e14 \
         --data-roots '["/data"]' --state-dir STATE
 
 It reads `spec.json` and `plan.json` from the job dir, resumes from the latest checkpoint
@@ -8,6 +8,8 @@ there, trains, and reports to its agent as JSON lines on stdout (contracts.Worke
 logs go to stderr. SIGTERM asks it to stop at the next step boundary with a checkpoint, and
 so does a closed report pipe (its agent died).
 The exit code is contracts.WorkerExit: 0 succeeded, 3 cancelled, 1 failed.
+Step reports carry MFU against the chip table's dense peak (contracts/chips.py), a measured
+GEMM rate on a GPU the table does not know, and on CPU only a peak the agent configures.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pathlib import Path
 import torch
 
 from wstrain.scheduler.contracts.access import DataAccess
-from wstrain.scheduler.contracts.calibration import GPU_PEAK_FLOPS, host_reserve_bytes
+from wstrain.scheduler.contracts.calibration import host_reserve_bytes
+from wstrain.scheduler.contracts.chips import ComputePrecision, compute_precision, peak_flops
 from wstrain.scheduler.contracts.jobs import JobSpec, PathModel, Plan, WorkerExit, WorkerMessage
 from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.worker.io import checkpoint
@@ -107,9 +110,37 @@ def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
     )
 
 
+def mfu_peak(
+    device_name: str | None,
+    precision: ComputePrecision,
+    measured_peak_flops: float | None = None,
+    cpu_peak_flops: float | None = None,
+) -> tuple[float, str] | None:
+    """(FLOP/s, source) a job's MFU divides by. On a GPU (`device_name` as torch reports
+    it): the chip table's dense peak at `precision`, source its row; on a chip the table
+    does not know, the agent's measured GEMM rate, source "measured" (bf16 jobs only: the
+    profile times a bf16 GEMM, and the table's TF32 and FP32 peaks are 2-16x below BF16).
+    On CPU (None): the agent's configured peak, source "configured", else None: no MFU."""
+    if device_name is None:
+        return (cpu_peak_flops, "configured") if cpu_peak_flops else None
+    known = peak_flops(device_name, precision)
+    if known is not None:
+        return known
+    if measured_peak_flops and precision == "bf16":
+        return measured_peak_flops, "measured"
+    return None
+
+
 class Worker:
-    def __init__(self, job_dir: Path, peak_flops: float, access: DataAccess) -> None:
-        self.job_dir, self.peak_flops, self.access = job_dir, peak_flops, access
+    def __init__(
+        self,
+        job_dir: Path,
+        access: DataAccess,
+        measured_peak_flops: float | None = None,
+        cpu_peak_flops: float | None = None,
+    ) -> None:
+        self.job_dir, self.access = job_dir, access
+        self.measured_peak_flops, self.cpu_peak_flops = measured_peak_flops, cpu_peak_flops
         self.spec = JobSpec.model_validate_json((job_dir / "spec.json").read_text())
         self.plan = Plan.model_validate_json((job_dir / "plan.json").read_text())
         self.job_id = job_dir.name
@@ -154,6 +185,31 @@ class Worker:
             device_peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
         return telemetry.snapshot(last, host.arena_bytes, host.pinned_bytes, device_peak)
 
+    def _mfu_peak(self) -> tuple[ComputePrecision, tuple[float, str] | None]:
+        """The job's compute precision and the peak its MFU divides by (None: no MFU)."""
+        cuda = self.plan.device == "cuda"
+        tf32 = cuda and torch.get_float32_matmul_precision() != "highest"
+        precision = compute_precision(self.spec.precision, tf32)
+        name = torch.cuda.get_device_name() if cuda else None
+        peak = mfu_peak(name, precision, self.measured_peak_flops, self.cpu_peak_flops)
+        if peak is not None:
+            log.info(
+                "job %s: MFU against %.4g TFLOP/s dense %s (%s)",
+                self.job_id,
+                peak[0] / 1e12,
+                precision,
+                peak[1],
+            )
+        else:
+            log.info(
+                "job %s: no MFU: %s",
+                self.job_id,
+                f"{name} is not in the chip table and no measured {precision} peak was given"
+                if cuda
+                else "a CPU job gets one only with the agent's WSTRAIN_CPU_PEAK_FLOPS",
+            )
+        return precision, peak
+
     def run(self) -> WorkerExit:
         signal.signal(signal.SIGTERM, self._request_cancel)
         torch.manual_seed(self.spec.seed)
@@ -184,9 +240,17 @@ class Worker:
         # collector's generations: full collections then scan only what steps create (a
         # 32-layer job paid ~0.2 s a step scanning them)
         gc.freeze()
+        flops_per_token = dims.flops_per_token(self.spec.seq_len)
+        precision, peak = self._mfu_peak()
         self.emit(
             WorkerMessage(
-                kind="started", step=start, message=f"pid {os.getpid()} on {self.plan.device}"
+                kind="started",
+                step=start,
+                message=f"pid {os.getpid()} on {self.plan.device}",
+                flops_per_token=flops_per_token,
+                peak_flops=peak[0] if peak else None,
+                peak_source=peak[1] if peak else None,
+                precision=precision,
             )
         )
         hf_config = dims.to_hf_config()
@@ -202,7 +266,6 @@ class Worker:
             )
             self.emit(WorkerMessage(kind="checkpoint", step=step, path=str(path)))
 
-        flops_per_token = dims.flops_per_token(self.spec.seq_len)
         last_report = 0.0
         telemetry = Telemetry()
         for step in range(start, self.spec.steps):
@@ -226,7 +289,7 @@ class Worker:
                         loss=res.loss,
                         step_seconds=res.step_seconds,
                         tokens_per_s=tokens_per_s,
-                        mfu=flops_per_token * tokens_per_s / self.peak_flops,
+                        mfu=flops_per_token * tokens_per_s / peak[0] if peak else None,
                         metrics=self._telemetry(telemetry, res, runtime),
                     )
                 )
@@ -245,10 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument(
-        "--peak-flops",
+        "--measured-peak-flops",
         type=float,
-        default=GPU_PEAK_FLOPS,
-        help="peak FLOP/s the MFU is measured against",
+        help="FLOP/s of a bf16 GEMM measured on this GPU (the node profile's matmul_flops): "
+        "what MFU divides by on a chip the table (contracts/chips.py) does not know",
+    )
+    parser.add_argument(
+        "--cpu-peak-flops",
+        type=float,
+        help="FLOP/s a CPU job's MFU divides by (unset or 0: no MFU on CPU)",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument(
@@ -272,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     access = DataAccess.of(args.data_roots, args.state_dir or args.job_dir.resolve().parent.parent)
-    worker = Worker(args.job_dir, args.peak_flops, access)
+    worker = Worker(args.job_dir, access, args.measured_peak_flops, args.cpu_peak_flops)
     try:
         return int(worker.run())
     except torch.cuda.OutOfMemoryError as exc:

@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
+from wstrain.scheduler.agent.gpus import GpuCollector
 from wstrain.scheduler.agent.processes import is_running, start_ticks
 from wstrain.scheduler.agent.recovery import LIVE, fail_orphan, take_back
 from wstrain.scheduler.agent.settings import AgentSettings
@@ -81,7 +82,8 @@ class Agent:
         self.gpus: list[GPUInfo] = []
         self.profile: dict[str, float] = {}
         self.profile_key = ""
-        self.exporter = AgentExporter(settings.metrics_grace_s)
+        self.exporter = AgentExporter()
+        self.exporter.registry.register(GpuCollector(self.name))  # empty on a CPU node
         self.access = settings.access()  # what its jobs may read
         self.fatal: NodeNameTaken | None = None  # why the heartbeat stopped the agent
         self.started = start_ticks(os.getpid())
@@ -267,6 +269,7 @@ class Agent:
                 sources=frozenset({JobState.planning}),
                 fence=self.agent_id,
                 plan=plan.model_dump(mode="json"),
+                runtime=plan.runtime or "",
             )
         except LeaseLost:
             raise
@@ -283,11 +286,12 @@ class Agent:
         proc = await spawn(
             job,
             jdir,
-            self.profile.get("peak_flops", 989e12),
             self.settings.worker_threads,
             gpu,
             dict(os.environ),
             self.access,
+            measured_peak_flops=self.profile.get("matmul_flops") if gpu is not None else None,
+            cpu_peak_flops=self.settings.cpu_peak_flops,
         )
         handle = WorkerHandle(
             job,
@@ -308,6 +312,7 @@ class Agent:
             ("worker", f"worker pid {proc.pid} started on {self.name}", {"pid": proc.pid}),
             worker_pid=proc.pid,
             worker_start=start_ticks(proc.pid),
+            gpu="" if gpu is None else str(gpu),
         )
         log.info("job %s: worker pid %d started (attempt %d)", job_id, proc.pid, job.attempt)
 
@@ -468,6 +473,9 @@ def main() -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     settings = AgentSettings()
+    # GPU indices in PCI bus order, as NVML numbers them: the profile, every worker's
+    # CUDA_VISIBLE_DEVICES and the GPU series (agent/gpus.py) then name the same device
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     log.info(
         "agent %s: redis %s, state dir %s, %.0f GiB host",
         settings.node_name,

@@ -1,12 +1,16 @@
-"""The scheduler agent's /metrics: the training series of every worker on this host and the
-node's capacity, free budgets and measured link ceilings (metric names as in DESIGN.md).
+"""The scheduler agent's /metrics: the live series of every job on this host (counters of
+steps, tokens, model FLOPs, stall seconds and transfer bytes; levels of memory and loss; the
+time of the worker's last report) and the node's capacity, free budgets and link ceilings.
+Names, labels and HELP come from scheduler/contracts/metrics.py.
 
-Workers report each step to their agent on stdout (scheduler/agent/supervisor.py feeds `job_step`
-here), so Prometheus scrapes one port per host, never a port per job. A finished job's series
-stay for `grace_s` (so the last samples are scraped), then are dropped, keeping the series
-count bounded. Served from a thread by prometheus-client:
+Workers report to their agent on stdout (scheduler/agent/supervisor.py feeds every message
+here), so Prometheus scrapes one port per host, never a port per job. A job's series exist
+from its worker's start (counters at 0, or at the resumed step) until the moment it ends;
+then they are gone from the next scrape, so no panel shows the throughput of a finished job
+and the series count stays bounded by the running jobs. Served from a thread by
+prometheus-client, beside the GPU collector (scheduler/agent/gpus.py):
 
-    exporter = AgentExporter(grace_s=120); exporter.serve("0.0.0.0", 9464)
+    exporter = AgentExporter(); exporter.serve("0.0.0.0", 9464)
 """
 
 from __future__ import annotations
@@ -20,59 +24,46 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from wstrain.scheduler.contracts import metrics as m
 from wstrain.scheduler.contracts.jobs import Job, WorkerMessage
 
-# (metric, help, WorkerMessage attribute)
-_STEP_GAUGES = (
-    ("wstrain_step_seconds", "Wall time of the job's last optimizer step.", "step_seconds"),
-    ("wstrain_tokens_per_second", "Training tokens per second of the last step.", "tokens_per_s"),
-    ("wstrain_mfu_ratio", "Model FLOPs utilisation of the last step (0..1).", "mfu"),
-    ("wstrain_loss", "Training loss of the last step.", "loss"),
-    ("wstrain_job_step", "Optimizer steps the job has completed.", "step"),
-)
-# Worker telemetry keys `name.label` -> (metric, help, label, counter?)
+Family = GaugeMetricFamily | CounterMetricFamily
+
+# telemetry key prefix (worker/runtime/stats.py) -> the labelled per-job metric it feeds
 _LABELLED = {
-    "stall_seconds_total": (
-        "wstrain_stall_seconds",
-        "Seconds the compute stream waited, by dependency.",
-        "dependency",
-        True,
-    ),
-    "transfer_bytes_total": (
-        "wstrain_transfer_bytes",
-        "Bytes copied between host and device.",
-        "direction",
-        True,
-    ),
-    "transfer_bandwidth": (
-        "wstrain_transfer_bandwidth_bytes_per_second",
-        "Achieved transfer bandwidth over the last step.",
-        "direction",
-        False,
-    ),
-    "device_memory": (
-        "wstrain_device_memory_bytes",
-        "Peak device memory of the worker "
-        "(allocated, reserved; on a CPU node the process's peak RSS).",
-        "kind",
-        False,
-    ),
+    "stall_seconds_total": m.JOB_STALL,
+    "transfer_bytes_total": m.JOB_TRANSFER,
+    "device_memory_bytes": m.JOB_DEVICE_MEMORY,
 }
 _PLAIN = {
-    "host_rss_bytes": "Resident set size of the worker process.",
-    "host_pinned_bytes": "Page-locked host bytes of the worker's arena.",
-    "host_arena_bytes": "Host bytes accounted in the worker's arena.",
+    "host_rss_bytes": m.JOB_HOST_RSS,
+    "host_pinned_bytes": m.JOB_HOST_PINNED,
+    "host_arena_bytes": m.JOB_HOST_ARENA,
 }
+
+
+def family(metric: m.Metric, labels: tuple[str, ...] | None = None) -> Family:
+    """An empty family of `metric` (its catalogue name, HELP and labels)."""
+    kind = CounterMetricFamily if metric.kind is m.Kind.counter else GaugeMetricFamily
+    return kind(metric.family, metric.help, labels=list(labels or metric.labels))
 
 
 @dataclass
-class _JobSeries:
+class _Live:
+    """One running job's last known figures; counters are the job's totals so far."""
+
     device_budget_bytes: int
     host_budget_bytes: int
     predicted_step_seconds: float | None
-    last: WorkerMessage | None = None
+    last_progress_s: float  # unix time of the worker's last report (its spawn until then)
+    steps: int = 0
+    tokens: int = 0
+    flops_per_token: float | None = None
+    peak: tuple[float, str, str] | None = None  # FLOP/s, precision, source
+    step_seconds: float | None = None
+    loss: float | None = None
     eval_loss: float | None = None
-    ended_at: float | None = None
+    telemetry: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,10 +81,9 @@ class NodeGauges:
 
 
 class AgentExporter(Collector):
-    def __init__(self, grace_s: float) -> None:
-        self.grace_s = grace_s
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: dict[str, _JobSeries] = {}
+        self._jobs: dict[str, _Live] = {}
         self._node = NodeGauges(name="")
         self.registry = CollectorRegistry()
         self.registry.register(self)
@@ -101,26 +91,44 @@ class AgentExporter(Collector):
     # -------------------------------------------------- fed by the agent (event-loop thread)
 
     def job_started(self, job: Job) -> None:
+        """The job's worker was spawned: its series start now, counters at its resumed step."""
         predicted = job.plan.predicted.step_seconds if job.plan is not None else None
         with self._lock:
-            self._jobs[job.id] = _JobSeries(
-                job.spec.budget.device_bytes, job.spec.budget.host_bytes, predicted
+            self._jobs[job.id] = _Live(
+                job.spec.budget.device_bytes,
+                job.spec.budget.host_bytes,
+                predicted,
+                time.time(),
+                steps=job.step,
+                tokens=job.tokens_seen or 0,
             )
 
-    def job_step(self, job_id: str, msg: WorkerMessage) -> None:
+    def job_message(self, job_id: str, msg: WorkerMessage) -> None:
+        """Any report of the worker is progress; steps, evaluations and the start carry
+        figures."""
         with self._lock:
-            if job_id in self._jobs:
-                self._jobs[job_id].last = msg
-
-    def job_eval(self, job_id: str, loss: float) -> None:
-        with self._lock:
-            if job_id in self._jobs:
-                self._jobs[job_id].eval_loss = loss
+            live = self._jobs.get(job_id)
+            if live is None:
+                return
+            live.last_progress_s = time.time()
+            if msg.kind == "started":
+                live.steps = msg.step if msg.step is not None else live.steps
+                live.flops_per_token = msg.flops_per_token
+                if msg.peak_flops is not None:
+                    live.peak = (msg.peak_flops, msg.precision or "", msg.peak_source or "")
+            elif msg.kind == "step":
+                live.steps = msg.step if msg.step is not None else live.steps
+                live.tokens = msg.tokens_seen if msg.tokens_seen is not None else live.tokens
+                live.step_seconds = msg.step_seconds
+                live.loss = msg.loss
+                live.telemetry = dict(msg.metrics)
+            elif msg.kind == "eval":
+                live.eval_loss = msg.loss
 
     def job_ended(self, job_id: str) -> None:
+        """The worker exited: the job's series leave with the next scrape."""
         with self._lock:
-            if job_id in self._jobs:
-                self._jobs[job_id].ended_at = time.monotonic()
+            self._jobs.pop(job_id, None)
 
     def set_node(self, gauges: NodeGauges) -> None:
         with self._lock:
@@ -131,109 +139,74 @@ class AgentExporter(Collector):
 
     # -------------------------------------------------- scraped (server thread)
 
-    def _snapshot(self) -> tuple[dict[str, _JobSeries], NodeGauges]:
-        now = time.monotonic()
+    def collect(self) -> Iterator[Family]:
         with self._lock:
-            for jid in [
-                j
-                for j, s in self._jobs.items()
-                if s.ended_at is not None and now - s.ended_at > self.grace_s
-            ]:
-                del self._jobs[jid]
-            return dict(self._jobs), self._node
+            jobs = {jid: _copy(live) for jid, live in self._jobs.items()}
+            node = self._node
+        yield from _job_families(jobs)
+        yield from _node_families(node)
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        jobs, node = self._snapshot()
-        yield from self._job_families(jobs)
-        yield from self._node_families(node)
 
-    def _job_families(
-        self, jobs: dict[str, _JobSeries]
-    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        for name, help_text, attr in _STEP_GAUGES:
-            fam = GaugeMetricFamily(name, help_text, labels=["job"])
-            for jid, s in jobs.items():
-                value = getattr(s.last, attr, None)
-                if value is not None:
-                    fam.add_metric([jid], value)
-            yield fam
-        held = GaugeMetricFamily(
-            "wstrain_eval_loss", "Loss on the held-out split, last evaluation.", labels=["job"]
-        )
-        for jid, s in jobs.items():
-            if s.eval_loss is not None:
-                held.add_metric([jid], s.eval_loss)
-        yield held
-        pred = GaugeMetricFamily(
-            "wstrain_plan_predicted_step_seconds", "Step time the plan predicted.", labels=["job"]
-        )
-        budget = GaugeMetricFamily(
-            "wstrain_budget_bytes", "The job's hard memory budgets.", labels=["job", "memory"]
-        )
-        for jid, s in jobs.items():
-            if s.predicted_step_seconds is not None:
-                pred.add_metric([jid], s.predicted_step_seconds)
-            budget.add_metric([jid, "device"], s.device_budget_bytes)
-            budget.add_metric([jid, "host"], s.host_budget_bytes)
-        yield pred
-        yield budget
-        yield from self._telemetry_families(jobs)
+def _copy(live: _Live) -> _Live:
+    return _Live(**{**live.__dict__, "telemetry": dict(live.telemetry)})
 
-    def _telemetry_families(
-        self, jobs: dict[str, _JobSeries]
-    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        labelled: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-        for key, (name, help_text, label, counter) in _LABELLED.items():
-            kind = CounterMetricFamily if counter else GaugeMetricFamily
-            labelled[key] = kind(name, help_text, labels=["job", label])
-        plain = {
-            k: GaugeMetricFamily(f"wstrain_{k}", text, labels=["job"]) for k, text in _PLAIN.items()
-        }
-        for jid, s in jobs.items():
-            for key, value in (s.last.metrics if s.last else {}).items():
-                name, _, label = key.partition(".")
-                if name in labelled and label:
-                    labelled[name].add_metric([jid, label], value)
-                elif name in plain:
-                    plain[name].add_metric([jid], value)
-        yield from labelled.values()
-        yield from plain.values()
 
-    def _node_families(self, node: NodeGauges) -> Iterator[GaugeMetricFamily]:
-        cap = GaugeMetricFamily(
-            "wstrain_device_capacity_bytes",
-            "Memory of each device of this node (on a CPU node: host memory).",
-            labels=["node", "device"],
-        )
-        free = GaugeMetricFamily(
-            "wstrain_device_free_budget_bytes",
-            "Device budget a new job could still get on each device.",
-            labels=["node", "device"],
-        )
-        for dev, total in node.device_capacity_bytes.items():
-            cap.add_metric([node.name, dev], total)
-            free.add_metric([node.name, dev], node.device_free_budget_bytes.get(dev, 0))
-        yield cap
-        yield free
-        for name, help_text, value in (
-            ("wstrain_host_capacity_bytes", "Host memory of this node.", node.host_capacity_bytes),
-            (
-                "wstrain_host_free_budget_bytes",
-                "Host budget not reserved by running jobs.",
-                node.host_free_budget_bytes,
-            ),
-            ("wstrain_node_slots", "Jobs this node can run at once.", node.slots),
-            ("wstrain_node_running_jobs", "Jobs running on this node.", node.running),
-        ):
-            fam = GaugeMetricFamily(name, help_text, labels=["node"])
-            fam.add_metric([node.name], value)
-            yield fam
-        ceiling = GaugeMetricFamily(
-            "wstrain_node_transfer_ceiling_bytes_per_second",
-            "Measured host<->device copy ceiling of this node "
-            "(h2d, d2h, both = each way while both run).",
-            labels=["node", "direction"],
-        )
-        for direction, bps in node.ceilings_bytes_per_s.items():
-            ceiling.add_metric([node.name, direction], bps)
-        yield ceiling
+def _job_families(jobs: dict[str, _Live]) -> Iterator[Family]:
+    steps, tokens = family(m.JOB_STEPS), family(m.JOB_TOKENS)
+    flops, peak = family(m.JOB_MODEL_FLOPS), family(m.JOB_PEAK_FLOPS)
+    progress, step_s = family(m.JOB_LAST_PROGRESS), family(m.JOB_STEP_SECONDS)
+    loss, eval_loss = family(m.JOB_LOSS), family(m.JOB_EVAL_LOSS)
+    budget, predicted = family(m.JOB_BUDGET), family(m.JOB_PREDICTED_STEP)
+    labelled = {key: family(metric) for key, metric in _LABELLED.items()}
+    plain = {key: family(metric) for key, metric in _PLAIN.items()}
+    for jid, s in jobs.items():
+        steps.add_metric([jid], s.steps)
+        tokens.add_metric([jid], s.tokens)
+        if s.flops_per_token is not None:
+            flops.add_metric([jid], s.tokens * s.flops_per_token)
+        if s.peak is not None:
+            peak.add_metric([jid, s.peak[1], s.peak[2]], s.peak[0])
+        progress.add_metric([jid], s.last_progress_s)
+        for fam, value in ((step_s, s.step_seconds), (loss, s.loss), (eval_loss, s.eval_loss)):
+            if value is not None:
+                fam.add_metric([jid], value)
+        budget.add_metric([jid, "device"], s.device_budget_bytes)
+        budget.add_metric([jid, "host"], s.host_budget_bytes)
+        if s.predicted_step_seconds is not None:
+            predicted.add_metric([jid], s.predicted_step_seconds)
+        # 0 from the worker's start: rate() over a counter needs its first sample
+        for reason in m.STALL_REASONS:
+            s.telemetry.setdefault(f"stall_seconds_total.{reason}", 0.0)
+        for direction in m.TRANSFER_DIRECTIONS:
+            s.telemetry.setdefault(f"transfer_bytes_total.{direction}", 0.0)
+        for key, value in s.telemetry.items():
+            name, _, label = key.partition(".")
+            if name in labelled and label:
+                labelled[name].add_metric([jid, label], value)
+            elif name in plain:
+                plain[name].add_metric([jid], value)
+    yield from (steps, tokens, flops, peak, progress, step_s, loss, eval_loss, budget, predicted)
+    yield from labelled.values()
+    yield from plain.values()
+
+
+def _node_families(node: NodeGauges) -> Iterator[Family]:
+    cap, free = family(m.DEVICE_CAPACITY), family(m.DEVICE_FREE_BUDGET)
+    for dev, total in node.device_capacity_bytes.items():
+        cap.add_metric([node.name, dev], total)
+        free.add_metric([node.name, dev], node.device_free_budget_bytes.get(dev, 0))
+    yield cap
+    yield free
+    for metric, value in (
+        (m.HOST_CAPACITY, node.host_capacity_bytes),
+        (m.HOST_FREE_BUDGET, node.host_free_budget_bytes),
+        (m.NODE_SLOTS, node.slots),
+        (m.NODE_RUNNING, node.running),
+    ):
+        fam = family(metric)
+        fam.add_metric([node.name], value)
+        yield fam
+    ceiling = family(m.NODE_CEILING)
+    for direction, bps in node.ceilings_bytes_per_s.items():
+        ceiling.add_metric([node.name, direction], bps)
+    yield ceiling

@@ -2,7 +2,7 @@
 
 WSTRAIN_NODE_NAME, _CPU_SLOTS, _WORKER_THREADS, _HEARTBEAT_S, _NODE_TTL_S, _LEASE_S,
 _SHUTDOWN_GRACE_S, _PROFILE_CACHE, _METRICS_HOST, _METRICS_PORT, _REDIS_RETRY_S,
-_METRICS_GRACE_S; and the shared ones of scheduler/settings.py (README lists them all)
+_CPU_PEAK_FLOPS; and the shared ones of scheduler/settings.py (README lists them all)
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ class AgentSettings(SharedSettings):
         description="how long a Redis command is retried before the agent gives up; its "
         "workers train on meanwhile",
     )
-    metrics_grace_s: float = Field(
-        default=120.0, ge=0, description="seconds a finished job's series stay exported"
+    cpu_peak_flops: float | None = Field(
+        default=None,
+        ge=0,
+        description="FLOP/s a CPU job's MFU divides by (this host's peak at the job's "
+        "precision, from its vendor); unset or 0: CPU jobs report no MFU",
     )

@@ -48,15 +48,22 @@ class WorkerHandle:
 async def spawn(
     job: Job,
     job_dir: Path,
-    peak_flops: float,
     threads: int,
     gpu: int | None,
     env: dict[str, str],
     access: DataAccess,
+    measured_peak_flops: float | None = None,
+    cpu_peak_flops: float | None = None,
 ) -> asyncio.subprocess.Process:
     """The worker of one attempt of `job`, in its own session, reading only what `access`
-    allows (the data roots less the state dir, checked again on every file it opens)."""
+    allows (the data roots less the state dir, checked again on every file it opens).
+    Its MFU divides by the chip table's peak; `measured_peak_flops` (the GPU profile's bf16
+    GEMM rate) stands in on a chip the table does not know, `cpu_peak_flops` on CPU."""
     env = dict(env)
+    peaks = [
+        *(["--measured-peak-flops", str(measured_peak_flops)] if measured_peak_flops else []),
+        *(["--cpu-peak-flops", str(cpu_peak_flops)] if cpu_peak_flops else []),
+    ]
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     # Segments that grow in place instead of fixed blocks: far less memory reserved but
@@ -70,8 +77,7 @@ async def spawn(
             "wstrain.worker.main",
             "--job-dir",
             str(job_dir),
-            "--peak-flops",
-            str(peak_flops),
+            *peaks,
             "--threads",
             str(threads),
             "--data-roots",
@@ -89,9 +95,9 @@ async def spawn(
 
 async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) -> None:
     jid, fence = h.job.id, h.fence
+    h.exporter.job_message(jid, msg)  # every report is progress for the no-progress alert
     if msg.kind == "step" and msg.step is not None:
         h.last_step = msg.step
-        h.exporter.job_step(jid, msg)
         remaining = h.job.steps - msg.step
         eta = remaining * msg.step_seconds if msg.step_seconds else None
         await store.report(
@@ -100,7 +106,8 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
             (
                 "progress",
                 f"step {msg.step}/{h.job.steps} loss {msg.loss:.4f}",
-                msg.model_dump(exclude_none=True, exclude={"metrics"}),
+                # with the telemetry: the event log is what `wstrain report` plots
+                msg.model_dump(exclude_none=True),
             ),
             step=msg.step,
             epoch=msg.epoch,
@@ -114,7 +121,6 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
             telemetry=msg.metrics,
         )
     elif msg.kind == "eval" and msg.loss is not None:
-        h.exporter.job_eval(jid, msg.loss)
         await store.report(
             jid,
             fence,
@@ -143,9 +149,12 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
         h.started = True
         # a resumed worker starts at its checkpoint's step, which may be behind the last
         # step reported before a crash
-        await store.report(
-            jid, fence, ("started", msg.message or "started", {"step": msg.step}), step=msg.step
+        # with what its MFU is measured against: `wstrain report` says so
+        data = msg.model_dump(
+            include={"step", "flops_per_token", "peak_flops", "peak_source", "precision"},
+            exclude_none=True,
         )
+        await store.report(jid, fence, ("started", msg.message or "started", data), step=msg.step)
     else:
         await store.report(jid, fence, (msg.kind, msg.message or msg.kind, {}))
 

@@ -85,8 +85,6 @@ MIXED_UPDATE_SLOWDOWN: Final = 93.9 / 28.6
 # parameter of bf16 state at ~3 TB/s of HBM (H100/H200).
 DEVICE_ADAMW_BYTES_PER_PARAM: Final = 14
 DEVICE_MEMORY_BYTES_PER_S: Final = 3e12
-# Peak dense bf16 FLOP/s that MFU is measured against on a GPU (H100 SXM's datasheet).
-GPU_PEAK_FLOPS: Final = 989e12
 
 
 def host_reserve_bytes(params: int, precision: str, device: str) -> int:

@@ -9,7 +9,7 @@ fastapi or redis. Nothing here performs I/O.
 from __future__ import annotations
 
 import enum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -259,6 +259,16 @@ class PathModel(_Strict):
 
 
 ModelRef = PresetModel | HFConfigModel | PathModel
+
+
+def model_label(model: ModelRef) -> str:
+    """A short name of the model for labels and listings: the preset, the HF config's
+    architecture or the checkpoint directory's name."""
+    if isinstance(model, PresetModel):
+        return model.preset
+    if isinstance(model, PathModel):
+        return PurePosixPath(str(model.path)).name
+    return model.hf_config.model_type
 
 
 class SyntheticData(_Strict):
@@ -512,6 +522,7 @@ class Job(BaseModel):
     eta_s: float | None = None
     error: str | None = None
     node: str | None = None
+    gpu: str | None = Field(default=None, description="the GPU index on its node, once running")
     worker_pid: int | None = None
     last_checkpoint: str | None = None
     created_at: float
@@ -611,6 +622,12 @@ class WorkerMessage(BaseModel):
     path: str | None = None
     message: str | None = None
     metrics: dict[str, float] = {}
+    # on `started`: what the MFU is measured against (None on CPU unless the agent is given a
+    # peak) and the model FLOPs per trained token (README's formula)
+    flops_per_token: float | None = None
+    peak_flops: float | None = None  # FLOP/s, dense, for `precision`
+    peak_source: str | None = None  # a chip-table row, "measured" or "configured"
+    precision: str | None = None  # the compute precision: bf16, fp32, tf32
 
 
 class WorkerExit(int, enum.Enum):
@@ -654,6 +671,14 @@ class Keys:
 
     def node(self, name: str) -> str:  # string (Node JSON) with a TTL = heartbeat
         return f"{self.prefix}:node:{name}"
+
+    @property
+    def queue_wait(self) -> str:  # hash: the queue-wait histogram's buckets, count and sum
+        return f"{self.prefix}:metrics:queue-wait"
+
+    @property
+    def exporter_lease(self) -> str:  # string: the API replica exporting store-wide series
+        return f"{self.prefix}:metrics:exporter"
 
 
 def job_dir(state_dir: str | Path, job_id: str) -> Path:

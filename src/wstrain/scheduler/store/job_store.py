@@ -32,7 +32,9 @@ from wstrain.scheduler.contracts.jobs import (
     Keys,
     Node,
     Plan,
+    model_label,
 )
+from wstrain.scheduler.contracts.metrics import QUEUE_WAIT_BUCKETS_S
 from wstrain.scheduler.store import lua
 from wstrain.scheduler.store.cache import Parsed, ParsedJobs
 
@@ -55,7 +57,7 @@ class Lease:
 
 
 _OPTIONAL_FLOATS = ("epoch", "loss", "eval_loss", "tokens_per_s", "mfu", "step_seconds", "eta_s")
-_OPTIONAL_STRS = ("error", "node", "last_checkpoint")
+_OPTIONAL_STRS = ("error", "node", "gpu", "last_checkpoint")
 
 
 def _encode(value: Any) -> str:
@@ -152,6 +154,9 @@ class JobStore:
             "device_bytes": spec.budget.device_bytes,
             "host_bytes": spec.budget.host_bytes,
             "queue_score": queue_score,
+            "queued_at": now,  # the queue wait is measured from here (again on a requeue)
+            "model": model_label(spec.model),
+            "runtime": plan.runtime or "",
         }
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self.keys.job(job_id), mapping={k: _encode(v) for k, v in fields.items()})
@@ -318,7 +323,7 @@ class JobStore:
         `lease_s`), or None."""
         now = time.time()
         claimed = await self._claim(
-            keys=[self.keys.queue],
+            keys=[self.keys.queue, self.keys.queue_wait],
             args=[
                 self.keys.prefix,
                 node,
@@ -327,6 +332,7 @@ class JobStore:
                 now,
                 agent_id,
                 now + lease_s,
+                *QUEUE_WAIT_BUCKETS_S,
             ],
         )
         return cast(str | None, claimed)

@@ -21,6 +21,7 @@ redis.call('ZREM', prefix .. ':by-state:' .. cur, id)
 redis.call('ZADD', prefix .. ':by-state:' .. dst, redis.call('HGET', job, 'created_at'), id)
 if dst == 'queued' then
   redis.call('ZADD', queue, redis.call('HGET', job, 'queue_score'), id)
+  redis.call('HSET', job, 'queued_at', now)
 else
   redis.call('ZREM', queue, id)
 end
@@ -29,9 +30,11 @@ return {1, cur}
 """
 
 # Scan the queue in priority order and claim the first job whose budgets fit the node; the
-# claiming agent takes the job's lease (ARGV[6], until ARGV[7]).
+# claiming agent takes the job's lease (ARGV[6], until ARGV[7]). The job's wait since it was
+# queued goes into the queue-wait histogram (KEYS[2], a hash: cumulative bucket counts by
+# upper bound in ARGV[8..], `+Inf`, `count` and `sum`), so the count survives API restarts.
 CLAIM_LUA = """
-local queue = KEYS[1]
+local queue, waits = KEYS[1], KEYS[2]
 local prefix, node, now = ARGV[1], ARGV[2], ARGV[5]
 local free_dev, free_host = tonumber(ARGV[3]), tonumber(ARGV[4])
 for _, id in ipairs(redis.call('ZRANGE', queue, 0, 99)) do
@@ -47,6 +50,14 @@ for _, id in ipairs(redis.call('ZRANGE', queue, 0, 99)) do
     redis.call('ZADD', prefix .. ':by-state:planning', redis.call('HGET', job, 'created_at'), id)
     redis.call('XADD', prefix .. ':events:' .. id, '*', 'ts', now, 'kind', 'state',
                'message', 'planning on node ' .. node, 'data', '{"state":"planning"}')
+    local since = redis.call('HGET', job, 'queued_at') or redis.call('HGET', job, 'created_at')
+    local wait = math.max(0, tonumber(now) - tonumber(since))
+    for i = 8, #ARGV do
+      if wait <= tonumber(ARGV[i]) then redis.call('HINCRBY', waits, ARGV[i], 1) end
+    end
+    redis.call('HINCRBY', waits, '+Inf', 1)
+    redis.call('HINCRBY', waits, 'count', 1)
+    redis.call('HINCRBYFLOAT', waits, 'sum', wait)
     return id
   end
 end

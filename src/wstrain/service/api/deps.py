@@ -97,6 +97,21 @@ async def get_caller(
 CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
+async def get_optional_caller(
+    settings: Settings,
+    authorization: Annotated[str | None, Header(max_length=4096)] = None,
+) -> Caller | None:
+    """The caller where one is known, None for a request without a valid token (routes that
+    answer everyone, with less for the anonymous: /metrics)."""
+    if not settings.api_tokens:
+        return Caller("anonymous", admin=True)
+    scheme, _, token = (authorization or "").partition(" ")
+    return _grant_for(settings, token.strip()) if scheme.lower() == "bearer" else None
+
+
+OptionalCaller = Annotated[Caller | None, Depends(get_optional_caller)]
+
+
 async def visible_job(job_id: str, st: Store, caller: CallerDep) -> Job:
     """The job `job_id` if the caller may see it; NotFound as for an unknown job otherwise."""
     job = await st.get(job_id)

@@ -7,6 +7,8 @@ host->device, device->host and both-at-once copy bandwidth (on a CPU host the "l
 host memcpy), host memcpy bandwidth, practical matmul FLOP/s at a decoder layer's GEMM shape,
 causal-attention FLOP/s at several sequence lengths, and CPU AdamW parameter updates per
 second; it lists the GPUs. The agent caches the result per (GPU model, driver, torch) key.
+On a GPU that the chip table (scheduler/contracts/chips.py) does not know, the bf16 matmul
+rate is also what a job's MFU divides by.
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from wstrain.scheduler.contracts.calibration import GPU_PEAK_FLOPS
 
 # Profile-key format: bump when the measured keys change meaning, so caches refresh.
 PROFILE_VERSION = 5
@@ -178,7 +178,6 @@ def profile() -> dict[str, object]:
             dev, dtype, seq, heads, kv_heads, head_dim
         )
     measured["optimizer_params_per_s"] = optimizer_params_per_s(256 << 20 if cuda else 4 << 20)
-    measured["peak_flops"] = GPU_PEAK_FLOPS if cuda else measured["matmul_flops"]
     measured["cpu_threads"] = float(torch.get_num_threads())
     measured["host_cpus"] = float(os.cpu_count() or 1)
     measured["profile_seconds"] = time.perf_counter() - start

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wstrain.scheduler.contracts.metrics import STALL_REASONS
+
 
 @dataclass
 class StepStats:
@@ -47,7 +49,10 @@ class Telemetry:
         pinned_bytes: int,
         device_peak: tuple[int, int] | None,
     ) -> dict[str, float]:
-        out = {f"stall_seconds_total.{d}": s for d, s in self.stall_s.items()}
+        # every reason from the first report, 0 where this runtime never waits on it (the
+        # resident runtime waits on none), so a dashboard's rate() has a series at once
+        out = {f"stall_seconds_total.{r}": 0.0 for r in STALL_REASONS}
+        out.update({f"stall_seconds_total.{d}": s for d, s in self.stall_s.items()})
         out.update(
             {
                 "transfer_bytes_total.h2d": float(self.h2d_bytes),
@@ -60,8 +65,8 @@ class Telemetry:
             }
         )
         if device_peak is not None:
-            out["device_memory.peak_allocated"] = float(device_peak[0])
-            out["device_memory.peak_reserved"] = float(device_peak[1])
+            out["device_memory_bytes.allocated"] = float(device_peak[0])
+            out["device_memory_bytes.reserved"] = float(device_peak[1])
         else:  # on a CPU node the device is host memory: the process's peak is its footprint
-            out["device_memory.peak_process_rss"] = float(proc_status_bytes("VmHWM"))
+            out["device_memory_bytes.process_rss"] = float(proc_status_bytes("VmHWM"))
         return out

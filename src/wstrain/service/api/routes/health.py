@@ -1,9 +1,10 @@
 """Liveness, readiness and Prometheus: GET /healthz (the process answers), GET /readyz
 (Redis answers and an agent heartbeats; 503 with the reason when not) and GET /metrics
-(queue depth, jobs by state, registered nodes, API request latency by route). These three
-need no token even when tokens are set: the probes answer a supervisor and /metrics a
-Prometheus that hold no secret, and none of them carries a job id, an owner or a spec —
-only counts by state and latency by route."""
+(service/metrics.py). These three need no token even when tokens are set: the probes answer
+a supervisor and /metrics a Prometheus. Without a token /metrics carries counts only (jobs
+by state, the queue, nodes, latency by route); the series naming jobs and owners
+(wstrain_job_info, wstrain_job_state, wstrain_queue_pending_jobs) need an admin token, which
+Prometheus sends from a credentials file (deploy/prometheus/prometheus.yml)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from wstrain.service.api.deps import Metrics, Store
+from wstrain.service.api.deps import Metrics, OptionalCaller, Store
 
 router = APIRouter()
 
@@ -22,8 +23,8 @@ class Health(BaseModel):
 
 
 @router.get("/metrics")
-async def prometheus(st: Store, metrics: Metrics) -> Response:
-    body = await metrics.render(st)
+async def prometheus(st: Store, metrics: Metrics, caller: OptionalCaller) -> Response:
+    body = await metrics.render(st, detailed=caller is not None and caller.admin)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 

@@ -1,0 +1,167 @@
+"""What a lab sees through a real Prometheus scraping a real `wstrain serve` (its private
+Redis, the API and one agent with real workers), with the shipped rules loaded:
+
+- a job that fails before its first step is in `wstrain_job_info` with its owner, name and
+  model, and `wstrain_job_state` says `failed`; it never had a throughput series;
+- a running job whose worker is SIGSTOPped fires `WstrainJobNoProgress` once its window
+  (10x its step time, at least 60 s, after its last report) has passed, and not before;
+- once a job ends its counters are gone from the next scrape: no throughput, no MFU, no
+  stalls are shown for a job that runs no more, while its info and state stay.
+
+    pytest -m slow tests/observability/test_alerts_live.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import CORPUS, REPO, _wait_http, tiny_spec, wait_job, wait_terminal
+from tests.observability.prometheus_server import alerts, prometheus, query, wait_for
+
+pytestmark = pytest.mark.slow
+
+WS = {"runtime": "working_set", "micro_batch": 2, "window": 1, "r_param": 2, "r_grad": 1}
+# The rule's window: 10 step times, at least 60 s (deploy/prometheus/rules.yml).
+WINDOW_STEPS, WINDOW_MIN_S = 10, 60.0
+# Firing may lag the window by a scrape and an evaluation (1 s each here) and the poll.
+FIRE_SLACK_S = 5.0
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """`wstrain serve` on loopback: (API URL, agent metrics port)."""
+    from wstrain.service.serve import free_port
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "WSTRAIN_REDIS_URL")}
+    env.update(
+        WSTRAIN_CPU_SLOTS="2",
+        WSTRAIN_WORKER_THREADS="1",
+        WSTRAIN_NODE_NAME="node-lab",
+        WSTRAIN_DATA_ROOTS=json.dumps([str(REPO), str(tmp_path)]),
+        WSTRAIN_HEARTBEAT_S="0.5",
+        PYTHONPATH=str(REPO),
+    )
+    port, metrics_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "wstrain.service.cli", "serve", "--port", str(port)]
+    cmd += ["--state-dir", str(tmp_path / "state"), "--metrics-port", str(metrics_port)]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(f"{url}/readyz", proc, timeout_s=90)
+        yield url, metrics_port
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(120)
+
+
+def _one(url: str, expr: str) -> float:
+    result = query(url, expr)
+    assert len(result) == 1, (expr, result)
+    return float(result[0]["value"][1])
+
+
+def test_failed_and_stopped_jobs_as_prometheus_sees_them(
+    served: tuple[str, int], tmp_path: Path
+) -> None:
+    api, metrics_port = served
+    port = api.rsplit(":", 1)[1]
+    targets = {"wstrain-api": f"127.0.0.1:{port}", "wstrain-agent": f"127.0.0.1:{metrics_port}"}
+    doomed = tmp_path / "gone.txt"
+    doomed.write_text(CORPUS.read_text())
+    with prometheus(tmp_path / "prom", targets) as prom, httpx.Client(base_url=api) as c:
+        # fails at once: its data is deleted before its worker opens it
+        spec = tiny_spec("fails-at-once", steps=100)
+        spec["data"]["path"] = str(doomed)
+        failing = c.post("/v1/jobs", json=spec, headers={"X-Wstrain-Owner": "ada"}).json()
+        doomed.unlink()
+        stopped = c.post(
+            "/v1/jobs",
+            json=tiny_spec("stopped", steps=100000, overrides=WS),
+            headers={"X-Wstrain-Owner": "grace"},
+        ).json()
+        fid, sid = failing["id"], stopped["id"]
+        failed = wait_terminal(c, fid)
+        assert failed["state"] == "failed" and failed["step"] == 0, failed
+        running = wait_job(c, sid, lambda j: j["state"] == "running" and j["step"] >= 5)
+
+        # both in job_info with who and what; the failed one with its state
+        wait_for(prom, f'count(wstrain_job_info{{job=~"{fid}|{sid}"}}) == 2')
+        info = query(prom, f'wstrain_job_info{{job=~"{fid}|{sid}"}}')
+        labels = {r["metric"]["job"]: r["metric"] for r in info}
+        assert labels[fid]["owner"] == "ada" and labels[fid]["name"] == "fails-at-once"
+        assert labels[sid]["owner"] == "grace" and labels[sid]["model"] == "micro-llama"
+        assert labels[sid]["runtime"] == "working_set" and labels[sid]["node"] == "node-lab"
+        wait_for(prom, f'wstrain_job_state{{job="{fid}",state="failed"}} == 1')
+        assert query(prom, f'wstrain_job_tokens_total{{job="{fid}"}}') == []
+        assert query(prom, f'wstrain_job_steps_total{{job="{fid}"}}') == []
+
+        # the stopped worker: its counters stay (the agent serves them) but stop moving
+        wait_for(prom, f'rate(wstrain_job_tokens_total{{job="{sid}"}}[5s]) > 0')
+        os.kill(running["worker_pid"], signal.SIGSTOP)
+        stopped_at = time.time()
+        try:
+            time.sleep(2)  # the last report before the stop has been scraped
+            last_s = _one(prom, f'wstrain_job_last_progress_timestamp_seconds{{job="{sid}"}}')
+            step_s = _one(prom, f'wstrain_job_step_seconds{{job="{sid}"}}')
+            window_s = max(WINDOW_STEPS * step_s, WINDOW_MIN_S)
+            fired_at = None
+            deadline = last_s + window_s + FIRE_SLACK_S + 30
+            while time.time() < deadline:
+                firing = [
+                    a
+                    for a in alerts(prom)
+                    if a["labels"].get("alertname") == "WstrainJobNoProgress"
+                    and a["labels"].get("job") == sid
+                    and a["state"] == "firing"
+                ]
+                if firing:
+                    fired_at = time.time()
+                    break
+                time.sleep(0.5)
+            assert fired_at is not None, f"no WstrainJobNoProgress for {sid} in {window_s} s"
+            late_s = fired_at - (last_s + window_s)
+            assert late_s <= FIRE_SLACK_S, f"fired {late_s:.1f} s after its window"
+            assert fired_at - last_s >= window_s - 1.0, "fired before its window"
+            assert stopped_at < fired_at
+        finally:
+            os.kill(running["worker_pid"], signal.SIGCONT)
+
+        # once the job ends, the next scrape has none of its live series
+        c.post(f"/v1/jobs/{sid}/cancel")
+        assert wait_terminal(c, sid)["state"] == "cancelled"
+        gone_by = time.monotonic() + 10
+        live = (
+            f'{{__name__=~"wstrain_job_(tokens|steps|model_flops|stall_seconds)_total'
+            f'|wstrain_job_step_seconds|wstrain_job_last_progress_timestamp_seconds",'
+            f'job="{sid}"}}'
+        )
+        while query(prom, live):
+            assert time.monotonic() < gone_by, query(prom, live)
+            time.sleep(0.5)
+        # a rate over a window still has the last samples for that window (5 s here); the
+        # dashboards guard theirs with the live counter, which is gone at once
+        guarded = f'rate(wstrain_job_tokens_total{{job="{sid}"}}[5s]) and on(job) {live}'
+        assert query(prom, guarded) == []
+        while query(prom, f'rate(wstrain_job_tokens_total{{job="{sid}"}}[5s])'):
+            assert time.monotonic() < gone_by + 5, "a rate outlived its window"
+            time.sleep(0.5)
+        wait_for(prom, f'wstrain_job_state{{job="{sid}",state="cancelled"}} == 1')
+        # both claims counted in the queue-wait histogram (Redis counts at the claim)
+        wait_for(prom, "wstrain_queue_wait_seconds_count >= 2")
+        wait_for(prom, 'wstrain_queue_wait_seconds_bucket{le="+Inf"} >= 2')
+        # the alert resolves with the series it watched
+        resolved_by = time.monotonic() + 10
+        while query(prom, f'ALERTS{{alertname="WstrainJobNoProgress",job="{sid}"}}'):
+            assert time.monotonic() < resolved_by, "the alert outlived the job"
+            time.sleep(0.5)
