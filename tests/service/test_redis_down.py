@@ -1,5 +1,5 @@
 """The API while Redis is away: every route that needs the store answers 503 with
-Retry-After (never a 500), the liveness probe still answers, readiness says why not, and the
+Retry-After (never a 500), the liveness probe and /metrics (wstrain_redis_up 0) still answer, readiness says why not, and the
 API serves again as soon as Redis is back, without a restart.
 
     pytest tests/service/test_redis_down.py
@@ -42,7 +42,6 @@ def test_redis_away_is_a_503_with_retry_after(tmp_path: Path) -> None:
                 ("POST", "/v1/plans"),
                 ("POST", "/v1/jobs/abc/cancel"),
                 ("GET", "/v1/nodes"),
-                ("GET", "/metrics"),
             ):
                 body = tiny_spec("away") if method == "POST" and "jobs/" not in path else None
                 r = c.request(method, path, json=body)
@@ -50,6 +49,9 @@ def test_redis_away_is_a_503_with_retry_after(tmp_path: Path) -> None:
                 assert r.headers["Retry-After"] == "2"
                 assert "Redis" in r.json()["detail"]
             assert c.get("/healthz").status_code == 200
+            # /metrics answers: that Redis is down is what it has to say (WstrainRedisDown)
+            down = c.get("/metrics")
+            assert down.status_code == 200 and "wstrain_redis_up 0.0" in down.text
             ready = c.get("/readyz")
             assert ready.status_code == 503 and "redis unreachable" in ready.json()["status"]
 
