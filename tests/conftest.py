@@ -25,7 +25,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "examples" / "data" / "python-docs.txt"
-TERMINAL = {"succeeded", "failed", "cancelled"}
+TERMINAL = {"succeeded", "failed", "cancelled", "timeout"}
 
 
 @pytest.fixture(scope="session")

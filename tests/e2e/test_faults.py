@@ -145,24 +145,95 @@ def test_a_sigkilled_agent_is_replaced_and_its_job_resumes_bit_exact(
         stack.stop()
 
 
-def test_a_sigkilled_worker_fails_its_job_and_resumes_bit_exact(
+def test_a_sigkilled_worker_without_retries_fails_and_resumes_bit_exact(
     redis_url: str, tmp_path: Path
 ) -> None:
     stack = make_stack(redis_url, tmp_path, "workerkill", with_agent=True)
     try:
         with stack.client() as c:
             straight = c.post("/v1/jobs", json=tiny_spec("straight", **SPEC)).json()
-            job = c.post("/v1/jobs", json=tiny_spec("victim", checkpoint_every=25, **SPEC)).json()
+            spec = tiny_spec("victim", checkpoint_every=25, max_retries=0, **SPEC)
+            job = c.post("/v1/jobs", json=spec).json()
             running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
             os.kill(running["worker_pid"], signal.SIGKILL)
             failed = wait_terminal(c, job["id"])
             assert failed["state"] == "failed" and "SIGKILL" in failed["error"]
+            assert failed["retries"] == 0  # max_retries 0: no automatic retry
             assert failed["step"] < 300, "the kill must land mid-run for this test to mean much"
             assert c.post(f"/v1/jobs/{job['id']}/resume").status_code == 202
             done = wait_terminal(c, job["id"])
             assert done["state"] == "succeeded" and done["attempt"] == 2, done["error"]
             straight = wait_terminal(c, straight["id"])
             _assert_same_weights(done, straight)
+    finally:
+        stack.stop()
+
+
+def test_a_sigkilled_worker_is_retried_from_its_checkpoint_and_finishes_bit_exact(
+    redis_url: str, tmp_path: Path
+) -> None:
+    stack = make_stack(
+        redis_url, tmp_path, "retry", with_agent=True, extra_env={"WSTRAIN_RETRY_BACKOFF_S": "1"}
+    )
+    try:
+        with stack.client() as c:
+            straight = c.post("/v1/jobs", json=tiny_spec("straight", **SPEC)).json()
+            job = c.post("/v1/jobs", json=tiny_spec("victim", checkpoint_every=25, **SPEC)).json()
+            running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
+            killed_at = time.monotonic()
+            os.kill(running["worker_pid"], signal.SIGKILL)
+            done = wait_terminal(c, job["id"])
+            assert done["state"] == "succeeded", done["error"]
+            assert done["attempt"] == 2 and done["retries"] == 1 and done["step"] == 300
+            assert "SIGKILL" in done["error"]  # the cause stays readable
+            assert time.monotonic() - killed_at >= 1.0  # the back-off was waited
+            events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+            retry = [e["message"] for e in events if e["message"].startswith("retry 1 of 2")]
+            assert retry and "SIGKILL" in retry[0], [e["message"] for e in events]
+            starts = [e["data"]["step"] for e in events if e["kind"] == "started"]
+            assert starts[0] == 0 and starts[1] >= 25  # resumed at its checkpoint
+            _assert_same_weights(done, wait_terminal(c, straight["id"]))
+    finally:
+        stack.stop()
+
+
+def _started_steps(c: httpx.Client, job_id: str) -> list[int]:
+    events = c.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()
+    return [e["data"]["step"] for e in events if e["kind"] == "started"]
+
+
+def test_a_time_limited_job_ends_timeout_with_a_checkpoint_and_resumes(
+    redis_url: str, tmp_path: Path
+) -> None:
+    stack = make_stack(
+        redis_url,
+        tmp_path,
+        "timelimit",
+        with_agent=True,
+        extra_env={"WSTRAIN_TIME_LIMIT_GRACE_S": "2"},
+    )
+    try:
+        with stack.client() as c:
+            spec = tiny_spec("limited", steps=100000, time_limit_s=6)
+            job = c.post("/v1/jobs", json=spec).json()
+            ended = wait_terminal(c, job["id"])
+            assert ended["state"] == "timeout", ended
+            assert ended["last_checkpoint"] and 0 < ended["step"] < 100000
+            events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+            kinds = [e["kind"] for e in events]
+            warned = kinds.index("time_limit")
+            assert "checkpoint" in kinds[warned:], kinds  # warned, then checkpointed
+            r = c.post(f"/v1/jobs/{job['id']}/resume")
+            assert r.status_code == 202, r.text
+            deadline = time.monotonic() + 60
+            while len(starts := _started_steps(c, job["id"])) < 2:
+                assert time.monotonic() < deadline, "the resumed worker never started"
+                time.sleep(0.2)
+            # from the time limit's checkpoint (the job's `step` is its last report, a few
+            # steps before the SIGTERM's step boundary)
+            assert starts[1] == int(Path(ended["last_checkpoint"]).name.removeprefix("step-"))
+            c.post(f"/v1/jobs/{job['id']}/cancel")
+            wait_terminal(c, job["id"])
     finally:
         stack.stop()
 

@@ -120,9 +120,10 @@ def test_cancel_then_resume_is_bit_identical(stack: Stack, runtime: str) -> None
         ]
 
 
-def test_sigkilled_worker_fails_job_and_agent_keeps_serving(stack: Stack) -> None:
+def test_sigkilled_worker_without_retries_fails_job_and_agent_keeps_serving(stack: Stack) -> None:
     with stack.client() as c:
-        job = c.post("/v1/jobs", json=tiny_spec("e2e-kill", steps=3000, checkpoint_every=20)).json()
+        spec = tiny_spec("e2e-kill", steps=3000, checkpoint_every=20, max_retries=0)
+        job = c.post("/v1/jobs", json=spec).json()
         running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
         os.kill(running["worker_pid"], signal.SIGKILL)
         failed = wait_terminal(c, job["id"])
@@ -135,7 +136,7 @@ def test_sigkilled_worker_fails_job_and_agent_keeps_serving(stack: Stack) -> Non
         assert resumed["attempt"] == failed["attempt"] + 1 and resumed["error"] is None
         wait_job(c, job["id"], lambda j: j["state"] == "running")
         r = c.post(f"/v1/jobs/{job['id']}/resume")
-        assert r.status_code == 409 and "only cancelled or failed" in r.text
+        assert r.status_code == 409 and "only cancelled, failed or timed-out" in r.text
         c.post(f"/v1/jobs/{job['id']}/cancel")
         assert wait_terminal(c, job["id"])["state"] == "cancelled"
         events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()

@@ -267,7 +267,7 @@ def test_queued_cancel_resume_cycle(api_only: Stack) -> None:
         job = c.post("/v1/jobs", json=tiny_spec("cycle")).json()
         jid = job["id"]
         r = c.post(f"/v1/jobs/{jid}/resume")
-        assert r.status_code == 409 and "only cancelled or failed" in r.text
+        assert r.status_code == 409 and "only cancelled, failed or timed-out" in r.text
         r = c.post(f"/v1/jobs/{jid}/cancel")
         assert r.status_code == 202 and r.json()["state"] == "cancelled"
         r = c.post(f"/v1/jobs/{jid}/cancel")

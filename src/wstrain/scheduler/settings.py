@@ -7,16 +7,30 @@ process's own settings class extends it and is built once in its main().
     WSTRAIN_DATA_ROOTS                JSON list of directories jobs may read data and models
                                       from (["."]); the state dir is never readable by jobs,
                                       and a root inside it is refused at start
+    WSTRAIN_FAIRSHARE_HALF_LIFE_S     604800 (7 days): how fast past usage stops counting
+    WSTRAIN_OWNER_SHARES              JSON {owner: share}; an owner not named has 1
+    WSTRAIN_OWNER_QUOTAS              JSON {owner: {"max_jobs", "max_device_gib",
+                                      "max_host_gib"}}; an owner not named has none
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wstrain.scheduler.contracts.access import DataAccess
+from wstrain.scheduler.policy import DEFAULT_HALF_LIFE_S, PolicyConfig, Quota
+
+
+class OwnerQuota(BaseModel):
+    """One owner's ceiling on what it holds at once (README, Scheduling policy)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_jobs: int | None = Field(default=None, ge=0, le=100_000)
+    max_device_gib: float | None = Field(default=None, ge=0, le=1 << 20)
+    max_host_gib: float | None = Field(default=None, ge=0, le=1 << 20)
 
 
 class SharedSettings(BaseSettings):
@@ -29,6 +43,29 @@ class SharedSettings(BaseSettings):
     key_prefix: str = "wstrain"
     state_dir: Path = Path("wstrain-state")
     data_roots: list[str] = Field(default_factory=lambda: ["."], min_length=1, max_length=64)
+    # the scheduling policy (scheduler/policy/): every agent and the API's queue view read
+    # the same, so set them alike everywhere
+    fairshare_half_life_s: float = Field(default=DEFAULT_HALF_LIFE_S, gt=0, le=366 * 86400)
+    owner_shares: dict[str, float] = Field(default_factory=dict, max_length=10_000)
+    owner_quotas: dict[str, OwnerQuota] = Field(default_factory=dict, max_length=10_000)
+
+    @field_validator("owner_shares")
+    @classmethod
+    def _shares_bounded(cls, shares: dict[str, float]) -> dict[str, float]:
+        for owner, share in shares.items():
+            if not 0 <= share <= 1e6:
+                raise ValueError(f"owner_shares[{owner!r}] = {share}: give a share in 0..1e6")
+        return shares
+
+    def policy_config(self) -> PolicyConfig:
+        return PolicyConfig(
+            half_life_s=self.fairshare_half_life_s,
+            shares=dict(self.owner_shares),
+            quotas={
+                o: Quota.from_gib(q.max_jobs, q.max_device_gib, q.max_host_gib)
+                for o, q in self.owner_quotas.items()
+            },
+        )
 
     @model_validator(mode="after")
     def _roots_outside_state(self) -> SharedSettings:

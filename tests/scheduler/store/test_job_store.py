@@ -42,6 +42,7 @@ async def _force(store: JobStore, job_id: str, state: JobState) -> None:
         JobState.succeeded: [JobState.planning, JobState.running, JobState.succeeded],
         JobState.failed: [JobState.planning, JobState.failed],
         JobState.cancelled: [JobState.cancelled],
+        JobState.timeout: [JobState.planning, JobState.running, JobState.timeout],
     }[state]
     for s in path:
         await store.transition(job_id, s, f"to {s.value}")

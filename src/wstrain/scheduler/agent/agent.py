@@ -27,15 +27,24 @@ import time
 import uuid
 from pathlib import Path
 
+from wstrain.scheduler.agent.capacity import (
+    free_device_bytes,
+    free_host_bytes,
+    node_state,
+    running_jobs,
+)
 from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
 from wstrain.scheduler.agent.gpus import GpuCollector
 from wstrain.scheduler.agent.processes import is_running, start_ticks
 from wstrain.scheduler.agent.recovery import LIVE, fail_orphan, take_back
+from wstrain.scheduler.agent.scheduling import Rounds
 from wstrain.scheduler.agent.settings import AgentSettings
 from wstrain.scheduler.agent.supervisor import (
     WorkerHandle,
+    enforce_time_limit,
     forward_cancel,
     lose_lease,
+    preempt,
     pump,
     spawn,
 )
@@ -83,6 +92,9 @@ class Agent:
         self.profile: dict[str, float] = {}
         self.profile_key = ""
         self.exporter = AgentExporter()
+        self.rounds = Rounds(
+            store, self.name, self.agent_id, settings.policy_config(), settings.lease_s
+        )
         self.exporter.registry.register(GpuCollector(self.name))  # empty on a CPU node
         self.access = settings.access()  # what its jobs may read
         self.fatal: NodeNameTaken | None = None  # why the heartbeat stopped the agent
@@ -122,24 +134,20 @@ class Agent:
     # ------------------------------------------------------------ capacity
 
     @property
+    def devices(self) -> list[GPUInfo]:
+        """What jobs are packed onto: the GPUs, or on a CPU node the devices modelled by
+        WSTRAIN_CPU_DEVICES (host memory carved into "GPUs": the packing, preemption and
+        exclusive rules run on a CPU machine exactly as on a GPU one)."""
+        if self.gpus:
+            return self.gpus
+        return [
+            GPUInfo(index=i, name="modelled", total_bytes=int(gib * GIB), free_bytes=0)
+            for i, gib in enumerate(self.settings.cpu_devices_gib)
+        ]
+
+    @property
     def slots(self) -> int:
         return len(self.gpus) if self.gpus else self.settings.cpu_slots
-
-    def _free_gpu(self) -> int | None:
-        busy = {h.gpu for h in self.workers.values()}
-        return next((g.index for g in self.gpus if g.index not in busy), None)
-
-    def _free_bytes(self) -> tuple[int, int]:
-        host_total, _ = _host_memory()
-        reserved_host = sum(h.host_bytes for h in self.workers.values())
-        if self.gpus:
-            gpu = self._free_gpu()
-            device = 0 if gpu is None else self.gpus[gpu].total_bytes
-            return device, host_total - reserved_host
-        # On a CPU node the "device" is host memory too.
-        reserved_dev = sum(h.device_bytes for h in self.workers.values())
-        free = host_total - reserved_host - reserved_dev
-        return free, free
 
     def node(self) -> Node:
         host_total, host_free = _host_memory()
@@ -161,13 +169,13 @@ class Agent:
 
     def node_gauges(self) -> NodeGauges:
         host_total, _ = _host_memory()
-        free_dev, free_host = self._free_bytes()
-        if self.gpus:
-            busy = {h.gpu for h in self.workers.values()}
-            capacity = {f"cuda:{g.index}": g.total_bytes for g in self.gpus}
-            free = {f"cuda:{g.index}": 0 if g.index in busy else g.total_bytes for g in self.gpus}
+        handles = self.workers.values()
+        free = free_device_bytes(self.devices, host_total, handles)
+        if self.devices:
+            capacity = {f"cuda:{g.index}": g.total_bytes for g in self.devices}
         else:
-            capacity, free = {"cpu": host_total}, {"cpu": free_dev}
+            capacity = {"cpu": host_total}
+        free_host = free_host_bytes(host_total, handles, bool(self.devices))
         ceilings = {
             d: self.profile[f"{d}_bytes_per_s"]
             for d in ("h2d", "d2h", "both")
@@ -191,7 +199,7 @@ class Agent:
 
     # ------------------------------------------------------------ jobs
 
-    async def _layer_times(self, spec: JobSpec, jdir: Path) -> LayerTimes | None:
+    async def _layer_times(self, spec: JobSpec, jdir: Path, gpu: int) -> LayerTimes | None:
         """The job's layer timed on this node's GPU (ProTrain's refinement), cached per model
         shape, sequence length, precision and hardware; None on a CPU node or on failure."""
         if not self.gpus:
@@ -211,7 +219,7 @@ class Agent:
                 "--spec",
                 str(jdir / "spec.json"),
                 stdout=asyncio.subprocess.PIPE,
-                env={**os.environ, "CUDA_VISIBLE_DEVICES": str(self._free_gpu() or 0)},
+                env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)},
             )
             out, _ = await proc.communicate()
             if proc.returncode != 0:
@@ -221,9 +229,9 @@ class Agent:
             cache.write_bytes(out)
         return LayerTimes.from_json(json.loads(cache.read_text()))
 
-    async def _start(self, job_id: str) -> None:
+    async def _start(self, job_id: str, gpu: int | None, link_share: int) -> None:
         try:
-            await self._plan_and_spawn(job_id)
+            await self._plan_and_spawn(job_id, gpu, link_share)
         except LeaseLost:
             log.warning("job %s: taken over by another agent while starting", job_id)
         except Exception as exc:  # a full disk, a failed spawn: the job fails with why
@@ -241,16 +249,16 @@ class Agent:
                     error=reason,
                 )
 
-    async def _plan_and_spawn(self, job_id: str) -> None:
+    async def _plan_and_spawn(self, job_id: str, gpu: int | None, link_share: int) -> None:
         job = await self.store.get(job_id)
         jdir = job_dir(self.settings.state_dir, job_id).resolve()
         jdir.mkdir(parents=True, exist_ok=True)
         (jdir / "spec.json").write_text(job.spec.model_dump_json(indent=1))
         try:
-            layer = await self._layer_times(job.spec, jdir)
-            plan = make_plan(
-                job.spec, resolve_dims(job.spec.model), self.node_profile().with_layer(layer)
-            )
+            layer = await self._layer_times(job.spec, jdir, gpu) if gpu is not None else None
+            # packed beside other jobs, it plans with its share of the GPU's PCIe link
+            node = self.node_profile().with_link_share(link_share).with_layer(layer)
+            plan = make_plan(job.spec, resolve_dims(job.spec.model), node)
         except WstrainError as exc:
             await self.store.transition(
                 job_id,
@@ -270,6 +278,7 @@ class Agent:
                 fence=self.agent_id,
                 plan=plan.model_dump(mode="json"),
                 runtime=plan.runtime or "",
+                state_reason=None,
             )
         except LeaseLost:
             raise
@@ -282,15 +291,15 @@ class Agent:
                 fence=self.agent_id,
             )
             return
-        gpu = self._free_gpu() if self.gpus else None
+        cuda = gpu if self.gpus else None  # a CPU node's modelled devices are host memory
         proc = await spawn(
             job,
             jdir,
             self.settings.worker_threads,
-            gpu,
+            cuda,
             dict(os.environ),
             self.access,
-            measured_peak_flops=self.profile.get("matmul_flops") if gpu is not None else None,
+            measured_peak_flops=self.profile.get("matmul_flops") if cuda is not None else None,
             cpu_peak_flops=self.settings.cpu_peak_flops,
         )
         handle = WorkerHandle(
@@ -301,6 +310,7 @@ class Agent:
             gpu,
             self.exporter,
             self.agent_id,
+            retry_backoff_s=self.settings.retry_backoff_s,
         )
         self.exporter.job_started(job.model_copy(update={"plan": plan}))
         self.workers[job_id] = handle
@@ -317,23 +327,31 @@ class Agent:
         log.info("job %s: worker pid %d started (attempt %d)", job_id, proc.pid, job.attempt)
 
     async def _supervise(self, handle: WorkerHandle) -> None:
+        limit = asyncio.create_task(
+            enforce_time_limit(self.store, handle, self.settings.time_limit_grace_s)
+        )
         try:
             await pump(self.store, handle)
         finally:
+            limit.cancel()
             self.workers.pop(handle.job.id, None)
 
-    async def _claim_one(self) -> bool:
-        if len(self.workers) >= self.slots:
-            return False
-        free_dev, free_host = self._free_bytes()
-        job_id = await self.store.claim(
-            self.name, free_dev, free_host, self.agent_id, self.settings.lease_s
-        )
-        if job_id is None:
-            return False
-        log.info("job %s: claimed by %s", job_id, self.name)
-        await self._start(job_id)
-        return True
+    async def _schedule(self) -> None:
+        """A policy round (scheduler/agent/scheduling.py): charge the running jobs' usage,
+        start what the policy places here, preempt what it evicts."""
+        host_total, _ = _host_memory()
+        node = node_state(self.devices, host_total)
+        running = running_jobs(self.workers.values())
+        await self.rounds.charge(node, running)
+        # a GPU node packs by memory alone; a CPU node runs at most cpu_slots (its cores)
+        max_starts = 1 << 16 if self.devices else max(0, self.slots - len(self.workers))
+        out = await self.rounds.run(node, running, max_starts)
+        for victim, for_job in out.preempt.items():
+            if (handle := self.workers.get(victim)) is not None:
+                preempt(handle, for_job, self.settings.preempt_grace_s)
+        for c in out.claimed:
+            log.info("job %s: claimed by %s on GPU %s", c.job_id, self.name, c.gpu)
+            await self._start(c.job_id, c.gpu, c.link_share)
 
     async def _reap_orphans(self) -> None:
         """Settle live jobs no live agent holds: this node's from a previous agent process
@@ -413,8 +431,8 @@ class Agent:
             await self._reap_orphans()  # a predecessor's workers are gone before any claim
             last_reap = time.monotonic()
             while not self.stopping.is_set():
-                while not self.stopping.is_set() and await self._claim_one():
-                    pass
+                if not self.stopping.is_set():
+                    await self._schedule()
                 for handle in list(self.workers.values()):
                     await forward_cancel(self.store, handle)
                 if time.monotonic() - last_reap > self.settings.node_ttl_s:

@@ -1,6 +1,7 @@
 """Jobs no live agent supervises: what an agent does with its predecessor's on this node
 (stop the worker it left, requeue the job to resume from its checkpoint) and with a dead
-node's (fail them once their lease has expired).
+node's (once their lease has expired: retried from their checkpoint, or failed when their
+retries are spent).
 
 Used by scheduler/agent/agent.py, at start before any claim and then every node_ttl_s.
 """
@@ -11,8 +12,8 @@ import contextlib
 import logging
 import time
 
+from wstrain.scheduler.agent.outcomes import requeue, retry_or_fail
 from wstrain.scheduler.agent.processes import stop_process
-from wstrain.scheduler.agent.supervisor import requeue
 from wstrain.scheduler.contracts.errors import Conflict
 from wstrain.scheduler.contracts.jobs import Job, JobState
 from wstrain.scheduler.store import JobStore
@@ -37,25 +38,19 @@ async def take_back(store: JobStore, job: Job, node: str, agent_id: str, grace_s
     why = f"agent on {node} restarted ({how})"
     log.warning("job %s: %s", job.id, why)
     with contextlib.suppress(Conflict):  # a concurrent settle or cancel wins
-        await requeue(store, job.id, lease.agent_id, job.attempt, why)
+        await requeue(store, job, lease.agent_id, why)
 
 
 async def fail_orphan(store: JobStore, job: Job) -> None:
-    """A job of a node that stopped heartbeating fails once its lease has expired (its
-    worker there cannot be seen from here, so it is not resumed behind its back)."""
+    """A job of a node that stopped heartbeating, once its lease has expired (its worker
+    there cannot be seen from here, so it is not resumed behind its back before that): an
+    automatic retry from its last checkpoint while its retries last, else failed."""
     lease = await store.lease(job.id)
     if lease.expires_at > time.time():
         return
     reason = f"node {job.node} stopped heartbeating"
     try:
-        await store.transition(
-            job.id,
-            JobState.failed,
-            f"failed: {reason}",
-            sources=frozenset(LIVE),
-            fence=lease.agent_id,
-            error=reason + "; resume it",
-        )
+        await retry_or_fail(store, job, lease.agent_id, reason)
         log.warning("job %s: %s", job.id, reason)
     except Conflict:
         pass

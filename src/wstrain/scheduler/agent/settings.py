@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from wstrain.scheduler.settings import SharedSettings
 
@@ -36,6 +36,40 @@ class AgentSettings(SharedSettings):
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(
         default=9464, ge=0, le=65535, description="the agent's /metrics port (0: not served)"
+    )
+    cpu_devices_gib: list[float] = Field(
+        default_factory=list,
+        max_length=64,
+        description="a CPU node's modelled GPUs (GiB each) that jobs are packed onto by "
+        "their device budgets, for trying the scheduling policy without a GPU; empty: one "
+        "pool of host memory and cpu_slots jobs",
+    )
+    @field_validator("cpu_devices_gib")
+    @classmethod
+    def _devices_bounded(cls, sizes: list[float]) -> list[float]:
+        for i, gib in enumerate(sizes):
+            if not 0 < gib <= 65536:
+                raise ValueError(f"cpu_devices_gib[{i}] = {gib}: give a size in (0, 65536] GiB")
+        return sizes
+
+    retry_backoff_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="wait before a died worker's job is retried; doubles each retry, "
+        "at most 15 min",
+    )
+    time_limit_grace_s: float = Field(
+        default=300.0,
+        ge=0,
+        le=86400,
+        description="how long before a job's time limit its warning event comes",
+    )
+    preempt_grace_s: float = Field(
+        default=120.0,
+        ge=1,
+        le=3600,
+        description="how long a preempted worker gets to checkpoint before SIGKILL",
     )
     redis_retry_s: float = Field(
         default=300.0,

@@ -9,6 +9,7 @@ Used by scheduler/agent/agent.py; one `WorkerHandle` per running job.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -18,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wstrain.scheduler.agent.exporter import AgentExporter
+from wstrain.scheduler.agent.outcomes import Exit, settle_exit
 from wstrain.scheduler.contracts.access import DataAccess
-from wstrain.scheduler.contracts.errors import Conflict, LeaseLost
-from wstrain.scheduler.contracts.jobs import Job, JobState, WorkerExit, WorkerMessage
+from wstrain.scheduler.contracts.errors import LeaseLost
+from wstrain.scheduler.contracts.jobs import Job, JobState, WorkerMessage
 from wstrain.scheduler.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,10 @@ class WorkerHandle:
     error: str | None = None
     last_step: int = 0
     lease_lost: bool = False  # another agent holds the job now: write nothing more
+    timed_out: bool = False  # stopped at its time limit: ends `timeout`
+    preempted_by: str | None = None  # stopped for this job: requeued, not failed
+    retry_backoff_s: float = 30.0  # first retry's wait after a worker died; doubles
+    started_s: float = field(default_factory=time.time)  # unix s: when the worker was spawned
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None  # the agent's supervision of this worker
 
@@ -195,77 +201,71 @@ async def pump(store: JobStore, h: WorkerHandle) -> None:
 
 
 async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
-    jid = h.job.id
-    try:
-        if code == WorkerExit.succeeded:
-            await store.transition(
-                jid,
-                JobState.succeeded,
-                "training finished",
-                sources=frozenset({JobState.running, JobState.cancelling}),
-                fence=h.fence,
-            )
-        elif code == WorkerExit.cancelled and h.shutting_down and not h.cancel_sent:
-            await requeue(store, jid, h.fence, h.job.attempt, "agent shut down")
-        elif code == WorkerExit.cancelled or (h.cancel_sent and code == -signal.SIGTERM):
-            await store.transition(
-                jid,
-                JobState.cancelled,
-                f"cancelled at step {h.last_step}; checkpoint written",
-                sources=frozenset({JobState.running, JobState.cancelling}),
-                fence=h.fence,
-            )
-        else:
-            reason = h.error or _describe_exit(code)
-            await store.transition(
-                jid,
-                JobState.failed,
-                f"failed: {reason}",
-                sources=frozenset({JobState.running, JobState.cancelling}),
-                error=reason,
-                fence=h.fence,
-            )
-    except Conflict as exc:  # someone else settled it, or took the job over; keep theirs
-        log.warning("job %s: could not settle after exit %d: %s", jid, code, exc.message)
-    log.info("job %s: worker exited with %d", jid, code)
+    """The job's state after its worker exited with `code` (scheduler/agent/outcomes.py)."""
+    await settle_exit(
+        store,
+        h.job,
+        h.fence,
+        code,
+        Exit(
+            error=h.error,
+            last_step=h.last_step,
+            cancel_sent=h.cancel_sent,
+            shutting_down=h.shutting_down,
+            timed_out=h.timed_out,
+            preempted_by=h.preempted_by,
+            retry_backoff_s=h.retry_backoff_s,
+        ),
+    )
 
 
-async def requeue(store: JobStore, jid: str, fence: str, attempt: int, why: str) -> None:
-    """Put a job whose worker stopped at a checkpoint back in the queue (attempt + 1) to
-    resume there; a job the user cancelled meanwhile ends `cancelled` instead."""
-    try:
-        await store.transition(
-            jid,
-            JobState.queued,
-            f"{why}; requeued to resume from the last checkpoint",
-            sources=frozenset({JobState.planning, JobState.running}),
-            fence=fence,
-            attempt=attempt + 1,
-            node=None,
-            worker_pid=None,
-            worker_start=None,
-            lease_agent=None,
+async def enforce_time_limit(store: JobStore, h: WorkerHandle, grace_s: float) -> None:
+    """The job's `time_limit_s`, counted from this worker's start: a warning event `grace_s`
+    before it, then SIGTERM at it (the worker checkpoints at its next step boundary and
+    exits; the job ends `timeout`, resumable)."""
+    limit_s = h.job.spec.time_limit_s
+    if limit_s is None:
+        return
+    warn_in_s = max(0.0, limit_s - grace_s)
+    await asyncio.sleep(warn_in_s)
+    if h.proc.returncode is not None or h.lease_lost:
+        return
+    left_s = limit_s - warn_in_s
+    with contextlib.suppress(LeaseLost):
+        await store.report(
+            h.job.id,
+            h.fence,
+            (
+                "time_limit",
+                f"time limit {limit_s:.0f} s: checkpoint and stop in {left_s:.0f} s",
+                {"time_limit_s": limit_s, "stop_in_s": left_s},
+            ),
         )
-    except Conflict as exc:
-        if isinstance(exc, LeaseLost) or exc.detail.get("state") != JobState.cancelling.value:
-            raise
-        await store.transition(
-            jid,
-            JobState.cancelled,
-            f"cancelled ({why}); checkpoint written",
-            sources=frozenset({JobState.cancelling}),
-            fence=fence,
+    await asyncio.sleep(left_s)
+    if h.proc.returncode is None and not h.lease_lost and not h.cancel_sent:
+        h.timed_out = True
+        h.proc.send_signal(signal.SIGTERM)
+        log.info(
+            "job %s: time limit %.0f s reached; stopping pid %d", h.job.id, limit_s, h.proc.pid
         )
 
 
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        name = signal.Signals(-code).name
-        return (
-            f"worker killed by {name} (exit {code}); resume the job to continue from "
-            "its last checkpoint"
-        )
-    return f"worker exited with code {code} without reporting an error; see worker.log"
+def preempt(h: WorkerHandle, for_job: str, grace_s: float) -> None:
+    """Stop the worker to make room for `for_job`: SIGTERM (it checkpoints at its next step
+    boundary and exits; its job is requeued, not failed), SIGKILL if it has not exited
+    `grace_s` later (requeued all the same, from its last checkpoint)."""
+    if h.preempted_by or h.proc.returncode is not None:
+        return
+    h.preempted_by = for_job
+    log.info("job %s: preempted for job %s; stopping pid %d", h.job.id, for_job, h.proc.pid)
+    h.proc.send_signal(signal.SIGTERM)
+
+    def kill() -> None:
+        if h.proc.returncode is None:
+            log.warning("job %s: no checkpoint %.0f s after preemption; SIGKILL", h.job.id, grace_s)
+            h.proc.kill()
+
+    asyncio.get_running_loop().call_later(grace_s, kill)
 
 
 async def forward_cancel(store: JobStore, h: WorkerHandle) -> None:

@@ -86,6 +86,19 @@ class NodeProfile:
     def with_layer(self, layer: LayerTimes | None) -> NodeProfile:
         return replace(self, layer=layer)
 
+    def with_link_share(self, jobs: int) -> NodeProfile:
+        """The node as one of `jobs` jobs packed on one GPU sees it: the PCIe link (the
+        GPU's own, shared by every job on it) divided evenly, the device memory the same
+        (each job's budget is its allocator's hard limit)."""
+        if jobs <= 1:
+            return self
+        return replace(
+            self,
+            h2d_bytes_per_s=self.h2d_bytes_per_s / jobs,
+            d2h_bytes_per_s=self.d2h_bytes_per_s / jobs,
+            both_bytes_per_s=self.both_bytes_per_s / jobs,
+        )
+
     def attention_flops(self, seq_len: int) -> float:
         """Attention FLOP/s at seq_len: log-linear between measured lengths, clamped."""
         pts = self.attention_points

@@ -29,6 +29,7 @@ from wstrain.scheduler.contracts.calibration import GIB
 # pretraining batches at 8K tokens; 10^8 steps outlasts any run; 64 TiB outsizes any node.
 MAX_GLOBAL_BATCH = 1 << 16
 MAX_STEPS = 100_000_000
+MAX_TIME_LIMIT_S = 366 * 86400  # a year: longer is no limit, and floats past it are nonsense
 MAX_BUDGET_GIB = 65536.0
 MAX_PATH_CHARS = 4096  # Linux PATH_MAX
 # Strings anywhere in a spec longer than this are refused (a name is 128, a path 4096; a
@@ -71,9 +72,12 @@ class JobState(str, enum.Enum):  # noqa: UP042 - StrEnum changes str(); stored a
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
+    timeout = "timeout"  # ran past its time_limit_s: stopped with a checkpoint, resumable
 
 
-TERMINAL_STATES = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled})
+TERMINAL_STATES = frozenset(
+    {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timeout}
+)
 
 # Every allowed edge of the job state machine. A terminal state changes only through an
 # explicit resume (failed|cancelled -> queued), which starts a new attempt of the same job.
@@ -91,12 +95,14 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
             JobState.cancelling,
             JobState.cancelled,
             JobState.queued,
+            JobState.timeout,
         }
     ),
     JobState.cancelling: frozenset({JobState.cancelled, JobState.failed, JobState.succeeded}),
     JobState.succeeded: frozenset(),
     JobState.failed: frozenset({JobState.queued}),
     JobState.cancelled: frozenset({JobState.queued}),
+    JobState.timeout: frozenset({JobState.queued}),
 }
 
 
@@ -431,7 +437,41 @@ class JobSpec(_Strict):
         "boundary and positions restart at each document (needs a prepared token file or "
         "text data, which know their boundaries)",
     )
-    priority: int = Field(default=0, ge=-100, le=100)
+    priority: int = Field(
+        default=0,
+        ge=-100,
+        le=100,
+        description="the job's priority class: a higher class runs first and may preempt "
+        "lower ones (they checkpoint and requeue); within a class, fair share orders",
+    )
+    exclusive: bool = Field(
+        default=False, description="a whole GPU for this job: no other job is packed beside it"
+    )
+    time_limit_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TIME_LIMIT_S,
+        description="wall time of one run; past it the job checkpoints and ends `timeout` "
+        "(resumable), with a warning event WSTRAIN_TIME_LIMIT_GRACE_S before",
+    )
+    max_retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="a worker that dies (killed, OOM, a CUDA error, a lost node) is requeued "
+        "from its last checkpoint this many times, with back-off, before the job fails",
+    )
+    after: list[Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]] = Field(
+        default=[],
+        max_length=64,
+        description="ids of jobs that must succeed before this one starts",
+    )
+    group: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="a sweep's shared id (`wstrain submit --sweep` sets it)",
+    )
     overrides: PlanOverrides = PlanOverrides()
 
 
@@ -521,6 +561,12 @@ class Job(BaseModel):
     step_seconds: float | None = None
     eta_s: float | None = None
     error: str | None = None
+    state_reason: str | None = Field(
+        default=None,
+        description="why a queued job waits (quota, resources, dependency, back-off, "
+        "priority), or why it was requeued",
+    )
+    retries: int = Field(default=0, description="automatic retries after a worker died")
     node: str | None = None
     gpu: str | None = Field(default=None, description="the GPU index on its node, once running")
     worker_pid: int | None = None

@@ -57,7 +57,7 @@ class Lease:
 
 
 _OPTIONAL_FLOATS = ("epoch", "loss", "eval_loss", "tokens_per_s", "mfu", "step_seconds", "eta_s")
-_OPTIONAL_STRS = ("error", "node", "gpu", "last_checkpoint")
+_OPTIONAL_STRS = ("error", "state_reason", "node", "gpu", "last_checkpoint")
 
 
 def _encode(value: Any) -> str:
@@ -157,6 +157,12 @@ class JobStore:
             "queued_at": now,  # the queue wait is measured from here (again on a requeue)
             "model": model_label(spec.model),
             "runtime": plan.runtime or "",
+            # what the scheduling policy reads without parsing the spec
+            # (store/scheduling.py)
+            "priority": spec.priority,
+            "exclusive": spec.exclusive,
+            "after": list(spec.after),
+            "group": spec.group or "",
         }
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self.keys.job(job_id), mapping={k: _encode(v) for k, v in fields.items()})
@@ -455,6 +461,7 @@ def _job_from_hash(raw: dict[str, str], with_plan: bool = True) -> Job:
         "tokens_seen": int(raw["tokens_seen"]) if raw.get("tokens_seen") else None,
         "data_position": int(raw["data_position"]) if raw.get("data_position") else None,
         "telemetry": json.loads(raw.get("telemetry") or "{}"),
+        "retries": int(raw.get("retries") or 0),
     }
     for k in _OPTIONAL_FLOATS:
         data[k] = float(raw[k]) if raw.get(k) else None

@@ -39,8 +39,10 @@ local prefix, node, now = ARGV[1], ARGV[2], ARGV[5]
 local free_dev, free_host = tonumber(ARGV[3]), tonumber(ARGV[4])
 for _, id in ipairs(redis.call('ZRANGE', queue, 0, 99)) do
   local job = prefix .. ':job:' .. id
-  local f = redis.call('HMGET', job, 'state', 'device_bytes', 'host_bytes')
-  if f[1] == 'queued' and tonumber(f[2]) <= free_dev and tonumber(f[3]) <= free_host then
+  local f = redis.call('HMGET', job, 'state', 'device_bytes', 'host_bytes', 'not_before')
+  local ready = (tonumber(f[4] or '') or 0) <= tonumber(now)  -- a retry's back-off is over
+  if f[1] == 'queued' and ready and tonumber(f[2]) <= free_dev
+     and tonumber(f[3]) <= free_host then
     redis.call('ZREM', queue, id)
     redis.call('HSET', job, 'state', 'planning', 'node', node, 'updated_at', now,
                'lease_agent', ARGV[6], 'lease_expires_at', ARGV[7])

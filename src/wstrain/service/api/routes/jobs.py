@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs")
 
 _BEFORE_RUNNING = frozenset({JobState.queued, JobState.planning})
-_RESUMABLE = frozenset({JobState.cancelled, JobState.failed})
+_RESUMABLE = frozenset({JobState.cancelled, JobState.failed, JobState.timeout})
 
 
 @router.post("", status_code=201, response_model=Job)
@@ -132,7 +132,8 @@ async def resume(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
     job_id, who = job.id, caller.owner
     if job.state not in _RESUMABLE:
         raise Conflict(
-            f"job {job_id} is {job.state.value}; only cancelled or failed jobs can be resumed",
+            f"job {job_id} is {job.state.value}; only cancelled, failed or timed-out jobs can "
+            "be resumed",
             state=job.state.value,
         )
     where = job.last_checkpoint or "the start (no checkpoint yet)"
