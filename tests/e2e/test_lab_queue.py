@@ -100,9 +100,7 @@ def test_a_higher_class_preempts_and_the_victim_resumes_bit_exact(
         stack.stop()
 
 
-def test_a_job_over_its_owners_quota_waits_with_the_reason(
-    redis_url: str, tmp_path: Path
-) -> None:
+def test_a_job_over_its_owners_quota_waits_with_the_reason(redis_url: str, tmp_path: Path) -> None:
     quotas = {"ana": {"max_jobs": 1}}
     stack = make_stack(
         redis_url,

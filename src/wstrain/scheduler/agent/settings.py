@@ -44,6 +44,7 @@ class AgentSettings(SharedSettings):
         "their device budgets, for trying the scheduling policy without a GPU; empty: one "
         "pool of host memory and cpu_slots jobs",
     )
+
     @field_validator("cpu_devices_gib")
     @classmethod
     def _devices_bounded(cls, sizes: list[float]) -> list[float]:
