@@ -118,6 +118,9 @@ def test_a_job_over_its_owners_quota_waits_with_the_reason(redis_url: str, tmp_p
             held = wait_job(c, b, lambda j: bool(j["state_reason"]))
             assert held["state"] == "queued"
             assert held["state_reason"] == "quota: 1 of 1 jobs running"
+            queue = c.get("/v1/queue").json()  # `wstrain queue`: the order and each reason
+            assert [(j["id"], j["position"]) for j in queue["jobs"]] == [(b, 1)]
+            assert queue["jobs"][0]["state_reason"] == "quota: 1 of 1 jobs running"
             c.post(f"/v1/jobs/{a}/cancel")
             assert wait_terminal(c, b)["state"] == "succeeded"  # it ran once room was made
     finally:

@@ -171,3 +171,16 @@ def test_metrics_name_jobs_and_owners_to_an_admin_token_only(secured: Stack) -> 
     for text in (anonymous, as_user):  # counts only: no job id, no owner
         assert "wstrain_queue_depth" in text and 'wstrain_jobs{state="queued"}' in text
         assert job not in text and "alice" not in text and "wstrain_job_info" not in text
+
+
+def test_the_queue_shows_a_user_only_their_jobs_at_their_true_positions(secured: Stack) -> None:
+    with secured.client() as c:
+        bob = _submit(c, "tok-bob", "bob-queued")
+        alice = _submit(c, "tok-alice", "alice-queued")
+        mine = c.get("/v1/queue", headers=_as("tok-alice")).json()
+        everyone = c.get("/v1/queue", headers=_as("tok-root")).json()
+    assert {j["owner"] for j in mine["jobs"]} == {"alice"} and mine["total"] >= 2
+    positions = {j["id"]: j["position"] for j in everyone["jobs"]}
+    assert positions[bob] < positions[alice]  # first come, first served at equal factors
+    (entry,) = [j for j in mine["jobs"] if j["id"] == alice]
+    assert entry["position"] == positions[alice]

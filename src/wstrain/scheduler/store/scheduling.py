@@ -25,7 +25,7 @@ from wstrain.scheduler.store.job_store import JobStore
 
 _PENDING = (
     "owner", "priority", "queued_at", "created_at", "device_bytes", "host_bytes",
-    "exclusive", "after", "not_before", "state",
+    "exclusive", "after", "not_before", "state", "name", "state_reason",
 )  # fmt: skip
 _PLACED = ("owner", "priority", "device_bytes", "host_bytes", "node", "gpu", "started_at", "state")
 PLACED_STATES = (JobState.planning, JobState.running, JobState.cancelling)
@@ -109,6 +109,8 @@ class PendingRow:
     exclusive: bool
     after: tuple[str, ...]
     not_before: float  # 0: none
+    name: str = ""
+    state_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,8 @@ class SchedulingView:
                 f["exclusive"] == "True",
                 tuple(json.loads(f["after"] or "[]")),
                 float(f["not_before"] or 0.0),
+                f["name"] or "",
+                f["state_reason"] or "",
             )
             for jid, f in zip(ids, raws)
             if f["state"] == JobState.queued.value

@@ -1,8 +1,10 @@
 """The API's routes, one thin router per resource; service/app.py includes ROUTERS in order.
 
 jobs.py     /v1/jobs: submit, list, get, plan, events, cancel, resume
+logs.py     /v1/jobs/{id}/logs: the worker's log, a page or followed (Server-Sent Events)
 plans.py    /v1/plans: dry-run a spec's plan
 nodes.py    /v1/nodes and /v1/presets: what the cluster has and which models it knows
+queue.py    /v1/queue: pending jobs in the policy's order, with why each waits
 health.py   /healthz, /readyz, /metrics
 """
 
@@ -10,6 +12,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from wstrain.service.api.routes import health, jobs, nodes, plans
+from wstrain.service.api.routes import health, jobs, logs, nodes, plans, queue
 
-ROUTERS: tuple[APIRouter, ...] = (jobs.router, plans.router, nodes.router, health.router)
+ROUTERS: tuple[APIRouter, ...] = (
+    jobs.router,
+    logs.router,
+    plans.router,
+    nodes.router,
+    queue.router,
+    health.router,
+)
