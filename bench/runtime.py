@@ -255,7 +255,9 @@ def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-de
         overrides,
         precision=job_precision(name),
     )
-    node = measured_node(args.seq, dims)
+    # packed beside other jobs on one GPU (bench/pack.py): plan with a share of its link,
+    # as the agent does (NodeProfile.shared_by)
+    node = measured_node(args.seq, dims).shared_by(args.jobs_on_gpu)
     return spec, dims, make_plan(spec, dims, node), node
 
 
@@ -489,6 +491,12 @@ def main() -> None:
         help="plan with this share of the D2H link for saved activations",
     )
     p.add_argument(
+        "--jobs-on-gpu",
+        type=int,
+        default=1,
+        help="working-set rows: plan for a GPU shared by this many jobs (bench/pack.py)",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="resident and working-set rows: one extra step under the profiler",
@@ -507,6 +515,8 @@ def main() -> None:
         str(args.resident_micro_batch),
         "--link-share",
         str(args.link_share),
+        "--jobs-on-gpu",
+        str(args.jobs_on_gpu),
         *(["--profile"] if args.profile else []),
         *(["--eager-kernels"] if args.eager_kernels else []),
     ]

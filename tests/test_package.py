@@ -152,7 +152,8 @@ class Block:
 sys.meta_path.insert(0, Block())
 import wstrain.worker.main, wstrain.worker.profile.node, wstrain.worker.profile.layer
 import bench.runtime, bench.baselines, bench.bound, bench.sweep, bench.moe, bench.memprobe
-import bench.host_adamw, bench.load_rss, bench.planner, bench.timeline
+import bench.host_adamw, bench.load_rss, bench.planner, bench.timeline, bench.pack
+import bench.queue_sim
 """
     env = {**os.environ, "PYTHONPATH": f"{SRC.parent}{os.pathsep}{BENCH.parent}"}
     res = subprocess.run(

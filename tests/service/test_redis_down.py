@@ -1,6 +1,7 @@
 """The API while Redis is away: every route that needs the store answers 503 with
-Retry-After (never a 500), the liveness probe and /metrics (wstrain_redis_up 0) still answer, readiness says why not, and the
-API serves again as soon as Redis is back, without a restart.
+Retry-After (never a 500), the liveness probe and /metrics (wstrain_redis_up 0) still
+answer, readiness says why not, and the API serves again as soon as Redis is back, without
+a restart.
 
     pytest tests/service/test_redis_down.py
 """

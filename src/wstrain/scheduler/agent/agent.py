@@ -256,8 +256,8 @@ class Agent:
         (jdir / "spec.json").write_text(job.spec.model_dump_json(indent=1))
         try:
             layer = await self._layer_times(job.spec, jdir, gpu) if gpu is not None else None
-            # packed beside other jobs, it plans with its share of the GPU's PCIe link
-            node = self.node_profile().with_link_share(link_share).with_layer(layer)
+            # packed beside other jobs, it plans with its share of the GPU and its link
+            node = self.node_profile().with_layer(layer).shared_by(link_share)
             plan = make_plan(job.spec, resolve_dims(job.spec.model), node)
         except WstrainError as exc:
             await self.store.transition(

@@ -86,17 +86,30 @@ class NodeProfile:
     def with_layer(self, layer: LayerTimes | None) -> NodeProfile:
         return replace(self, layer=layer)
 
-    def with_link_share(self, jobs: int) -> NodeProfile:
-        """The node as one of `jobs` jobs packed on one GPU sees it: the PCIe link (the
-        GPU's own, shared by every job on it) divided evenly, the device memory the same
+    def shared_by(self, jobs: int) -> NodeProfile:
+        """The node as one of `jobs` jobs packed on one GPU sees it: the GPU's PCIe link and
+        its compute divided evenly (one working-set job alone keeps an H100 busy: two packed
+        ones summed 0.90x one alone, bench/RESULTS.md "Packing"), the device memory not
         (each job's budget is its allocator's hard limit)."""
         if jobs <= 1:
             return self
+        layer = self.layer
+        if layer is not None:
+            layer = replace(
+                layer,
+                forward_s=layer.forward_s * jobs,
+                backward_s=layer.backward_s * jobs,
+                attention_forward_s=layer.attention_forward_s * jobs,
+                mlp_forward_s=layer.mlp_forward_s * jobs,
+            )
         return replace(
             self,
+            matmul_flops=self.matmul_flops / jobs,
+            attention_points=tuple((s, f / jobs) for s, f in self.attention_points),
             h2d_bytes_per_s=self.h2d_bytes_per_s / jobs,
             d2h_bytes_per_s=self.d2h_bytes_per_s / jobs,
             both_bytes_per_s=self.both_bytes_per_s / jobs,
+            layer=layer,
         )
 
     def attention_flops(self, seq_len: int) -> float:

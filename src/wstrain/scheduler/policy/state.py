@@ -1,7 +1,7 @@
 """What the scheduling policy reads and what it returns: frozen values, no I/O.
 
 The agent builds these from the store each decision round and hands them to
-`policy.decide(now_s, pending, running, node, usage, config, dependencies)`:
+`policy.decide(now_s, pending, running, node, usage, config, dependencies, elsewhere)`:
 
     node = NodeState(gpus=(Gpu(0, 141 * GIB), Gpu(1, 141 * GIB)), host_bytes=2048 * GIB)
     pending = [PendingJob("0123456789ab", "ana", priority=0, submitted_s=t, device_bytes=...)]
@@ -26,6 +26,7 @@ from wstrain.scheduler.contracts.calibration import GIB
 
 # Slurm's PriorityDecayHalfLife default: last week's GPU-hours count half as much as today's.
 DEFAULT_HALF_LIFE_S = 7 * 86400.0
+DEFAULT_SHARE = 1.0  # an owner not named in PolicyConfig.shares: equal shares by default
 
 
 def gib_text(n_bytes: float) -> str:
@@ -141,9 +142,6 @@ class PolicyConfig:
 
     def share(self, owner: str) -> float:
         return self.shares.get(owner, DEFAULT_SHARE)
-
-
-DEFAULT_SHARE = 1.0
 
 
 class Start(NamedTuple):
