@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_stack, tiny_spec, wait_job, wait_terminal
+from tests.conftest import Stack, make_stack, tiny_spec, wait_job, wait_terminal
 from tests.e2e.test_faults import _assert_same_weights, _states
 
 pytestmark = pytest.mark.slow
@@ -125,3 +125,20 @@ def test_a_job_over_its_owners_quota_waits_with_the_reason(redis_url: str, tmp_p
             assert wait_terminal(c, b)["state"] == "succeeded"  # it ran once room was made
     finally:
         stack.stop()
+
+
+def test_a_dependent_job_waits_for_its_dependency_to_succeed(stack: Stack) -> None:
+    with stack.client() as c:
+        first = c.post("/v1/jobs", json=tiny_spec("dep-first", steps=300)).json()
+        then = c.post("/v1/jobs", json=tiny_spec("dep-then", steps=20, after=[first["id"]]))
+        then = then.json()
+        waiting = wait_job(c, then["id"], lambda j: bool(j["state_reason"]))
+        assert waiting["state"] == "queued"
+        assert waiting["state_reason"].startswith(f"dependency: waiting on {first['id']}")
+        done = wait_terminal(c, then["id"])
+        assert done["state"] == "succeeded"
+        first_done = c.get(f"/v1/jobs/{first['id']}").json()
+        assert first_done["state"] == "succeeded"
+        events = c.get(f"/v1/jobs/{then['id']}/events", params={"limit": 1000}).json()
+        planned_at = next(e["ts"] for e in events if e["data"].get("state") == "planning")
+        assert planned_at >= first_done["updated_at"]  # claimed only after it succeeded

@@ -184,3 +184,15 @@ def test_the_queue_shows_a_user_only_their_jobs_at_their_true_positions(secured:
     assert positions[bob] < positions[alice]  # first come, first served at equal factors
     (entry,) = [j for j in mine["jobs"] if j["id"] == alice]
     assert entry["position"] == positions[alice]
+
+
+def test_a_dependency_must_be_a_job_the_caller_may_see(secured: Stack) -> None:
+    with secured.client() as c:
+        bobs = _submit(c, "tok-bob", "bob-dep")
+        spec = tiny_spec("alice-after", after=[bobs])
+        r = c.post("/v1/jobs", json=spec, headers=_as("tok-alice"))
+        assert r.status_code == 422 and "after[0]" in r.text and bobs in r.text
+        r = c.post("/v1/jobs", json=tiny_spec("bob-after", after=[bobs]), headers=_as("tok-bob"))
+        assert r.status_code == 201 and r.json()["spec"]["after"] == [bobs]
+        r = c.post("/v1/jobs", json=tiny_spec("bad-id", after=["nope"]), headers=_as("tok-bob"))
+        assert r.status_code == 422 and "after" in r.text  # not a job id's shape

@@ -18,7 +18,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
 
-from wstrain.scheduler.contracts.errors import Conflict, NotFound
+from wstrain.scheduler.contracts.errors import Conflict, InvalidSpec, NotFound
 from wstrain.scheduler.contracts.jobs import (
     TERMINAL_STATES,
     Event,
@@ -40,6 +40,17 @@ _RESUMABLE = frozenset({JobState.cancelled, JobState.failed, JobState.timeout})
 
 @router.post("", status_code=201, response_model=Job)
 async def submit(spec: JobSpec, st: Store, planner: PlannerDep, caller: CallerDep) -> Job:
+    for i, dep in enumerate(spec.after):  # a dependency the caller may not see is unknown
+        try:
+            owner, _ = await st.get_json(dep)
+        except NotFound:
+            owner = None
+        if owner is None or not caller.may_see_owner(owner):
+            raise InvalidSpec(
+                f"after[{i}]: job {dep!r} does not exist; name jobs of yours "
+                "(GET /v1/jobs lists them)",
+                field=f"after[{i}]",
+            )
     plan = await planner.plan(spec, await st.nodes())
     job = await st.create(spec, caller.owner, plan)
     log.info("job %s: submitted by %s (%s)", job.id, caller.owner, spec.name)
