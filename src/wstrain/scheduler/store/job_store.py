@@ -318,30 +318,26 @@ class JobStore:
         return JobState(cur)
 
     async def claim(
-        self,
-        node: str,
-        free_device_bytes: int,
-        free_host_bytes: int,
-        agent_id: str = "",
-        lease_s: float = 30.0,
-    ) -> str | None:
-        """The id of the job this node claimed (now `planning`, leased to `agent_id` for
-        `lease_s`), or None."""
+        self, job_id: str, node: str, gpu: int | None, agent_id: str, lease_s: float = 30.0
+    ) -> bool:
+        """Claim the queued job `job_id` for `node` (and `gpu`): it becomes `planning`, leased
+        to `agent_id` for `lease_s`. False when it is no longer queued (another agent claimed
+        it, or it was cancelled)."""
         now = time.time()
         claimed = await self._claim(
-            keys=[self.keys.queue, self.keys.queue_wait],
+            keys=[self.keys.job(job_id), self.keys.queue_wait, self.keys.events(job_id)],
             args=[
                 self.keys.prefix,
+                job_id,
                 node,
-                free_device_bytes,
-                free_host_bytes,
+                "" if gpu is None else str(gpu),
                 now,
                 agent_id,
                 now + lease_s,
                 *QUEUE_WAIT_BUCKETS_S,
             ],
         )
-        return cast(str | None, claimed)
+        return bool(claimed)
 
     # ------------------------------------------------------------ leases
 

@@ -29,41 +29,34 @@ redis.call('XADD', events, '*', 'ts', now, 'kind', kind, 'message', msg, 'data',
 return {1, cur}
 """
 
-# Scan the queue in priority order and claim the first job whose budgets fit the node; the
-# claiming agent takes the job's lease (ARGV[6], until ARGV[7]). The job's wait since it was
-# queued goes into the queue-wait histogram (KEYS[2], a hash: cumulative bucket counts by
-# upper bound in ARGV[8..], `+Inf`, `count` and `sum`), so the count survives API restarts.
+# Claim the one job the scheduling policy chose (scheduler/policy/) if it is still queued:
+# it becomes `planning` on this node and GPU, leased to the agent (ARGV[6], until ARGV[7]),
+# and its wait since it was queued goes into the queue-wait histogram (KEYS[2], a hash:
+# cumulative bucket counts by upper bound in ARGV[8..], `+Inf`, `count` and `sum`), so the
+# count survives API restarts. Two agents can never claim one job.
 CLAIM_LUA = """
-local queue, waits = KEYS[1], KEYS[2]
-local prefix, node, now = ARGV[1], ARGV[2], ARGV[5]
-local free_dev, free_host = tonumber(ARGV[3]), tonumber(ARGV[4])
-for _, id in ipairs(redis.call('ZRANGE', queue, 0, 99)) do
-  local job = prefix .. ':job:' .. id
-  local f = redis.call('HMGET', job, 'state', 'device_bytes', 'host_bytes', 'not_before')
-  local ready = (tonumber(f[4] or '') or 0) <= tonumber(now)  -- a retry's back-off is over
-  if f[1] == 'queued' and ready and tonumber(f[2]) <= free_dev
-     and tonumber(f[3]) <= free_host then
-    redis.call('ZREM', queue, id)
-    redis.call('HSET', job, 'state', 'planning', 'node', node, 'updated_at', now,
-               'lease_agent', ARGV[6], 'lease_expires_at', ARGV[7])
-    redis.call('HDEL', job, 'worker_pid', 'worker_start')
-    redis.call('HINCRBY', job, 'rev', 1)
-    redis.call('ZREM', prefix .. ':by-state:queued', id)
-    redis.call('ZADD', prefix .. ':by-state:planning', redis.call('HGET', job, 'created_at'), id)
-    redis.call('XADD', prefix .. ':events:' .. id, '*', 'ts', now, 'kind', 'state',
-               'message', 'planning on node ' .. node, 'data', '{"state":"planning"}')
-    local since = redis.call('HGET', job, 'queued_at') or redis.call('HGET', job, 'created_at')
-    local wait = math.max(0, tonumber(now) - tonumber(since))
-    for i = 8, #ARGV do
-      if wait <= tonumber(ARGV[i]) then redis.call('HINCRBY', waits, ARGV[i], 1) end
-    end
-    redis.call('HINCRBY', waits, '+Inf', 1)
-    redis.call('HINCRBY', waits, 'count', 1)
-    redis.call('HINCRBYFLOAT', waits, 'sum', wait)
-    return id
-  end
+local job, waits, events = KEYS[1], KEYS[2], KEYS[3]
+local prefix, id, node, gpu, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+if redis.call('HGET', job, 'state') ~= 'queued' then return 0 end
+redis.call('ZREM', prefix .. ':queue', id)
+redis.call('HSET', job, 'state', 'planning', 'node', node, 'gpu', gpu, 'updated_at', now,
+           'started_at', now, 'lease_agent', ARGV[6], 'lease_expires_at', ARGV[7],
+           'state_reason', '')
+redis.call('HDEL', job, 'worker_pid', 'worker_start')
+redis.call('HINCRBY', job, 'rev', 1)
+redis.call('ZREM', prefix .. ':by-state:queued', id)
+redis.call('ZADD', prefix .. ':by-state:planning', redis.call('HGET', job, 'created_at'), id)
+redis.call('XADD', events, 'MAXLEN', '~', 10000, '*', 'ts', now, 'kind', 'state',
+           'message', 'planning on node ' .. node, 'data', '{"state":"planning"}')
+local since = redis.call('HGET', job, 'queued_at') or redis.call('HGET', job, 'created_at')
+local wait = math.max(0, tonumber(now) - tonumber(since))
+for i = 8, #ARGV do
+  if wait <= tonumber(ARGV[i]) then redis.call('HINCRBY', waits, ARGV[i], 1) end
 end
-return false
+redis.call('HINCRBY', waits, '+Inf', 1)
+redis.call('HINCRBY', waits, 'count', 1)
+redis.call('HINCRBYFLOAT', waits, 'sum', wait)
+return 1
 """
 
 # Progress from a job's worker, written only while the writing agent holds the job's lease:

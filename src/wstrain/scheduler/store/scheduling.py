@@ -15,12 +15,10 @@ decides and claims, so two agents never both start jobs against one owner's quot
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import cast
 
 from wstrain.scheduler.contracts.jobs import JobState
-from wstrain.scheduler.contracts.metrics import QUEUE_WAIT_BUCKETS_S
 from wstrain.scheduler.store.job_store import JobStore
 
 _PENDING = (
@@ -57,32 +55,6 @@ for i = 3, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], string.format('%.17g|%.17g', u, now))
 end
 return 0
-"""
-# Claim one chosen job if it is still queued: it becomes `planning` on this node and GPU,
-# leased to the agent, and its wait goes into the queue-wait histogram (as CLAIM_LUA does).
-_CLAIM_ONE_LUA = """
-local job, waits, events = KEYS[1], KEYS[2], KEYS[3]
-local prefix, id, node, gpu, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-if redis.call('HGET', job, 'state') ~= 'queued' then return 0 end
-redis.call('ZREM', prefix .. ':queue', id)
-redis.call('HSET', job, 'state', 'planning', 'node', node, 'gpu', gpu, 'updated_at', now,
-           'started_at', now, 'lease_agent', ARGV[6], 'lease_expires_at', ARGV[7],
-           'state_reason', '')
-redis.call('HDEL', job, 'worker_pid', 'worker_start')
-redis.call('HINCRBY', job, 'rev', 1)
-redis.call('ZREM', prefix .. ':by-state:queued', id)
-redis.call('ZADD', prefix .. ':by-state:planning', redis.call('HGET', job, 'created_at'), id)
-redis.call('XADD', events, 'MAXLEN', '~', 10000, '*', 'ts', now, 'kind', 'state',
-           'message', 'planning on node ' .. node, 'data', '{"state":"planning"}')
-local since = redis.call('HGET', job, 'queued_at') or redis.call('HGET', job, 'created_at')
-local wait = math.max(0, tonumber(now) - tonumber(since))
-for i = 8, #ARGV do
-  if wait <= tonumber(ARGV[i]) then redis.call('HINCRBY', waits, ARGV[i], 1) end
-end
-redis.call('HINCRBY', waits, '+Inf', 1)
-redis.call('HINCRBY', waits, 'count', 1)
-redis.call('HINCRBYFLOAT', waits, 'sum', wait)
-return 1
 """
 # Write why each queued job waits, only while it is still queued (ARGV: id, reason pairs).
 _REASONS_LUA = """
@@ -132,7 +104,6 @@ class SchedulingView:
         self._acquire = self.redis.register_script(_ACQUIRE_LUA)
         self._release = self.redis.register_script(_RELEASE_LUA)
         self._add_usage = self.redis.register_script(_ADD_USAGE_LUA)
-        self._claim_one = self.redis.register_script(_CLAIM_ONE_LUA)
         self._reasons = self.redis.register_script(_REASONS_LUA)
 
     @property
@@ -221,22 +192,7 @@ class SchedulingView:
     async def claim_one(
         self, job_id: str, node: str, gpu: int | None, agent_id: str, lease_s: float
     ) -> bool:
-        now = time.time()
-        return bool(
-            await self._claim_one(
-                keys=[self.keys.job(job_id), self.keys.queue_wait, self.keys.events(job_id)],
-                args=[
-                    self.keys.prefix,
-                    job_id,
-                    node,
-                    "" if gpu is None else str(gpu),
-                    now,
-                    agent_id,
-                    now + lease_s,
-                    *QUEUE_WAIT_BUCKETS_S,
-                ],
-            )
-        )
+        return await self.store.claim(job_id, node, gpu, agent_id, lease_s)
 
     async def set_reasons(self, reasons: dict[str, str]) -> None:
         if reasons:
