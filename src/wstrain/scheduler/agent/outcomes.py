@@ -92,22 +92,15 @@ async def retry_or_fail(
         wait_s = min(backoff_s * 2**job.retries, MAX_BACKOFF_S)
         reason = f"retry {n} of {job.spec.max_retries} after: {cause}"
         try:
-            await store.transition(
-                job.id,
-                JobState.queued,
+            await _to_queue(
+                store,
+                job,
+                fence,
                 f"{reason}; requeued to resume from the last checkpoint in {wait_s:.0f} s",
-                sources=frozenset({JobState.planning, JobState.running}),
-                fence=fence,
-                attempt=job.attempt + 1,
                 retries=n,
                 not_before=time.time() + wait_s,
                 state_reason=f"back-off: {reason}",
                 error=cause,
-                node=None,
-                gpu=None,
-                worker_pid=None,
-                worker_start=None,
-                lease_agent=None,
             )
             log.warning("job %s: %s (back-off %.0f s)", job.id, reason, wait_s)
             return
@@ -131,19 +124,12 @@ async def requeue(
     """Put a job whose worker stopped at a checkpoint back in the queue (attempt + 1) to
     resume there; a job the user cancelled meanwhile ends `cancelled` instead."""
     try:
-        await store.transition(
-            job.id,
-            JobState.queued,
+        await _to_queue(
+            store,
+            job,
+            fence,
             f"{reason or why}; requeued to resume from the last checkpoint",
-            sources=frozenset({JobState.planning, JobState.running}),
-            fence=fence,
-            attempt=job.attempt + 1,
             state_reason=why,
-            node=None,
-            gpu=None,
-            worker_pid=None,
-            worker_start=None,
-            lease_agent=None,
         )
     except Conflict as exc:
         if isinstance(exc, LeaseLost) or exc.detail.get("state") != JobState.cancelling.value:
@@ -155,6 +141,24 @@ async def requeue(
             sources=frozenset({JobState.cancelling}),
             fence=fence,
         )
+
+
+async def _to_queue(store: JobStore, job: Job, fence: str, message: str, **fields: object) -> None:
+    """A live job back to the queue as its next attempt, its placement and worker cleared."""
+    await store.transition(
+        job.id,
+        JobState.queued,
+        message,
+        sources=frozenset({JobState.planning, JobState.running}),
+        fence=fence,
+        attempt=job.attempt + 1,
+        node=None,
+        gpu=None,
+        worker_pid=None,
+        worker_start=None,
+        lease_agent=None,
+        **fields,
+    )
 
 
 def describe_exit(code: int) -> str:
