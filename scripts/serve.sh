@@ -7,8 +7,9 @@
 #   bash scripts/serve.sh [--port 8000]
 set -euo pipefail
 # The repo root is the server's working directory: the data roots default to "." (the API
-# process's CWD), so the examples' relative data paths (examples/data/...) resolve there, and
-# the default state dir is ./wstrain-state (ignored by git).
+# process's CWD), so the examples' data (examples/data/..., which `wstrain submit` resolves
+# against the spec file's directory) is readable, and the default state dir is
+# ./wstrain-state (ignored by git).
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh serve
 

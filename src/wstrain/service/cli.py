@@ -1,115 +1,48 @@
 """The `wstrain` command line.
 
     wstrain serve [--host 127.0.0.1] [--port 8000] [--state-dir DIR] [--metrics-port 9464]
-    wstrain submit SPEC.yaml [--follow]     wstrain ls [--state S]     wstrain status ID
-    wstrain cancel ID    wstrain resume ID    wstrain plan SPEC.yaml    wstrain presets
-    wstrain report ID [-o report-ID.html]   # one HTML page of plots, from the job's events
+    wstrain submit SPEC.yaml [--follow] [--sweep KEY=V1,V2 ...]    wstrain plan SPEC.yaml
+    wstrain ls [--state S] [--json]    wstrain status ID [--json]    wstrain queue
+    wstrain watch ID     wstrain logs [-f] ID     wstrain cancel ID     wstrain resume ID
+    wstrain presets      wstrain report ID [-o report-ID.html]     wstrain prepare IN OUT
 
-Client commands talk to --server or $WSTRAIN_URL (default http://127.0.0.1:8000) and send
-$WSTRAIN_TOKEN as the bearer token when it is set. Errors print the server's message and
-exit 1; a spec file that does not parse exits 2.
+Client commands talk to the server named by --server, else $WSTRAIN_URL, else `server =`
+in the config file ($WSTRAIN_CONFIG or ~/.config/wstrain/config.toml), else
+http://127.0.0.1:8000, and send the bearer token found the same way (--token,
+$WSTRAIN_TOKEN, `token =`); --server and --token go before or after the subcommand
+(cli_client.py). Errors print the server's message and exit 1; a spec file or --sweep that
+cannot be used exits 2; Ctrl-C exits 130, but 0 in `watch`, `submit --follow` (the job keeps
+running) and `logs -f`.
+
+The commands live beside this module: cli_spec.py (spec files, paths, sweeps), cli_watch.py
+(watch, logs), cli_tables.py (ls, status, queue).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.jobs import TERMINAL_STATES, JobState
+from wstrain.scheduler.contracts.jobs import JobState
+from wstrain.service import cli_tables, cli_watch
+from wstrain.service.cli_client import CliError, call, client, resolve
+from wstrain.service.cli_spec import (
+    MAX_SWEEP_POINTS,
+    load_spec,
+    parse_sweeps,
+    submit_sweep,
+    sweep_specs,
+    usage_error,
+)
 
 log = logging.getLogger(__name__)
-
-
-class CliError(Exception):
-    pass
-
-
-def _client(args: argparse.Namespace) -> httpx.Client:
-    headers = {}
-    if token := os.environ.get("WSTRAIN_TOKEN"):
-        headers["Authorization"] = f"Bearer {token}"
-    return httpx.Client(base_url=args.server, headers=headers, timeout=30.0)
-
-
-def _call(client: httpx.Client, method: str, path: str, **kw: Any) -> Any:
-    try:
-        resp = client.request(method, path, **kw)
-    except httpx.HTTPError as exc:
-        raise CliError(
-            f"cannot reach the wstrain server at {client.base_url}: {exc}; start "
-            "it with `wstrain serve` or set --server / WSTRAIN_URL"
-        ) from exc
-    if resp.status_code >= 400:
-        try:
-            body = resp.json()
-        except ValueError:
-            body = {"detail": resp.text}
-        detail = body.get("detail", body)
-        if isinstance(detail, list):  # pydantic field errors
-            detail = "; ".join(
-                f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in detail
-            )
-        extra = f" (minimum budget: {body['min_budget']})" if "min_budget" in body else ""
-        raise CliError(f"{resp.status_code}: {detail}{extra}")
-    return resp.json()
-
-
-def _spec_error(message: str) -> SystemExit:
-    print(f"wstrain: {message}", file=sys.stderr)
-    return SystemExit(2)
-
-
-def _load_spec(path: str) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise _spec_error(f"cannot read spec {path}: {exc}") from exc
-    try:
-        spec = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise _spec_error(f"{path} is not valid YAML/JSON: {exc}") from exc
-    if not isinstance(spec, dict):
-        raise _spec_error(f"{path} must hold a mapping (a JobSpec), not {type(spec).__name__}")
-    return spec
-
-
-def _fmt(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.{digits}g}" if isinstance(v, float) else str(v)
-
-
-def _print_job(job: dict[str, Any]) -> None:
-    rows = [
-        ("id", job["id"]),
-        ("name", job["name"]),
-        ("state", job["state"]),
-        ("step", f"{job['step']}/{job['steps']}"),
-        ("loss", _fmt(job["loss"])),
-        ("eval_loss", _fmt(job.get("eval_loss"))),
-        ("epoch", _fmt(job.get("epoch"))),
-        ("tokens", _fmt(job.get("tokens_seen"))),
-        ("data pos", _fmt(job.get("data_position"))),
-        ("tokens/s", _fmt(job["tokens_per_s"])),
-        ("mfu", _fmt(job["mfu"])),
-        ("eta_s", _fmt(job["eta_s"])),
-        ("attempt", job["attempt"]),
-        ("node", _fmt(job["node"])),
-        ("checkpoint", _fmt(job["last_checkpoint"])),
-        ("error", _fmt(job["error"])),
-    ]
-    for k, v in rows:
-        print(f"{k:>11}  {v}")
 
 
 def _print_plan(plan: dict[str, Any]) -> None:
@@ -154,27 +87,11 @@ def _print_presets(presets: list[dict[str, Any]]) -> None:
         )
 
 
-def _follow(client: httpx.Client, job_id: str, poll_s: float = 1.0) -> int:
-    after = None
-    while True:
-        params: dict[str, str] = {"after": after} if after else {}
-        for ev in _call(client, "GET", f"/v1/jobs/{job_id}/events", params=params):
-            print(
-                f"{time.strftime('%H:%M:%S', time.localtime(ev['ts']))} {ev['kind']:<10} "
-                f"{ev['message']}"
-            )
-            after = ev["id"]
-        job = _call(client, "GET", f"/v1/jobs/{job_id}")
-        if JobState(job["state"]) in TERMINAL_STATES:
-            return 0 if job["state"] == JobState.succeeded.value else 1
-        time.sleep(poll_s)
-
-
 def _report(client: httpx.Client, job_id: str, out: str | None) -> None:
     from wstrain.service import report  # matplotlib: only for this command (0.3 s to import)
 
     job, events = report.fetch(
-        lambda path, params: _call(client, "GET", path, params=params), job_id
+        lambda path, params: call(client, "GET", path, params=params), job_id
     )
     page = report.render(job, events)
     out = out or f"report-{job['id']}.html"  # the id the API knows, never a path
@@ -188,44 +105,100 @@ def _report(client: httpx.Client, job_id: str, out: str | None) -> None:
     )
 
 
+def _submit(c: httpx.Client, args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    if args.sweep:
+        if args.follow:
+            raise usage_error("--follow watches one job; submit the sweep, then watch its jobs")
+        specs = sweep_specs(spec, parse_sweeps(args.sweep))
+        ids = submit_sweep(c, specs)
+        print("\n".join(ids))
+        print(
+            f"wstrain: sweep {specs[0]['group']}: {len(ids)} jobs, {specs[0]['name']} to "
+            f"{specs[-1]['name']}; `wstrain status ID` or `wstrain watch ID` each",
+            file=sys.stderr,
+        )
+        return 0
+    job = call(c, "POST", "/v1/jobs", json=spec)
+    print(job["id"], flush=True)
+    return cli_watch.watch(c, job["id"]) if args.follow else 0
+
+
 def _run_client(args: argparse.Namespace) -> int:
-    with _client(args) as c:
+    conn = resolve(getattr(args, "server", None), getattr(args, "token", None))
+    with client(conn) as c:
         if args.cmd == "submit":
-            job = _call(c, "POST", "/v1/jobs", json=_load_spec(args.spec))
-            print(job["id"])
-            return _follow(c, job["id"]) if args.follow else 0
+            return _submit(c, args)
+        if args.cmd == "watch":
+            return cli_watch.watch(c, args.id)
+        if args.cmd == "logs":
+            return cli_watch.logs(c, args.id, args.follow)
+        if args.cmd == "ls":
+            return cli_tables.ls(c, args.state, args.owner, args.limit, args.json)
+        if args.cmd == "status":
+            return cli_tables.status(c, args.id, args.json)
+        if args.cmd == "queue":
+            return cli_tables.queue(c, args.json)
         if args.cmd == "plan":
-            _print_plan(_call(c, "POST", "/v1/plans", json=_load_spec(args.spec)))
-        elif args.cmd == "ls":
-            params = {k: v for k, v in (("state", args.state), ("owner", args.owner)) if v}
-            listing = _call(c, "GET", "/v1/jobs", params=params)
-            print(f"{'id':<13} {'state':<11} {'step':>11} {'loss':>8}  name")
-            for j in listing["jobs"]:
-                print(
-                    f"{j['id']:<13} {j['state']:<11} {str(j['step']) + '/' + str(j['steps']):>11}"
-                    f" {_fmt(j['loss']):>8}  {j['name']}"
-                )
-        elif args.cmd == "status":
-            job = _call(c, "GET", f"/v1/jobs/{args.id}")
-            if args.json:
-                print(json.dumps(job, indent=1))
-            else:
-                _print_job(job)
+            _print_plan(call(c, "POST", "/v1/plans", json=load_spec(args.spec)))
         elif args.cmd == "presets":
-            _print_presets(_call(c, "GET", "/v1/presets")["presets"])
+            _print_presets(call(c, "GET", "/v1/presets")["presets"])
         elif args.cmd == "report":
             _report(c, args.id, args.out)
         elif args.cmd in ("cancel", "resume"):
-            job = _call(c, "POST", f"/v1/jobs/{args.id}/{args.cmd}")
+            job = call(c, "POST", f"/v1/jobs/{args.id}/{args.cmd}")
             print(f"{job['id']} {job['state']}")
     return 0
 
 
+def _connection_options() -> argparse.ArgumentParser:
+    """--server and --token, on the main parser and every subcommand: SUPPRESS leaves an
+    option a parser did not see unset, so `wstrain --server A ls --server B` means B."""
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("server")
+    g.add_argument(
+        "--server",
+        default=argparse.SUPPRESS,
+        help="the API's URL (else $WSTRAIN_URL, the config file's `server`, http://127.0.0.1:8000)",
+    )
+    g.add_argument(
+        "--token",
+        default=argparse.SUPPRESS,
+        help="bearer token (else $WSTRAIN_TOKEN, the config file's `token`); other users "
+        "of the host can read a flag in `ps`, prefer the file (chmod 600) or the variable",
+    )
+    return common
+
+
+def _page_size(text: str) -> int:
+    """--limit: GET /v1/jobs answers at most 500 jobs a page."""
+    if not text.isdigit() or not 1 <= int(text) <= 500:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of jobs from 1 to 500")
+    return int(text)
+
+
+SPEC_PATHS_HELP = (
+    "relative model.path, data.path and data.tokenizer in the spec are taken from the "
+    "spec file's directory and sent as absolute paths"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="wstrain", description="wstrain training service")
-    p.add_argument("--server", default=os.environ.get("WSTRAIN_URL", "http://127.0.0.1:8000"))
+    common = _connection_options()
+    p = argparse.ArgumentParser(
+        prog="wstrain",
+        description="wstrain training service",
+        parents=[common],
+        epilog="config file: $WSTRAIN_CONFIG or ~/.config/wstrain/config.toml, TOML with "
+        "server = ... and token = ...; a flag wins over the environment, which wins over "
+        "the file",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("serve", help="run the API, one scheduler agent and (if needed) Redis")
+
+    def cmd(name: str, help: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[common], **kw)
+
+    s = cmd("serve", "run the API, one scheduler agent and (if needed) Redis")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--state-dir", type=Path, default=Path("wstrain-state"))
@@ -235,25 +208,49 @@ def build_parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("WSTRAIN_METRICS_PORT", "9464")),
         help="port of the agent's /metrics (job series), on --host",
     )
-    s = sub.add_parser("submit", help="submit a job spec (YAML or JSON)")
-    s.add_argument("spec")
-    s.add_argument("--follow", action="store_true", help="stream events until the job ends")
-    sub.add_parser("plan", help="show the plan a spec would get").add_argument("spec")
-    s = sub.add_parser("ls", help="list jobs")
+    s = cmd("submit", "submit a job spec (YAML or JSON)")
+    s.add_argument("spec", help="the JobSpec file; " + SPEC_PATHS_HELP)
+    s.add_argument(
+        "--follow",
+        action="store_true",
+        help="show a live progress bar until the job ends (Ctrl-C detaches; the job runs on)",
+    )
+    s.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="one job per point of the product of every --sweep (dotted KEY into the spec, "
+        f"values read as YAML), named NAME-i, one shared group; at most {MAX_SWEEP_POINTS}",
+    )
+    s = cmd("plan", "show the plan a spec would get")
+    s.add_argument("spec", help="the JobSpec file; " + SPEC_PATHS_HELP)
+    s = cmd("ls", "list jobs, newest first")
     s.add_argument("--state", choices=[st.value for st in JobState])
     s.add_argument("--owner")
-    s = sub.add_parser("status", help="show one job")
+    s.add_argument("--limit", type=_page_size, default=50, help="jobs shown, 1..500 (50)")
+    s.add_argument("--json", action="store_true", help="the server's JSON")
+    s = cmd("status", "show one job")
     s.add_argument("id")
-    s.add_argument("--json", action="store_true")
-    sub.add_parser("cancel", help="cancel a job (checkpoint, then stop)").add_argument("id")
-    sub.add_parser("resume", help="resume a cancelled/failed job").add_argument("id")
-    sub.add_parser("presets", help="list model presets: sizes, experts, training state")
-    s = sub.add_parser("report", help="write one self-contained HTML page of a job's plots")
+    s.add_argument("--json", action="store_true", help="the server's JSON")
+    cmd("queue", "pending jobs in the order they will run, and why each waits").add_argument(
+        "--json", action="store_true", help="the server's JSON"
+    )
+    cmd("watch", "a live progress bar until the job ends (Ctrl-C detaches)").add_argument("id")
+    s = cmd("logs", "print a job's worker log")
+    s.add_argument("id")
+    s.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new lines until the job ends"
+    )
+    cmd("cancel", "cancel a job (checkpoint, then stop)").add_argument("id")
+    cmd("resume", "resume a cancelled/failed job").add_argument("id")
+    cmd("presets", "list model presets: sizes, experts, training state")
+    s = cmd("report", "write one self-contained HTML page of a job's plots")
     s.add_argument("id")
     s.add_argument("-o", "--out", help="the HTML file to write (default: report-ID.html)")
-    s = sub.add_parser(
+    s = cmd(
         "prepare",
-        help="tokenize text/JSONL/Parquet/datasets dir into a token file (all cores, resumable)",
+        "tokenize text/JSONL/Parquet/datasets dir into a token file (all cores, resumable)",
     )
     s.add_argument("input", help="a .txt, .jsonl or .parquet file, or a datasets save_to_disk dir")
     s.add_argument("out", help="the token file to write, NAME.bin (NAME.idx, NAME.json beside)")
@@ -288,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the output
+    for noisy in ("httpx", "httpcore"):  # a line per request would drown the output
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.cmd == "serve":
         from wstrain.service.serve import serve  # uvicorn and process management only when serving
 
@@ -298,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"wstrain: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130  # 128 + SIGINT, as a shell reports it
+    except BrokenPipeError:  # `wstrain logs ID | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

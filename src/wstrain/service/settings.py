@@ -12,6 +12,9 @@
     WSTRAIN_METRICS_LEASE_S           how long one replica stays the store-wide exporter (30)
     WSTRAIN_METRICS_ENDED_WINDOW_S    how long an ended job stays in wstrain_job_info (86400)
     WSTRAIN_METRICS_MAX_JOBS          most jobs in wstrain_job_info, newest first (10000)
+    WSTRAIN_LOG_FOLLOWERS_MAX         concurrent `logs?follow=true` streams per API process;
+                                      more: 429 (64)
+    WSTRAIN_LOG_KEEPALIVE_S           a comment line this often on a quiet log stream (15)
 
 Read them with `ServiceSettings()`; `wstrain-api` (app.main) does, once.
 """
@@ -59,6 +62,12 @@ class ServiceSettings(SharedSettings):
     # the queue table), and at most metrics_max_jobs jobs are exported, newest first
     metrics_ended_window_s: float = Field(default=86400.0, ge=0, le=30 * 86400)
     metrics_max_jobs: int = Field(default=10000, ge=1, le=100000)
+    # Each follower of a job's log holds a Redis connection in XREAD BLOCK and a socket;
+    # 64 per process is far more people than watch one lab's jobs at once, and bounds both.
+    log_followers_max: int = Field(default=64, ge=1, le=10000)
+    # Proxies and load balancers cut idle connections after 30-60 s (nginx: 60 s); a comment
+    # every 15 s keeps a quiet log stream open through them.
+    log_keepalive_s: float = Field(default=15.0, ge=0.05, le=300)
 
     def grant(self, token: str) -> TokenGrant | None:
         """The grant of a bearer token, None for an unknown one."""

@@ -35,6 +35,7 @@ from wstrain.scheduler.agent.capacity import (
 )
 from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
 from wstrain.scheduler.agent.gpus import GpuCollector
+from wstrain.scheduler.agent.logship import ship_worker_log
 from wstrain.scheduler.agent.processes import is_running, start_ticks
 from wstrain.scheduler.agent.recovery import LIVE, fail_orphan, take_back
 from wstrain.scheduler.agent.scheduling import Rounds
@@ -302,6 +303,7 @@ class Agent:
             measured_peak_flops=self.profile.get("matmul_flops") if cuda is not None else None,
             cpu_peak_flops=self.settings.cpu_peak_flops,
         )
+        ship_worker_log(self.store, job, jdir / "worker.log", proc)  # until the worker exits
         handle = WorkerHandle(
             job,
             proc,
