@@ -6,10 +6,11 @@ packed pair plans with half the GPU and half its link each (NodeProfile.shared_b
 agent plans a job placed beside another. Reports each job's tokens/s, their sum, and the
 sum over the lone job's.
 
-    python -m bench.pack --layers 8 --out bench/results/pack.json
+    python -m bench.pack --layers 16 --global-batch 16 --out bench/results/pack.json
 
-A lent machine has 128 GiB of host memory: two 16-layer jobs need ~80 GiB each, so the
-measured pair uses fewer layers (--layers) and says so in its rows.
+A lent machine has 125 GiB of host memory: two 16-layer jobs at 32 sequences a step need
+~67 GiB each, so the measured pair trains 16 sequences a step (--global-batch), which each
+row records.
 """
 
 from __future__ import annotations

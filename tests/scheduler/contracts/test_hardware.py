@@ -1,6 +1,6 @@
 """A node as one of several jobs packed on one GPU sees it: half the link and half the
 compute each for two, so the planner predicts a packed job's step about twice as long (two
-working-set jobs on one H100 summed 0.90x one alone: bench/RESULTS.md, "Packing")."""
+working-set jobs on one H100 summed 1.01x one alone: bench/RESULTS.md, "Packing")."""
 
 from __future__ import annotations
 

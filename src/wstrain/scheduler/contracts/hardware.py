@@ -89,7 +89,7 @@ class NodeProfile:
     def shared_by(self, jobs: int) -> NodeProfile:
         """The node as one of `jobs` jobs packed on one GPU sees it: the GPU's PCIe link and
         its compute divided evenly (one working-set job alone keeps an H100 busy: two packed
-        ones summed 0.90x one alone, bench/RESULTS.md "Packing"), the device memory not
+        ones summed 1.01x one alone, bench/RESULTS.md "Packing"), the device memory not
         (each job's budget is its allocator's hard limit)."""
         if jobs <= 1:
             return self
