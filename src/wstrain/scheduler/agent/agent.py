@@ -1,6 +1,8 @@
-"""The scheduler agent: one per GPU host. Profiles the host, heartbeats it into Redis, claims
-queued jobs whose budgets fit a free device, plans them, launches one worker per job and
-supervises it; fails the jobs of nodes that stopped heartbeating.
+"""The scheduler agent: one per GPU host. Profiles the host (agent/hardware.py), heartbeats
+it into Redis, runs a scheduling round each heartbeat (agent/scheduling.py: the policy
+packs jobs onto its GPUs by their budgets, preempts, explains every wait), plans what it
+claimed, launches one worker per job and supervises it (agent/supervisor.py,
+agent/outcomes.py); retries or fails the jobs of nodes that stopped heartbeating.
 
 Each job it claims is leased to this agent (its id, renewed with every heartbeat) and every
 write about it is fenced by that lease. A restarted agent first stops the workers its
@@ -15,9 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import hashlib
-import json
 import logging
 import os
 import signal
@@ -35,6 +34,7 @@ from wstrain.scheduler.agent.capacity import (
 )
 from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
 from wstrain.scheduler.agent.gpus import GpuCollector
+from wstrain.scheduler.agent.hardware import host_memory, layer_times, measure_node
 from wstrain.scheduler.agent.logship import ship_worker_log
 from wstrain.scheduler.agent.processes import is_running, start_ticks
 from wstrain.scheduler.agent.recovery import LIVE, fail_orphan, take_back
@@ -72,15 +72,6 @@ class NodeNameTaken(SystemExit):
         )
 
 
-def _host_memory() -> tuple[int, int]:
-    info = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, value = line.split(":", 1)
-            info[key] = int(value.split()[0]) * 1024
-    return info["MemTotal"], info["MemAvailable"]
-
-
 class Agent:
     def __init__(self, settings: AgentSettings, store: JobStore) -> None:
         self.settings, self.store = settings, store
@@ -103,22 +94,8 @@ class Agent:
         self.replacing = ""  # the id of a dead predecessor whose node record we may replace
 
     async def _measure(self) -> None:
-        cache = ["--cache-dir", str(self.settings.state_dir / "profiles")]
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "wstrain.worker.profile.node",
-            *(cache if self.settings.profile_cache else []),
-            stdout=asyncio.subprocess.PIPE,
-        )
-        out, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"hardware profiling failed with exit {proc.returncode}")
-        measured = json.loads(out)
-        self.device = measured["device"]
-        self.gpus = [GPUInfo(**g) for g in measured["gpus"]]
-        self.profile = measured["profile"]
-        self.profile_key = measured["key"]
+        m = await measure_node(self.settings.state_dir, self.settings.profile_cache)
+        self.device, self.gpus, self.profile, self.profile_key = m.device, m.gpus, m.profile, m.key
         log.info(
             "node %s: %s, %d GPU(s), matmul %.3g TFLOP/s, H2D %.3g GB/s, D2H %.3g GB/s "
             "(profile %s%s)",
@@ -128,8 +105,8 @@ class Agent:
             self.profile["matmul_flops"] / 1e12,
             self.profile["h2d_bytes_per_s"] / 1e9,
             self.profile["d2h_bytes_per_s"] / 1e9,
-            measured["key"],
-            ", cached" if measured.get("cached") else "",
+            self.profile_key,
+            ", cached" if m.cached else "",
         )
 
     # ------------------------------------------------------------ capacity
@@ -151,7 +128,7 @@ class Agent:
         return len(self.gpus) if self.gpus else self.settings.cpu_slots
 
     def node(self) -> Node:
-        host_total, host_free = _host_memory()
+        host_total, host_free = host_memory()
         return Node(
             name=self.name,
             device=self.device,
@@ -169,7 +146,7 @@ class Agent:
         )
 
     def node_gauges(self) -> NodeGauges:
-        host_total, _ = _host_memory()
+        host_total, _ = host_memory()
         handles = self.workers.values()
         free = free_device_bytes(self.devices, host_total, handles)
         if self.devices:
@@ -194,41 +171,16 @@ class Agent:
         )
 
     def node_profile(self) -> NodeProfile:
-        host_total, _ = _host_memory()
+        host_total, _ = host_memory()
         dev_total = max((g.total_bytes for g in self.gpus), default=host_total)
         return NodeProfile.from_profile(self.device, self.profile, dev_total, host_total)
 
     # ------------------------------------------------------------ jobs
 
     async def _layer_times(self, spec: JobSpec, jdir: Path, gpu: int) -> LayerTimes | None:
-        """The job's layer timed on this node's GPU (ProTrain's refinement), cached per model
-        shape, sequence length, precision and hardware; None on a CPU node or on failure."""
         if not self.gpus:
             return None
-        dims = resolve_dims(spec.model)
-        key = hashlib.sha256(
-            json.dumps(
-                [dataclasses.asdict(dims), spec.seq_len, spec.precision, self.profile_key]
-            ).encode()
-        )
-        cache = self.settings.state_dir / "profiles" / "layers" / f"{key.hexdigest()[:16]}.json"
-        if not cache.exists():
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "wstrain.worker.profile.layer",
-                "--spec",
-                str(jdir / "spec.json"),
-                stdout=asyncio.subprocess.PIPE,
-                env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)},
-            )
-            out, _ = await proc.communicate()
-            if proc.returncode != 0:
-                log.warning("layer profile failed (exit %s); planning from FLOPs", proc.returncode)
-                return None
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_bytes(out)
-        return LayerTimes.from_json(json.loads(cache.read_text()))
+        return await layer_times(self.settings.state_dir, self.profile_key, spec, jdir, gpu)
 
     async def _start(self, job_id: str, gpu: int | None, link_share: int) -> None:
         try:
@@ -341,7 +293,7 @@ class Agent:
     async def _schedule(self) -> None:
         """A policy round (scheduler/agent/scheduling.py): charge the running jobs' usage,
         start what the policy places here, preempt what it evicts."""
-        host_total, _ = _host_memory()
+        host_total, _ = host_memory()
         node = node_state(self.devices, host_total)
         running = running_jobs(self.workers.values())
         await self.rounds.charge(node, running)
@@ -501,7 +453,7 @@ def main() -> None:
         settings.node_name,
         settings.redis_url,
         settings.state_dir,
-        _host_memory()[0] / GIB,
+        host_memory()[0] / GIB,
     )
     asyncio.run(_amain(settings))
 
