@@ -308,7 +308,9 @@ def test_chunked_attention_random_shapes(
     ref = _grads(lambda q, k, v: causal_attention(q, k, v, mask), q, k, v, do)
     got = _grads(lambda q, k, v: chunked_causal_attention(q, k, v, chunk, seg), q, k, v, do)
     for name, a, c in zip(("out", "dq", "dk", "dv"), got, ref):
-        assert rel_err(a, c) < 1e-5, name
+        # a token alone in its document has dq exactly 0 here, SDPA's is rounding noise
+        # (1e-8): relative error is then meaningless
+        assert rel_err(a, c) < 1e-5 or (a - c).abs().max() < 1e-6, name
 
 
 @settings(max_examples=25, deadline=None)

@@ -51,6 +51,10 @@ PROCESS_BYTES: Final = {"cuda": int(5.5 * GIB), "cpu": 768 * MIB}
 # Checkpoints are written one safetensors shard at a time, each copied out of the training
 # state only while it is written: this bounds the host memory a save adds.
 CHECKPOINT_SHARD_BYTES: Final = GIB
+# Keys per call of a long sequence's attention backward (worker/ops/prefix_attn.py): FA2's
+# backward expands grouped K/V gradients to every query head (bf16, 2 x keys x H x hd), 4
+# GiB each at 512K for Llama-8B; in blocks of 64K keys that is 1 GiB in all.
+ATTENTION_KEY_BLOCK_TOKENS: Final = 65536
 # Saved activations in flight to the host at most (the D2H write buffer): a forward that
 # would exceed it waits for the oldest copy.
 WRITE_BUFFER_BYTES: Final = GIB

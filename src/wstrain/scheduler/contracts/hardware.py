@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Final, Literal
 
 from wstrain.scheduler.contracts.calibration import GIB
 
@@ -144,3 +144,18 @@ H200 = NodeProfile(
 )
 # AdaWS's H100 (§4.1): 989 TFLOP/s peak, PCIe 5 at ~64 GB/s, 512 GiB host.
 H100_ADAWS = NodeProfile("cuda", 989e12, 4.1e9, 80 * GIB, 512 * GIB, 64e9, 64e9, 64e9)
+
+
+# The kernels a long-context piece's attention can run (worker/ops/prefix_attn.py): FA2
+# through aten's flash op, whose causal mask aligns bottom-right when queries are fewer than
+# keys; else the exact fp32 reference that merges prefix and diagonal by log-sum-exp.
+FLASH_LOWER_RIGHT: Final = "flash2-lower-right"
+REFERENCE_LSE_MERGE: Final = "reference-lse-merge"
+
+
+def piece_attention_kernel(device: str, precision: str, documents: bool) -> str:
+    """The kernel a piece's attention runs on `device` ("cuda"/"cpu") at JobSpec precision
+    `precision` (flash takes 16-bit inputs only), with or without document masks."""
+    if device == "cuda" and precision != "fp32" and not documents:
+        return FLASH_LOWER_RIGHT
+    return REFERENCE_LSE_MERGE

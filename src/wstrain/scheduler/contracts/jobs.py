@@ -399,6 +399,14 @@ class PlanOverrides(_Strict):
         description="working set: rounds whose sequences the step's "
         "first pass carries (more compute per weight load while last step's update lands)",
     )
+    seq_chunk: int | None = Field(
+        default=None,
+        ge=0,
+        le=1 << 20,
+        description="working set: tokens per piece of a sequence for long context (each "
+        "layer runs a sequence a piece at a time against a window of its keys and values); "
+        "0 = whole sequences",
+    )
 
 
 class JobSpec(_Strict):
@@ -496,7 +504,10 @@ class WorkingSetPlan(BaseModel):
     chunk: int = Field(description="sequences per chunk")
     r_param: int
     r_grad: int
-    levels: list[list[int]] = Field(description="saved-activation level per [layer][chunk]")
+    levels: list[list[int]] = Field(
+        description="saved-activation level per [layer][unit] (a unit: a sequence, or a piece "
+        "of one with seq_chunk)"
+    )
     loss_tokens: int
     optimizer: Literal["host", "device", "split"] = Field(
         default="host",
@@ -514,6 +525,16 @@ class WorkingSetPlan(BaseModel):
         description="the step's first pass carries the sequences of this "
         "many rounds: each layer's weights then serve more compute while the deferred "
         "optimizer update of the last step arrives layer by layer",
+    )
+    seq_chunk: int = Field(
+        default=0,
+        ge=0,
+        description="tokens per piece of a sequence (long context: a layer runs "
+        "each sequence a piece at a time against a window of its keys and values, and levels "
+        "are per [layer][sequence x piece]); 0 = whole sequences",
+    )
+    attention_kernel: str = Field(
+        default="", description="with seq_chunk: the kernel a piece's attention runs"
     )
 
 

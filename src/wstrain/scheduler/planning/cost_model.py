@@ -22,6 +22,7 @@ import numpy as np
 from wstrain.scheduler.contracts.calibration import (
     ACTIVATION_CHUNK_BYTES,
     ALLOCATOR_SLACK,
+    ATTENTION_KEY_BLOCK_TOKENS,
     DEVICE_RESERVE_BYTES,
     DOCUMENT_MASK_BYTES_PER_PAIR,
     ELEMENT_BYTES,
@@ -57,6 +58,15 @@ class Layout:
     loss_tokens: int = 2048  # LM-head token block
     lead_rounds: int = 1  # rounds the step's first pass carries (working_set/schedule.py)
     device_layers: int = 0  # split: 0 until the planner picks it (split_layers)
+    # long context (working_set/sequence_chunks.py): tokens per piece of a sequence and
+    # pieces a sequence; 0 and 1: whole sequences
+    seq_chunk: int = 0
+    pieces: int = 1
+
+    @property
+    def units(self) -> int:
+        """(sequence, piece) units a round: the saved sets and levels of each layer."""
+        return self.micro_batch * self.pieces
 
     @property
     def device_optimizer(self) -> bool:
@@ -91,20 +101,37 @@ def activation_bytes_per_token(dims: ModelDims, precision: str) -> int:
     return e * (4 * d + 2 * q + 2 * kv + 4 * dims.ffn_width) + 8 * d + routed
 
 
-def saved_bytes(dims: ModelDims, spec: JobSpec, level: int) -> int:
-    """What one (layer, sequence) saves at `level` (working_set/schedule.py): its input, at
-    levels 1 and 3 the attention kernel's set (q, k, v, output, fp32 log-sum-exp), at 2 and 3
-    the MLP's lean set (gate and up; MoE: per routed copy, plus the routing)."""
+def saved_bytes(dims: ModelDims, spec: JobSpec, level: int, seq_chunk: int = 0) -> int:
+    """What one (layer, unit) saves at `level` (working_set/schedule.py): its input, at
+    levels 1 and 3 the attention kernel's set (q, k, v, output, fp32 log-sum-exp; a piece of
+    a long sequence (seq_chunk) saves the output and log-sum-exp only: its q, k and v are
+    recomputed with the window), at 2 and 3 the MLP's lean set (gate and up; MoE: per routed
+    copy, plus the routing). A unit is a sequence, or a piece of seq_chunk tokens."""
     e = ELEMENT_BYTES[spec.precision]
     hd = dims.head_dim
-    core = e * 2 * (dims.num_heads + dims.num_kv_heads) * hd + 4 * dims.num_heads
+    qkv = e * (dims.num_heads + 2 * dims.num_kv_heads) * hd * (not seq_chunk)
+    core = qkv + e * dims.num_heads * hd + 4 * dims.num_heads
     lean = (
         dims.experts_per_token * (2 * dims.moe_intermediate_size * e + 8)
         if dims.is_moe
         else 2 * dims.intermediate_size * e
     )
     per_token = dims.hidden_size * e + core * (level in (1, 3)) + lean * (level in (2, 3))
-    return spec.seq_len * per_token
+    return min(seq_chunk or spec.seq_len, spec.seq_len) * per_token
+
+
+def context_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
+    """Device bytes of a long sequence's context window (ops/chunk_attn.py): K and V of the
+    whole sequence, their fp32 gradient sums, and one attention backward call's key block
+    (ops/prefix_attn.py): its dK, dV, and FA2's copies of them expanded to every query head
+    under GQA. 0 without pieces."""
+    if lay.pieces == 1:
+        return 0
+    e = ELEMENT_BYTES[spec.precision]
+    width = dims.num_kv_heads * dims.head_dim
+    block = min(spec.seq_len, ATTENTION_KEY_BLOCK_TOKENS)
+    expanded = dims.num_heads * dims.head_dim * (dims.num_heads != dims.num_kv_heads)
+    return spec.seq_len * width * (2 * e + 2 * 4) + block * 2 * e * (width + expanded)
 
 
 def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> int:
@@ -117,16 +144,21 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     bench/RESULTS.md.)"""
     e = ELEMENT_BYTES[spec.precision]
     S, D = spec.seq_len, dims.hidden_size
+    piece = min(lay.seq_chunk or S, S)  # tokens a layer holds activations for at once
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
     rings = (lay.r_param + lay.r_grad + 4 * lay.device_optimizer) * dims.layer_params * e
     transition = lay.lead_rounds * lay.micro_batch * S * D * e
     # LM-head block: logits, their fp32 copy and grad (the head's weight gradient
     # accumulates in place: working_set/schedule.py _head_loss)
     loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8)
-    workspace = int(LAYER_WORKSPACE_FACTOR * activation_bytes_per_token(dims, spec.precision) * S)
+    workspace = int(
+        LAYER_WORKSPACE_FACTOR * activation_bytes_per_token(dims, spec.precision) * piece
+    )
     # copies in flight home: bounded by the write buffer and by all the home layers can send
     home_layers = dims.num_layers - window
-    home = min(WRITE_BUFFER_BYTES, home_layers * lay.micro_batch * saved_bytes(dims, spec, 3))
+    home = min(
+        WRITE_BUFFER_BYTES, home_layers * lay.units * saved_bytes(dims, spec, 3, lay.seq_chunk)
+    )
     # a layer's weight gradients, whole before they accumulate into the slot (a MoE layer's
     # experts: without it OLMoE at 12 GiB measured 0.14 GiB over the model)
     dw = dims.layer_params * e
@@ -134,6 +166,7 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     mask = lay.lead_rounds * lay.micro_batch * S * S * DOCUMENT_MASK_BYTES_PER_PAIR
     mask *= spec.document_mask
     moving = transition + loss + workspace + home + dw + mask + DEVICE_RESERVE_BYTES
+    moving += context_window_bytes(dims, spec, lay)
     return int(groups + rings + moving * ALLOCATOR_SLACK)
 
 
@@ -146,7 +179,7 @@ def device_bytes(
 def spare_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> float:
     """Device bytes left for the window's saved sets beyond their inputs (AdaWS's
     C_dev - B - W·L_bytes with level-0 window layers); negative: W does not fit."""
-    base = window * lay.micro_batch * saved_bytes(dims, spec, 0)
+    base = window * lay.units * saved_bytes(dims, spec, 0, lay.seq_chunk)
     return spec.budget.device_bytes - fixed_device_bytes(dims, spec, lay, window) - base
 
 
@@ -244,10 +277,11 @@ def chunk_times(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float
 def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -> LayerCost:
     """One home layer as the levels DP sees it (scheduler/planning/levels.py), per round."""
     fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node)
-    saved = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    fwd_s /= lay.pieces  # a piece's share (causal attention: the same total as whole)
+    saved = [saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
     weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
     return LayerCost(
-        chunks=lay.micro_batch,
+        chunks=lay.units,
         compute_s=fwd_s,
         transfer_s=tuple(link_seconds(b, node) for b in saved),
         value_s=tuple(fwd_s * (1.0 - r) for r in recompute_shares(dims, spec.seq_len, node)),
@@ -274,7 +308,10 @@ def step_time(
     rounds = spec.global_batch // X
     fwd_s, bwd_s = chunk_times(dims, S, node)
     head_s = 6 * S * dims.embedding_params / node.matmul_flops
-    compute = rounds * X * (L * (fwd_s + bwd_s) + head_s)
+    # long context: backward first puts each layer's K and V back in the window from the
+    # inputs (the norm and the K/V projections again)
+    rebuild_s = (lay.pieces > 1) * 4 * S * dims.hidden_size * dims.num_kv_heads * dims.head_dim
+    compute = rounds * X * (L * (fwd_s + bwd_s + rebuild_s / node.matmul_flops) + head_s)
     weights = dims.layer_params * e
     # forward: the next layer's weights must arrive while this one computes
     exposed = L * max(0.0, weights / node.h2d_bytes_per_s - X * fwd_s)
@@ -309,7 +346,7 @@ def first_forward_sent(
 ) -> list[int]:
     """Saved bytes each layer sends home in the step's first pass (its lead rounds' worth;
     the window's layers, after the home ones, send none)."""
-    per_level = [saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    per_level = [saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
     sent = [lay.lead_rounds * sum(per_level[lv] for lv in row) for row in home]
     return sent + [0] * (dims.num_layers - len(home))
 

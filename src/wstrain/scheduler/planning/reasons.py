@@ -33,7 +33,7 @@ def ws_reasons(
 ) -> dict[str, str]:
     o, L, X = spec.overrides, dims.num_layers, lay.micro_batch
     fixed = cm.fixed_device_bytes(dims, spec, lay, window)
-    per_layer = X * cm.saved_bytes(dims, spec, 0)
+    per_layer = lay.units * cm.saved_bytes(dims, spec, 0, lay.seq_chunk)
     home, in_window = levels[: L - window], levels[L - window :]
     return {
         "runtime": "working_set (override)"
@@ -96,6 +96,15 @@ def ws_reasons(
         )
         + (" (override)" if o.lead_rounds else ""),
         "loss_tokens": f"LM-head loss in blocks of {min(lay.loss_tokens, spec.seq_len)} tokens",
+        "seq_chunk": (
+            f"{lay.seq_chunk}: each layer runs a sequence in {lay.pieces} pieces against a "
+            f"window of its keys and values ({cm.context_window_bytes(dims, spec, lay) / GIB:.2f}"
+            " GiB with their gradient sums), so activations on the device grow with the piece, "
+            "not the sequence"
+            if lay.pieces > 1
+            else "0: whole sequences"
+        )
+        + (" (override)" if o.seq_chunk is not None else ""),
         "step_seconds": f"{time.total_s:.3g} s = {time.compute_s:.3g} compute + "
         f"{time.recompute_s:.3g} recompute + {time.exposed_transfer_s:.3g} "
         f"exposed transfer + {time.optimizer_s:.3g} optimizer",

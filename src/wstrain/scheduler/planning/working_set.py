@@ -27,7 +27,7 @@ import numpy as np
 
 from wstrain.scheduler.contracts.calibration import ELEMENT_BYTES, GIB, LEVELS
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
-from wstrain.scheduler.contracts.hardware import Device, NodeProfile
+from wstrain.scheduler.contracts.hardware import Device, NodeProfile, piece_attention_kernel
 from wstrain.scheduler.contracts.jobs import JobSpec, MinBudget, Plan, Predicted, WorkingSetPlan
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.planning import cost_model as cm
@@ -36,6 +36,9 @@ from wstrain.scheduler.planning.reasons import ws_reasons
 
 MAX_MICRO_BATCH = 32  # sequences per round the search considers
 MICRO_BATCHES_TRIED = 4  # divisors from the AdaWS bound up
+# Piece lengths tried for long context (seq_chunk), beside whole sequences: from 4K, where a
+# piece's GEMMs still run near the matmul peak, to 16K; only lengths that divide seq_len.
+SEQ_CHUNKS = (4096, 8192, 16384)
 
 
 @dataclass(frozen=True)
@@ -96,14 +99,27 @@ def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int]) -> list[cm.Layout]:
     # a lead pass of two rounds for dense models (the MoE path is not tested under one)
     leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
     return [
-        cm.Layout(m, rp, rg, opt, lt, lead)
-        for lead in leads
+        cm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p)
+        for c, p in seq_chunks(spec, dims)
+        for lead in (leads if p == 1 else [1])  # pieces run one round a pass
         for m in mbs
         for opt in optimizers
         for rp, rg in rings
         for lt in (2048, 512)
         if lead <= spec.global_batch // m
     ]
+
+
+def seq_chunks(spec: JobSpec, dims: ModelDims) -> list[tuple[int, int]]:
+    """(seq_chunk, pieces) options: whole sequences, and for a dense model without document
+    masks the piece lengths that divide a longer sequence (or the override's)."""
+    S, o = spec.seq_len, spec.overrides
+    if o.seq_chunk is not None:
+        c = o.seq_chunk if 0 < o.seq_chunk < S else 0
+        return [(c, -(-S // c) if c else 1)]
+    if dims.is_moe or spec.document_mask:
+        return [(0, 1)]
+    return [(0, 1)] + [(c, S // c) for c in SEQ_CHUNKS if c < S and S % c == 0]
 
 
 @dataclass(frozen=True)
@@ -165,9 +181,9 @@ def _evaluate(
 ) -> list[tuple[float, int, _Window]]:
     """(per-round recomputation + exposed backward transfer, window, window levels) for
     every window this layout fits."""
-    L, X, forced = dims.num_layers, lay.micro_batch, spec.overrides.level
+    L, X, forced = dims.num_layers, lay.units, spec.overrides.level
     windows = [spec.overrides.window] if spec.overrides.window is not None else range(L + 1)
-    saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    saved = [cm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
     forced_value = None if forced is None else float(lc.pattern_value(np.full((1, X), forced))[0])
     out = []
     for w in windows:
@@ -199,8 +215,8 @@ def _finish(
     window_rows: list[list[int]],
     device: str,
 ) -> _Candidate | None:
-    L, X = dims.num_layers, lay.micro_batch
-    saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    L, X = dims.num_layers, lay.units
+    saved = [cm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
     if cm.host_bytes(dims, spec, (L - window) * X * saved[0], device) > spec.budget.host_bytes:
         return None  # even level 0 everywhere does not fit the host
     home = (
@@ -241,12 +257,11 @@ def _search(
     spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int]
 ) -> _Candidate | None:
     ranked: list[tuple[float, int, cm.Layout, Solution, int, _Window]] = []
-    solutions: dict[int, Solution] = {}  # the DP depends on the micro-batch alone
+    solutions: dict[tuple[int, int], Solution] = {}  # the DP depends on the units alone
     for i, lay in enumerate(_layouts(spec, dims, mbs)):
         lc = cm.layer_cost(dims, spec, lay, node)
-        sol = solutions.get(lay.micro_batch) or solutions.setdefault(
-            lay.micro_batch, solve([lc] * dims.num_layers)
-        )
+        key = (lay.micro_batch, lay.seq_chunk)
+        sol = solutions.get(key) or solutions.setdefault(key, solve([lc] * dims.num_layers))
         rounds = spec.global_batch // lay.micro_batch
         base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer
         for cost, w, win in _evaluate(dims, spec, lay, sol, lc):
@@ -309,18 +324,18 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
 
 
 def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> InfeasibleBudget:
-    smallest = cm.Layout(min(mbs), 2, 1, "host", 512)
-    inputs_home = dims.num_layers * smallest.micro_batch * cm.saved_bytes(dims, spec, 0)
+    smallest = [
+        cm.Layout(min(mbs), 2, 1, "host", 512, seq_chunk=c, pieces=p)
+        for c, p in seq_chunks(spec, dims)
+    ]
+    inputs_home = dims.num_layers * min(mbs) * cm.saved_bytes(dims, spec, 0)
     need = MinBudget(
         device_gib=round(
             min(
                 cm.device_bytes(
-                    dims,
-                    spec,
-                    smallest,
-                    w,
-                    w * smallest.micro_batch * cm.saved_bytes(dims, spec, 0),
+                    dims, spec, lay, w, w * lay.units * cm.saved_bytes(dims, spec, 0, lay.seq_chunk)
                 )
+                for lay in smallest
                 for w in (0, dims.num_layers)
             )
             / GIB
@@ -368,6 +383,10 @@ def _plan(
             optimizer=lay.optimizer,
             device_layers=lay.device_layers,
             lead_rounds=lay.lead_rounds,
+            seq_chunk=lay.seq_chunk if lay.pieces > 1 else 0,
+            attention_kernel=piece_attention_kernel(device, spec.precision, spec.document_mask)
+            if lay.pieces > 1
+            else "",
         ),
         reasons=ws_reasons(
             spec,

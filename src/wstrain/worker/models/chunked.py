@@ -145,24 +145,76 @@ def _partial(
     return p @ v[:, :, lo:hi].float(), lse
 
 
+def chunk_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segments: torch.Tensor | None,
+    rows: tuple[int, int],
+    lo: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries `rows` [s0, s1) of the sequence, q (B, H, s1-s0, hd), against the keys
+    [lo, s1) of k, v (B, KV, >= s1, hd): the diagonal block, causal, merged with the prefix
+    [lo, s0) unmasked (both within documents): (out (B, H, c, E) fp32, lse (B, H, c) fp32)."""
+    (s0, s1), h, kv = rows, q.shape[1], k.shape[1]
+    scale = q.shape[-1] ** -0.5
+    qc = _rows(q, 0, s1 - s0, kv)  # (B, KV, g·c, hd)
+    o, m = _partial(qc, k, v, segments, (s0, s1), (s0, s1), scale)  # the diagonal
+    if lo < s0:  # the prefix, merged by log-sum-exp (the diagonal's rows see themselves)
+        o, m = merge_partials(*_partial(qc, k, v, segments, (s0, s1), (lo, s0), scale), o, m)
+    return _heads(o, h), _heads(m, h)
+
+
+def chunk_attention_backward(
+    dout: torch.Tensor | None,
+    dlse: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    segments: torch.Tensor | None,
+    rows: tuple[int, int],
+    lo: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of chunk_attention_forward's (out, lse) for queries `rows` [s0, s1):
+    (dq (B, H, c, hd), dk and dv of the keys [lo, s1) (B, KV, s1-lo, hd/E)), all fp32.
+    q, out (B, H, c, .), lse (B, H, c); k, v (B, KV, >= s1, .); dout, dlse like out, lse."""
+    (s0, s1), h, kv = rows, q.shape[1], k.shape[1]
+    scale, g, c = q.shape[-1] ** -0.5, h // kv, s1 - s0
+    qc = _rows(q, 0, c, kv)  # (B, KV, g·c, hd)
+    kc, vc = k[:, :, lo:s1].float(), v[:, :, lo:s1].float()  # (B, KV, L, hd/E)
+    keep = _keep(segments, s0, s1, lo, s1, q.device)  # (B or 1, c, L)
+    p = _masked(qc @ kc.transpose(-1, -2) * scale, keep, g)  # scores (B, KV, g·c, L)
+    p.sub_(_rows(lse.unsqueeze(-1), 0, c, kv)).exp_()  # P (B, KV, g·c, L), recomputed
+    dv = torch.zeros_like(vc)
+    if dout is not None:
+        do = _rows(dout, 0, c, kv)  # (B, KV, g·c, E)
+        rowsum = (do * _rows(out, 0, c, kv)).sum(-1, keepdim=True)  # D (.., g·c, 1)
+        ds = (do @ vc.transpose(-1, -2)).sub_(rowsum)  # dP - D
+        dv += p.transpose(-1, -2) @ do
+    else:
+        ds = torch.zeros_like(p)
+    if dlse is not None:  # d lse_i / d s_ij = P_ij
+        ds.add_(_rows(dlse.unsqueeze(-1), 0, c, kv))
+    ds.mul_(p)  # dS = P ∘ (dP - D + dlse)
+    del p
+    dq = _heads(ds @ kc, h) * scale
+    dk = (ds.transpose(-1, -2) @ qc) * scale
+    return dq, dk, dv
+
+
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, segments, chunk):
         b, h, s, _ = q.shape
-        kv, scale = k.shape[1], q.shape[-1] ** -0.5
         bounds = [(s0, min(s0 + chunk, s)) for s0 in range(0, s, chunk)]
         starts = _prefix_starts(segments, bounds)
         out = q.new_empty(b, h, s, v.shape[-1])  # (B, H, S, E), the input dtype
         lse = q.new_empty(b, h, s, dtype=torch.float32)  # (B, H, S)
         for (s0, s1), lo in zip(bounds, starts):
-            qc = _rows(q, s0, s1, kv)  # (B, KV, g·c, hd)
-            o, m = _partial(qc, k, v, segments, (s0, s1), (s0, s1), scale)  # the diagonal
-            if lo < s0:  # the prefix, merged by log-sum-exp (the diagonal's rows see themselves)
-                o, m = merge_partials(
-                    *_partial(qc, k, v, segments, (s0, s1), (lo, s0), scale), o, m
-                )
-            out[:, :, s0:s1] = _heads(o, h)
-            lse[:, :, s0:s1] = _heads(m, h)
+            o, m = chunk_attention_forward(q[:, :, s0:s1], k, v, segments, (s0, s1), lo)
+            out[:, :, s0:s1], lse[:, :, s0:s1] = o, m
         ctx.save_for_backward(q, k, v, out, lse, segments)
         ctx.bounds, ctx.starts = bounds, starts
         ctx.set_materialize_grads(False)  # an unused out or lse brings no zeros to read
@@ -171,30 +223,25 @@ class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, segments = ctx.saved_tensors
-        h, kv, scale = q.shape[1], k.shape[1], q.shape[-1] ** -0.5
-        g = h // kv
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # (B, H, S, hd)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)  # (B, KV, S, hd)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)  # (B, KV, S, E)
         for (s0, s1), lo in zip(ctx.bounds, ctx.starts):
-            qc = _rows(q, s0, s1, kv)  # (B, KV, g·c, hd)
-            kc, vc = k[:, :, lo:s1].float(), v[:, :, lo:s1].float()  # (B, KV, L, hd/E)
-            keep = _keep(segments, s0, s1, lo, s1, q.device)  # (B or 1, c, L)
-            p = _masked(qc @ kc.transpose(-1, -2) * scale, keep, g)  # scores (B, KV, g·c, L)
-            p.sub_(_rows(lse.unsqueeze(-1), s0, s1, kv)).exp_()  # P (B, KV, g·c, L), recomputed
-            if dout is not None:
-                do = _rows(dout, s0, s1, kv)  # (B, KV, g·c, E)
-                rowsum = (do * _rows(out, s0, s1, kv)).sum(-1, keepdim=True)  # D (.., g·c, 1)
-                ds = (do @ vc.transpose(-1, -2)).sub_(rowsum)  # dP - D
-                dv[:, :, lo:s1] += p.transpose(-1, -2) @ do
-            else:
-                ds = torch.zeros_like(p)
-            if dlse is not None:  # d lse_i / d s_ij = P_ij
-                ds.add_(_rows(dlse.unsqueeze(-1), s0, s1, kv))
-            ds.mul_(p)  # dS = P ∘ (dP - D + dlse)
-            del p
-            dq[:, :, s0:s1] = _heads(ds @ kc, h) * scale
-            dk[:, :, lo:s1] += (ds.transpose(-1, -2) @ qc) * scale
+            rows = slice(s0, s1)
+            dq[:, :, rows], dkc, dvc = chunk_attention_backward(
+                None if dout is None else dout[:, :, rows],
+                None if dlse is None else dlse[:, :, rows],
+                q[:, :, rows],
+                k,
+                v,
+                out[:, :, rows],
+                lse[:, :, rows],
+                segments,
+                (s0, s1),
+                lo,
+            )
+            dk[:, :, lo:s1] += dkc
+            dv[:, :, lo:s1] += dvc
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 

@@ -99,14 +99,42 @@ def lean_attn_backward(
     sin: torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """dL/dx and the block's weight gradients from dh = dL/dh. (B, S, D) in and out."""
-    b, s, _ = x.shape
+    d_out, dws = out_proj_backward(dh, out, w, dims)
+    dq, dk, dv = torch.autograd.grad(core.out, core.inputs, d_out)
+    dx, more = qkv_backward(dq, dk, dv, x, w, dims, cos, sin)
+    dws.update(more)
+    return dh + dx, dws
+
+
+def out_proj_backward(
+    dh: torch.Tensor, out: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(dL/d out (B, H, S, hd), {o_proj: its gradient}) of h = x + o_proj(out), dh (B, S, D)."""
+    b, _, s, _ = out.shape
     out_tokens = out.transpose(1, 2).reshape(b * s, -1)  # (B*S, H·hd)
     dws = {O_PROJ: flat_tokens(dh).t() @ out_tokens}  # (D, H·hd)
     d_out = (dh @ w[O_PROJ]).view(b, s, dims.num_heads, -1).transpose(1, 2)  # (B, H, S, hd)
-    dq, dk, dv = torch.autograd.grad(core.out, core.inputs, d_out)
+    return d_out, dws
+
+
+def qkv_backward(
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    x: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The gradient through q, k, v = qkv(RMSNorm(x)) from dq (B, H, S, hd) and dk, dv
+    (B, KV, S, hd): (its part of dL/dx (B, S, D), the norm's and projections' gradients).
+    The norm is recomputed (elementwise); RoPE is undone exactly."""
+    b, s, _ = x.shape
     with torch.enable_grad():
         x_, wn_ = x.detach().requires_grad_(), w[NORM].detach().requires_grad_()
         n = rms_norm(x_, wn_, dims.rms_norm_eps)  # (B, S, D): elementwise recompute
+    dws: dict[str, torch.Tensor] = {}
     if dims.qk_norm:  # the projections again, with their graph
         wl = leaves({n_: t for n_, t in w.items() if n_.startswith("self_attn.") and n_ != O_PROJ})
         with torch.enable_grad():
@@ -128,4 +156,4 @@ def lean_attn_backward(
                 dws[f"{p}.bias"] = flat_tokens(dp).sum(0)
         torch.autograd.backward(n, dn)
     dws[NORM] = wn_.grad  # type: ignore[assignment]
-    return dh + x_.grad, dws  # type: ignore[operator]
+    return x_.grad, dws  # type: ignore[return-value]

@@ -26,7 +26,7 @@ class WorkingSetConfig:
     r_param: int = 3  # weight slots on the device
     r_grad: int = 2  # gradient slots on the device
     window: int = 2  # last layers whose saved activations stay on the device
-    levels: tuple[tuple[int, ...], ...] = ()  # [layer][chunk]; () = all level 0
+    levels: tuple[tuple[int, ...], ...] = ()  # [layer][unit]; () = all level 0
     loss_tokens: int = 4096  # LM-head token block: logits never materialise whole
     # Leading layers whose AdamW runs on the device over streamed moments; the rest run on
     # the host. 0: all on the host; all layers: the embedding and head on the device too;
@@ -35,18 +35,47 @@ class WorkingSetConfig:
     write_buffer_bytes: int = WRITE_BUFFER_BYTES  # saved activations in flight to the host, at most
     lead_rounds: int = 1  # rounds whose sequences the step's first pass carries
     document_mask: bool = False  # attention within packed documents, positions per document
+    # Tokens per piece of a sequence for long context (working_set/sequence_chunks.py): each
+    # layer runs a chunk's sequences a piece at a time against a context window of K and V;
+    # 0 = whole sequences.
+    seq_chunk: int = 0
+
+    def __post_init__(self) -> None:
+        if self.pieces > 1 and (self.lead_rounds != 1 or self.document_mask):
+            raise ValueError(
+                f"seq_chunk={self.seq_chunk} (long context by pieces) runs one round a pass "
+                "without document masks; set lead_rounds=1 and document_mask=False"
+            )
 
     @property
     def chunks(self) -> int:
         return self.micro_batch // self.chunk
 
+    @property
+    def pieces(self) -> int:
+        """Pieces each sequence is cut into (1 without seq_chunk)."""
+        if not self.seq_chunk or self.seq_chunk >= self.seq_len:
+            return 1
+        return -(-self.seq_len // self.seq_chunk)
+
+    @property
+    def units(self) -> int:
+        """(chunk, piece) units of a round, the runtime's unit of work and of saving."""
+        return self.chunks * self.pieces
+
+    def spans(self) -> list[tuple[int, int]]:
+        """Each piece's rows [s0, s1) of a sequence."""
+        step = self.seq_len if self.pieces == 1 else self.seq_chunk
+        return [(s0, min(s0 + step, self.seq_len)) for s0 in range(0, self.seq_len, step)]
+
     def placement(self, layer: int, chunk: int, layers: int) -> tuple[int, bool]:
-        """(level, home) of a (layer, chunk). A lead pass's chunks past the first round's
-        take their round's levels, but in the window they go home at level 1: the window's
-        device memory is planned for one round."""
-        level = self.levels[layer][chunk % self.chunks] if self.levels else 0
+        """(level, home) of a (layer, unit) (a unit is a chunk, or a piece of one with
+        seq_chunk). A lead pass's chunks past the first round's take their round's levels,
+        but in the window they go home at level 1: the window's device memory is planned for
+        one round."""
+        level = self.levels[layer][chunk % self.units] if self.levels else 0
         home = layer < layers - self.window
-        if chunk >= self.chunks and not home:
+        if chunk >= self.units and not home:
             return 1, True
         return level, home
 

@@ -209,6 +209,17 @@ class SavedTensorPolicy:
             copy.arrived = None
         return copy.device
 
+    def fetch_transient(self, saved: object) -> torch.Tensor:
+        """A saved tensor on the device for a use before backward's own (long context's
+        window rebuild): the copy lets its device tensor go after this use and may be
+        prefetched again for backward."""
+        if isinstance(saved, torch.Tensor):  # kept on the device
+            return saved
+        assert isinstance(saved, HostCopy)
+        t = self.fetch(saved)
+        saved.device, saved.arrived, saved.used = None, None, False
+        return t
+
 
 class BackwardPrefetch:
     """Stashed sets on their way back for backward: every set a round sent home, queued in
@@ -231,7 +242,7 @@ class BackwardPrefetch:
         ahead = sum(c.host.nbytes for c in self.started)
         while self.queue and ahead + self.queue[0].host.nbytes <= self.cap_bytes:
             copy = self.queue.popleft()
-            if not copy.used:
+            if not copy.used and copy.device is None:  # not taken, nor on its way already
                 self._start(copy)
                 self.started.append(copy)
                 ahead += copy.host.nbytes

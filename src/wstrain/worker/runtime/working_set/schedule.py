@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +77,7 @@ from wstrain.worker.runtime.working_set.saved_acts import (
     SavedTensorPolicy,
     tensor_key,
 )
+from wstrain.worker.runtime.working_set.sequence_chunks import PieceLayers
 from wstrain.worker.runtime.working_set.state import DTYPES, HostState
 from wstrain.worker.runtime.working_set.streamer import LazyGradViews, SlotStreamer
 
@@ -146,6 +148,12 @@ class WorkingSetRuntime:
         # the global gradient norm, squared, summed in fp32 as final gradients go home
         self.sq_norm = torch.zeros((), device=self.device, dtype=torch.float32)
         self.cos, self.sin = rope_tables(dims, cfg.seq_len, self.device, dtype)
+        self.spans = cfg.spans()  # each piece's rows of a sequence (one span: whole ones)
+        self.pieces = (
+            PieceLayers(dims, cfg.chunk, cfg.seq_len, dtype, self.device)
+            if cfg.pieces > 1
+            else None
+        )
         # this pass's (cos, sin, attention mask) per chunk: the shared tables and plain
         # causal attention, or per token and per document with document_mask
         self._where: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
@@ -248,6 +256,11 @@ class WorkingSetRuntime:
         level, home = self.cfg.placement(k, c, dims.num_layers)
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
+        if self.pieces is not None:  # c is a (chunk, piece) unit
+            cos, sin, _ = self._where[c]
+            s0 = self.spans[c % self.cfg.pieces][0]
+            stash = lambda t: self._stash(t, home, policy)
+            return self.pieces.forward(x, w, level, stash, cos, sin, s0)  # type: ignore[return-value]
         g = _Graph(x=self._stash(x, home, policy))
         if level in (1, 3):  # the attention kernel's own saved set, through the hooks
             packed: dict[tuple[object, ...], HostCopy] = {}
@@ -281,6 +294,11 @@ class WorkingSetRuntime:
         dims = self.dims
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
+        if self.pieces is not None:  # c is a (chunk, piece) unit
+            cos, sin, _ = self._where[c]
+            s0 = self.spans[c % self.cfg.pieces][0]
+            unstash = lambda t: self._unstash(t, policy)
+            return self.pieces.backward(g, dy, w, unstash, cos, sin, s0, dw)  # type: ignore[arg-type]
         x = self._unstash(g.x, policy)  # (B, S, D)
         if g.core is not None:  # levels 1, 3: h from the saved attention output
             out = self._unstash(g.out, policy)
@@ -357,45 +375,55 @@ class WorkingSetRuntime:
         dims, total = self.dims, 0.0
         views = self.host.head_layout.views(self.head)
         table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
-        mb = self.cfg.micro_batch
+        mb, step = self.cfg.micro_batch, self.cfg.loss_tokens
         for i, (x_mb, y_mb) in enumerate(zip(inputs.split(mb), targets.split(mb))):
-            T = [F.embedding(t.to(self.device), table) for t in x_mb.split(self.cfg.chunk)]
+            T = [F.embedding(t.to(self.device), table) for t in self._units(x_mb)]
             self._set_where(
                 None if documents is None else tuple(d[i * mb : (i + 1) * mb] for d in documents)
             )
             for k in self._fwd_order:
                 slot = self.weights.consume(k, self._fwd_order[k + 1 :])
                 w = self.host.layout.views(slot.flat)
-                T = [
-                    ffn_block(attn_block(h, w, dims, *self._where[c]), w, dims)[0]
-                    for c, h in enumerate(T)
-                ]
+                for c, h in enumerate(T):
+                    cos, sin, mask = self._where[c]
+                    if self.pieces is not None:
+                        s0 = self.spans[c % self.cfg.pieces][0]
+                        T[c] = self.pieces.eval_forward(h, w, cos, sin, s0)
+                    else:
+                        T[c] = ffn_block(attn_block(h, w, dims, cos, sin, mask), w, dims)[0]
                 self.weights.release(slot)
-            h = rms_norm(
-                torch.cat(T).reshape(-1, dims.hidden_size),
-                views["model.norm.weight"],
-                dims.rms_norm_eps,
-            )  # (tokens, D)
-            y = y_mb.to(self.device).reshape(-1)
-            for i in range(0, h.shape[0], self.cfg.loss_tokens):  # logits never whole
-                logits = F.linear(h[i : i + self.cfg.loss_tokens], views["lm_head.weight"])
-                total += float(
-                    F.cross_entropy(
-                        logits.float(), y[i : i + self.cfg.loss_tokens], reduction="sum"
+            for h, y in zip(T, self._units(y_mb)):
+                h = rms_norm(
+                    h.reshape(-1, dims.hidden_size), views["model.norm.weight"], dims.rms_norm_eps
+                )  # (tokens, D)
+                y = y.to(self.device).reshape(-1)
+                for j in range(0, h.shape[0], step):  # logits never whole
+                    logits = F.linear(h[j : j + step], views["lm_head.weight"])
+                    total += float(
+                        F.cross_entropy(logits.float(), y[j : j + step], reduction="sum")
                     )
-                )
         self.weights.invalidate()
         self.streams.collect_stalls()  # an evaluation's waits are not the next step's
         return total / targets.numel()
 
     # ---------------------------------------------------------------- one step
 
+    def _units(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """(sequences, S) rows as the pass's units: chunks of cfg.chunk sequences, each cut
+        into its pieces with seq_chunk (chunk-major)."""
+        return [t[:, s0:s1] for t in rows.split(self.cfg.chunk) for s0, s1 in self.spans]
+
     def _set_where(self, documents: tuple[torch.Tensor, ...] | None) -> None:
-        """Each chunk's RoPE tables and attention mask for the pass over `documents`
-        ((positions, segments), each (sequences, S)), or the plain causal ones."""
+        """Each unit's RoPE tables and attention mask for the pass over `documents`
+        ((positions, segments), each (sequences, S)), or the plain causal ones (a piece's
+        rows of them with seq_chunk)."""
         chunks = -(-self.cfg.micro_batch * self.cfg.lead_rounds // self.cfg.chunk)
         if documents is None:
-            self._where = [(self.cos, self.sin, None)] * chunks
+            self._where = [
+                (self.cos[s0:s1], self.sin[s0:s1], None)
+                for _ in range(chunks)
+                for s0, s1 in self.spans
+            ]
             return
         self._where = []
         for pos, seg in zip(*(d.split(self.cfg.chunk) for d in documents)):
@@ -421,9 +449,9 @@ class WorkingSetRuntime:
             self.router = RouterTotals(
                 self.dims.num_experts, self.device, tokens.shape[0], cfg.seq_len
             )
-        chunks_in = tokens.split(cfg.chunk)
+        units_in = self._units(tokens)  # (b, c) token ids of each (chunk, piece) unit
         table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
-        T = [F.embedding(t, table) for t in chunks_in]  # transition table, (b, S, D) each
+        T = [F.embedding(t, table) for t in units_in]  # transition table, (b, c, D) each
         graphs: list[list[_Graph]] = [[] for _ in range(L)]
         for k in self._fwd_order:
             slot = self.weights.consume(k, self._fwd_order[k + 1 :] + self._bwd_order)
@@ -437,7 +465,7 @@ class WorkingSetRuntime:
         if not first:  # the first backward layers' accumulated gradients come in beside the head
             self.grads.prefetch(self._bwd_order)
         self._refresh_resident(L + 1)
-        for c, tgt in enumerate(targets.split(cfg.chunk)):
+        for c, tgt in enumerate(self._units(targets)):
             part, T[c] = self._head_loss(T[c], tgt, scale)
             loss += part
         if last:  # the head's gradient is final: home beside the backward, not after it
@@ -448,29 +476,56 @@ class WorkingSetRuntime:
             self._aux_grad = self.router.prob_grad(coef / sequences)
             loss += coef * self.router.loss() / (sequences * scale)  # x scale later
         # saved sets come back ahead of the chunks that take them
+        # (with seq_chunk, a chunk's inputs first, in order, for rebuilding its K and V)
+        P = cfg.pieces
+        groups = [range(c, c + P) for c in reversed(range(0, len(T), P))]  # backward's order
         ahead = BackwardPrefetch(self.streams, self.counters, cfg.write_buffer_bytes)
         for k in self._bwd_order:
-            for c in reversed(range(len(T))):
-                for stashed in graphs[k][c].stashed():
-                    ahead.add(stashed)
+            for units in groups:
+                if self.pieces is not None:
+                    for c in units:
+                        ahead.add(graphs[k][c].x)
+                for c in reversed(units):
+                    for stashed in graphs[k][c].stashed():
+                        ahead.add(stashed)
         for i, k in enumerate(self._bwd_order):
             slot = self.weights.consume(k, self._bwd_order[i + 1 :] + self._fwd_order)
             dw = LazyGradViews(self.grads, k, self._bwd_order[i + 1 :], first, self.host.layout)
-            for c in reversed(range(len(T))):
-                ahead.top_up()
-                T[c] = self._backward_layer(k, c, graphs[k][c], T[c], slot, dw)
-                graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
+            for units in groups:
+                if self.pieces is not None:
+                    self._rebuild_window(k, units, graphs[k], slot, ahead)
+                for c in reversed(units):
+                    ahead.top_up()
+                    T[c] = self._backward_layer(k, c, graphs[k][c], T[c], slot, dw)
+                    graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
             self.weights.release(slot)
             gslot = dw.take()
             if last:
                 self.sq_norm += sq_norm_fp32(gslot.flat)
             self.grads.send_home(gslot)
         dtable = self.host.embed_layout.views(self.embed_grad)["model.embed_tokens.weight"]
-        for t, dx in zip(chunks_in, T):
+        for t, dx in zip(units_in, T):
             dtable.index_add_(0, t.reshape(-1), dx.reshape(-1, dx.shape[-1]).to(dtable.dtype))
         if self.dims.pad_token_id is not None:  # as Hugging Face's padding_idx
             dtable[self.dims.pad_token_id].zero_()
         return loss
+
+    def _rebuild_window(
+        self, k: int, units: range, graphs: list[_Graph], slot: Slot, ahead: BackwardPrefetch
+    ) -> None:
+        """Layer k's K and V of a chunk's sequences back in the window, from each piece's
+        input, fetched for the purpose and let go (backward fetches it again)."""
+        assert self.pieces is not None
+        policy, w = self._policy(k), self.host.layout.views(slot.flat)
+
+        def inputs() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
+            for c in units:  # one piece's input on the device at a time
+                ahead.top_up()
+                cos, sin, _ = self._where[c]
+                x = policy.fetch_transient(graphs[c].x)
+                yield x, cos, sin, self.spans[c % self.cfg.pieces][0]
+
+        self.pieces.rebuild(inputs(), w)
 
     def _send_home(self, grad: torch.Tensor, tile: torch.Tensor) -> None:
         """A device gradient to its host tile on the outbound stream (grads.flush() waits)."""

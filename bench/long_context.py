@@ -1,0 +1,149 @@
+"""Long-context benchmark: Llama-3-8B dimensions, one sequence a step at 32K to 512K tokens,
+under a 24 GiB device budget, planned by the autoconfigurator (which picks the piece length,
+the window and the saved-activation levels) and run by the working-set runtime; beside each
+row, the attention kernel's own fwd+bwd rate at that length, as the runtime calls it (the
+layer's pieces against their prefixes): the ceiling long context converges to.
+
+    python -m bench.long_context --lengths 32768,65536,131072,262144 \
+        --out bench/results/X.json
+
+Each row runs in its own process. A row takes 32 layers where the host budget holds their
+state and saved inputs, else 16, and says which. Timed over whole steps after one warm-up
+step (`--steps 1`: the single step is timed, warm-up included, and the row says so). MFU
+divides model FLOPs (ModelDims.flops_per_token: 6·N + causal attention) by the chip
+table's dense bf16 peak. Compare: AdaWS Table 2 (H100, 32 layers, 80 GiB device / 256 GiB
+host): 57.1% at 32K, 56.0% at 64K, 53.1% at 128K, 51.9% at 256K, 42.5% at 512K.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from bench.runtime import (
+    Row,
+    _dims,
+    _table,
+    llama_spec,
+    measured_node,
+    parse_or_run_row,
+    row_from,
+    run_children,
+    run_plan,
+)
+
+log = logging.getLogger("bench.long_context")
+
+DEVICE_GIB = 24.0
+ADAWS_H100_MFU = {32768: 0.571, 65536: 0.560, 131072: 0.531, 262144: 0.519, 524288: 0.425}
+
+
+def plan_row(seq: int, host_gib: float, steps: int, layers: int | None = None):  # type: ignore[no-untyped-def]
+    """(spec, dims, plan, node) at `layers`, or the 32 layers when they fit the host
+    budget and else 16."""
+    from wstrain.scheduler.contracts.errors import InfeasibleBudget
+    from wstrain.scheduler.planning.planner import make_plan
+
+    node = measured_node()  # no layer timing: a whole layer at 512K is what does not fit
+    last: Exception | None = None
+    for n in [layers] if layers else [32, 16]:
+        spec = llama_spec(f"long-{seq}", n, seq, 1, steps, DEVICE_GIB, host_gib, {})
+        dims = _dims(n)
+        try:
+            return spec, dims, make_plan(spec, dims, node), node
+        except InfeasibleBudget as e:
+            log.info("%d layers at %d tokens: %s", n, seq, e)
+            last = e
+    raise RuntimeError(f"no plan at {seq} tokens: {last}")
+
+
+def attention_rate(dims, seq: int, seq_chunk: int) -> float:  # type: ignore[no-untyped-def]
+    """FLOP/s of one layer's causal attention fwd+bwd at `seq` tokens in pieces of
+    `seq_chunk` (or whole), as ops/prefix_attn.py runs it; FLOPs counted as the model's
+    (4·S²·H·hd/2 forward, 2.5x that backward)."""
+    import torch
+
+    from wstrain.worker.ops.prefix_attn import prefix_attention, prefix_attention_backward
+
+    h, kv, hd = dims.num_heads, dims.num_kv_heads, dims.head_dim
+    dev, bf16 = "cuda", torch.bfloat16
+    q = torch.randn(1, h, seq, hd, device=dev, dtype=bf16)
+    k, v = (torch.randn(1, kv, seq, hd, device=dev, dtype=bf16) for _ in range(2))
+    dk = torch.zeros(1, kv, seq, hd, device=dev, dtype=torch.float32)
+    dv = torch.zeros_like(dk)
+    c = seq_chunk or seq
+    spans = [(s0, min(s0 + c, seq)) for s0 in range(0, seq, c)]
+
+    def once() -> None:
+        for s0, s1 in spans:
+            o, lse = prefix_attention(q[:, :, s0:s1], k[:, :, :s1], v[:, :, :s1], s0)
+            g = torch.randn_like(o)
+            prefix_attention_backward(
+                g, q[:, :, s0:s1], k[:, :, :s1], v[:, :, :s1], o, lse, s0,
+                dk[:, :, :s1], dv[:, :, :s1],
+            )  # fmt: skip
+
+    once()  # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    once()
+    torch.cuda.synchronize()
+    flops = 3.5 * 2 * seq * seq * h * hd  # causal fwd 2·S²·H·hd, bwd 2.5x
+    return flops / (time.perf_counter() - t0)
+
+
+def run_row(args: argparse.Namespace) -> Row:
+    import torch
+
+    seq = int(args.row)
+    spec, dims, plan, node = plan_row(seq, args.host_gib, args.steps, args.layers)
+    log.info("plan: %s", plan.reasons)
+    res = run_plan(spec, dims, plan, args.steps, False, node)
+    if args.steps == 1:  # one step: timed as it is, warm-up included
+        res["times"] = [0.0, *res["times"]]
+    row = row_from(f"long-{seq}", "working_set", dims, seq, 1, DEVICE_GIB, res)
+    ws = plan.working_set
+    assert ws is not None
+    del res
+    torch.cuda.set_per_process_memory_fraction(1.0, 0)  # the kernel alone, whole-GPU
+    torch.cuda.empty_cache()
+    limit = attention_rate(dims, seq, ws.seq_chunk)
+    row.plan["attention_fwd_bwd_flops"] = limit  # type: ignore[index]
+    row.plan["adaws_h100_mfu"] = ADAWS_H100_MFU.get(seq)  # type: ignore[index]
+    row.plan["steps_timed"] = max(1, args.steps - 1)  # type: ignore[index]
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lengths", default="32768,65536,131072,262144,524288")
+    p.add_argument("--host-gib", type=float, default=110.0, help="host budget of every row")
+    p.add_argument("--layers", type=int, default=0, help="force this many layers (0: 32 or 16)")
+    args = parse_or_run_row(p, "", run_row)
+    if args is None:
+        return
+    common = ["--steps", str(args.steps), "--host-gib", str(args.host_gib)]
+    common += ["--layers", str(args.layers)]
+    children = [
+        (["bench.long_context", "--row", s, *common], {"name": f"long-{s}", "seq_len": int(s)})
+        for s in args.lengths.split(",")
+    ]
+    rows = run_children(children, args.out)
+    print(_table(rows))
+    for r in rows:
+        if "error" in r:
+            continue
+        plan = r["plan"]
+        print(
+            f"{r['seq_len']:>7} {r['layers']:>2}L  MFU {r['mfu']:.3f} (AdaWS "
+            f"{plan.get('adaws_h100_mfu')})  attention {plan['attention_fwd_bwd_flops'] / 1e12:.0f}"
+            f" TFLOP/s  step {r['measured_step_seconds']:.1f} s predicted "
+            f"{r['predicted_step_seconds']:.1f} s  peak {r['peak_reserved_gib']:.1f} GiB "
+            f"reserved of {DEVICE_GIB}  RSS {r['peak_rss_gib']:.1f} GiB  stall "
+            f"{r['stall_share']:.3f}  piece {plan['working_set']['seq_chunk']}"
+        )
+
+
+if __name__ == "__main__":
+    main()

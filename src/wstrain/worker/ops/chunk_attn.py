@@ -1,0 +1,137 @@
+"""The attention block of a decoder layer over a long sequence, one chunk of tokens at a
+time: h = x + o_proj(attention(q, K, V)) for the chunk's rows [s0, s1), where K and V are
+the layer's keys and values of the whole sequence so far, held in a context window on the
+device (AdaWS §3.3; GQA keeps it small: 4 KiB a token at Llama-3-8B dims, 2 GiB at 512K).
+
+Forward, chunks in order: each chunk's k and v go into the window, its queries attend to
+[0, s1) (ops/prefix_attn.py); saved for backward are the chunk's input x and, when the plan
+keeps them, the attention output and its log-sum-exp (the chunk's own size, never the
+prefix's). Backward, chunks in reverse order: first `rebuild` refills the window's K and V
+from every chunk's input (the norm and the two thin K/V projections, ~4% of the layer's
+GEMM FLOPs), then each chunk's backward adds its keys' and values' gradients for the whole
+prefix into the window's fp32 dK/dV, so when a chunk's turn comes its own rows of dK/dV
+hold every later chunk's part and it can finish the gradient through its projections.
+
+    win = ContextWindow.like(dims, batch, seq_len, dtype, device)
+    h, out, lse = chunk_attn_forward(x, w, dims, cos[s0:s1], sin[s0:s1], win, s0)  # no graph
+    win.rebuild(...); win.zero_grads()            # backward of a layer, then chunks reversed:
+    dx, dws = chunk_attn_backward(dh, x, out, lse, w, dims, cos_c, sin_c, win, s0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.worker.models.blocks import out_proj, qkv
+from wstrain.worker.models.dense import rms_norm
+from wstrain.worker.ops.lean_attn import NORM, out_proj_backward, qkv_backward
+from wstrain.worker.ops.prefix_attn import prefix_attention, prefix_attention_backward
+
+
+@dataclass
+class ContextWindow:
+    """One layer's keys and values of the sequences being processed, and in backward the
+    fp32 sums of their gradients. k, v: (B, KV, S, hd); dk, dv: fp32, allocated by the
+    first zero_grads (the forward and eval need none)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    dk: torch.Tensor | None = None
+    dv: torch.Tensor | None = None
+
+    @classmethod
+    def like(
+        cls, dims: ModelDims, batch: int, seq_len: int, dtype: torch.dtype, device: torch.device
+    ) -> ContextWindow:
+        shape = (batch, dims.num_kv_heads, seq_len, dims.head_dim)
+        k = torch.empty(shape, dtype=dtype, device=device)
+        return cls(k, torch.empty_like(k))
+
+    @staticmethod
+    def bytes_for(dims: ModelDims, batch: int, seq_len: int, elem_bytes: int) -> int:
+        """Device bytes of a window with its gradient sums: K, V at elem_bytes, dK, dV fp32."""
+        return batch * dims.num_kv_heads * seq_len * dims.head_dim * (2 * elem_bytes + 2 * 4)
+
+    def zero_grads(self) -> None:
+        if self.dk is None:
+            self.dk = torch.zeros(self.k.shape, dtype=torch.float32, device=self.k.device)
+            self.dv = torch.zeros_like(self.dk)
+        else:
+            self.dk.zero_()
+            self.dv.zero_()  # type: ignore[union-attr]
+
+    def put(
+        self,
+        x: torch.Tensor,
+        w: dict[str, torch.Tensor],
+        dims: ModelDims,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        s0: int,
+    ) -> torch.Tensor:
+        """Project chunk x (B, c, D) at rows [s0, s0+c): its k and v into the window; returns
+        its queries (B, H, c, hd). No graph."""
+        with torch.no_grad():
+            q, k, v = qkv(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)
+            s1 = s0 + x.shape[1]
+            self.k[:, :, s0:s1] = k
+            self.v[:, :, s0:s1] = v
+        return q
+
+
+def chunk_attn_forward(
+    x: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    win: ContextWindow,
+    s0: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(h (B, c, D), attention output (B, H, c, hd), its lse (B, H, c) fp32) of the chunk x
+    (B, c, D) at rows [s0, s0+c), whose earlier rows' k and v are in `win`; cos, sin are the
+    chunk's rows of the RoPE tables. No graph."""
+    q = win.put(x, w, dims, cos, sin, s0)  # (B, H, c, hd)
+    s1 = s0 + x.shape[1]
+    with torch.no_grad():
+        out, lse = prefix_attention(q, win.k[:, :, :s1], win.v[:, :, :s1], s0)
+        return out_proj(x, out, w), out, lse
+
+
+def chunk_attn_backward(
+    dh: torch.Tensor,
+    x: torch.Tensor,
+    out: torch.Tensor | None,
+    lse: torch.Tensor | None,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    win: ContextWindow,
+    s0: int,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(dL/dx (B, c, D), the block's weight gradients) of the chunk at rows [s0, s0+c) from
+    dh = dL/dh; `win` holds K and V of the whole sequence and, in its dk/dv rows [s0, s0+c),
+    the gradient every later chunk sent there. out/lse: the forward's, or None to recompute
+    them (one attention forward more)."""
+    c = x.shape[1]
+    s1 = s0 + c
+    assert win.dk is not None and win.dv is not None, "zero_grads() before a backward"
+    with torch.no_grad():
+        q, _, _ = qkv(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)
+        ks, vs = win.k[:, :, :s1], win.v[:, :, :s1]  # (B, KV, s1, hd)
+        if out is None or lse is None:
+            out, lse = prefix_attention(q, ks, vs, s0)
+        d_out, dws = out_proj_backward(dh, out, w, dims)
+        dk_sum, dv_sum = win.dk[:, :, :s1], win.dv[:, :, :s1]
+        dq = prefix_attention_backward(d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum)
+        del d_out, q
+        # this chunk's rows are complete: every later chunk has added its part
+        dk_c = win.dk[:, :, s0:s1].to(x.dtype)  # (B, KV, c, hd)
+        dv_c = win.dv[:, :, s0:s1].to(x.dtype)
+    dx, more = qkv_backward(dq.to(x.dtype), dk_c, dv_c, x, w, dims, cos, sin)
+    dws.update(more)
+    return dh + dx, dws

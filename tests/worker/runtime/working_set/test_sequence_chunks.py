@@ -1,0 +1,168 @@
+"""Long context by pieces (working_set/sequence_chunks.py, seq_chunk) against Hugging Face
+`LlamaForCausalLM`: the same loss and every gradient (fp32, relative L2 < 1e-5) for pieces
+that do and do not divide the sequence, every saved-activation level, on the device or sent
+home; evaluation too; and after steps the weights equal the whole-sequence plan's.
+
+    pytest tests/worker/runtime/working_set/test_sequence_chunks.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.worker.runtime.working_set.test_schedule import (
+    DIMS,
+    SEQ,
+    Batches,
+    check_grads,
+    make_runtime,
+    reference,
+    rel,
+)
+from wstrain.scheduler.contracts.jobs import OptimizerSpec
+from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
+from wstrain.worker.runtime.working_set.state import HostState
+
+
+@pytest.mark.parametrize("seq_chunk", [4, 5, 1], ids=lambda n: f"piece{n}")
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+@pytest.mark.parametrize("window", [0, 2])
+def test_pieces_match_transformers(seq_chunk: int, level: int, window: int) -> None:
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    pieces = -(-SEQ // seq_chunk)
+    levels = tuple((level,) * 2 * pieces for _ in range(DIMS.num_layers))
+    rt = make_runtime(
+        ref,
+        micro_batch=4,
+        chunk=2,
+        rounds=2,
+        window=window,
+        levels=levels,
+        loss_tokens=7,
+        seq_chunk=seq_chunk,
+    )
+    assert rt.cfg.pieces == pieces and rt.cfg.units == 2 * pieces
+    check_grads(rt, ref, data)
+
+
+def test_eval_and_steps_equal_whole_sequences() -> None:
+    """Three optimizer steps and an evaluation with pieces of 6 tokens give the weights and
+    the loss of the plan that runs whole sequences."""
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    runs = []
+    for seq_chunk in (0, 6):
+        rt = make_runtime(ref, micro_batch=2, chunk=1, rounds=2, window=1, seq_chunk=seq_chunk)
+        losses = [rt.train_step(data, step).loss for step in range(3)]
+        x, y = data.batch(5, 0, 3)
+        runs.append((losses, rt.eval_loss(x, y), rt.state_tensors()))
+    (l0, e0, w0), (l1, e1, w1) = runs
+    assert all(abs(a - b) < 1e-5 * abs(a) for a, b in zip(l0, l1)), (l0, l1)
+    assert abs(e0 - e1) < 1e-5 * abs(e0)
+    for name, t in w0.items():
+        assert rel(w1[name], t) < 1e-5, name
+
+
+def test_pieces_refuse_what_they_do_not_run() -> None:
+    common = dict(
+        precision="fp32",
+        device="cpu",
+        micro_batch=2,
+        chunk=1,
+        rounds=2,
+        steps=1,
+        seed=0,
+        seq_len=SEQ,
+        seq_chunk=4,
+    )
+    with pytest.raises(ValueError, match="lead_rounds"):
+        WorkingSetConfig(**common, lead_rounds=2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="document_mask"):
+        WorkingSetConfig(**common, document_mask=True)  # type: ignore[arg-type]
+    assert WorkingSetConfig(**{**common, "seq_chunk": SEQ}).pieces == 1  # type: ignore[arg-type]
+
+
+class LongBatches:
+    """Four sequences of a learnable rule (the next token is 5·t + 3 mod V, one in eight
+    tokens random); batch(step, round, n) as TokenStream."""
+
+    def __init__(self, vocab: int, seq: int) -> None:
+        g = torch.Generator().manual_seed(3)
+        rows = torch.randint(0, vocab, (4, seq + 1), generator=g)
+        keep = torch.rand(4, seq + 1, generator=g) < 0.875
+        for i in range(1, seq + 1):
+            rows[:, i] = torch.where(keep[:, i], (5 * rows[:, i - 1] + 3) % vocab, rows[:, i])
+        self.pool = rows
+        self.seq_len = seq
+
+    def batch(self, step: int, round_idx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.pool[(step + round_idx) % 4 : (step + round_idx) % 4 + n]
+        return rows[:, :-1], rows[:, 1:]
+
+    def target_tokens(self, step: int, sequences: int) -> int:
+        return sequences * self.seq_len
+
+
+def test_tiny_llama_20_steps_at_4096_tokens_in_pieces_of_512() -> None:
+    """A tiny Llama trained 20 steps on 4096-token sequences with pieces of 512 follows the
+    whole-sequence run: every step's loss and the final weights (fp32)."""
+    dims = ModelDims(97, 32, 64, 2, 4, 2, 8, 1e-5, 500000.0, 4096)
+    seq, data = 4096, LongBatches(97, 4096)
+    torch.manual_seed(0)
+    init = HostState.create(dims, "fp32", pin=False)
+    state = {k: torch.randn_like(v) * 0.05 for k, v in init.weight_views().items()}
+    runs = []
+    for seq_chunk in (0, 512):
+        host = HostState.create(dims, "fp32", pin=False)
+        host.load_state_dict(state)
+        cfg = WorkingSetConfig(
+            precision="fp32",
+            device="cpu",
+            micro_batch=1,
+            chunk=1,
+            rounds=1,
+            steps=20,
+            seed=0,
+            seq_len=seq,
+            window=1,
+            seq_chunk=seq_chunk,
+            loss_tokens=1024,
+        )
+        rt = WorkingSetRuntime(dims, cfg, OptimizerSpec(lr=2e-2, warmup_steps=2), host)
+        runs.append(([rt.train_step(data, s).loss for s in range(20)], rt.state_tensors()))
+    (l0, w0), (l1, w1) = runs
+    assert l0[-1] < l0[0] - 0.2, l0  # it learns
+    for a, b in zip(l0, l1):
+        assert abs(a - b) < 1e-5 * abs(a), (l0, l1)
+    for name, t in w0.items():
+        assert rel(w1[name], t) < 1e-5, name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("level", [0, 1])
+def test_pieces_on_cuda_follow_whole_sequences(level: int) -> None:
+    """bf16 on the GPU (flash with its bottom-right mask, pinned host copies, streams): three
+    steps of 4096-token sequences in pieces of 1024 give the losses of whole sequences
+    within bf16's rounding."""
+    dims = ModelDims(1000, 256, 512, 2, 4, 2, 64, 1e-5, 500000.0, 4096)
+    data = LongBatches(1000, 4096)
+    torch.manual_seed(0)
+    init = HostState.create(dims, "bf16", pin=False)
+    state = {
+        k: (torch.randn_like(v.float()) * 0.05).bfloat16() for k, v in init.weight_views().items()
+    }
+    runs = []
+    for seq_chunk in (0, 1024):
+        host = HostState.create(dims, "bf16", pin=True, fused_adamw=True)
+        host.load_state_dict(state)
+        cfg = WorkingSetConfig(
+            precision="bf16", device="cuda", micro_batch=1, chunk=1, rounds=2, steps=3,
+            seed=0, seq_len=4096, window=1, seq_chunk=seq_chunk,
+            levels=tuple((level,) * (4 if seq_chunk else 1) for _ in range(2)),
+        )  # fmt: skip
+        rt = WorkingSetRuntime(dims, cfg, OptimizerSpec(lr=1e-3), host)
+        runs.append([rt.train_step(data, s).loss for s in range(3)])
+    for a, b in zip(*runs):
+        assert abs(a - b) < 1e-2 * abs(a), runs
