@@ -2,7 +2,8 @@
 under a 24 GiB device budget, planned by the autoconfigurator (which picks the piece length,
 the window and the saved-activation levels) and run by the working-set runtime; beside each
 row, the attention kernel's own fwd+bwd rate at that length, as the runtime calls it (the
-layer's pieces against their prefixes): the ceiling long context converges to.
+layer's pieces against their prefixes): the ceiling long context converges to; and FA2's
+rate beside it, the kernel the runtime takes where cuDNN's attention is missing.
 
     python -m bench.long_context --lengths 32768,65536,131072,262144 \
         --out bench/results/X.json
@@ -108,8 +109,14 @@ def run_row(args: argparse.Namespace) -> Row:
     del res
     torch.cuda.set_per_process_memory_fraction(1.0, 0)  # the kernel alone, whole-GPU
     torch.cuda.empty_cache()
-    limit = attention_rate(dims, seq, ws.seq_chunk)
-    row.plan["attention_fwd_bwd_flops"] = limit  # type: ignore[index]
+    from wstrain.worker.ops import prefix_attn
+
+    row.plan["attention_kernel_used"] = prefix_attn.kernel_for(  # type: ignore[index]
+        torch.device("cuda"), torch.bfloat16, False
+    )
+    row.plan["attention_fwd_bwd_flops"] = attention_rate(dims, seq, ws.seq_chunk)  # type: ignore[index]
+    prefix_attn.USE_CUDNN = False  # the other fused kernel, for the record
+    row.plan["flash2_fwd_bwd_flops"] = attention_rate(dims, seq, ws.seq_chunk)  # type: ignore[index]
     row.plan["adaws_h100_mfu"] = ADAWS_H100_MFU.get(seq)  # type: ignore[index]
     row.plan["steps_timed"] = max(1, args.steps - 1)  # type: ignore[index]
     return row
@@ -138,7 +145,8 @@ def main() -> None:
         print(
             f"{r['seq_len']:>7} {r['layers']:>2}L  MFU {r['mfu']:.3f} (AdaWS "
             f"{plan.get('adaws_h100_mfu')})  attention {plan['attention_fwd_bwd_flops'] / 1e12:.0f}"
-            f" TFLOP/s  step {r['measured_step_seconds']:.1f} s predicted "
+            f" TFLOP/s (FA2 {plan['flash2_fwd_bwd_flops'] / 1e12:.0f})  step "
+            f"{r['measured_step_seconds']:.1f} s predicted "
             f"{r['predicted_step_seconds']:.1f} s  peak {r['peak_reserved_gib']:.1f} GiB "
             f"reserved of {DEVICE_GIB}  RSS {r['peak_rss_gib']:.1f} GiB  stall "
             f"{r['stall_share']:.3f}  piece {plan['working_set']['seq_chunk']}"

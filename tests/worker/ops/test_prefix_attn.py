@@ -27,9 +27,12 @@ def test_key_blocks_cover_the_prefix_once_with_the_diagonal_last() -> None:
     assert key_blocks(0, 8, 16) == [(0, 8)]
     assert key_blocks(40, 48, 16) == [(0, 16), (16, 32), (32, 48)]
     assert key_blocks(36, 44, 16) == [(0, 16), (16, 28), (28, 44)]
+    assert key_blocks(36, 44, 16, diagonal_apart=True) == [(0, 16), (16, 32), (32, 36), (36, 44)]
     for s0, s1 in [(0, 5), (7, 12), (100, 164), (64, 65)]:
         blocks = key_blocks(s0, s1, 16)
         assert blocks[0][0] == 0 and blocks[-1][1] == s1 and blocks[-1][0] <= s0
+        apart = key_blocks(s0, s1, 16, diagonal_apart=True)
+        assert apart[-1] == (s0, s1) and all(b - a <= 16 for a, b in apart[:-1])
         assert all(a < b == c for (a, b), (c, _) in itertools.pairwise(blocks))
 
 
@@ -80,14 +83,19 @@ def test_reference_kernel_pieces_equal_sdpa(chunk: int) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kernel", [prefix_attn.CUDNN, prefix_attn.FLASH])
 @pytest.mark.parametrize("block", [0, 1024], ids=["one-block", "blocks1024"])
-def test_flash_pieces_equal_sdpa_on_cuda(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fused_pieces_equal_sdpa_on_cuda(
+    kernel: str, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """bf16, Llama-3's GQA 32:8 with head_dim 128, 4096 tokens in pieces of 768 (not a
-    divisor); the backward in one call per piece, then in blocks of 1024 keys."""
+    divisor), on cuDNN (prefix and diagonal merged) and on FA2 (bottom-right mask); the
+    backward in one call per piece, then in blocks of 1024 keys."""
+    monkeypatch.setattr(prefix_attn, "USE_CUDNN", kernel == prefix_attn.CUDNN)
     if block:
         monkeypatch.setattr(prefix_attn, "ATTENTION_KEY_BLOCK_TOKENS", block)
     q, k, v, do = _case("cuda", torch.bfloat16, 4096, 32, 8, 128)
-    assert prefix_attn.kernel_for(q.device, q.dtype, False) == prefix_attn.FLASH
+    assert prefix_attn.kernel_for(q.device, q.dtype, False) == kernel
     got = _pieces(q, k, v, do, 768)
     ref = _reference(q, k, v, do)
     whole = _reference(q.float(), k.float(), v.float(), do)  # the fp32 truth twice: sanity

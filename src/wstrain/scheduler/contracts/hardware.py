@@ -146,16 +146,21 @@ H200 = NodeProfile(
 H100_ADAWS = NodeProfile("cuda", 989e12, 4.1e9, 80 * GIB, 512 * GIB, 64e9, 64e9, 64e9)
 
 
-# The kernels a long-context piece's attention can run (worker/ops/prefix_attn.py): FA2
-# through aten's flash op, whose causal mask aligns bottom-right when queries are fewer than
-# keys; else the exact fp32 reference that merges prefix and diagonal by log-sum-exp.
+# The kernels a long-context piece's attention can run (worker/ops/prefix_attn.py), fastest
+# first where the chip has them. Measured on an H100 at 32K tokens, an 8K piece against a
+# 24K prefix, GQA 32:8 (bench/RESULTS.md): cuDNN's prefix (no mask) and diagonal (causal)
+# calls merged by log-sum-exp 575 TFLOP/s forward, 561 backward; FA2 through aten's flash
+# op in one call (its causal mask aligns bottom-right) 357 and 313. Else the exact fp32
+# reference, which merges the same two parts.
+CUDNN_PREFIX_DIAGONAL: Final = "cudnn-prefix-diagonal"
 FLASH_LOWER_RIGHT: Final = "flash2-lower-right"
 REFERENCE_LSE_MERGE: Final = "reference-lse-merge"
 
 
-def piece_attention_kernel(device: str, precision: str, documents: bool) -> str:
+def piece_attention_kernel(device: str, precision: str, documents: bool, cudnn: bool = True) -> str:
     """The kernel a piece's attention runs on `device` ("cuda"/"cpu") at JobSpec precision
-    `precision` (flash takes 16-bit inputs only), with or without document masks."""
-    if device == "cuda" and precision != "fp32" and not documents:
-        return FLASH_LOWER_RIGHT
-    return REFERENCE_LSE_MERGE
+    `precision` (the fused kernels take 16-bit inputs only), with or without document masks,
+    where cuDNN's attention is (`cudnn`) or is not available."""
+    if device != "cuda" or precision == "fp32" or documents:
+        return REFERENCE_LSE_MERGE
+    return CUDNN_PREFIX_DIAGONAL if cudnn else FLASH_LOWER_RIGHT

@@ -8,14 +8,15 @@ attention costs one chunk of queries at a time and never a score matrix on the d
     out, lse = prefix_attention(q, k[:, :, :s1], v[:, :, :s1], s0)     # (B, H, c, hd), (B, H, c)
     dq = prefix_attention_backward(dout, q, k_s1, v_s1, out, lse, s0, dk_sum, dv_sum)
 
-Kernels. On CUDA in bf16/fp16 without documents: FlashAttention-2 through
-aten::_scaled_dot_product_flash_attention, whose is_causal aligns bottom-right when the
-query length differs from the key length (FA2's convention: torch's own CausalBias
-LOWER_RIGHT dispatches to it the same way), with grouped-query K/V as they are (no
-repeat). SDPA's public `is_causal` would align top-left here: silently wrong. Everywhere
-else (CPU, fp32, documents) the exact reference of models/chunked.py: the prefix unmasked
-and the diagonal block causal, merged by log-sum-exp, in fp32. The names and the rule are
-scheduler/contracts/hardware.py's, which the plan records.
+Kernels (names and rule: scheduler/contracts/hardware.py, which the plan records). On CUDA
+in bf16/fp16 without documents: cuDNN's fused attention twice, the prefix [0, s0) with no
+mask and the diagonal block [s0, s1) with its causal mask (square, so cuDNN's top-left
+alignment is right), merged by log-sum-exp: 575/561 TFLOP/s fwd/bwd on an H100 at 32K;
+without cuDNN, FlashAttention-2 through aten's flash op in one call, whose is_causal aligns
+bottom-right when queries are fewer than keys (torch's own CausalBias LOWER_RIGHT
+dispatches to it the same way): 357/313. SDPA's public `is_causal` would align top-left
+here: silently wrong. Grouped-query K/V go to both as they are. Elsewhere (CPU, fp32,
+documents) the exact reference of models/chunked.py, the same two parts merged in fp32.
 """
 
 from __future__ import annotations
@@ -23,15 +24,41 @@ from __future__ import annotations
 import torch
 
 from wstrain.scheduler.contracts.calibration import ATTENTION_KEY_BLOCK_TOKENS
+from wstrain.scheduler.contracts.hardware import CUDNN_PREFIX_DIAGONAL as CUDNN
 from wstrain.scheduler.contracts.hardware import FLASH_LOWER_RIGHT as FLASH
 from wstrain.scheduler.contracts.hardware import piece_attention_kernel
-from wstrain.worker.models.chunked import chunk_attention_backward, chunk_attention_forward
+from wstrain.worker.models.chunked import (
+    chunk_attention_backward,
+    chunk_attention_forward,
+    merge_partials,
+)
+
+ATEN = torch.ops.aten
+USE_CUDNN = True  # tests and the bench switch it off to run flash
+
+
+def _cudnn_attention() -> bool:
+    """cuDNN's fused attention: cuDNN 9 and an sm80+ GPU, as torch's own SDPA requires."""
+    if not (USE_CUDNN and torch.cuda.is_available() and torch.backends.cudnn.is_available()):
+        return False
+    version = torch.backends.cudnn.version() or 0
+    return version >= 90000 and torch.cuda.get_device_capability() >= (8, 0)
 
 
 def kernel_for(device: torch.device, dtype: torch.dtype, documents: bool) -> str:
     """The attention kernel prefix_attention uses for these inputs (the plan records it)."""
     precision = "bf16" if dtype in (torch.bfloat16, torch.float16) else "fp32"
-    return piece_attention_kernel(device.type, precision, documents)
+    cudnn = device.type == "cuda" and _cudnn_attention()
+    return piece_attention_kernel(device.type, precision, documents, cudnn)
+
+
+def _cudnn_part(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cuDNN attention of q over k, v (causal: square, so its top-left mask is the
+    diagonal's): (out (B, H, c, E), lse (B, H, c) fp32)."""
+    out, lse, *_ = ATEN._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False)
+    return out, lse.squeeze(-1)  # cuDNN's stats are (B, H, c, 1)
 
 
 def prefix_attention(
@@ -47,22 +74,66 @@ def prefix_attention(
     before `lo` are unseen by every query (documents that start later)."""
     s1 = s0 + q.shape[2]
     assert k.shape[2] == s1 == v.shape[2], (q.shape, k.shape, v.shape, s0)
-    if kernel_for(q.device, q.dtype, segments is not None) == FLASH:
-        out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(
-            q, k, v, 0.0, is_causal=True
-        )
+    kernel = kernel_for(q.device, q.dtype, segments is not None)
+    if kernel == CUDNN:
+        out, lse = _cudnn_part(q, k[:, :, s0:], v[:, :, s0:], True)  # the diagonal
+        if s0 == 0:
+            return out, lse
+        o1, lse1 = _cudnn_part(q, k[:, :, :s0], v[:, :, :s0], False)  # the prefix
+        merged, lse = merge_partials(o1.float(), lse1, out.float(), lse)
+        return merged.to(q.dtype), lse
+    if kernel == FLASH:
+        out, lse, *_ = ATEN._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal=True)
         return out, lse
     out, lse = chunk_attention_forward(q, k, v, segments, (s0, s1), lo)
     return out.to(q.dtype), lse
 
 
-def key_blocks(s0: int, s1: int, block: int | None = None) -> list[tuple[int, int]]:
+def key_blocks(
+    s0: int, s1: int, block: int | None = None, diagonal_apart: bool = False
+) -> list[tuple[int, int]]:
     """The key ranges one backward call each takes for queries [s0, s1): blocks of `block`
     (default ATTENTION_KEY_BLOCK_TOKENS) keys, the last one [a, s1) holding the diagonal
-    (a <= s0 while the piece is no longer than a block), the others wholly before it."""
+    (a <= s0 while the piece is no longer than a block; a == s0 with `diagonal_apart`, for
+    a kernel whose causal mask is top-left), the others wholly before it."""
     block = block or ATTENTION_KEY_BLOCK_TOKENS
-    last = min(s0, max(0, s1 - block))
+    last = s0 if diagonal_apart else min(s0, max(0, s1 - block))
     return [(a, min(a + block, last)) for a in range(0, last, block)] + [(last, s1)]
+
+
+def _per_kv_head(d: torch.Tensor, kv: int) -> torch.Tensor:
+    """A K or V gradient (B, heads, L, hd) summed to the kv heads when a kernel returned it
+    expanded to every query head."""
+    b, h, n, e = d.shape
+    return d if h == kv else d.view(b, kv, h // kv, n, e).sum(2)
+
+
+def _fused_backward(
+    kernel: str,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One fused backward call over a block of keys, with the whole row's out and lse."""
+    c, n = q.shape[2], k.shape[2]
+    if kernel == CUDNN:
+        # no dropout: the RNG seed and offset go unread; no bias, no varlen lengths
+        rng = torch.zeros((), device=q.device, dtype=torch.long)
+        stats = lse.unsqueeze(-1).contiguous()  # (B, H, c, 1), cuDNN's layout
+        return ATEN._scaled_dot_product_cudnn_attention_backward(
+            dout, q, k, v, out, stats, rng, rng, None, None, None, c, n, 0.0, causal
+        )
+    # flash: dense inputs have no cumulative lengths (None, as its forward returns them);
+    # the RNG state (seed and offset, uint64, as the forward's) goes unread without dropout
+    seed = torch.zeros(2, device=q.device, dtype=torch.uint64)
+    offset = torch.zeros((), device=q.device, dtype=torch.uint64)
+    return ATEN._scaled_dot_product_flash_attention_backward(
+        dout, q, k, v, out, lse, None, None, c, n, 0.0, causal, seed, offset
+    )
 
 
 def prefix_attention_backward(
@@ -80,22 +151,21 @@ def prefix_attention_backward(
 ) -> torch.Tensor:
     """dq (B, H, c, hd) in fp32 from dout (B, H, c, E) and the forward's out and lse; the
     gradients of the keys and values [0, s0+c) are added into dk_sum, dv_sum (B, KV, s0+c,
-    hd), fp32. Flash runs a block of keys a call (key_blocks): each call's P = exp(S - lse)
-    uses the whole row's lse and D = rowsum(dout ∘ out), so its dk, dv are that block's
-    exact share and the calls' dq add up; the prefix blocks need no mask, the last block's
-    bottom-right causal mask is the diagonal's."""
+    hd), fp32. A fused kernel runs a block of keys a call (key_blocks): each call's
+    P = exp(S - lse) uses the whole row's lse and D = rowsum(dout ∘ out), so its dk, dv are
+    that block's exact share and the calls' dq add up; the prefix blocks need no mask, the
+    last block's causal mask is the diagonal's."""
     s1 = s0 + q.shape[2]
-    if kernel_for(q.device, q.dtype, segments is not None) == FLASH:
-        empty = torch.empty(0, device=q.device, dtype=torch.long)
+    kernel = kernel_for(q.device, q.dtype, segments is not None)
+    if kernel in (CUDNN, FLASH):
         dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        for a, b in key_blocks(s0, s1):
-            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-                dout, q, k[:, :, a:b], v[:, :, a:b], out, lse, empty, empty,
-                q.shape[2], b - a, 0.0, b == s1, empty, empty,
-            )  # fmt: skip
+        for a, b in key_blocks(s0, s1, diagonal_apart=kernel == CUDNN):
+            dq, dk, dv = _fused_backward(
+                kernel, dout, q, k[:, :, a:b], v[:, :, a:b], out, lse, b == s1
+            )
             dq_sum += dq
-            dk_sum[:, :, a:b] += dk
-            dv_sum[:, :, a:b] += dv
+            dk_sum[:, :, a:b] += _per_kv_head(dk, k.shape[1])
+            dv_sum[:, :, a:b] += _per_kv_head(dv, k.shape[1])
             del dq, dk, dv
         return dq_sum
     dq, dkc, dvc = chunk_attention_backward(dout, None, q, k, v, out, lse, segments, (s0, s1), lo)
