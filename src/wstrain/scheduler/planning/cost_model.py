@@ -264,14 +264,18 @@ def recompute_shares(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[
 
 def chunk_times(dims: ModelDims, seq_len: int, node: NodeProfile) -> tuple[float, float]:
     """(forward, backward) seconds of one sequence through one decoder layer: measured when
-    the node carries the job's layer times, else from FLOPs at the profiled rates."""
+    the node carries the job's layer times, else from FLOPs at the profiled rates. From
+    FLOPs, the runtime's overhead (hooks, launch gaps, elementwise work) goes on the GEMM
+    part only: the attention kernel runs as profiled (long context, H100, 32K-512K: with
+    the overhead on attention too, 64K-512K predicted 12-28% over the measured step;
+    without, -12% at 32K and -2% to +8% from 64K; bench/RESULTS.md)."""
     k = RUNTIME_OVERHEAD
     if node.layer is not None and node.layer.seq_len == seq_len:
         return k * node.layer.forward_s, k * node.layer.backward_s
     gemm = 2 * seq_len * dims.layer_params_active / node.matmul_flops  # MoE: Ψ_active
     attn = 2 * seq_len * seq_len * dims.num_heads * dims.head_dim
     attn_s = attn / node.attention_flops(seq_len)
-    return k * (gemm + attn_s), k * (2 * gemm + 2.5 * attn_s)  # flash bwd: 5x vs 4x FLOPs
+    return k * gemm + attn_s, k * 2 * gemm + 2.5 * attn_s  # flash bwd: 5x vs 4x FLOPs
 
 
 def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -> LayerCost:

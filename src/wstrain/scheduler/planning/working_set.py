@@ -39,6 +39,10 @@ MICRO_BATCHES_TRIED = 4  # divisors from the AdaWS bound up
 # Piece lengths tried for long context (seq_chunk), beside whole sequences: from 4K, where a
 # piece's GEMMs still run near the matmul peak, to 16K; only lengths that divide seq_len.
 SEQ_CHUNKS = (4096, 8192, 16384)
+# Below this many tokens pieces are planned only when whole sequences fit no budget: at 32K
+# on an H100 (24 GiB, 32 layers) whole sequences ran 6.16 K tok/s and pieces of 4K 5.64 K,
+# while the cost model, which has no per-piece overhead, predicted pieces 12% too fast.
+PIECES_FROM_TOKENS = 65536
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def micro_batches(
     return [tier for tier in (above, below) if tier], bound
 
 
-def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int]) -> list[cm.Layout]:
+def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool) -> list[cm.Layout]:
     o = spec.overrides
     rings = (
         [(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad) else [(3, 2), (2, 2), (2, 1)]
@@ -100,7 +104,7 @@ def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int]) -> list[cm.Layout]:
     leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
     return [
         cm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p)
-        for c, p in seq_chunks(spec, dims)
+        for c, p in seq_chunks(spec, dims, pieces)
         for lead in (leads if p == 1 else [1])  # pieces run one round a pass
         for m in mbs
         for opt in optimizers
@@ -110,14 +114,15 @@ def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int]) -> list[cm.Layout]:
     ]
 
 
-def seq_chunks(spec: JobSpec, dims: ModelDims) -> list[tuple[int, int]]:
-    """(seq_chunk, pieces) options: whole sequences, and for a dense model without document
-    masks the piece lengths that divide a longer sequence (or the override's)."""
+def seq_chunks(spec: JobSpec, dims: ModelDims, pieces: bool = True) -> list[tuple[int, int]]:
+    """(seq_chunk, pieces) options: whole sequences, and with `pieces` for a dense model
+    without document masks the piece lengths that divide a longer sequence (or the
+    override's)."""
     S, o = spec.seq_len, spec.overrides
     if o.seq_chunk is not None:
         c = o.seq_chunk if 0 < o.seq_chunk < S else 0
         return [(c, -(-S // c) if c else 1)]
-    if dims.is_moe or spec.document_mask:
+    if dims.is_moe or spec.document_mask or not pieces:
         return [(0, 1)]
     return [(0, 1)] + [(c, S // c) for c in SEQ_CHUNKS if c < S and S % c == 0]
 
@@ -254,11 +259,11 @@ def _finish(
 
 
 def _search(
-    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int]
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int], pieces: bool
 ) -> _Candidate | None:
     ranked: list[tuple[float, int, cm.Layout, Solution, int, _Window]] = []
     solutions: dict[tuple[int, int], Solution] = {}  # the DP depends on the units alone
-    for i, lay in enumerate(_layouts(spec, dims, mbs)):
+    for i, lay in enumerate(_layouts(spec, dims, mbs, pieces)):
         lc = cm.layer_cost(dims, spec, lay, node)
         key = (lay.micro_batch, lay.seq_chunk)
         sol = solutions.get(key) or solutions.setdefault(key, solve([lc] * dims.num_layers))
@@ -314,8 +319,10 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
         )
     tiers, bound = micro_batches(spec, dims, node)
     best = None
-    for tier in tiers:
-        best = _search(spec, dims, node, device, tier)
+    # shorter sequences try whole ones first (PIECES_FROM_TOKENS), then pieces
+    passes = [True] if spec.seq_len >= PIECES_FROM_TOKENS else [False, True]
+    for tier, pieces in ((t, p) for p in passes for t in tiers):
+        best = _search(spec, dims, node, device, tier, pieces)
         if best is not None:
             break
     else:

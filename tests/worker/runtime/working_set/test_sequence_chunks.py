@@ -20,8 +20,9 @@ from tests.worker.runtime.working_set.test_schedule import (
     reference,
     rel,
 )
-from wstrain.scheduler.contracts.jobs import OptimizerSpec
+from wstrain.scheduler.contracts.jobs import JobSpec, OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.planning.cost_model import saved_bytes
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 from wstrain.worker.runtime.working_set.state import HostState
@@ -46,6 +47,33 @@ def test_pieces_match_transformers(seq_chunk: int, level: int, window: int) -> N
     )
     assert rt.cfg.pieces == pieces and rt.cfg.units == 2 * pieces
     check_grads(rt, ref, data)
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_home_sets_take_what_the_planner_counts(level: int) -> None:
+    """What a round of pieces sends home is what the planner counts a (layer, piece) for
+    the host budget (cost_model.saved_bytes with seq_chunk), within the store's rounding of
+    each tensor to 256 bytes; the inputs fetched twice are stored once."""
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    levels = tuple((level,) * 4 for _ in range(DIMS.num_layers))
+    rt = make_runtime(ref, micro_batch=1, chunk=1, rounds=1, window=0, levels=levels, seq_chunk=4)
+    rt.forward_backward(data, 0)
+    spec = JobSpec.model_validate(
+        {
+            "name": "a",
+            "model": {"hf_config": DIMS.to_hf_config()},
+            "data": {"kind": "synthetic"},
+            "seq_len": SEQ,
+            "global_batch": 1,
+            "steps": 1,
+            "precision": "fp32",
+            "budget": {"device_gib": 1, "host_gib": 1},
+        }
+    )
+    sets = DIMS.num_layers * 4
+    want = sets * saved_bytes(DIMS, spec, level, 4)
+    tensors = 1 + 2 * (level in (1, 3)) + 2 * (level in (2, 3))
+    assert want <= sum(rt.acts.used) < want + sets * tensors * 256
 
 
 def test_eval_and_steps_equal_whole_sequences() -> None:

@@ -1,0 +1,96 @@
+"""Planning long sequences (scheduler/planning/working_set.py with cost_model's pieces):
+past whole sequences' reach the planner cuts each sequence into pieces, accounts the
+context window in the device budget and every piece's saved set in the host budget, and
+records the piece length and the attention kernel; it refuses what no piece length fits
+with the smallest budgets that would.
+
+    pytest tests/scheduler/planning/test_long_context.py
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.scheduler.planning.test_autoconfig import _spec
+from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.errors import InfeasibleBudget
+from wstrain.scheduler.contracts.hardware import H100_ADAWS
+from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.planning.working_set import make_ws_plan
+
+LLAMA = PRESETS["llama3-8b"]
+# the lent H100 as bench.long_context measured it (bench/results/2026-11-26-h100-*.json)
+H100 = replace(
+    H100_ADAWS,
+    matmul_flops=761e12,
+    host_total_bytes=125 * GIB,
+    h2d_bytes_per_s=55e9,
+    d2h_bytes_per_s=55e9,
+    both_bytes_per_s=50e9,
+    attention_points=((4096, 333e12), (8192, 448e12), (16384, 507e12), (32768, 476e12)),
+)
+
+
+@pytest.mark.parametrize("seq", [65536, 131072])
+def test_pieces_fit_32_layers_where_whole_sequences_cannot(seq: int) -> None:
+    dims = replace(LLAMA, num_layers=32)
+    spec = _spec(dims, seq, 1, 24, 110)
+    with pytest.raises(InfeasibleBudget):  # whole sequences: activations grow with S
+        make_ws_plan(_spec(dims, seq, 1, 24, 110, seq_chunk=0), dims, H100)
+    plan = make_ws_plan(spec, dims, H100)
+    ws = plan.working_set
+    assert ws is not None and 0 < ws.seq_chunk < seq and seq % ws.seq_chunk == 0
+    assert ws.attention_kernel == "cudnn-prefix-diagonal"
+    pieces = seq // ws.seq_chunk
+    assert len(ws.levels) == 32 and all(len(row) == pieces for row in ws.levels)
+    assert plan.predicted.peak_device_bytes <= spec.budget.device_bytes
+    assert plan.predicted.peak_host_bytes <= spec.budget.host_bytes
+    assert f"{pieces} pieces" in plan.reasons["seq_chunk"]
+
+
+def test_the_window_and_pieces_are_counted() -> None:
+    """Device bytes with pieces: the window's K, V, their fp32 sums and one backward key
+    block (4 KiB + 8 KiB a token at Llama-3-8B, + the expanded block); the activations of a
+    piece, not the sequence."""
+    dims, seq = replace(LLAMA, num_layers=16), 262144
+    spec = _spec(dims, seq, 1, 24, 110)
+    lay = cm.Layout(1, seq_chunk=16384, pieces=16)
+    per_token = 8 * 128 * (2 * 2 + 2 * 4)  # K and V bf16, their sums fp32
+    block = 65536 * 2 * 2 * (8 * 128 + 32 * 128)
+    assert cm.context_window_bytes(dims, spec, lay) == seq * per_token + block
+    whole = cm.fixed_device_bytes(dims, spec, cm.Layout(1), 0)
+    assert cm.fixed_device_bytes(dims, spec, lay, 0) < whole / 2
+    assert cm.saved_bytes(dims, spec, 1, 16384) == 16384 * (4096 * 2 + 4096 * 2 + 4 * 32)
+    assert cm.saved_bytes(dims, spec, 0, 16384) * 16 == cm.saved_bytes(dims, spec, 0)
+
+
+def test_past_the_host_32_layers_refuse_with_the_budget_that_fits_and_16_plan() -> None:
+    """At 512K the layer inputs of 32 layers alone are 128 GiB: the host budget binds."""
+    spec = _spec(replace(LLAMA, num_layers=32), 524288, 1, 24, 110)
+    with pytest.raises(InfeasibleBudget) as e:
+        make_ws_plan(spec, replace(LLAMA, num_layers=32), H100)
+    need = e.value.min_budget  # type: ignore[attr-defined]
+    assert need["host_gib"] > 128 and need["device_gib"] <= 24
+    dims = replace(LLAMA, num_layers=16)
+    plan = make_ws_plan(_spec(dims, 524288, 1, 24, 110), dims, H100)
+    assert plan.working_set is not None and plan.working_set.seq_chunk > 0
+
+
+def test_shorter_sequences_stay_whole_unless_asked() -> None:
+    dims = replace(LLAMA, num_layers=32)
+    plan = make_ws_plan(_spec(dims, 32768, 1, 24, 110), dims, H100)
+    assert plan.working_set is not None and plan.working_set.seq_chunk == 0
+    assert plan.working_set.attention_kernel == ""
+    asked = make_ws_plan(_spec(dims, 32768, 1, 24, 110, seq_chunk=4096), dims, H100)
+    assert asked.working_set is not None and asked.working_set.seq_chunk == 4096
+    assert "(override)" in asked.reasons["seq_chunk"]
+
+
+def test_no_pieces_for_documents_or_experts() -> None:
+    dims = replace(LLAMA, num_layers=16)
+    spec = _spec(dims, 131072, 1, 24, 110).model_copy(update={"document_mask": True})
+    with pytest.raises(InfeasibleBudget):
+        make_ws_plan(spec, dims, H100)
