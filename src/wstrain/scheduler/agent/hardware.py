@@ -22,6 +22,7 @@ from typing import NamedTuple
 from wstrain.scheduler.contracts.hardware import Device, LayerTimes
 from wstrain.scheduler.contracts.jobs import GPUInfo, JobSpec
 from wstrain.scheduler.contracts.model_dims import resolve_dims
+from wstrain.scheduler.planning.working_set import PIECES_FROM_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,11 @@ async def layer_times(
     state_dir: Path, profile_key: str, spec: JobSpec, jdir: Path, gpu: int
 ) -> LayerTimes | None:
     """The job's layer timed on GPU `gpu`, cached per model shape, sequence length,
-    precision and hardware; None on failure (the planner then plans from FLOPs)."""
+    precision and hardware; None on failure (the planner then plans from FLOPs), and None
+    for a sequence long enough to be planned in pieces: a whole layer at that length is
+    what may not fit beside the GPU's other jobs (and takes seconds a pass at 512K)."""
+    if spec.seq_len >= PIECES_FROM_TOKENS:
+        return None
     dims = resolve_dims(spec.model)
     key = hashlib.sha256(
         json.dumps([dataclasses.asdict(dims), spec.seq_len, spec.precision, profile_key]).encode()

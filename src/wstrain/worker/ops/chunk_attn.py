@@ -6,7 +6,7 @@ device (AdaWS §3.3; GQA keeps it small: 4 KiB a token at Llama-3-8B dims, 2 GiB
 Forward, chunks in order: each chunk's k and v go into the window, its queries attend to
 [0, s1) (ops/prefix_attn.py); saved for backward are the chunk's input x and, when the plan
 keeps them, the attention output and its log-sum-exp (the chunk's own size, never the
-prefix's). Backward, chunks in reverse order: first `rebuild` refills the window's K and V
+prefix's). Backward, chunks in reverse order: first `put` refills the window's K and V
 from every chunk's input (the norm and the two thin K/V projections, ~4% of the layer's
 GEMM FLOPs), then each chunk's backward adds its keys' and values' gradients for the whole
 prefix into the window's fp32 dK/dV, so when a chunk's turn comes its own rows of dK/dV
@@ -14,7 +14,9 @@ hold every later chunk's part and it can finish the gradient through its project
 
     win = ContextWindow.like(dims, batch, seq_len, dtype, device)
     h, out, lse = chunk_attn_forward(x, w, dims, cos[s0:s1], sin[s0:s1], win, s0)  # no graph
-    win.rebuild(...); win.zero_grads()            # backward of a layer, then chunks reversed:
+    # backward of a layer: every chunk's K, V back in the window, then chunks reversed
+    for each chunk: win.put(x, w, dims, cos_c, sin_c, s0)
+    win.zero_grads()
     dx, dws = chunk_attn_backward(dh, x, out, lse, w, dims, cos_c, sin_c, win, s0)
 """
 

@@ -28,6 +28,10 @@ set (gate and up, worker/ops/lean_mlp.py; MoE: routing and grouped gate/up, work
 backward recomputes attention), 3 both. MoE layers add their routing to the round's router
 totals, and the load-balancing loss's gradient (worker/models/moe.py) enters each layer's MLP
 backward.
+Long context (cfg.seq_chunk, working_set/sequence_chunks.py): each chunk's sequences are cut
+into pieces and a (chunk, piece) unit takes the chunk's place above; a layer's pieces run in
+order against a context window of the sequence's K and V, and its backward first puts every
+piece's K and V back from the inputs, then takes the pieces in reverse.
 It never touches Redis; on CPU streams are no-ops and the same schedule runs.
 """
 
