@@ -153,19 +153,24 @@ def test_home_sets_take_what_the_planner_counts(level: int) -> None:
         loss_tokens=24,
     )
     rt.forward_backward(data, 0)
-    spec = JobSpec.model_validate(
+    spec = fp32_spec(global_batch=2)
+    assert sum(rt.acts.used) == DIMS.num_layers * 2 * saved_bytes(DIMS, spec, level)
+
+
+def fp32_spec(global_batch: int) -> JobSpec:
+    """The JobSpec of these tests' runs (DIMS, SEQ tokens, fp32) for the planner's counts."""
+    return JobSpec.model_validate(
         {
             "name": "a",
             "model": {"hf_config": DIMS.to_hf_config()},
             "data": {"kind": "synthetic"},
             "seq_len": SEQ,
-            "global_batch": 2,
+            "global_batch": global_batch,
             "steps": 1,
             "precision": "fp32",
             "budget": {"device_gib": 1, "host_gib": 1},
         }
     )
-    assert sum(rt.acts.used) == DIMS.num_layers * 2 * saved_bytes(DIMS, spec, level)
 
 
 QWEN3 = ModelDims(101, 48, 80, 3, 4, 2, 16, 1e-6, 1000000.0, 128, model_type="qwen3")

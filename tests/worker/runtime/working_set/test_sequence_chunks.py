@@ -16,11 +16,12 @@ from tests.worker.runtime.working_set.test_schedule import (
     SEQ,
     Batches,
     check_grads,
+    fp32_spec,
     make_runtime,
     reference,
     rel,
 )
-from wstrain.scheduler.contracts.jobs import JobSpec, OptimizerSpec
+from wstrain.scheduler.contracts.jobs import OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.planning.cost_model import saved_bytes
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
@@ -58,18 +59,7 @@ def test_home_sets_take_what_the_planner_counts(level: int) -> None:
     levels = tuple((level,) * 4 for _ in range(DIMS.num_layers))
     rt = make_runtime(ref, micro_batch=1, chunk=1, rounds=1, window=0, levels=levels, seq_chunk=4)
     rt.forward_backward(data, 0)
-    spec = JobSpec.model_validate(
-        {
-            "name": "a",
-            "model": {"hf_config": DIMS.to_hf_config()},
-            "data": {"kind": "synthetic"},
-            "seq_len": SEQ,
-            "global_batch": 1,
-            "steps": 1,
-            "precision": "fp32",
-            "budget": {"device_gib": 1, "host_gib": 1},
-        }
-    )
+    spec = fp32_spec(global_batch=1)
     sets = DIMS.num_layers * 4
     want = sets * saved_bytes(DIMS, spec, level, 4)
     tensors = 1 + 2 * (level in (1, 3)) + 2 * (level in (2, 3))
@@ -133,34 +123,44 @@ class LongBatches:
         return sequences * self.seq_len
 
 
-def test_tiny_llama_20_steps_at_4096_tokens_in_pieces_of_512() -> None:
-    """A tiny Llama trained 20 steps on 4096-token sequences with pieces of 512 follows the
-    whole-sequence run: every step's loss and the final weights (fp32)."""
-    dims = ModelDims(97, 32, 64, 2, 4, 2, 8, 1e-5, 500000.0, 4096)
-    seq, data = 4096, LongBatches(97, 4096)
+def _train(
+    dims: ModelDims,
+    precision: str,
+    device: str,
+    steps: int,
+    lr: float,
+    level: int = 0,
+    **cfg: object,
+) -> list[tuple[list[float], dict[str, torch.Tensor]]]:
+    """`steps` steps on 4096-token LongBatches from the same random weights, whole
+    sequences and then in pieces of cfg's seq_chunk, every (layer, unit) at `level`:
+    (losses, final weights) of each."""
+    data = LongBatches(dims.vocab_size, 4096)
     torch.manual_seed(0)
     init = HostState.create(dims, "fp32", pin=False)
     state = {k: torch.randn_like(v) * 0.05 for k, v in init.weight_views().items()}
     runs = []
-    for seq_chunk in (0, 512):
-        host = HostState.create(dims, "fp32", pin=False)
+    for seq_chunk in (0, cfg.pop("seq_chunk")):
+        cuda = device == "cuda"
+        host = HostState.create(dims, precision, pin=cuda, fused_adamw=cuda)
         host.load_state_dict(state)
-        cfg = WorkingSetConfig(
-            precision="fp32",
-            device="cpu",
-            micro_batch=1,
-            chunk=1,
-            rounds=1,
-            steps=20,
-            seed=0,
-            seq_len=seq,
-            window=1,
-            seq_chunk=seq_chunk,
-            loss_tokens=1024,
-        )
-        rt = WorkingSetRuntime(dims, cfg, OptimizerSpec(lr=2e-2, warmup_steps=2), host)
-        runs.append(([rt.train_step(data, s).loss for s in range(20)], rt.state_tensors()))
-    (l0, w0), (l1, w1) = runs
+        config = WorkingSetConfig(
+            precision=precision, device=device, micro_batch=1, chunk=1, steps=steps, seed=0,
+            seq_len=4096, window=1, seq_chunk=seq_chunk, **cfg,  # type: ignore[arg-type]
+            levels=((level,) * (4096 // (seq_chunk or 4096)),) * dims.num_layers,
+        )  # fmt: skip
+        rt = WorkingSetRuntime(dims, config, OptimizerSpec(lr=lr, warmup_steps=2), host)
+        runs.append(([rt.train_step(data, s).loss for s in range(steps)], rt.state_tensors()))
+    return runs
+
+
+def test_tiny_llama_20_steps_at_4096_tokens_in_pieces_of_512() -> None:
+    """A tiny Llama trained 20 steps on 4096-token sequences with pieces of 512 follows the
+    whole-sequence run: every step's loss and the final weights (fp32)."""
+    dims = ModelDims(97, 32, 64, 2, 4, 2, 8, 1e-5, 500000.0, 4096)
+    (l0, w0), (l1, w1) = _train(
+        dims, "fp32", "cpu", 20, 2e-2, seq_chunk=512, rounds=1, loss_tokens=1024
+    )
     assert l0[-1] < l0[0] - 0.2, l0  # it learns
     for a, b in zip(l0, l1):
         assert abs(a - b) < 1e-5 * abs(a), (l0, l1)
@@ -171,26 +171,9 @@ def test_tiny_llama_20_steps_at_4096_tokens_in_pieces_of_512() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("level", [0, 1])
 def test_pieces_on_cuda_follow_whole_sequences(level: int) -> None:
-    """bf16 on the GPU (flash with its bottom-right mask, pinned host copies, streams): three
-    steps of 4096-token sequences in pieces of 1024 give the losses of whole sequences
-    within bf16's rounding."""
+    """bf16 on the GPU (cuDNN's prefix and diagonal attention, pinned host copies,
+    streams): three steps of 4096-token sequences in pieces of 1024 give the losses of whole
+    sequences within bf16's rounding."""
     dims = ModelDims(1000, 256, 512, 2, 4, 2, 64, 1e-5, 500000.0, 4096)
-    data = LongBatches(1000, 4096)
-    torch.manual_seed(0)
-    init = HostState.create(dims, "bf16", pin=False)
-    state = {
-        k: (torch.randn_like(v.float()) * 0.05).bfloat16() for k, v in init.weight_views().items()
-    }
-    runs = []
-    for seq_chunk in (0, 1024):
-        host = HostState.create(dims, "bf16", pin=True, fused_adamw=True)
-        host.load_state_dict(state)
-        cfg = WorkingSetConfig(
-            precision="bf16", device="cuda", micro_batch=1, chunk=1, rounds=2, steps=3,
-            seed=0, seq_len=4096, window=1, seq_chunk=seq_chunk,
-            levels=tuple((level,) * (4 if seq_chunk else 1) for _ in range(2)),
-        )  # fmt: skip
-        rt = WorkingSetRuntime(dims, cfg, OptimizerSpec(lr=1e-3), host)
-        runs.append([rt.train_step(data, s).loss for s in range(3)])
-    for a, b in zip(*runs):
-        assert abs(a - b) < 1e-2 * abs(a), runs
+    whole, pieces = _train(dims, "bf16", "cuda", 3, 1e-3, level, seq_chunk=1024, rounds=2)
+    assert all(abs(a - b) < 1e-2 * abs(a) for a, b in zip(whole[0], pieces[0])), (whole, pieces)
