@@ -108,6 +108,7 @@ def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
         lead_rounds=ws.lead_rounds,
         document_mask=spec.document_mask,
         seq_chunk=ws.seq_chunk,
+        activation_precision=spec.activation_precision,
     )
 
 

@@ -55,6 +55,9 @@ CHECKPOINT_SHARD_BYTES: Final = GIB
 # backward expands grouped K/V gradients to every query head (bf16, 2 x keys x H x hd), 4
 # GiB each at 512K for Llama-8B; in blocks of 64K keys that is 1 GiB in all.
 ATTENTION_KEY_BLOCK_TOKENS: Final = 65536
+# fp8 saved activations (working_set/fp8_saves.py): one fp32 scale per this many elements,
+# so a 16-bit element goes home in 1 + 4/128 bytes.
+FP8_BLOCK_ELEMENTS: Final = 128
 # Saved activations in flight to the host at most (the D2H write buffer): a forward that
 # would exceed it waits for the oldest copy.
 WRITE_BUFFER_BYTES: Final = GIB

@@ -425,6 +425,12 @@ class JobSpec(_Strict):
     steps: int = Field(gt=0, le=MAX_STEPS)
     optimizer: OptimizerSpec = OptimizerSpec()
     precision: Literal["bf16", "mixed", "fp32"] = "bf16"
+    activation_precision: Literal["bf16", "fp8"] = Field(
+        default="bf16",
+        description="working set: the saved activations sent to host memory as they are, or "
+        "(opt-in, lossy) as float8 e4m3 with a scale per 128 elements: half the host bytes "
+        "and link traffic; needs a 16-bit precision",
+    )
     budget: Budget
     checkpoint_every: int = Field(
         default=0, ge=0, le=MAX_STEPS, description="0: only at the end and at cancel"
@@ -481,6 +487,15 @@ class JobSpec(_Strict):
         description="a sweep's shared id (`wstrain submit --sweep` sets it)",
     )
     overrides: PlanOverrides = PlanOverrides()
+
+    @model_validator(mode="after")
+    def _fp8_needs_16_bits(self) -> JobSpec:
+        if self.activation_precision == "fp8" and self.precision == "fp32":
+            raise ValueError(
+                'activation_precision="fp8" stores 16-bit activations at 8 bits; with '
+                'precision="fp32" use activation_precision="bf16" or precision "bf16"/"mixed"'
+            )
+        return self
 
 
 # ---------------------------------------------------------------- plan

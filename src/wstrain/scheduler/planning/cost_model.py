@@ -14,6 +14,7 @@ exposed only where they outlast the compute they overlap.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +27,7 @@ from wstrain.scheduler.contracts.calibration import (
     DEVICE_RESERVE_BYTES,
     DOCUMENT_MASK_BYTES_PER_PAIR,
     ELEMENT_BYTES,
+    FP8_BLOCK_ELEMENTS,
     LAYER_WORKSPACE_FACTOR,
     LEVELS,
     LINK_SHARE,
@@ -107,17 +109,24 @@ def saved_bytes(dims: ModelDims, spec: JobSpec, level: int, seq_chunk: int = 0) 
     a long sequence (seq_chunk) saves the output and log-sum-exp only: its q, k and v are
     recomputed with the window), at 2 and 3 the MLP's lean set (gate and up; MoE: per routed
     copy, plus the routing). A unit is a sequence, or a piece of seq_chunk tokens."""
-    e = ELEMENT_BYTES[spec.precision]
+    e_kernel = ELEMENT_BYTES[spec.precision]
+    e: float = e_kernel
+    if spec.activation_precision == "fp8" and e == 2:
+        # 1 byte and a 4-byte scale per block of a 16-bit tensor (working_set/fp8_saves.py);
+        # the attention kernel's own set (whole sequences) and the fp32 log-sum-exp stay
+        e = 1 + 4 / FP8_BLOCK_ELEMENTS
     hd = dims.head_dim
-    qkv = e * (dims.num_heads + 2 * dims.num_kv_heads) * hd * (not seq_chunk)
-    core = qkv + e * dims.num_heads * hd + 4 * dims.num_heads
+    if seq_chunk:  # a piece saves the output and log-sum-exp itself
+        core = e * dims.num_heads * hd + 4 * dims.num_heads
+    else:
+        core = e_kernel * 2 * (dims.num_heads + dims.num_kv_heads) * hd + 4 * dims.num_heads
     lean = (
         dims.experts_per_token * (2 * dims.moe_intermediate_size * e + 8)
         if dims.is_moe
         else 2 * dims.intermediate_size * e
     )
     per_token = dims.hidden_size * e + core * (level in (1, 3)) + lean * (level in (2, 3))
-    return min(seq_chunk or spec.seq_len, spec.seq_len) * per_token
+    return math.ceil(min(seq_chunk or spec.seq_len, spec.seq_len) * per_token)
 
 
 def context_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:

@@ -96,6 +96,10 @@ def ws_reasons(
         )
         + (" (override)" if o.lead_rounds else ""),
         "loss_tokens": f"LM-head loss in blocks of {min(lay.loss_tokens, spec.seq_len)} tokens",
+        "activation_precision": "fp8: saved activations go home as float8 e4m3 with a scale "
+        "per 128 elements (opt-in, lossy): half the host bytes and link traffic"
+        if spec.activation_precision == "fp8"
+        else "bf16: saved activations go home as they are",
         "seq_chunk": (
             f"{lay.seq_chunk}: each layer runs a sequence in {lay.pieces} pieces against a "
             f"window of its keys and values ({cm.context_window_bytes(dims, spec, lay) / GIB:.2f}"

@@ -132,6 +132,10 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
             ),
             "rounds": f"{rounds} = global_batch {spec.global_batch} / micro_batch {micro_batch}",
             "window": f"all {dims.num_layers} layers resident",
+            "activation_precision": "fp8 asked, not used: a resident plan keeps its "
+            "activations on the device as they are; fp8 storage is the working set's"
+            if spec.activation_precision == "fp8"
+            else "as they are, on the device",
             "device": f"{device}: the node's accelerator"
             + (" (override)" if spec.overrides.device else ""),
             "step_seconds": (

@@ -39,6 +39,8 @@ class WorkingSetConfig:
     # layer runs a chunk's sequences a piece at a time against a context window of K and V;
     # 0 = whole sequences.
     seq_chunk: int = 0
+    # "fp8": saved activations go home as block-scaled float8 (working_set/fp8_saves.py)
+    activation_precision: str = "bf16"
 
     def __post_init__(self) -> None:
         if self.pieces > 1 and (self.lead_rounds != 1 or self.document_mask):

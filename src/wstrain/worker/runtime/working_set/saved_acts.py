@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from wstrain.scheduler.contracts.calibration import ACTIVATION_CHUNK_BYTES, WRITE_BUFFER_BYTES
+from wstrain.worker.runtime.working_set import fp8_saves
 from wstrain.worker.runtime.working_set.arena import HostArena
+from wstrain.worker.runtime.working_set.fp8_saves import Fp8Home
 from wstrain.worker.runtime.working_set.rings import Streams
 
 
@@ -120,6 +122,7 @@ class HostCopy:
     device: torch.Tensor | None = None  # back on the device for backward (kept until freed)
     arrived: torch.cuda.Event | None = None  # its prefetch finished
     used: bool = False  # backward has taken it (prefetched or not)
+    fp8: Fp8Home | None = None  # went home in fp8 (fp8_saves.py): `device` holds it decoded
 
 
 class SavedTensorPolicy:
@@ -132,8 +135,9 @@ class SavedTensorPolicy:
         weight_storage: Callable[[], torch.Tensor],
         resident: list[torch.Tensor],
         counters: dict[str, int],
+        fp8: bool = False,
     ) -> None:
-        self.streams, self.store = streams, store
+        self.streams, self.store, self.fp8 = streams, store, fp8
         self.weight_storage = weight_storage  # the slot holding this layer *now*
         self.resident_ptrs = {t.untyped_storage().data_ptr() for t in resident}
         self.counters = counters
@@ -159,7 +163,7 @@ class SavedTensorPolicy:
                 or t.device.type != self.streams.device.type
             ):
                 return t
-            copy = self.send_home(t)
+            copy = self.send_home(t, fp8=False)  # the kernel's set: see send_home
             if packed is not None:
                 packed[tensor_key(t)] = copy
             return copy
@@ -174,24 +178,36 @@ class SavedTensorPolicy:
 
         return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
-    def send_home(self, t: torch.Tensor) -> HostCopy:
-        host = self.store.take(t)
+    def send_home(self, t: torch.Tensor, fp8: bool = True) -> HostCopy:
+        """Copy t home on the saves stream (in fp8 with its scales, when the job asked, t is
+        eligible (fp8_saves.py) and `fp8`: not for an attention kernel's own saved set,
+        whose q and k must match the log-sum-exp it saved with them; at 8 bits they moved
+        Llama layers' K-projection gradients by 10%)."""
+        parts, home = [t], None
+        if fp8 and self.fp8 and fp8_saves.eligible(t):
+            data, scales, layout = fp8_saves.encode(t)  # on the compute stream
+            parts = [data, scales]
+        hosts = [self.store.take(p) for p in parts]
         s = self.streams
+        nbytes = sum(p.nbytes for p in parts)
         if s.cuda:
-            self.store.admit(t.nbytes, s)
+            self.store.admit(nbytes, s)
         ready = s.record("comp")
         s.wait("saves", ready)
         with s.on("saves"):
-            host.copy_(t, non_blocking=True)
-            # the device tensor must outlive the copy: keep the caching allocator from
-            # reusing its memory until the saves stream is past it
-            if s.cuda:
-                t.record_stream(s.saves)
-        self.counters["d2h_bytes"] += t.nbytes
+            for host, p in zip(hosts, parts):
+                host.copy_(p, non_blocking=True)
+                # the device tensor must outlive the copy: keep the caching allocator from
+                # reusing its memory until the saves stream is past it
+                if s.cuda:
+                    p.record_stream(s.saves)
+        self.counters["d2h_bytes"] += nbytes
         done = s.record("saves")  # None on CPU
         if done is not None:
-            self.store.track(done, t.nbytes)
-        return HostCopy(host, done)
+            self.store.track(done, nbytes)
+        if len(parts) == 2:
+            home = fp8_saves.Fp8Home(hosts[1], layout)
+        return HostCopy(hosts[0], done, fp8=home)
 
     def fetch(self, copy: HostCopy) -> torch.Tensor:
         """The saved tensor back on the device: its prefetch, or a copy on the compute stream
@@ -204,9 +220,15 @@ class SavedTensorPolicy:
             copy.device = torch.empty_like(copy.host, device=s.device)
             copy.device.copy_(copy.host, non_blocking=True)
             self.counters["h2d_bytes"] += copy.host.nbytes
+            if copy.fp8 is not None:
+                copy.fp8.scales_device = copy.fp8.scales.to(s.device, non_blocking=True)
+                self.counters["h2d_bytes"] += copy.fp8.scales.nbytes
         elif copy.arrived is not None:  # prefetched
             s.compute_waits("activations", copy.arrived)
             copy.arrived = None
+        if copy.fp8 is not None and copy.fp8.scales_device is not None:  # decode, once
+            copy.device = fp8_saves.decode(copy.device, copy.fp8.scales_device, copy.fp8.layout)
+            copy.fp8.scales_device = None
         return copy.device
 
     def fetch_transient(self, saved: object) -> torch.Tensor:
@@ -218,6 +240,8 @@ class SavedTensorPolicy:
         assert isinstance(saved, HostCopy)
         t = self.fetch(saved)
         saved.device, saved.arrived, saved.used = None, None, False
+        if saved.fp8 is not None:
+            saved.fp8.scales_device = None
         return t
 
 
@@ -256,5 +280,10 @@ class BackwardPrefetch:
         s.wait("inbound", copy.done)
         with s.on("inbound"):
             out.copy_(copy.host, non_blocking=True)
+            if copy.fp8 is not None:  # its scales beside it (1/128 of its elements)
+                scales = torch.empty_like(copy.fp8.scales, device=s.device)
+                scales.copy_(copy.fp8.scales, non_blocking=True)
+                copy.fp8.scales_device = scales
+                self.counters["h2d_bytes"] += scales.nbytes
         copy.device, copy.arrived = out, s.record("inbound")
         self.counters["h2d_bytes"] += copy.host.nbytes

@@ -245,6 +245,7 @@ class WorkingSetRuntime:
             lambda: self.weights.storage_of(layer),
             [self.cos, self.sin, *(t for w in self._where for t in w if t is not None)],
             self.counters,
+            fp8=self.cfg.activation_precision == "fp8",
         )
 
     def _stash(self, t: torch.Tensor, home: bool, policy: SavedTensorPolicy) -> object:

@@ -1,0 +1,140 @@
+"""fp8 saved activations against bf16: the loss curve of a small Llama trained 2,000 steps
+by the working-set runtime with every saved set sent home, in bf16 with two seeds and with
+activation_precision="fp8" (working_set/fp8_saves.py) on the first seed. fp8 passes when
+its smoothed curve stays within the spread of the two bf16 seeds.
+
+    python -m bench.fp8_curve --steps 2000 --out bench/results/X.json
+
+Needs a GPU. The data: a fixed random Markov chain over 512 tokens (each token has four
+successors with probabilities 0.55/0.25/0.15/0.05: an entropy floor of 1.16 nats), the
+same batches for every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+
+import torch
+
+from wstrain.scheduler.contracts.jobs import OptimizerSpec
+from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.worker.models.dense import LlamaModel
+from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
+from wstrain.worker.runtime.working_set.state import HostState
+
+log = logging.getLogger("bench.fp8_curve")
+
+DIMS = ModelDims(512, 256, 768, 4, 4, 2, 64, 1e-5, 500000.0, 512)
+SEQ, BATCH, VOCAB = 512, 8, 512
+PROBS = torch.tensor([0.55, 0.25, 0.15, 0.05])
+
+
+class MarkovBatches:
+    """batch(step, round, n): n sequences of the chain from a fixed pool of 1,024, in an
+    order drawn from (step, round)."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(1234)
+        nxt = torch.randint(0, VOCAB, (VOCAB, 4), generator=g)  # each token's successors
+        pool = torch.empty(1024, SEQ + 1, dtype=torch.long)
+        pool[:, 0] = torch.randint(0, VOCAB, (1024,), generator=g)
+        pick = torch.multinomial(PROBS.expand(1024 * SEQ, 4), 1, True, generator=g)
+        pick = pick.view(1024, SEQ)
+        for i in range(SEQ):
+            pool[:, i + 1] = nxt[pool[:, i], pick[:, i]]
+        self.pool, self.seq_len = pool, SEQ
+
+    def batch(self, step: int, round_idx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(step * 1000 + round_idx)
+        rows = self.pool[torch.randperm(len(self.pool), generator=g)[:n]]
+        return rows[:, :-1], rows[:, 1:]
+
+    def target_tokens(self, step: int, sequences: int) -> int:
+        return sequences * SEQ
+
+
+def run(seed: int, activation_precision: str, steps: int, device: str) -> list[float]:
+    init = LlamaModel(DIMS)
+    init.init_weights(seed)
+    cuda = device == "cuda"
+    host = HostState.create(DIMS, "bf16", pin=cuda, fused_adamw=cuda)
+    host.load_state_dict(init.state_dict())
+    cfg = WorkingSetConfig(
+        precision="bf16",
+        device=device,
+        micro_batch=BATCH // 2,
+        chunk=2,
+        rounds=2,
+        steps=steps,
+        seed=seed,
+        seq_len=SEQ,
+        window=0,  # every (layer, chunk) sends its set home: all of it through fp8
+        levels=tuple((3, 3) for _ in range(DIMS.num_layers)),
+        activation_precision=activation_precision,
+    )
+    rt = WorkingSetRuntime(DIMS, cfg, OptimizerSpec(lr=1e-3, warmup_steps=100), host)
+    data, losses = MarkovBatches(), []
+    t0 = time.perf_counter()
+    for step in range(steps):
+        losses.append(rt.train_step(data, step).loss)
+        if step % 200 == 0:
+            log.info("%s seed %d step %d loss %.4f", activation_precision, seed, step, losses[-1])
+    log.info("%s seed %d: %.1f s", activation_precision, seed, time.perf_counter() - t0)
+    return losses
+
+
+def smooth(xs: list[float], window: int = 50) -> list[float]:
+    """Trailing means over `window` steps."""
+    out = []
+    for i in range(len(xs)):
+        part = xs[max(0, i - window + 1) : i + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--out")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    runs: dict[str, list[float]] = {}
+    for name, seed, act in (
+        ("bf16-seed0", 0, "bf16"),
+        ("fp8-seed0", 0, "fp8"),
+        ("bf16-seed1", 1, "bf16"),
+    ):
+        runs[name] = run(seed, act, args.steps, args.device)
+        if args.out:  # each run as it ends: a cut-off session keeps what it had
+            with open(args.out, "w") as f:
+                json.dump({"losses": runs}, f)
+    s = {k: smooth(v) for k, v in runs.items()}
+    half = args.steps // 2  # past the early transient, where seeds differ most
+    inside = [
+        min(s["bf16-seed0"][i], s["bf16-seed1"][i]) - 0.01
+        <= s["fp8-seed0"][i]
+        <= max(s["bf16-seed0"][i], s["bf16-seed1"][i]) + 0.01
+        for i in range(half, args.steps)
+    ]
+    tail = {k: sum(v[-200:]) / len(v[-200:]) for k, v in runs.items()}
+    summary = {
+        "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "steps": args.steps,
+        "last200_mean": tail,
+        "fp8_minus_bf16_seed0": tail["fp8-seed0"] - tail["bf16-seed0"],
+        "bf16_seed_spread": abs(tail["bf16-seed1"] - tail["bf16-seed0"]),
+        "second_half_inside_spread_share": sum(inside) / len(inside),
+    }
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"summary": summary, "losses": runs}, f)
+
+
+if __name__ == "__main__":
+    main()
