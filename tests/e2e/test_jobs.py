@@ -251,3 +251,41 @@ def test_mixed_precision_job_trains_on_the_working_set(stack: Stack) -> None:
     plan, weights = _trains_on_the_working_set(stack, spec)
     assert plan["working_set"]["optimizer"] == "host"
     assert weights["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float32
+
+
+def test_long_sequences_in_pieces_train_like_whole_ones(stack: Stack) -> None:
+    """Long context through the whole service: a job whose sequences run in pieces
+    (overrides.seq_chunk) is planned so (the plan names the piece and the kernel) and ends
+    with the weights of the same job on whole sequences (fp32): the pieces change the
+    memory, never the math."""
+    base = dict(seq_len=256, steps=30, seed=3)
+    with stack.client() as c:
+        jobs = [
+            c.post(
+                "/v1/jobs",
+                json=tiny_spec(
+                    f"e2e-pieces-{n}", **base, overrides={**WS_OVERRIDES, "seq_chunk": n}
+                ),
+            ).json()
+            for n in (64, 0)
+        ]
+        plan = jobs[0]["plan"]["working_set"]
+        assert (plan["seq_chunk"], plan["attention_kernel"]) == (64, "reference-lse-merge")
+        assert len(plan["levels"][0]) == 2 * 4  # (sequence, piece) units
+        assert jobs[1]["plan"]["working_set"]["seq_chunk"] == 0
+        done = [wait_terminal(c, j["id"]) for j in jobs]
+    assert all(d["state"] == "succeeded" for d in done), [d["error"] for d in done]
+    pieces, whole = (_weights(d) for d in done)
+    for name, w in whole.items():
+        err = float((pieces[name] - w).norm() / w.norm().clamp_min(1e-30))
+        assert err < 1e-5, (name, err)
+
+
+def test_fp8_saved_activations_train_through_the_service(stack: Stack) -> None:
+    """activation_precision "fp8" (bf16 job): planned with it (the reasons say so), trains,
+    and the loss falls."""
+    spec = tiny_spec(
+        "e2e-fp8", precision="bf16", activation_precision="fp8", steps=60, overrides=WS_OVERRIDES
+    )
+    plan, _ = _trains_on_the_working_set(stack, spec)
+    assert plan["reasons"]["activation_precision"].startswith("fp8")
