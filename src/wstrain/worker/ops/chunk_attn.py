@@ -78,9 +78,9 @@ class ContextWindow:
         its queries (B, H, c, hd). No graph."""
         with torch.no_grad():
             q, k, v = qkv(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)
-            s1 = s0 + x.shape[1]
-            self.k[:, :, s0:s1] = k
-            self.v[:, :, s0:s1] = v
+            b, s1 = x.shape[0], s0 + x.shape[1]  # b: fewer sequences than the window holds
+            self.k[:b, :, s0:s1] = k
+            self.v[:b, :, s0:s1] = v
         return q
 
 
@@ -97,9 +97,9 @@ def chunk_attn_forward(
     (B, c, D) at rows [s0, s0+c), whose earlier rows' k and v are in `win`; cos, sin are the
     chunk's rows of the RoPE tables. No graph."""
     q = win.put(x, w, dims, cos, sin, s0)  # (B, H, c, hd)
-    s1 = s0 + x.shape[1]
+    b, s1 = x.shape[0], s0 + x.shape[1]
     with torch.no_grad():
-        out, lse = prefix_attention(q, win.k[:, :, :s1], win.v[:, :, :s1], s0)
+        out, lse = prefix_attention(q, win.k[:b, :, :s1], win.v[:b, :, :s1], s0)
         return out_proj(x, out, w), out, lse
 
 
@@ -119,21 +119,21 @@ def chunk_attn_backward(
     dh = dL/dh; `win` holds K and V of the whole sequence and, in its dk/dv rows [s0, s0+c),
     the gradient every later chunk sent there. out/lse: the forward's, or None to recompute
     them (one attention forward more)."""
-    c = x.shape[1]
+    b, c = x.shape[:2]
     s1 = s0 + c
     assert win.dk is not None and win.dv is not None, "zero_grads() before a backward"
     with torch.no_grad():
         q, _, _ = qkv(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)
-        ks, vs = win.k[:, :, :s1], win.v[:, :, :s1]  # (B, KV, s1, hd)
+        ks, vs = win.k[:b, :, :s1], win.v[:b, :, :s1]  # (B, KV, s1, hd)
         if out is None or lse is None:
             out, lse = prefix_attention(q, ks, vs, s0)
         d_out, dws = out_proj_backward(dh, out, w, dims)
-        dk_sum, dv_sum = win.dk[:, :, :s1], win.dv[:, :, :s1]
+        dk_sum, dv_sum = win.dk[:b, :, :s1], win.dv[:b, :, :s1]
         dq = prefix_attention_backward(d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum)
         del d_out, q
         # this chunk's rows are complete: every later chunk has added its part
-        dk_c = win.dk[:, :, s0:s1].to(x.dtype)  # (B, KV, c, hd)
-        dv_c = win.dv[:, :, s0:s1].to(x.dtype)
+        dk_c = win.dk[:b, :, s0:s1].to(x.dtype)  # (B, KV, c, hd)
+        dv_c = win.dv[:b, :, s0:s1].to(x.dtype)
     dx, more = qkv_backward(dq.to(x.dtype), dk_c, dv_c, x, w, dims, cos, sin)
     dws.update(more)
     return dh + dx, dws

@@ -83,6 +83,18 @@ def test_eval_and_steps_equal_whole_sequences() -> None:
         assert rel(w1[name], t) < 1e-5, name
 
 
+def test_eval_of_a_partial_chunk_in_pieces() -> None:
+    """Chunks of two sequences, an evaluation of three: its last chunk holds one sequence,
+    fewer than the context window's batch."""
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    x, y = data.batch(5, 0, 3)
+    losses = [
+        make_runtime(ref, micro_batch=2, chunk=2, rounds=1, seq_chunk=n).eval_loss(x, y)
+        for n in (0, 5)
+    ]
+    assert abs(losses[0] - losses[1]) < 1e-5 * abs(losses[0]), losses
+
+
 def test_pieces_refuse_what_they_do_not_run() -> None:
     common = dict(
         precision="fp32",
