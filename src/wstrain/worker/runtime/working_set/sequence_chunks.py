@@ -20,6 +20,7 @@ Dense models only (MoE routing is per sequence); no document masks yet.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -29,6 +30,9 @@ from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.worker.models.blocks import GradViews, add_grads, ffn_block, out_proj
 from wstrain.worker.ops.chunk_attn import ContextWindow, chunk_attn_backward, chunk_attn_forward
 from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
+from wstrain.worker.ops.prefix_attn import kernel_for
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,6 +60,13 @@ class PieceLayers:
             )
         self.dims = dims
         self.win = ContextWindow.like(dims, batch, seq_len, dtype, device)
+        # the plan names the kernel it expects; this is the one this GPU runs
+        log.info(
+            "long context: a window of %d x %d tokens, attention kernel %s",
+            batch,
+            seq_len,
+            kernel_for(torch.device(device), dtype, False),
+        )
 
     def forward(
         self,
