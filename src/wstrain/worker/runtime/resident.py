@@ -18,6 +18,7 @@ from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 from wstrain.worker.models.moe import RouterTotals
 from wstrain.worker.runtime.base import Batches, HostMemory
+from wstrain.worker.runtime.distributed import ProcessGroup, RankSlice
 from wstrain.worker.runtime.optim import make_adamw
 from wstrain.worker.runtime.stats import StepStats
 
@@ -36,8 +37,16 @@ class RuntimeConfig:
 
 
 class ResidentRuntime:
-    def __init__(self, dims: ModelDims, cfg: RuntimeConfig, opt: OptimizerSpec) -> None:
-        self.dims, self.cfg, self.opt_spec = dims, cfg, opt
+    def __init__(
+        self,
+        dims: ModelDims,
+        cfg: RuntimeConfig,
+        opt: OptimizerSpec,
+        group: ProcessGroup | None = None,
+    ) -> None:
+        """`group`: data parallel over its ranks (runtime/distributed.py); cfg.rounds and
+        cfg.micro_batch are then this rank's share of the global batch."""
+        self.dims, self.cfg, self.opt_spec, self.group = dims, cfg, opt, group
         self.device = torch.device(cfg.device)
         model = LlamaModel(dims)
         model.init_weights(cfg.seed)
@@ -92,8 +101,11 @@ class ResidentRuntime:
 
     def train_step(self, data: Batches, step: int) -> StepStats:
         """One optimizer step (0-based `step`) over cfg.rounds micro-batches."""
-        cfg = self.cfg
+        cfg, group = self.cfg, self.group
         start = time.perf_counter()
+        ranks = group.world if group is not None else 1
+        if group is not None:  # this rank's run of the global batch, the global target count
+            data = RankSlice(data, group.rank, group.world, cfg.rounds)
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         per_target = 1.0 / max(
@@ -116,9 +128,12 @@ class ResidentRuntime:
                 logits = self.model(inputs, router, docs)  # (B, S, V)
             loss = causal_lm_loss(logits, targets, reduction="sum") * per_target
             if router is not None:  # + coef x the mean over the step's sequences (moe.py)
-                loss = loss + coef * router.loss() / (cfg.rounds * cfg.micro_batch)
+                loss = loss + coef * router.loss() / (ranks * cfg.rounds * cfg.micro_batch)
             loss.backward()
             total += loss.detach()
+        if group is not None:  # the one-GPU gradient and loss: sums over the ranks
+            group.sum_gradients(self.model.parameters())
+            total = group.sum_scalar(total)
         if self.opt_spec.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opt_spec.grad_clip)
         self.optimizer.step()
@@ -126,5 +141,7 @@ class ResidentRuntime:
         loss_value = float(total.item())  # .item() synchronises the device
         self._sync()
         return StepStats(
-            loss_value, time.perf_counter() - start, cfg.rounds * cfg.micro_batch * data.seq_len
+            loss_value,
+            time.perf_counter() - start,
+            ranks * cfg.rounds * cfg.micro_batch * data.seq_len,  # the global batch's tokens
         )

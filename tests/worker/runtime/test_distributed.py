@@ -1,0 +1,110 @@
+"""Data parallel on torch.distributed with gloo (worker/runtime/distributed.py): 2 and 4
+ranks of real processes train the same job as one to the same losses and final weights
+(fp32, 1e-5), dense and mixture-of-experts, on the resident runtime; a rank's slice of the
+global batch is the one-rank order cut by rank.
+
+    pytest tests/worker/runtime/test_distributed.py
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from wstrain.scheduler.contracts.jobs import OptimizerSpec
+from wstrain.scheduler.contracts.model_dims import PRESETS, ModelDims
+from wstrain.worker.runtime.distributed import ProcessGroup, RankSlice
+from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
+
+GLOBAL_BATCH, MICRO_BATCH, SEQ, STEPS = 8, 2, 16, 3
+# eps 1e-4: AdamW moves a weight by ~lr·sign(g) where |g| >> eps, so gradients of ~1e-7,
+# whose sign the fp32 summation order decides (ranks sum in another order than one rank),
+# set an error floor; at eps 1e-6 OLMoE's embedding ended 6.4e-5 apart after three steps
+# with the losses equal to 1e-5 (one step: within 1e-5)
+OPT = OptimizerSpec(lr=1e-2, weight_decay=0.1, eps=1e-4, grad_clip=0.5, warmup_steps=1)
+
+
+class Pool:
+    """Batches over a fixed pool; round r of step k is positions k·G + r·n, as TokenStream.
+    Every fourth target is ignored (-100), so the global target count matters."""
+
+    def __init__(self, vocab: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.rows = torch.randint(0, vocab, (STEPS * GLOBAL_BATCH, SEQ + 1), generator=g)
+        self.seq_len = SEQ
+
+    def batch(self, step: int, round_idx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = step * GLOBAL_BATCH + round_idx * n
+        rows = self.rows[start : start + n]
+        targets = rows[:, 1:].clone()
+        targets[:, ::4] = -100
+        return rows[:, :-1], targets
+
+    def documents(self, step: int, round_idx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise ValueError("no documents")
+
+    def target_tokens(self, step: int, sequences: int) -> int:
+        return int(sum((self.batch(step, r, 1)[1] != -100).sum() for r in range(sequences)))
+
+
+def _train(dims: ModelDims, world: int, group: ProcessGroup | None) -> tuple[list[float], dict]:  # type: ignore[type-arg]
+    rounds = GLOBAL_BATCH // MICRO_BATCH // world
+    cfg = RuntimeConfig("fp32", "cpu", MICRO_BATCH, rounds, STEPS, seed=5)
+    rt = ResidentRuntime(dims, cfg, OPT, group)
+    losses = [rt.train_step(Pool(dims.vocab_size), s).loss for s in range(STEPS)]
+    return losses, {k: v.clone() for k, v in rt.state_tensors().items()}
+
+
+def _rank(rank: int, world: int, port: int, preset: str, out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
+    )
+    torch.set_num_threads(1)
+    group = ProcessGroup.from_env("cpu")
+    assert group is not None and (group.rank, group.world) == (rank, world)
+    result = _train(PRESETS[preset], world, group)
+    torch.save(result, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("preset", ["micro-llama", "tiny-olmoe"])
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_train_the_one_rank_job(world: int, preset: str, tmp_path: Path) -> None:
+    one_losses, one_weights = _train(PRESETS[preset], 1, None)
+    out = str(tmp_path / "rank")
+    mp.spawn(_rank, args=(world, _free_port(), preset, out), nprocs=world, join=True)
+    for rank in range(world):
+        losses, weights = torch.load(f"{out}.{rank}")
+        for a, b in zip(losses, one_losses):
+            assert abs(a - b) < 1e-5 * abs(b), (rank, losses, one_losses)
+        for name, w in one_weights.items():
+            err = float((weights[name] - w).norm() / w.norm().clamp_min(1e-30))
+            assert err < 1e-5, (rank, name, err)
+
+
+def test_a_ranks_slice_is_its_run_of_the_global_batch() -> None:
+    pool = Pool(50)
+    whole = torch.cat([pool.batch(1, r, MICRO_BATCH)[0] for r in range(4)])  # one rank
+    for world in (2, 4):
+        rounds = 4 // world
+        parts = [
+            RankSlice(pool, rank, world, rounds).batch(1, r, MICRO_BATCH)[0]
+            for rank in range(world)
+            for r in range(rounds)
+        ]
+        assert torch.equal(torch.cat(parts), whole)
+        assert RankSlice(pool, 1, world, rounds).target_tokens(1, rounds * MICRO_BATCH) == (
+            pool.target_tokens(1, GLOBAL_BATCH)
+        )
+    assert os.environ.get("WORLD_SIZE") in (None, "1") and ProcessGroup.from_env("cpu") is None
