@@ -94,3 +94,17 @@ def test_no_pieces_for_documents_or_experts() -> None:
     spec = _spec(dims, 131072, 1, 24, 110).model_copy(update={"document_mask": True})
     with pytest.raises(InfeasibleBudget):
         make_ws_plan(spec, dims, H100)
+
+
+def test_pieces_asked_where_they_cannot_run_are_refused() -> None:
+    from wstrain.scheduler.contracts.errors import InvalidSpec
+
+    dims = replace(LLAMA, num_layers=2)
+    moe = PRESETS["tiny-olmoe"]
+    with pytest.raises(InvalidSpec, match="seq_chunk"):
+        make_ws_plan(_spec(moe, 4096, 1, 24, 110, seq_chunk=1024), moe, H100)
+    docs = _spec(dims, 4096, 1, 24, 110, seq_chunk=1024).model_copy(update={"document_mask": True})
+    with pytest.raises(InvalidSpec, match="seq_chunk"):
+        make_ws_plan(docs, dims, H100)
+    with pytest.raises(InvalidSpec, match="seq_chunk"):
+        make_ws_plan(_spec(dims, 4096, 2, 24, 110, seq_chunk=1024, lead_rounds=2), dims, H100)

@@ -17,6 +17,10 @@ Every candidate fits the device budget by construction, so more budget only adds
 a bigger budget never predicts a slower step within a tier of step 1. The budget that first
 admits a micro-batch at the bound can predict a slower step than the smaller one below it
 did: the bound's tier wins by design (it keeps the weight stream hidden behind compute).
+Long sequences (seq_len >= PIECES_FROM_TOKENS) weigh pieces beside whole sequences in
+one search; shorter ones take pieces as a second tier, only where no whole-sequence plan
+fits (measured slower than predicted), so there too the budget that first admits whole
+sequences may predict a slower step.
 """
 
 from __future__ import annotations
@@ -316,6 +320,12 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     if spec.overrides.window is not None and spec.overrides.window > dims.num_layers:
         raise InvalidSpec(
             f"overrides.window={spec.overrides.window} exceeds the model's {dims.num_layers} layers"
+        )
+    piece = spec.overrides.seq_chunk
+    if piece and piece < spec.seq_len and (dims.is_moe or spec.document_mask or (lead or 1) > 1):
+        raise InvalidSpec(
+            f"overrides.seq_chunk={piece}: long context in pieces runs dense models without "
+            "document_mask, one round a pass; drop seq_chunk (or document_mask, lead_rounds)"
         )
     tiers, bound = micro_batches(spec, dims, node)
     best = None
