@@ -21,6 +21,9 @@ documents) the exact reference of models/chunked.py, the same two parts merged i
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 from wstrain.scheduler.contracts.calibration import ATTENTION_KEY_BLOCK_TOKENS
@@ -37,12 +40,18 @@ ATEN = torch.ops.aten
 USE_CUDNN = True  # tests and the bench switch it off to run flash
 
 
-def _cudnn_attention() -> bool:
-    """cuDNN's fused attention: cuDNN 9 and an sm80+ GPU, as torch's own SDPA requires."""
-    if not (USE_CUDNN and torch.cuda.is_available() and torch.backends.cudnn.is_available()):
+@functools.cache
+def _cudnn_present() -> bool:
+    """cuDNN's fused attention: cuDNN 9 and an sm80+ GPU, as torch's own SDPA requires
+    (asked once a process: every piece of every layer asks which kernel runs)."""
+    if not (torch.cuda.is_available() and torch.backends.cudnn.is_available()):
         return False
     version = torch.backends.cudnn.version() or 0
     return version >= 90000 and torch.cuda.get_device_capability() >= (8, 0)
+
+
+def _cudnn_attention() -> bool:
+    return USE_CUDNN and _cudnn_present()
 
 
 def kernel_for(device: torch.device, dtype: torch.dtype, documents: bool) -> str:
@@ -109,30 +118,24 @@ def _per_kv_head(d: torch.Tensor, kv: int) -> torch.Tensor:
 
 
 def _fused_backward(
-    kernel: str,
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    causal: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One fused backward call over a block of keys, with the whole row's out and lse."""
-    c, n = q.shape[2], k.shape[2]
+    kernel: str, dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+) -> Callable[[torch.Tensor, torch.Tensor, bool], tuple[torch.Tensor, ...]]:
+    """The fused backward over one block of keys, (k, v, causal) -> (dq, dk, dv), with the
+    whole row's out and lse; what every block's call shares is made once."""
+    c = q.shape[2]
     if kernel == CUDNN:
         # no dropout: the RNG seed and offset go unread; no bias, no varlen lengths
         rng = torch.zeros((), device=q.device, dtype=torch.long)
         stats = lse.unsqueeze(-1).contiguous()  # (B, H, c, 1), cuDNN's layout
-        return ATEN._scaled_dot_product_cudnn_attention_backward(
-            dout, q, k, v, out, stats, rng, rng, None, None, None, c, n, 0.0, causal
+        return lambda k, v, causal: ATEN._scaled_dot_product_cudnn_attention_backward(
+            dout, q, k, v, out, stats, rng, rng, None, None, None, c, k.shape[2], 0.0, causal
         )
     # flash: dense inputs have no cumulative lengths (None, as its forward returns them);
     # the RNG state (seed and offset, uint64, as the forward's) goes unread without dropout
     seed = torch.zeros(2, device=q.device, dtype=torch.uint64)
     offset = torch.zeros((), device=q.device, dtype=torch.uint64)
-    return ATEN._scaled_dot_product_flash_attention_backward(
-        dout, q, k, v, out, lse, None, None, c, n, 0.0, causal, seed, offset
+    return lambda k, v, causal: ATEN._scaled_dot_product_flash_attention_backward(
+        dout, q, k, v, out, lse, None, None, c, k.shape[2], 0.0, causal, seed, offset
     )
 
 
@@ -159,10 +162,9 @@ def prefix_attention_backward(
     kernel = kernel_for(q.device, q.dtype, segments is not None)
     if kernel in (CUDNN, FLASH):
         dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        block_backward = _fused_backward(kernel, dout, q, out, lse)
         for a, b in key_blocks(s0, s1, diagonal_apart=kernel == CUDNN):
-            dq, dk, dv = _fused_backward(
-                kernel, dout, q, k[:, :, a:b], v[:, :, a:b], out, lse, b == s1
-            )
+            dq, dk, dv = block_backward(k[:, :, a:b], v[:, :, a:b], b == s1)
             dq_sum += dq
             dk_sum[:, :, a:b] += _per_kv_head(dk, k.shape[1])
             dv_sum[:, :, a:b] += _per_kv_head(dv, k.shape[1])
