@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.worker.models.dense import causal_attention, moe_block, project_qkv, rms_norm, swiglu
+from wstrain.worker.models.dense import causal_attention, moe_block, project, rms_norm, swiglu
 from wstrain.worker.models.moe import RouterTotals
 
 
@@ -28,6 +28,41 @@ def flat_tokens(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def _part(w: dict[str, torch.Tensor], dims: ModelDims, p: str, suffix: str) -> torch.Tensor | None:
+    """The layer's q/k/v bias or q/k norm weight named self_attn.{p}_{suffix}, where the
+    model has them."""
+    has = dims.qkv_bias if suffix == "proj.bias" else dims.qk_norm and p in "qk"
+    return w[f"self_attn.{p}_{suffix}"] if has else None
+
+
+def queries(
+    n: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
+    """The layer's queries with RoPE from the normalised input n (B, S, D): (B, H, S, hd)."""
+    norm, bias = _part(w, dims, "q", "norm.weight"), _part(w, dims, "q", "proj.bias")
+    wq = w["self_attn.q_proj.weight"]
+    return project(n, wq, dims.num_heads, cos, sin, norm, dims.rms_norm_eps, bias)
+
+
+def keys_values(
+    n: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's keys (with RoPE) and values from n (B, S, D): (B, KV, S, hd) x2."""
+    norm, bias = _part(w, dims, "k", "norm.weight"), _part(w, dims, "k", "proj.bias")
+    wk, wv = w["self_attn.k_proj.weight"], w["self_attn.v_proj.weight"]
+    kv, eps, hd = dims.num_kv_heads, dims.rms_norm_eps, cos.shape[-1]
+    k = project(n, wk, kv, cos, sin, norm, eps, bias)
+    return k, project(n, wv, kv, None, None, bias=_part(w, dims, "v", "proj.bias"), head_dim=hd)
+
+
 def qkv(
     n: torch.Tensor,
     w: dict[str, torch.Tensor],
@@ -37,25 +72,7 @@ def qkv(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The layer's queries, keys (with RoPE) and values from the normalised input n (B, S, D):
     (B, H, S, hd), (B, KV, S, hd) x2."""
-    qk = (w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"]) if dims.qk_norm else None
-    bias = (
-        (w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"], w["self_attn.v_proj.bias"])
-        if dims.qkv_bias
-        else None
-    )
-    return project_qkv(
-        n,
-        w["self_attn.q_proj.weight"],
-        w["self_attn.k_proj.weight"],
-        w["self_attn.v_proj.weight"],
-        cos,
-        sin,
-        dims.num_heads,
-        dims.num_kv_heads,
-        qk,
-        dims.rms_norm_eps,
-        bias,
-    )
+    return (queries(n, w, dims, cos, sin), *keys_values(n, w, dims, cos, sin))
 
 
 def out_proj(x: torch.Tensor, out: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:

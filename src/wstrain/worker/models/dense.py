@@ -133,6 +133,34 @@ class Attention(nn.Module):
         )
 
 
+def project(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    heads: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    bias: torch.Tensor | None = None,
+    head_dim: int | None = None,
+) -> torch.Tensor:
+    """One of the attention's projections in SDPA's layout (B, heads, S, hd), a transposed
+    view of (B, S, heads, hd): x·wᵀ (+ bias), RMS-normalised by `norm` (per head when it is
+    head_dim wide, as Qwen3; over the whole projection otherwise, as OLMoE), with RoPE when
+    cos/sin are given (queries and keys; not values). x: (B, S, D), already normalised."""
+    b, s, _ = x.shape
+    hd = head_dim or (cos.shape[-1] if cos is not None else w.shape[0] // heads)
+    t = F.linear(x, w, bias)  # (B, S, heads*hd)
+    if norm is not None and norm.shape[-1] != hd:
+        t = rms_norm(t, norm, eps)
+    t = t.view(b, s, heads, hd)  # (B, S, heads, hd)
+    if norm is not None and norm.shape[-1] == hd:
+        t = rms_norm(t, norm, eps)
+    if cos is not None and sin is not None:
+        t = apply_rope(t, cos.unsqueeze(-2), sin.unsqueeze(-2))  # (S | B,S, 1, hd) tables
+    return t.transpose(1, 2)
+
+
 def project_qkv(
     x: torch.Tensor,
     wq: torch.Tensor,
@@ -151,19 +179,14 @@ def project_qkv(
     keys are RMS-normalised before RoPE: per head when the norm weights are head_dim wide
     (Qwen3), over the whole projection otherwise (OLMoE); `bias`: q/k/v biases (Qwen2).
     x: (B, S, D), already normalised"""
-    b, s, _ = x.shape
     hd = cos.shape[-1]
     bq, bk, bv = bias or (None, None, None)
-    q, k = F.linear(x, wq, bq), F.linear(x, wk, bk)  # (B, S, H*hd), (B, S, KV*hd)
-    if qk_norm is not None and qk_norm[0].shape[-1] != hd:
-        q, k = rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)
-    q, k = q.view(b, s, n_heads, hd), k.view(b, s, n_kv, hd)  # (B, S, H, hd), (B, S, KV, hd)
-    if qk_norm is not None and qk_norm[0].shape[-1] == hd:
-        q, k = rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (S, 1, hd) or per token (B, S, 1, hd)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    v = F.linear(x, wv, bv).view(b, s, n_kv, hd)
-    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    nq, nk = qk_norm or (None, None)
+    return (
+        project(x, wq, n_heads, cos, sin, nq, eps, bq),
+        project(x, wk, n_kv, cos, sin, nk, eps, bk),
+        project(x, wv, n_kv, None, None, bias=bv, head_dim=hd),
+    )
 
 
 def document_mask(segments: torch.Tensor) -> torch.Tensor:

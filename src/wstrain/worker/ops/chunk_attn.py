@@ -15,7 +15,7 @@ hold every later chunk's part and it can finish the gradient through its project
     win = ContextWindow.like(dims, batch, seq_len, dtype, device)
     h, out, lse = chunk_attn_forward(x, w, dims, cos[s0:s1], sin[s0:s1], win, s0)  # no graph
     # backward of a layer: every chunk's K, V back in the window, then chunks reversed
-    for each chunk: win.put(x, w, dims, cos_c, sin_c, s0)
+    for each chunk: win.put(x, w, dims, cos_c, sin_c, s0, want_queries=False)
     win.zero_grads()
     dx, dws = chunk_attn_backward(dh, x, out, lse, w, dims, cos_c, sin_c, win, s0)
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.worker.models.blocks import out_proj, qkv
+from wstrain.worker.models.blocks import keys_values, out_proj, queries
 from wstrain.worker.models.dense import rms_norm
 from wstrain.worker.ops.lean_attn import NORM, out_proj_backward, qkv_backward
 from wstrain.worker.ops.prefix_attn import prefix_attention, prefix_attention_backward
@@ -73,15 +73,18 @@ class ContextWindow:
         cos: torch.Tensor,
         sin: torch.Tensor,
         s0: int,
-    ) -> torch.Tensor:
+        want_queries: bool = True,
+    ) -> torch.Tensor | None:
         """Project chunk x (B, c, D) at rows [s0, s0+c): its k and v into the window; returns
-        its queries (B, H, c, hd). No graph."""
+        its queries (B, H, c, hd), or None without `want_queries` (backward's rebuild: the
+        queries' projection is then not computed). No graph."""
         with torch.no_grad():
-            q, k, v = qkv(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)
+            n = rms_norm(x, w[NORM], dims.rms_norm_eps)  # (B, c, D)
+            k, v = keys_values(n, w, dims, cos, sin)
             b, s1 = x.shape[0], s0 + x.shape[1]  # b: fewer sequences than the window holds
             self.k[:b, :, s0:s1] = k
             self.v[:b, :, s0:s1] = v
-        return q
+            return queries(n, w, dims, cos, sin) if want_queries else None
 
 
 def chunk_attn_forward(
@@ -97,6 +100,7 @@ def chunk_attn_forward(
     (B, c, D) at rows [s0, s0+c), whose earlier rows' k and v are in `win`; cos, sin are the
     chunk's rows of the RoPE tables. No graph."""
     q = win.put(x, w, dims, cos, sin, s0)  # (B, H, c, hd)
+    assert q is not None
     b, s1 = x.shape[0], s0 + x.shape[1]
     with torch.no_grad():
         out, lse = prefix_attention(q, win.k[:b, :, :s1], win.v[:b, :, :s1], s0)
@@ -123,7 +127,7 @@ def chunk_attn_backward(
     s1 = s0 + c
     assert win.dk is not None and win.dv is not None, "zero_grads() before a backward"
     with torch.no_grad():
-        q, _, _ = qkv(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)
+        q = queries(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)  # (B, H, c, hd)
         ks, vs = win.k[:b, :, :s1], win.v[:b, :, :s1]  # (B, KV, s1, hd)
         if out is None or lse is None:
             out, lse = prefix_attention(q, ks, vs, s0)

@@ -114,7 +114,7 @@ class PieceLayers:
         """Before a chunk's backward through a layer: each piece's K and V into the window
         from its input, (x, cos, sin, s0) in order; the gradient sums zeroed."""
         for x, cos, sin, s0 in pieces:
-            self.win.put(x, w, self.dims, cos, sin, s0)
+            self.win.put(x, w, self.dims, cos, sin, s0, want_queries=False)
         self.win.zero_grads()
 
     def backward(
