@@ -33,9 +33,9 @@ class Pool:
     """Batches over a fixed pool; round r of step k is positions k·G + r·n, as TokenStream.
     Every fourth target is ignored (-100), so the global target count matters."""
 
-    def __init__(self, vocab: int) -> None:
+    def __init__(self, vocab: int, steps: int = STEPS) -> None:
         g = torch.Generator().manual_seed(0)
-        self.rows = torch.randint(0, vocab, (STEPS * GLOBAL_BATCH, SEQ + 1), generator=g)
+        self.rows = torch.randint(0, vocab, (steps * GLOBAL_BATCH, SEQ + 1), generator=g)
         self.seq_len = SEQ
 
     def batch(self, step: int, round_idx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -32,21 +33,52 @@ from wstrain.worker.runtime.base import Batches
 BUCKET_BYTES = 25 << 20
 
 
+# Rank 0 writes a checkpoint while the others already wait in the next step's first
+# collective: a Llama-8B checkpoint with its moments is ~64 GB, minutes on a slow disk, past
+# NCCL's 10-minute default.
+COLLECTIVE_TIMEOUT = timedelta(minutes=60)
+
+
 @dataclass(frozen=True)
 class ProcessGroup:
     rank: int
     world: int
+    device: torch.device  # where this group's collectives take their tensors
 
     @classmethod
     def from_env(cls, device: str) -> ProcessGroup | None:
-        """The default group from torchrun's environment (NCCL for "cuda", gloo for
-        "cpu"), or None where WORLD_SIZE is unset or 1."""
+        """The default group from torchrun's environment (NCCL for "cuda" on GPU
+        LOCAL_RANK, gloo for "cpu"), or None where WORLD_SIZE is unset or 1."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return None
+        on = torch.device("cpu")
+        if device == "cuda":
+            on = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(on)
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if device == "cuda" else "gloo")
-        return cls(dist.get_rank(), dist.get_world_size())
+            backend = "nccl" if device == "cuda" else "gloo"
+            dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+        return cls(dist.get_rank(), dist.get_world_size(), on)
+
+    def sum_(self, t: torch.Tensor) -> None:
+        """`t` becomes its sum over ranks, in place (identical on every rank)."""
+        dist.all_reduce(t)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def broadcast_token(self, token: str) -> str:
+        """Rank 0's `token` on every rank."""
+        box = [token]
+        dist.broadcast_object_list(box, src=0)
+        return str(box[0])
+
+    def any(self, flag: bool) -> bool:
+        """Whether `flag` is set on any rank (every rank gets the same answer)."""
+        t = torch.tensor([int(flag)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
 
     def sum_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Each parameter's .grad becomes the sum over ranks, in buckets of BUCKET_BYTES."""

@@ -15,12 +15,16 @@ from __future__ import annotations
 import logging
 import mmap
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.errors import BudgetExceeded
 from wstrain.scheduler.contracts.model_dims import ModelDims
+
+if TYPE_CHECKING:
+    from wstrain.worker.runtime.working_set.node_share import NodeShare
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +157,14 @@ class HostArena:
 
     Each tile is its own anonymous mapping (page-aligned, zero-filled, rounded up to a page
     only), so page-locking one tile never touches memory another allocation shares, and
-    freeing the arena leaves no registered pages behind for the allocator to hand out."""
+    freeing the arena leaves no registered pages behind for the allocator to hand out.
+    With `share` (data parallel on one node), tiles allocated `shared` map the node's one
+    copy (working_set/node_share.py); the others stay this process's own."""
 
-    def __init__(self, pin: bool, limit_bytes: int | None = None) -> None:
-        self.pin, self.limit_bytes = pin, limit_bytes
+    def __init__(
+        self, pin: bool, limit_bytes: int | None = None, share: NodeShare | None = None
+    ) -> None:
+        self.pin, self.limit_bytes, self.share = pin, limit_bytes, share
         self.tensors: dict[str, torch.Tensor] = {}
         self.bytes_by_kind: dict[str, int] = {}
         self._registered: list[int] = []
@@ -164,14 +172,25 @@ class HostArena:
         self._maps: list[mmap.mmap] = []
 
     def alloc(
-        self, name: str, numel: int, dtype: torch.dtype, kind: str, crosses_pcie: bool = True
+        self,
+        name: str,
+        numel: int,
+        dtype: torch.dtype,
+        kind: str,
+        crosses_pcie: bool = True,
+        shared: bool = False,
     ) -> torch.Tensor:
-        """A zeroed tile; page-locked when the arena pins and the tile crosses PCIe."""
+        """A zeroed tile; page-locked when the arena pins and the tile crosses PCIe; one
+        copy for the node's ranks when `shared` and the arena has a share."""
         assert name not in self.tensors, f"arena tile {name} allocated twice"
         itemsize = torch.empty((), dtype=dtype).element_size()
         self._check_limit(name, kind, numel * itemsize)
         pages = max(1, -(-numel * itemsize // mmap.PAGESIZE))
-        region = mmap.mmap(-1, pages * mmap.PAGESIZE)
+        region = (
+            self.share.map(name, pages * mmap.PAGESIZE)
+            if shared and self.share is not None
+            else mmap.mmap(-1, pages * mmap.PAGESIZE)
+        )
         self._maps.append(region)
         t = (
             torch.frombuffer(region, dtype=dtype, count=numel)

@@ -11,6 +11,9 @@ layer k's weights waits only for layer k's update (the wait is the step's `optim
     opt = HostOptimizerPipeline(host, spec, device)
     opt.start(update, groups)   # at the end of step update.step, groups in update order
     opt.wait(k)          # before host tile k is read again;  opt.flush()  before checkpoints
+
+Data parallel: each rank's thread updates its span of each group (working_set/state.py), and
+wait/flush also wait for the other ranks' spans.
 """
 
 from __future__ import annotations
@@ -74,9 +77,11 @@ class HostOptimizerPipeline:
         return self.done[group].is_set()
 
     def wait(self, group: int) -> None:
-        """Block until `group`'s update is in its host tiles."""
+        """Block until `group`'s update is in its host tiles: this rank's span, then (data
+        parallel) every other rank's."""
         self.done[group].wait()
         self._raise()
+        self.host.updates.wait_peers(group)
 
     @property
     def pending(self) -> bool:
@@ -88,6 +93,8 @@ class HostOptimizerPipeline:
             self.thread.join()
             self.thread = None
         self._raise()
+        for group in range(self.groups):
+            self.host.updates.wait_peers(group)
 
     def _raise(self) -> None:
         if self.error is not None:

@@ -71,6 +71,8 @@ from wstrain.worker.runtime.base import Batches, HostMemory
 from wstrain.worker.runtime.optim import StepUpdate, sq_norm_fp32
 from wstrain.worker.runtime.stats import StepStats
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+from wstrain.worker.runtime.distributed import ProcessGroup
+from wstrain.worker.runtime.working_set.data_parallel import RankShards
 from wstrain.worker.runtime.working_set.device_optim import DeviceOptimizer
 from wstrain.worker.runtime.working_set.host_optim import HostOptimizerPipeline
 from wstrain.worker.runtime.working_set.rings import Slot, Streams
@@ -107,8 +109,15 @@ class _Graph:
 
 class WorkingSetRuntime:
     def __init__(
-        self, dims: ModelDims, cfg: WorkingSetConfig, opt: OptimizerSpec, host: HostState
+        self,
+        dims: ModelDims,
+        cfg: WorkingSetConfig,
+        opt: OptimizerSpec,
+        host: HostState,
+        group: ProcessGroup | None = None,
     ) -> None:
+        """`group`: data parallel over its ranks, `host` their one shared copy
+        (working_set/data_parallel.py); cfg.rounds is per rank."""
         assert cfg.micro_batch % cfg.chunk == 0, "chunk must divide micro_batch"
         assert cfg.r_param >= 2 and cfg.r_grad >= 1 and 0 <= cfg.window <= dims.num_layers
         assert all(0 <= lv < LEVELS for row in cfg.levels for lv in row)
@@ -127,12 +136,18 @@ class WorkingSetRuntime:
             raise ValueError(
                 "mixed precision updates its fp32 master on the host only; set device_opt_layers=0"
             )
+        self.shards = RankShards(group, host)
+        if self.shards.world > 1 and cfg.device_opt_layers:
+            raise ValueError(
+                "data parallel ranks update their spans on the host only; set device_opt_layers=0"
+            )
         self.weights = SlotStreamer.for_tiles(
             cfg.r_param, host.weights, self.streams, self.device, "weights", self.counters
         )
         self.grads = SlotStreamer.for_tiles(
             cfg.r_grad, host.grads, self.streams, self.device, "gradients", self.counters
         )
+        self.grads.span = self.shards.layer_span
         # Embedding and head group stay resident on the device for the whole step.
         self.embed = host.embed_w.to(self.device)
         self.head = host.head_w.to(self.device)
@@ -224,11 +239,13 @@ class WorkingSetRuntime:
             self.dopt.todo.clear()
             self.dopt.m.invalidate()
             self.dopt.v.invalidate()
-        if isinstance(weights, Path):
-            self.host.stream_from(weights)
-        else:
-            self.host.load_state_dict(weights)
-        self.host.load_optimizer_state(extra)
+        if self.shards.rank == 0:  # the node's one copy of the weights
+            if isinstance(weights, Path):
+                self.host.stream_from(weights)
+            else:
+                self.host.load_state_dict(weights)
+        self.host.load_optimizer_state(extra)  # each rank its span
+        self.shards.barrier()
         if self.dopt is not None:
             self.dopt.load_steps()
         self.weights.invalidate()
@@ -474,10 +491,10 @@ class WorkingSetRuntime:
             part, T[c] = self._head_loss(T[c], tgt, scale)
             loss += part
         if last:  # the head's gradient is final: home beside the backward, not after it
-            self._send_home(self.head_grad, self.host.head_g)
+            self._send_home(self.head_grad, self.host.head_g, L + 1)
         coef = self.dims.router_aux_loss_coef
         if self.router is not None and coef > 0:  # + coef x the mean over the step's sequences
-            sequences = cfg.rounds * cfg.micro_batch
+            sequences = cfg.rounds * cfg.micro_batch * self.shards.world
             self._aux_grad = self.router.prob_grad(coef / sequences)
             loss += coef * self.router.loss() / (sequences * scale)  # x scale later
         # saved sets come back ahead of the chunks that take them
@@ -505,8 +522,9 @@ class WorkingSetRuntime:
                     graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
             self.weights.release(slot)
             gslot = dw.take()
+            own = self.shards.reduce(gslot.flat, k)  # (span,) summed over ranks
             if last:
-                self.sq_norm += sq_norm_fp32(gslot.flat)
+                self.sq_norm += sq_norm_fp32(own)
             self.grads.send_home(gslot)
         dtable = self.host.embed_layout.views(self.embed_grad)["model.embed_tokens.weight"]
         for t, dx in zip(units_in, T):
@@ -532,17 +550,20 @@ class WorkingSetRuntime:
 
         self.pieces.rebuild(inputs(), w)
 
-    def _send_home(self, grad: torch.Tensor, tile: torch.Tensor) -> None:
-        """A device gradient to its host tile on the outbound stream (grads.flush() waits)."""
+    def _send_home(self, grad: torch.Tensor, tile: torch.Tensor, group: int) -> None:
+        """A resident group's final device gradient, summed over ranks, to its host tile
+        (this rank's span) on the outbound stream (grads.flush() waits)."""
+        own = self.shards.reduce(grad, group)
         s = self.streams
         s.wait("outbound", s.record("comp"))
         with s.on("outbound"):
-            tile.copy_(grad, non_blocking=True)
-        self.counters["d2h_bytes"] += grad.nbytes
+            self.shards.own(tile, group).copy_(own, non_blocking=True)
+        self.counters["d2h_bytes"] += own.nbytes
 
     def forward_backward(self, data: Batches, step: int) -> float:
         """All rounds of step `step`: the mean loss; gradients end up in the host tiles."""
         cfg = self.cfg
+        data = self.shards.batches(data, cfg.rounds)
         self.embed_grad.zero_()
         self.head_grad.zero_()
         scale = 1.0 / max(
@@ -561,17 +582,20 @@ class WorkingSetRuntime:
                 parts = [data.documents(step, r, cfg.micro_batch) for r in rounds]
                 docs = tuple(torch.cat(p) for p in zip(*parts))
             loss += self._round(tokens, targets, i == 0, i == len(passes) - 1, scale, docs)
-        self._send_home(self.embed_grad, self.host.embed_g)
+        self._send_home(self.embed_grad, self.host.embed_g, self.dims.num_layers)
         self.grads.flush()  # the layers' gradients, the head's and the embedding's are home
-        return float(loss.item()) * scale
+        return float(self.shards.total(loss).item()) * scale
 
     def _start_optimizer(self, step: int) -> None:
         """Gradients of `step` are home: clip and schedule once, then the host thread starts
         on its groups while the device updates its resident ones now and leaves its layers
         to the next forward."""
         L = self.dims.num_layers
-        self.sq_norm += sq_norm_fp32(self.embed_grad) + sq_norm_fp32(self.head_grad)
-        norm = math.sqrt(float(self.sq_norm))  # waits for the backward's tail
+        own = self.shards.own
+        self.sq_norm += sq_norm_fp32(own(self.embed_grad, L)) + sq_norm_fp32(
+            own(self.head_grad, L + 1)
+        )
+        norm = math.sqrt(float(self.shards.total(self.sq_norm)))  # waits for the backward
         self.sq_norm.zero_()
         update = StepUpdate.of(step, norm, self.opt_spec, self.cfg.steps)
         if self.hopt is not None:  # first: the host thread runs beside the device's work

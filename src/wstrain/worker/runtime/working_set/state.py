@@ -8,6 +8,9 @@ Precision: "bf16" keeps every tile in bf16 (8 bytes a parameter, as AdaWS), "fp3
 (16 bytes a parameter, plus one fp32 gradient scratch the size of the largest group): the
 update runs on the master and rounds it into the bf16 weight tile the device reads.
 
+Data parallel on one node (`share`, working_set/node_share.py): the tiles are one copy in
+shared memory and each rank's AdamW updates only its span of every group (`spans`).
+
     host = HostState.create(dims, "bf16", pin=torch.cuda.is_available())
     host.load_state_dict(hf_named_tensors); ...; host.step_group(k, lr, clip_coef, spec)
 """
@@ -23,6 +26,7 @@ from wstrain.scheduler.contracts.jobs import OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.runtime.working_set.arena import HostArena, LayerLayout
+from wstrain.worker.runtime.working_set.node_share import NodeShare, UpdateCounters, shard_span
 
 # what crosses PCIe and what the device computes in, by precision
 DTYPES = {"bf16": torch.bfloat16, "mixed": torch.bfloat16, "fp32": torch.float32}
@@ -40,7 +44,10 @@ class HostState:
         L = dims.num_layers
 
         def tiles(kind: str, layout: LayerLayout, prefix: str, n: int) -> list[torch.Tensor]:
-            return [arena.alloc(f"{prefix}{i}.{kind}", layout.numel, dtype, kind) for i in range(n)]
+            return [
+                arena.alloc(f"{prefix}{i}.{kind}", layout.numel, dtype, kind, shared=True)
+                for i in range(n)
+            ]
 
         self.weights = tiles("weights", self.layout, "layer", L)
         self.grads = tiles("gradients", self.layout, "layer", L)
@@ -58,13 +65,23 @@ class HostState:
             (self.embed_w, self.embed_g),
             (self.head_w, self.head_g),
         ]
+        share = arena.share
+        rank, world = (share.rank, share.world) if share is not None else (0, 1)
+        # this rank's [lo, hi) of each group: what its AdamW updates (all of it on one rank)
+        self.spans = [shard_span(w.numel(), rank, world) for w, _ in self.groups]
+        self.updates = UpdateCounters(len(self.groups), share)
         state_dtype = torch.float32 if precision == "mixed" else dtype
         # mixed: the fp32 master of each group, and the fp32 gradient its update reads
         # (host-only tiles: never page-locked)
         self.master = (
             [
                 arena.alloc(
-                    f"group{i}.master", w.numel(), torch.float32, "master", crosses_pcie=False
+                    f"group{i}.master",
+                    w.numel(),
+                    torch.float32,
+                    "master",
+                    crosses_pcie=False,
+                    shared=True,
                 )
                 for i, (w, _) in enumerate(self.groups)
             ]
@@ -74,7 +91,7 @@ class HostState:
         self.grad_fp32 = (
             arena.alloc(
                 "grad_fp32",
-                max(w.numel() for w, _ in self.groups),
+                max(hi - lo for lo, hi in self.spans),
                 torch.float32,
                 "gradients",
                 crosses_pcie=False,
@@ -84,26 +101,30 @@ class HostState:
         )
         self.params: list[torch.nn.Parameter] = []
         self.optimizers: list[torch.optim.AdamW] = []
+        self.moments: list[tuple[torch.Tensor, torch.Tensor]] = []  # whole (m, v) tiles
         for i, (w, g) in enumerate(self.groups):
+            lo, hi = self.spans[i]
             # shares the tile's storage: the weight tile, or in mixed the master
-            p = torch.nn.Parameter(self.master[i] if self.master else w, requires_grad=True)
-            p.grad = None if self.master else g
+            p = torch.nn.Parameter(
+                (self.master[i] if self.master else w)[lo:hi], requires_grad=True
+            )
+            p.grad = None if self.master else g[lo:hi]
             opt = torch.optim.AdamW([p], fused=fused_adamw or None)
             # AdamW's moments live in the arena too, not in torch's own allocations.
             # (the device optimizer streams bf16 moments; mixed keeps them on the host)
-            opt.state[p] = {
-                "step": torch.tensor(0.0),
-                **{
-                    key: arena.alloc(
-                        f"group{i}.{short}",
-                        w.numel(),
-                        state_dtype,
-                        "moments",
-                        crosses_pcie=not self.master,
-                    )
-                    for key, short in (("exp_avg", "m"), ("exp_avg_sq", "v"))
-                },
-            }
+            m, v = (
+                arena.alloc(
+                    f"group{i}.{short}",
+                    w.numel(),
+                    state_dtype,
+                    "moments",
+                    crosses_pcie=not self.master,
+                    shared=True,
+                )
+                for short in ("m", "v")
+            )
+            opt.state[p] = {"step": torch.tensor(0.0), "exp_avg": m[lo:hi], "exp_avg_sq": v[lo:hi]}
+            self.moments.append((m, v))
             self.params.append(p)
             self.optimizers.append(opt)
 
@@ -115,10 +136,12 @@ class HostState:
         pin: bool,
         fused_adamw: bool = False,
         arena_limit_bytes: int | None = None,
+        share: NodeShare | None = None,
     ) -> HostState:
         """fused_adamw: torch's fused CPU AdamW (several times faster; rounds differently);
-        arena_limit_bytes: what the arena may hold in all (working_set/arena.py HostArena)."""
-        return cls(dims, precision, HostArena(pin, arena_limit_bytes), fused_adamw)
+        arena_limit_bytes: what the arena may hold in all (working_set/arena.py HostArena);
+        share: the node's one copy for data-parallel ranks."""
+        return cls(dims, precision, HostArena(pin, arena_limit_bytes, share), fused_adamw)
 
     # ------------------------------------------------------------ named tensors (HF names)
 
@@ -166,23 +189,30 @@ class HostState:
         """Mixed precision: the bf16 weight tiles the device reads, from the master."""
         if not self.master:
             return
-        for i in range(len(self.master)) if group is None else [group]:
-            self.groups[i][0].copy_(self.master[i])
+        if group is None:
+            for i, master in enumerate(self.master):
+                self.groups[i][0].copy_(master)
+            return
+        lo, hi = self.spans[group]  # the span this rank updated
+        self.groups[group][0][lo:hi].copy_(self.master[group][lo:hi])
 
     def optimizer_state(self) -> dict[str, object]:
+        """Whole moment tiles (every rank's span: wait for the ranks' updates first), so a
+        checkpoint loads into any number of ranks."""
         return {
             "adamw": [
-                {k: v.clone() if k == "step" else v for k, v in o.state[p].items()}
-                for o, p in zip(self.optimizers, self.params)
+                {"step": o.state[p]["step"].clone(), "exp_avg": m, "exp_avg_sq": v}
+                for o, p, (m, v) in zip(self.optimizers, self.params, self.moments)
             ]
         }
 
     def load_optimizer_state(self, extra: dict[str, object]) -> None:
-        for o, p, saved in zip(self.optimizers, self.params, extra["adamw"]):  # type: ignore[call-overload]
+        """Each rank reads its span of the saved whole tiles."""
+        for o, p, (lo, hi), saved in zip(self.optimizers, self.params, self.spans, extra["adamw"]):  # type: ignore[call-overload]
             state = o.state[p]
             state["step"].copy_(saved["step"])
-            state["exp_avg"].copy_(saved["exp_avg"])
-            state["exp_avg_sq"].copy_(saved["exp_avg_sq"])
+            state["exp_avg"].copy_(saved["exp_avg"][lo:hi])
+            state["exp_avg_sq"].copy_(saved["exp_avg_sq"][lo:hi])
 
     # ------------------------------------------------------------ optimizer
 
@@ -190,9 +220,10 @@ class HostState:
         """AdamW on one group's tiles (layer k = k; embedding L; head L + 1), its gradient
         first scaled by the global-norm clipping factor."""
         p, opt = self.params[group], self.optimizers[group]
+        lo, hi = self.spans[group]
         if self.grad_fp32 is not None:  # mixed: the bf16 gradient read once into fp32
             p.grad = self.grad_fp32[: p.numel()]
-            p.grad.copy_(self.groups[group][1])
+            p.grad.copy_(self.groups[group][1][lo:hi])
         fused, clipped = bool(opt.defaults.get("fused")), clip_coef < 1.0
         if clipped and not fused:
             assert p.grad is not None  # the tile's gradient view, bound above
@@ -205,3 +236,4 @@ class HostState:
             g.update(lr=lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay)
         opt.step()
         self._round_master(group)
+        self.updates.mark(group)

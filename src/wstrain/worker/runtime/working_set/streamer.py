@@ -33,6 +33,9 @@ class SlotStreamer:
         self.home_ready: dict[int, torch.cuda.Event | None] = {}
         # called with a layer before its host tile is read (a deferred host update waits)
         self.before_load: Callable[[int], None] | None = None
+        # data parallel gradients: only this rank's [lo, hi) of a tile comes in (the rest
+        # of the slot zeroed) and goes home (working_set/data_parallel.py)
+        self.span: tuple[int, int] | None = None
 
     @classmethod
     def for_tiles(
@@ -60,11 +63,15 @@ class SlotStreamer:
         start = time.perf_counter()
         s.wait("inbound", slot.free)
         s.wait("inbound", self.home_ready.get(layer))
+        lo, hi = self.span or (0, slot.flat.numel())
         with s.on("inbound"):
-            slot.flat.copy_(self.tiles[layer], non_blocking=True)
+            if self.span is not None:
+                slot.flat[:lo].zero_()
+                slot.flat[hi:].zero_()
+            slot.flat[lo:hi].copy_(self.tiles[layer][lo:hi], non_blocking=True)
         slot.ready, slot.layer = s.record("inbound"), layer
         s.time_host(self.dependency, start)
-        self.counters["h2d_bytes"] += slot.flat.nbytes
+        self.counters["h2d_bytes"] += slot.flat[lo:hi].nbytes
         return slot
 
     def _prefetch(self, current: int, upcoming: list[int]) -> None:
@@ -119,11 +126,12 @@ class SlotStreamer:
         s = self.streams
         done = s.record("comp")
         s.wait("outbound", done)
+        lo, hi = self.span or (0, slot.flat.numel())
         with s.on("outbound"):
-            self.tiles[slot.layer].copy_(slot.flat, non_blocking=True)
+            self.tiles[slot.layer][lo:hi].copy_(slot.flat[lo:hi], non_blocking=True)
         slot.free = s.record("outbound")
         self.home_ready[slot.layer] = slot.free
-        self.counters["d2h_bytes"] += slot.flat.nbytes
+        self.counters["d2h_bytes"] += slot.flat[lo:hi].nbytes
 
     def flush(self) -> None:
         """Wait until every gradient sent home has arrived."""

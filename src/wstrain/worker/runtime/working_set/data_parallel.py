@@ -1,0 +1,69 @@
+"""The working-set runtime's side of data parallelism: what a rank trains on, and how its
+gradients reach the node's one host copy (working_set/node_share.py).
+
+Each rank trains its run of the step's global batch (runtime/distributed.py RankSlice).
+After each round's backward of layer k, its gradient slot holds this rank's span of the
+host tile (the sum over ranks and earlier rounds, which only this rank writes) plus this
+round's own gradients everywhere else zero-based; one all-reduce makes the span the sum
+over every rank and round so far, and only the span goes home. The other spans of the
+slot are other ranks' business and are dropped. Per layer and round that is one all-reduce
+of the layer (NVLink on a GPU node) and 1/N of its gradient over each rank's PCIe link, in
+and out. The loss and the clipping norm are summed over ranks, so every rank clips by the
+same factor and the spans' updates are the one-GPU update.
+
+One rank (no group) runs the same code: whole spans, no collectives.
+
+    shards = RankShards(group, host)
+    data = shards.batches(data, cfg.rounds)
+    own = shards.reduce(slot.flat, k)        # (span,) this rank's summed gradient
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wstrain.worker.runtime.base import Batches
+from wstrain.worker.runtime.distributed import ProcessGroup, RankSlice
+from wstrain.worker.runtime.working_set.state import HostState
+
+
+class RankShards:
+    def __init__(self, group: ProcessGroup | None, host: HostState) -> None:
+        self.group = group
+        self.rank, self.world = (group.rank, group.world) if group is not None else (0, 1)
+        self.spans = host.spans  # per group: this rank's [lo, hi)
+        share = host.arena.share
+        assert (share.world if share is not None else 1) == self.world, (
+            "the host state is shared by exactly the group's ranks"
+        )
+
+    @property
+    def layer_span(self) -> tuple[int, int] | None:
+        """This rank's span of a decoder layer's tile (every layer's is alike); None on
+        one rank, where the whole tile is its own."""
+        return self.spans[0] if self.world > 1 else None
+
+    def batches(self, data: Batches, rounds: int) -> Batches:
+        """This rank's run of each step's global batch."""
+        if self.group is None:
+            return data
+        return RankSlice(data, self.rank, self.world, rounds)
+
+    def reduce(self, flat: torch.Tensor, group: int) -> torch.Tensor:
+        """`flat`, the device gradient of host group `group`, summed over ranks in place;
+        returns this rank's span of it (the part that goes home)."""
+        if self.group is not None:
+            self.group.sum_(flat)
+        return self.own(flat, group)
+
+    def own(self, flat: torch.Tensor, group: int) -> torch.Tensor:
+        lo, hi = self.spans[group]
+        return flat[lo:hi]
+
+    def total(self, value: torch.Tensor) -> torch.Tensor:
+        """A 0-d tensor summed over ranks (the loss, the squared gradient norm)."""
+        return self.group.sum_scalar(value) if self.group is not None else value
+
+    def barrier(self) -> None:
+        if self.group is not None:
+            self.group.barrier()

@@ -1,0 +1,163 @@
+"""Data parallel on the working-set runtime with gloo (working_set/data_parallel.py,
+node_share.py): 2 and 4 ranks of real processes over one shared host copy train the same
+job as one rank to the same losses and final weights (fp32, 1e-5), dense and MoE, several
+rounds a rank; a checkpoint two ranks save resumes on one and on four; the job's host
+memory (PSS summed over its processes, shared pages counted once) on two ranks is within
+1.15x of one rank's.
+
+    pytest tests/worker/runtime/working_set/test_data_parallel.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.worker.runtime.test_distributed import GLOBAL_BATCH, MICRO_BATCH, OPT, SEQ, Pool
+from tests.worker.runtime.test_distributed import _free_port as free_port
+from wstrain.scheduler.contracts.model_dims import PRESETS, ModelDims
+from wstrain.worker.io import checkpoint
+from wstrain.worker.models.dense import LlamaModel
+from wstrain.worker.runtime.distributed import ProcessGroup
+from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+from wstrain.worker.runtime.working_set.node_share import NodeShare, shard_span
+from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
+from wstrain.worker.runtime.working_set.state import HostState
+
+SHM = Path("/dev/shm")
+# two steps (the second reads the first's deferred update): OLMoE's q/k projections move
+# ~5e-6 apart a step wherever the summation order changes, as far as the resident and the
+# working-set runtime on one rank do (5.1e-6 after one step), so a third step reaches 1.03e-5
+STEPS = 2
+POOL_STEPS = STEPS + 2  # the resumed runs' two more steps
+
+
+def build(
+    dims: ModelDims, world: int, group: ProcessGroup | None, precision: str = "fp32"
+) -> WorkingSetRuntime:
+    """A working-set runtime on this rank: rank 0 loads the seed's weights into the shared
+    copy, the others wait for it."""
+    share = NodeShare.create(group, SHM) if group is not None else None
+    host = HostState.create(dims, precision, pin=False, share=share)
+    if group is None or group.rank == 0:
+        init = LlamaModel(dims)
+        init.init_weights(5)
+        host.load_state_dict(init.state_dict())
+    if group is not None:
+        group.barrier()  # every rank has mapped every tile, and the weights are in
+        if share is not None:
+            share.unlink()
+    rounds = GLOBAL_BATCH // MICRO_BATCH // world
+    L = dims.num_layers
+    cfg = WorkingSetConfig(
+        precision=precision,
+        device="cpu",
+        micro_batch=MICRO_BATCH,
+        chunk=1,
+        rounds=rounds,
+        steps=6,
+        seed=5,
+        seq_len=SEQ,
+        window=1,
+        levels=tuple((k % 4, (k + 1) % 4) for k in range(L)),
+    )
+    return WorkingSetRuntime(dims, cfg, OPT, host, group)
+
+
+def _weights(rt: WorkingSetRuntime) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in rt.state_tensors().items()}
+
+
+def _rank(
+    rank: int, world: int, port: int, preset: str, out: str, resume: str, steps: int
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
+    )
+    torch.set_num_threads(1)
+    group = ProcessGroup.from_env("cpu")
+    assert group is not None
+    rt = build(PRESETS[preset], world, group)
+    pool, start = Pool(rt.dims.vocab_size, POOL_STEPS), 0
+    if resume:  # every rank loads its span of the moments; rank 0 the weights
+        state, extra = checkpoint.load_meta(Path(resume))
+        rt.load_state(Path(resume), extra)
+        start = state.step
+    losses = [rt.train_step(pool, s).loss for s in range(start, steps)]
+    weights = _weights(rt)
+    if rank == 0 and not resume:
+        checkpoint.save(
+            Path(out + ".ckpt"),
+            checkpoint.TrainerState(steps, steps * GLOBAL_BATCH),
+            weights,
+            rt.optimizer_state(),
+            rt.dims.to_hf_config(),
+        )
+    rt.finish()
+    torch.save((losses, weights), f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def _spawn(
+    world: int, preset: str, out: str, resume: str = "", steps: int = STEPS
+) -> list[tuple[list[float], dict]]:  # type: ignore[type-arg]
+    args = (world, free_port(), preset, out, resume, steps)
+    mp.spawn(_rank, args=args, nprocs=world, join=True)
+    return [torch.load(f"{out}.{rank}") for rank in range(world)]
+
+
+def _one_rank(preset: str, steps: range) -> tuple[list[float], dict[str, torch.Tensor]]:
+    rt = build(PRESETS[preset], 1, None)
+    pool = Pool(rt.dims.vocab_size, POOL_STEPS)
+    losses = [rt.train_step(pool, s).loss for s in steps]
+    return losses, _weights(rt)
+
+
+def _same(got: tuple[list[float], dict], want: tuple[list[float], dict], who: str) -> None:  # type: ignore[type-arg]
+    for a, b in zip(got[0], want[0], strict=True):
+        assert abs(a - b) < 1e-5 * abs(b), (who, got[0], want[0])
+    for name, w in want[1].items():
+        err = float((got[1][name] - w).norm() / w.norm().clamp_min(1e-30))
+        assert err < 1e-5, (who, name, err)
+
+
+@pytest.mark.parametrize("preset", ["micro-llama", "tiny-olmoe"])
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_over_one_host_copy_train_the_one_rank_job(
+    world: int, preset: str, tmp_path: Path
+) -> None:
+    want = _one_rank(preset, range(STEPS))
+    for rank, got in enumerate(_spawn(world, preset, str(tmp_path / "r"))):
+        _same(got, want, f"rank {rank} of {world}")
+    assert not list(SHM.glob("wstrain-*")), "the shared tiles outlived the job"
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_one_and_on_four(tmp_path: Path) -> None:
+    preset, more = "micro-llama", POOL_STEPS  # resumed runs train two steps more
+    two = str(tmp_path / "two")
+    _spawn(2, preset, two)  # saves at step STEPS
+    ckpt = checkpoint.latest(Path(two + ".ckpt"))
+    assert ckpt is not None
+    whole = _one_rank(preset, range(more))
+    want = (whole[0][STEPS:], whole[1])
+    rt = build(PRESETS[preset], 1, None)  # one rank, resumed
+    state, extra = checkpoint.load_meta(ckpt)
+    rt.load_state(ckpt, extra)
+    pool = Pool(rt.dims.vocab_size, POOL_STEPS)
+    losses = [rt.train_step(pool, s).loss for s in range(state.step, more)]
+    _same((losses, _weights(rt)), want, "1 rank, resumed")
+    for rank, got in enumerate(_spawn(4, preset, str(tmp_path / "four"), str(ckpt), more)):
+        _same(got, want, f"rank {rank} of 4, resumed")
+
+
+def test_spans_cover_a_tile_once() -> None:
+    for numel in (1, 127, 128, 1000, 4096 * 3 + 5):
+        for world in (1, 2, 3, 4, 8):
+            spans = [shard_span(numel, r, world) for r in range(world)]
+            assert spans[0][0] == 0 and spans[-1][1] == numel
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+            assert all(lo % 128 == 0 or lo == numel for lo, _ in spans)
