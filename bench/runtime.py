@@ -268,10 +268,13 @@ def run_plan(
     steps: int,
     profile: bool = False,  # type: ignore[no-untyped-def]
     node=None,
+    group=None,
 ) -> dict[str, object]:
     """Train `steps` steps of a working-set plan under the spec's device budget (and with
     `profile`, one more under the profiler: bench/timeline.py); the row keeps the node
-    profile the plan was made with, so it can be planned again elsewhere."""
+    profile the plan was made with, so it can be planned again elsewhere. With `group`
+    (runtime/distributed.py) this is one rank of a data-parallel run over one shared host
+    copy (bench/data_parallel.py)."""
     import torch
 
     from bench.timeline import profile_step
@@ -281,30 +284,49 @@ def run_plan(
     from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
     from wstrain.worker.runtime.working_set.state import HostState
 
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, spec.budget.device_bytes / total), 0)
+    gpu = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(gpu).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, spec.budget.device_bytes / total), gpu)
     t0 = time.perf_counter()
     # the worker's limit (worker/main.py): the arena refuses to grow past the host budget
     arena_limit = spec.budget.host_bytes - host_reserve_bytes(dims.params, spec.precision, "cuda")
+    share, data_parallel = None, {}
+    if group is not None:  # (imported here: bench.data_parallel's ws-1-old runs older code)
+        from wstrain.worker.runtime.working_set.node_share import NodeShare
+
+        share = NodeShare.create(group, Path(os.environ.get("WSTRAIN_SHM_DIR", "/dev/shm")))
+        data_parallel = {"share": share}
     host = HostState.create(
-        dims, spec.precision, pin=True, fused_adamw=True, arena_limit_bytes=arena_limit
+        dims,
+        spec.precision,
+        pin=True,
+        fused_adamw=True,
+        arena_limit_bytes=arena_limit,
+        **data_parallel,
     )
     g = torch.Generator(device="cuda").manual_seed(0)
-    for tile in [*host.weights, host.embed_w, host.head_w]:  # init on the GPU, copy home
+    first = group is None or group.rank == 0  # the node's one copy: rank 0 fills it
+    for tile in [*host.weights, host.embed_w, host.head_w] if first else []:  # init on the GPU
         noise = torch.randn(tile.numel(), device="cuda", generator=g, dtype=torch.bfloat16)
         tile.copy_(noise * 0.02)
-    for k in range(dims.num_layers):  # RMSNorm weights start at one
+    for k in range(dims.num_layers) if first else []:  # RMSNorm weights start at one
         for n, v in host.layout.views(host.weights[k]).items():
             if n.endswith("norm.weight"):
                 v.fill_(1.0)
-    for (tile, _), master in zip(host.groups, host.master):  # mixed: its fp32 master
+    for (tile, _), master in zip(host.groups, host.master if first else []):  # mixed
         master.copy_(tile)
+    if group is not None:
+        group.barrier()  # every rank has mapped the tiles and rank 0 has filled them
+        if share is not None:
+            share.unlink()
     log.info(
         "host state %.1f GiB ready in %.1f s",
         host.arena.total_bytes / GIB,
         time.perf_counter() - t0,
     )
-    rt = WorkingSetRuntime(dims, ws_config(spec, plan), spec.optimizer, host)
+    rt = WorkingSetRuntime(
+        dims, ws_config(spec, plan), spec.optimizer, host, *([group] if group else [])
+    )
     data = RandomTokens(dims.vocab_size, spec.seq_len, "cuda")
     stalls: dict[str, float] = {}
     gc.freeze()  # as worker/main.py does once the runtime is built

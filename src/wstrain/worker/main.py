@@ -5,8 +5,11 @@
 
 It reads `spec.json` and `plan.json` from the job dir, resumes from the latest checkpoint
 there, trains, and reports to its agent as JSON lines on stdout (contracts.WorkerMessage);
-logs go to stderr. SIGTERM asks it to stop at the next step boundary with a checkpoint, and
-so does a closed report pipe (its agent died).
+logs go to stderr. A plan of several ranks (data parallel, one per visible GPU) makes this
+process rank 0 of a gang it starts and watches (worker/ranks.py); the ranks train in step,
+rank 0 reports and writes the checkpoints.
+SIGTERM asks it to stop at the next step boundary with a checkpoint, and so does a closed
+report pipe (its agent died).
 The exit code is contracts.WorkerExit: 0 succeeded, 3 cancelled, 1 failed.
 Step reports carry MFU against the chip table's dense peak (contracts/chips.py), a measured
 GEMM rate on a GPU the table does not know, and on CPU only a peak the agent configures.
@@ -21,6 +24,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -36,10 +40,13 @@ from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.models.dense import LlamaModel
+from wstrain.worker.ranks import WATCH_INTERVAL_S, RankGang, rank_of_env
 from wstrain.worker.runtime.base import Runtime
+from wstrain.worker.runtime.distributed import ProcessGroup
 from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
 from wstrain.worker.runtime.stats import StepStats, Telemetry
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+from wstrain.worker.runtime.working_set.node_share import NodeShare
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 from wstrain.worker.runtime.working_set.state import HostState
 
@@ -48,9 +55,17 @@ log = logging.getLogger("worker")
 REPORT_INTERVAL_S = 0.2
 
 
-def build_runtime(spec: JobSpec, plan: Plan, access: DataAccess | None = None) -> Runtime:
+def build_runtime(
+    spec: JobSpec,
+    plan: Plan,
+    access: DataAccess | None = None,
+    group: ProcessGroup | None = None,
+    shm_dir: Path = Path("/dev/shm"),
+) -> Runtime:
     """The runtime the plan names, initialised from the spec's seed, or from the weights of
-    the Hugging Face directory the spec's model names (read through `access`)."""
+    the Hugging Face directory the spec's model names (read through `access`). With
+    `group`, this rank's: a working set shares one host copy through `shm_dir` (tmpfs),
+    which rank 0 fills while the others wait."""
     dims = resolve_dims(spec.model)
     pretrained = Path(spec.model.path) if isinstance(spec.model, PathModel) else None
     if plan.runtime == "resident":
@@ -63,7 +78,7 @@ def build_runtime(spec: JobSpec, plan: Plan, access: DataAccess | None = None) -
             spec.seed,
             spec.document_mask,
         )
-        resident = ResidentRuntime(dims, cfg, spec.optimizer)
+        resident = ResidentRuntime(dims, cfg, spec.optimizer, group)
         if pretrained is not None:
             stream_into(dict(resident.model.named_parameters()), pretrained, access)
         return resident
@@ -71,17 +86,29 @@ def build_runtime(spec: JobSpec, plan: Plan, access: DataAccess | None = None) -
     arena_limit = spec.budget.host_bytes - host_reserve_bytes(
         dims.params, spec.precision, plan.device
     )
+    share = NodeShare.create(group, shm_dir) if group is not None else None
     host = HostState.create(
-        dims, spec.precision, pin=cuda, fused_adamw=cuda, arena_limit_bytes=arena_limit
+        dims,
+        spec.precision,
+        pin=cuda,
+        fused_adamw=cuda,
+        arena_limit_bytes=arena_limit,
+        share=share,
     )
-    if pretrained is not None:  # straight into the host tiles
+    if group is not None and group.rank > 0:
+        pass  # rank 0 fills the node's one copy
+    elif pretrained is not None:  # straight into the host tiles
         host.stream_from(pretrained, access)
     else:
         init = LlamaModel(dims)  # same initial weights as the resident runtime for this seed
         init.init_weights(spec.seed)
         host.load_state_dict(init.state_dict())
         del init
-    return WorkingSetRuntime(dims, ws_config(spec, plan), spec.optimizer, host)
+    if group is not None:
+        group.barrier()  # every rank has mapped every tile; the weights are in
+        if share is not None:
+            share.unlink()
+    return WorkingSetRuntime(dims, ws_config(spec, plan), spec.optimizer, host, group)
 
 
 def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
@@ -140,8 +167,15 @@ class Worker:
         access: DataAccess,
         measured_peak_flops: float | None = None,
         cpu_peak_flops: float | None = None,
+        argv: list[str] | None = None,
+        shm_dir: Path = Path("/dev/shm"),
     ) -> None:
+        """argv: this process's arguments, which the other ranks of a gang start with."""
         self.job_dir, self.access = job_dir, access
+        self.argv, self.shm_dir = argv or [], shm_dir
+        self.rank = rank_of_env()
+        self.gang: RankGang | None = None
+        self._emit_lock = threading.Lock()  # the gang's watcher reports from its thread
         self.measured_peak_flops, self.cpu_peak_flops = measured_peak_flops, cpu_peak_flops
         self.spec = JobSpec.model_validate_json((job_dir / "spec.json").read_text())
         self.plan = Plan.model_validate_json((job_dir / "plan.json").read_text())
@@ -150,9 +184,12 @@ class Worker:
         self.orphaned = False  # the agent's end of the report pipe is closed
 
     def emit(self, msg: WorkerMessage) -> None:
+        if self.rank > 0:  # rank 0 reports for the gang
+            return
         try:
-            sys.stdout.write(msg.model_dump_json(exclude_none=True) + "\n")
-            sys.stdout.flush()
+            with self._emit_lock:
+                sys.stdout.write(msg.model_dump_json(exclude_none=True) + "\n")
+                sys.stdout.flush()
         except BrokenPipeError:
             # the agent died: nobody reads our reports. Stop at the next step boundary with
             # a checkpoint, as on SIGTERM; the restarted agent requeues the job from there.
@@ -168,9 +205,10 @@ class Worker:
     def _enforce_device_budget(self) -> None:
         if self.plan.device != "cuda":
             return
-        total = torch.cuda.get_device_properties(0).total_memory
+        gpu = torch.cuda.current_device()  # a rank's own (ProcessGroup.from_env set it)
+        total = torch.cuda.get_device_properties(gpu).total_memory
         fraction = min(1.0, self.spec.budget.device_bytes / total)
-        torch.cuda.set_per_process_memory_fraction(fraction, 0)
+        torch.cuda.set_per_process_memory_fraction(fraction, gpu)
         log.info(
             "job %s: device budget %.2f GiB = %.3f of the GPU",
             self.job_id,
@@ -212,14 +250,31 @@ class Worker:
             )
         return precision, peak
 
+    def _gang_died(self, reason: str) -> None:
+        """A rank died (worker/ranks.py's watcher thread): the gang stops, failed."""
+        log.error("job %s: %s; stopping every rank", self.job_id, reason)
+        self.emit(WorkerMessage(kind="error", message=f"data-parallel gang stopped: {reason}"))
+        os._exit(int(WorkerExit.failed))
+
+    def _start_gang(self) -> ProcessGroup | None:
+        """Rank 0 of a several-rank plan starts the others; every rank joins the group."""
+        ranks = self.plan.ranks
+        if ranks > 1 and "WORLD_SIZE" not in os.environ:
+            self.gang = RankGang.start(ranks, self.argv, self._gang_died)
+        group = ProcessGroup.from_env(self.plan.device)
+        if ranks > 1 and (group is None or group.world != ranks):
+            raise RuntimeError(f"the plan has {ranks} ranks but the group is {group}")
+        return group
+
     def run(self) -> WorkerExit:
         signal.signal(signal.SIGTERM, self._request_cancel)
         torch.manual_seed(self.spec.seed)
+        group = self._start_gang()
         self._enforce_device_budget()
         if isinstance(self.spec.model, PathModel):  # its config.json: the dims read next
             self.access.check(str(Path(self.spec.model.path) / "config.json"), "model.path")
         dims = resolve_dims(self.spec.model)
-        runtime = build_runtime(self.spec, self.plan, self.access)
+        runtime = build_runtime(self.spec, self.plan, self.access, group, self.shm_dir)
         evals = self.spec.eval
         data = TokenStream.open(
             self.spec.data,
@@ -258,6 +313,8 @@ class Worker:
         hf_config = dims.to_hf_config()
 
         def save(step: int) -> None:
+            if self.rank > 0:  # one copy of the state: rank 0 writes it
+                return
             path = checkpoint.save(
                 root,
                 checkpoint.TrainerState(step, step * self.spec.global_batch),
@@ -271,8 +328,10 @@ class Worker:
         last_report = 0.0
         telemetry = Telemetry()
         for step in range(start, self.spec.steps):
-            if self.cancel_requested:
+            # every rank stops at the same step when any was asked to
+            if group.any(self.cancel_requested) if group else self.cancel_requested:
                 save(step)
+                self._join()
                 return WorkerExit.cancelled
             res = runtime.train_step(data, step)
             telemetry.add(res)
@@ -291,11 +350,14 @@ class Worker:
                         loss=res.loss,
                         step_seconds=res.step_seconds,
                         tokens_per_s=tokens_per_s,
-                        mfu=flops_per_token * tokens_per_s / peak[0] if peak else None,
+                        mfu=flops_per_token * tokens_per_s / (peak[0] * self.plan.ranks)
+                        if peak
+                        else None,
                         metrics=self._telemetry(telemetry, res, runtime),
                     )
                 )
-            if evals and (done % evals.every_steps == 0 or done == self.spec.steps):
+            due = evals and (done % evals.every_steps == 0 or done == self.spec.steps)
+            if evals and due and self.rank == 0:  # rank 0 evaluates; the others go on
                 docs = data.eval_documents(evals.sequences) if self.spec.document_mask else None
                 held_out = runtime.eval_loss(*data.eval_batch(evals.sequences), docs)
                 self.emit(WorkerMessage(kind="eval", step=done, loss=held_out))
@@ -303,7 +365,12 @@ class Worker:
             if every and done % every == 0 and done < self.spec.steps:
                 save(done)
         save(self.spec.steps)
+        self._join()
         return WorkerExit.succeeded
+
+    def _join(self) -> None:
+        if self.gang is not None:
+            self.gang.join()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         help="FLOP/s a CPU job's MFU divides by (unset or 0: no MFU on CPU)",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    parser.add_argument(
+        "--shm-dir",
+        type=Path,
+        default=Path("/dev/shm"),
+        help="tmpfs where the ranks of a data-parallel working-set job share their host state",
+    )
     parser.add_argument(
         "--data-roots",
         type=json.loads,
@@ -342,7 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     access = DataAccess.of(args.data_roots, args.state_dir or args.job_dir.resolve().parent.parent)
-    worker = Worker(args.job_dir, access, args.measured_peak_flops, args.cpu_peak_flops)
+    worker = Worker(
+        args.job_dir,
+        access,
+        args.measured_peak_flops,
+        args.cpu_peak_flops,
+        sys.argv[1:] if argv is None else argv,
+        args.shm_dir,
+    )
     try:
         return int(worker.run())
     except torch.cuda.OutOfMemoryError as exc:
@@ -352,6 +432,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     except Exception as exc:  # every failure becomes a reported error with its reason
         msg = f"{type(exc).__name__}: {exc}"
+        gang = worker.gang
+        if gang is not None and (dead := gang.dead(wait_s=2 * WATCH_INTERVAL_S)) is not None:
+            # a peer's death fails rank 0's next collective: name the death, not the symptom
+            msg = f"data-parallel gang stopped: {dead}; rank 0 then failed: {msg[:300]}"
+        if gang is not None:
+            gang.kill()
     log.error("job %s: failed: %s\n%s", worker.job_id, msg, traceback.format_exc())
     worker.emit(WorkerMessage(kind="error", message=msg))
     return int(WorkerExit.failed)

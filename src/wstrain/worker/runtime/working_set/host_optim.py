@@ -32,8 +32,10 @@ def leave_a_core_to_the_driver() -> None:
     """Run torch's CPU thread pool on all cores but one (unless set lower already): the
     AdamW thread's workers then do not preempt the thread that drives the GPU. Alone, the
     fused AdamW runs a Llama-3-8B layer in 31 ms on 15 or 16 of the H200 host's 16 cores
-    (bench/host_adamw.py); beside a training step it took ~48 ms on 16."""
-    cores = len(os.sched_getaffinity(0))
+    (bench/host_adamw.py); beside a training step it took ~48 ms on 16. Data-parallel
+    ranks of one node (LOCAL_WORLD_SIZE) split the cores, as they split each update."""
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    cores = len(os.sched_getaffinity(0)) // ranks
     if cores > 2 and torch.get_num_threads() >= cores:
         torch.set_num_threads(cores - 1)
 

@@ -40,7 +40,8 @@ PEER_POLL_S = 0.0002
 
 def shard_span(numel: int, rank: int, world: int) -> tuple[int, int]:
     """Rank `rank`'s elements [lo, hi) of a tile of `numel`: near-equal runs cut at
-    ALIGN_ELEMS multiples (each span starts 256-byte aligned in bf16) (the last rank's may be shorter, or empty on a tiny tile)."""
+    ALIGN_ELEMS multiples, so each starts 256-byte aligned in bf16 (the last rank's may be
+    shorter, or empty on a tiny tile)."""
     per = -(-numel // world)
     per = -(-per // ALIGN_ELEMS) * ALIGN_ELEMS
     lo = min(rank * per, numel)

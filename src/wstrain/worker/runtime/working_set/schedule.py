@@ -68,10 +68,10 @@ from wstrain.worker.ops.lean_attn import CoreGraph, lean_attn_backward, lean_att
 from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
 from wstrain.worker.ops.lean_moe import lean_moe_backward, lean_moe_forward, lean_moe_saved
 from wstrain.worker.runtime.base import Batches, HostMemory
+from wstrain.worker.runtime.distributed import ProcessGroup
 from wstrain.worker.runtime.optim import StepUpdate, sq_norm_fp32
 from wstrain.worker.runtime.stats import StepStats
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
-from wstrain.worker.runtime.distributed import ProcessGroup
 from wstrain.worker.runtime.working_set.data_parallel import RankShards
 from wstrain.worker.runtime.working_set.device_optim import DeviceOptimizer
 from wstrain.worker.runtime.working_set.host_optim import HostOptimizerPipeline
@@ -623,7 +623,7 @@ class WorkingSetRuntime:
         return StepStats(
             loss,
             time.perf_counter() - start,
-            cfg.rounds * cfg.micro_batch * cfg.seq_len,
+            self.shards.world * cfg.rounds * cfg.micro_batch * cfg.seq_len,  # the global batch's
             stalls,
             self.counters["h2d_bytes"],
             self.counters["d2h_bytes"],

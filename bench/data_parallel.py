@@ -1,0 +1,181 @@
+"""Data-parallel benchmark: the working-set runtime on 1 and N GPUs of one node at the same
+per-GPU batch, Llama-3-8B dimensions, one shared host copy of the training state
+(worker/runtime/working_set/node_share.py). Scaling is global tokens/s over the one-GPU
+row's; host memory is the job's PSS summed over its rank processes (shared pages counted
+once), read after the timed steps.
+
+    python -m bench.data_parallel --rows ws-1,ws-1-host,ws-2 --layers 32 --seq 8192 \
+        --per-gpu-batch 8 --device-gib 20 --host-gib 200 --steps 4 --out bench/results/X.json
+
+Rows: `ws-1` one GPU as the planner plans it today; `ws-1-host` one GPU with the host
+optimizer the data-parallel ranks use (working_set/data_parallel.py: ranks update on the
+host only); `ws-N` N GPUs. `--old-src DIR` runs ws-1 again with the package at DIR (a
+checkout of an earlier commit's src/) as `ws-1-old`: the one-GPU path before and after the
+data-parallel code, side by side. Every row runs in its own process (the ranks in their own
+processes under it); timed over whole steps after one warm-up step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.runtime import _dims, llama_spec, measured_node, mfu_fields, run_children
+
+log = logging.getLogger("bench.data_parallel")
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size of a process: its private pages plus its share of shared ones."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _rank(rank: int, world: int, port: int, job: tuple, steps: int, out: str) -> None:  # type: ignore[type-arg]
+    import torch
+
+    from bench.runtime import run_plan
+    from wstrain.worker.runtime.distributed import ProcessGroup
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+    )
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s: %(message)s")
+    group = ProcessGroup.from_env("cuda") if world > 1 else None
+    spec, dims, plan, node = job
+    res = run_plan(spec, dims, plan, steps, False, node, group)
+    res["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    res["pss_bytes"] = pss_bytes(os.getpid())
+    if group is not None:
+        group.barrier()  # every rank read its PSS with every other still mapping the state
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(res, f, default=str)
+    if group is not None:
+        torch.distributed.destroy_process_group()
+
+
+def run_row(args: argparse.Namespace) -> dict[str, object]:
+    import torch
+    import torch.multiprocessing as mp
+
+    from wstrain.scheduler.planning.planner import make_plan
+
+    name = args.row
+    world = int(name.split("-")[1])
+    overrides = {"optimizer": "host"} if world > 1 or name.endswith("-host") else {}
+    dims = _dims(args.layers)
+    spec = llama_spec(
+        name,
+        args.layers,
+        args.seq,
+        args.per_gpu_batch,
+        args.steps,
+        args.device_gib,
+        args.host_gib,
+        overrides,
+    )
+    node = measured_node(args.seq, dims)
+    plan = make_plan(spec, dims, node)  # one rank's plan: its per-GPU batch
+    torch.cuda.empty_cache()  # the layer timing's blocks: GPU 0 is rank 0's
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tempfile.mktemp(prefix="dp-")
+    mp.spawn(_rank, args=(world, port, (spec, dims, plan, node), args.steps, out), nprocs=world)
+    ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
+    times = [max(r["times"][i] for r in ranks) for i in range(args.steps)]  # the gang's step
+    step_s = sum(times[1:]) / len(times[1:])
+    tokens_per_s = world * args.per_gpu_batch * args.seq / step_s
+    gpu = torch.cuda.get_device_name(0)
+    return {
+        "name": name,
+        "gpus": world,
+        "layers": args.layers,
+        "seq_len": args.seq,
+        "per_gpu_batch": args.per_gpu_batch,
+        "device_budget_gib": args.device_gib,
+        "host_budget_gib": args.host_gib,
+        "tokens_per_s": tokens_per_s,
+        **mfu_fields(dims.flops_per_token(args.seq), tokens_per_s / world, gpu, "bf16"),
+        "step_seconds": times,
+        "host_pss_gib": sum(r["pss_bytes"] for r in ranks) / 2**30,
+        "arena_gib": [r["arena_gib"] for r in ranks],
+        "peak_reserved_gib": [r["peak_reserved_gib"] for r in ranks],
+        "stalls_s": [r["stalls"] for r in ranks],
+        "predicted_step_seconds": plan.predicted.step_seconds,
+        "plan": ranks[0]["plan"],
+        "gpu": gpu,
+        "commit": os.environ.get("BENCH_COMMIT", "?"),
+        "source": os.environ.get("BENCH_SOURCE", "this tree"),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="ws-1,ws-1-host,ws-2")
+    p.add_argument("--row", help=argparse.SUPPRESS)
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--per-gpu-batch", type=int, default=8)
+    p.add_argument("--device-gib", type=float, default=20.0)
+    p.add_argument("--host-gib", type=float, default=200.0)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--old-src", help="an earlier commit's src/: ws-1 again with it, as ws-1-old")
+    p.add_argument("--out")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.row:
+        print(json.dumps(run_row(args)), flush=True)
+        return
+    common = [
+        "--layers", str(args.layers), "--seq", str(args.seq),
+        "--per-gpu-batch", str(args.per_gpu_batch), "--device-gib", str(args.device_gib),
+        "--host-gib", str(args.host_gib), "--steps", str(args.steps),
+    ]  # fmt: skip
+    rows = args.rows.split(",")
+    children = [(["bench.data_parallel", "--row", r, *common], {"name": r}) for r in rows]
+    results = run_children(children, args.out)
+    if args.old_src:  # the same ws-1 row with the earlier package first on the path
+        env_path = f"{Path(args.old_src).resolve()}:{os.environ.get('PYTHONPATH', '')}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.data_parallel", "--row", "ws-1", *common],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": env_path, "BENCH_SOURCE": args.old_src,
+                 "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        )  # fmt: skip
+        sys.stderr.write(proc.stderr[-2000:])
+        row = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {
+            "name": "ws-1", "error": proc.stderr.strip().splitlines()[-1:]}  # fmt: skip
+        results.append({**row, "name": "ws-1-old"})
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+    base = next((r for r in results if r.get("name") == "ws-1" and "tokens_per_s" in r), None)
+    for r in results:
+        if "tokens_per_s" not in r:
+            print(f"{r['name']:<10} error: {r.get('error')}")
+            continue
+        scale = r["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
+        print(
+            f"{r['name']:<10} gpus {r['gpus']}  {r['tokens_per_s']:>9.0f} tok/s  x{scale:.3f}  "
+            f"MFU/GPU {r['mfu'] or 0:.3f}  host PSS {r['host_pss_gib']:.1f} GiB"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""The ranks of a data-parallel job on one node, started and watched as torchrun would.
+
+The worker the agent starts is rank 0 (Plan.ranks > 1). Before it builds anything it
+starts ranks 1..N-1 as its own children — the same command, torchrun's environment (RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), one per GPU the agent
+made visible — and the gang lives and dies together:
+- a rank that exits before the job is done kills the gang: rank 0 reports the error and
+  exits failed (the agent retries from the last checkpoint per the job's max_retries);
+  NCCL would otherwise wait out its collective timeout for the dead peer;
+- rank 0 dying takes its children with it (PR_SET_PDEATHSIG), even under SIGKILL;
+- a SIGTERM to rank 0 (cancel, preemption, time limit) reaches every rank at the next step
+  boundary through one collective (worker/main.py), so all stop at the same step and rank
+  0 writes the checkpoint.
+Only rank 0 reports to the agent; the others log to the same worker.log.
+
+    gang = RankGang.start(world=2, argv=sys.argv[1:], on_death=report_and_exit)
+    ...train...; gang.join()
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+# how often rank 0 looks at its children: a dead rank stops the gang within this
+WATCH_INTERVAL_S = 0.5
+# how long rank 0 waits for the others to finish once its own work is done
+JOIN_TIMEOUT_S = 120.0
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In a child before exec: SIGKILL when rank 0 exits, however it exits."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def rank_of_env() -> int:
+    """This process's rank (0 when it was not started as one)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+class RankGang:
+    def __init__(self, children: list[subprocess.Popen[bytes]], on_death: Callable[[str], None]):
+        self.children, self.on_death = children, on_death
+        self.finishing = False  # rank 0's own work is done: children may exit now
+        self._watch = threading.Thread(target=self._run, name="rank-watch", daemon=True)
+        self._watch.start()
+
+    @classmethod
+    def start(cls, world: int, argv: list[str], on_death: Callable[[str], None]) -> RankGang:
+        """Become rank 0 of `world` and start the others with `argv` (this worker's own
+        arguments). `on_death(reason)` runs on the watcher thread when a rank dies early;
+        it must end the process."""
+        port = _free_port()
+        os.environ.update(torchrun_env(0, world, port))
+        children = []
+        for rank in range(1, world):
+            env = {**os.environ, **torchrun_env(rank, world, port)}
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "wstrain.worker.main", *argv],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,  # only rank 0 reports to the agent
+                    preexec_fn=_die_with_parent,  # prctl only: safe between fork and exec
+                )
+            )
+        log.info("rank 0 of %d: started ranks %s", world, [c.pid for c in children])
+        return cls(children, on_death)
+
+    def _run(self) -> None:
+        while not self.finishing:
+            time.sleep(WATCH_INTERVAL_S)
+            reason = self.dead()
+            if reason is not None and not self.finishing:
+                self.kill()
+                self.on_death(reason)
+                return
+
+    def dead(self, wait_s: float = 0.0) -> str | None:
+        """Why the gang is broken: the first rank found exited (waiting up to `wait_s` for
+        one: rank 0's collective can fail on a dead peer before the peer is reaped)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for rank, child in enumerate(self.children, start=1):
+                code = child.poll()
+                if code == 0:  # done before rank 0 is: it left the gang mid-step
+                    return f"rank {rank} (pid {child.pid}) exited before the job ended"
+                if code is not None:
+                    return (
+                        f"rank {rank} (pid {child.pid}) died with exit code {code} (its "
+                        "error is in the job's worker log)"
+                    )
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                child.kill()
+
+    def join(self) -> None:
+        """Rank 0 is done: wait for the others (each ends its last step with it)."""
+        self.finishing = True
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for child in self.children:
+            try:
+                child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("rank pid %d still running after rank 0 ended: killed", child.pid)
+                child.kill()

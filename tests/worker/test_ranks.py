@@ -1,0 +1,150 @@
+"""A data-parallel job through the worker process (worker/ranks.py, worker/main.py) on CPU
+with gloo: `python -m wstrain.worker.main` of a 2-GPU plan starts its second rank, both
+train, and the final checkpoint equals the one-GPU job's (fp32, 1e-5) on both runtimes; a
+killed rank stops the gang at once (rank 0 reports it and exits failed, no process left);
+SIGTERM stops every rank at one step with a checkpoint, from which the job resumes to the
+uninterrupted job's weights.
+
+    pytest tests/worker/test_ranks.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.conftest import REPO, tiny_spec
+from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
+from wstrain.scheduler.contracts.jobs import JobSpec, WorkerExit, WorkerMessage
+from wstrain.scheduler.contracts.model_dims import resolve_dims
+from wstrain.scheduler.planning.planner import make_plan
+from wstrain.worker.io import checkpoint
+
+STEPS = 6
+
+
+def _job_dir(tmp_path: Path, gpus: int, runtime: str, steps: int = STEPS) -> Path:
+    spec = JobSpec.model_validate(
+        tiny_spec(
+            f"dp{gpus}",
+            steps=steps,
+            gpus=gpus,
+            checkpoint_every=2,
+            overrides={"runtime": runtime, "micro_batch": 1},
+        )
+    )
+    plan = make_plan(spec, resolve_dims(spec.model), DEFAULT_PROFILE)
+    assert plan.ranks == gpus and plan.rounds * plan.micro_batch * gpus == spec.global_batch
+    job_dir = tmp_path / f"{runtime}-{gpus}" / "state" / "jobs" / "job-1"
+    job_dir.mkdir(parents=True)
+    (job_dir / "spec.json").write_text(spec.model_dump_json())
+    (job_dir / "plan.json").write_text(plan.model_dump_json())
+    return job_dir
+
+
+def _start(job_dir: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wstrain.worker.main",
+            "--job-dir",
+            str(job_dir),
+            "--threads",
+            "1",
+            "--data-roots",
+            json.dumps([str(REPO), str(job_dir.parents[2])]),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(job_dir / "worker.log", "w"),  # noqa: SIM115 - the child owns it
+        text=True,
+        start_new_session=True,  # as the agent starts it: its ranks share its group
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, list[WorkerMessage]]:
+    out, _ = proc.communicate(timeout=240)
+    return proc.returncode, [WorkerMessage.model_validate_json(x) for x in out.splitlines()]
+
+
+def _weights(job_dir: Path) -> dict:  # type: ignore[type-arg]
+    ckpt = checkpoint.latest(job_dir / "checkpoints")
+    assert ckpt is not None
+    out = {}
+    for shard in sorted(ckpt.glob("*.safetensors")):
+        out.update(load_file(shard))
+    return out
+
+
+def _close(a: dict, b: dict) -> None:  # type: ignore[type-arg]
+    assert a.keys() == b.keys()
+    for name, w in b.items():
+        err = float((a[name] - w).norm() / w.norm().clamp_min(1e-30))
+        assert err < 1e-5, (name, err)
+
+
+def _gang_pids(pid: int) -> list[int]:
+    """Processes of the session `pid` leads (rank 0 and the ranks it started)."""
+    out = subprocess.run(["ps", "-o", "pid=", "-s", str(pid)], capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+@pytest.mark.parametrize("runtime", ["working_set", "resident"])
+def test_a_two_gpu_job_trains_the_one_gpu_job(tmp_path: Path, runtime: str) -> None:
+    one, two = _job_dir(tmp_path, 1, runtime), _job_dir(tmp_path, 2, runtime)
+    procs = [_start(one), _start(two)]
+    (code1, msgs1), (code2, msgs2) = (_finish(p) for p in procs)
+    assert code1 == code2 == WorkerExit.succeeded, (two / "worker.log").read_text()[-3000:]
+    losses = [[m.loss for m in msgs if m.kind == "step"] for msgs in (msgs1, msgs2)]
+    assert losses[0][-1] == pytest.approx(losses[1][-1], rel=1e-5)
+    assert sum(m.kind == "started" for m in msgs2) == 1  # rank 0 alone reports
+    _close(_weights(two), _weights(one))
+    assert "rank 0 of 2: started ranks" in (two / "worker.log").read_text()
+
+
+def test_a_dead_rank_stops_the_gang(tmp_path: Path) -> None:
+    job_dir = _job_dir(tmp_path, 2, "working_set", steps=100_000)
+    proc = _start(job_dir)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # "started": both ranks are training
+    assert WorkerMessage.model_validate_json(first).kind == "started"
+    deadline = time.monotonic() + 30
+    while len(pids := _gang_pids(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rank1 = next(p for p in pids if p != proc.pid)
+    os.kill(rank1, signal.SIGKILL)
+    code, msgs = _finish(proc)
+    assert code == WorkerExit.failed
+    errors = [m.message or "" for m in msgs if m.kind == "error"]
+    assert errors and "rank 1" in errors[-1] and "exit code -9" in errors[-1], errors
+    assert _gang_pids(proc.pid) == []
+
+
+def test_sigterm_stops_every_rank_at_one_step_and_the_job_resumes(tmp_path: Path) -> None:
+    want = _job_dir(tmp_path / "whole", 1, "working_set", steps=STEPS)
+    job_dir = _job_dir(tmp_path, 2, "working_set", steps=STEPS)
+    whole = _start(want)
+    proc = _start(job_dir)
+    assert proc.stdout is not None
+    while True:  # a step is done: stop in the middle of the job
+        msg = WorkerMessage.model_validate_json(proc.stdout.readline())
+        if msg.kind == "step":
+            break
+    proc.send_signal(signal.SIGTERM)
+    code, msgs = _finish(proc)
+    assert code == WorkerExit.cancelled, (job_dir / "worker.log").read_text()[-3000:]
+    saved = [m.step for m in msgs if m.kind == "checkpoint"]
+    assert saved and saved[-1] is not None and saved[-1] < STEPS
+    assert _gang_pids(proc.pid) == []
+    code, msgs = _finish(_start(job_dir))  # resumes from the checkpoint on two ranks
+    assert code == WorkerExit.succeeded, (job_dir / "worker.log").read_text()[-3000:]
+    assert _finish(whole)[0] == WorkerExit.succeeded
+    _close(_weights(job_dir), _weights(want))
