@@ -64,7 +64,7 @@ def _start(job_dir: Path) -> subprocess.Popen[str]:
             json.dumps([str(REPO), str(job_dir.parents[2])]),
         ],
         stdout=subprocess.PIPE,
-        stderr=open(job_dir / "worker.log", "w"),  # noqa: SIM115 - the child owns it
+        stderr=open(job_dir / "worker.log", "w"),
         text=True,
         start_new_session=True,  # as the agent starts it: its ranks share its group
     )

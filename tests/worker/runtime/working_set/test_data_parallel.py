@@ -10,6 +10,7 @@ memory (PSS summed over its processes, shared pages counted once) on two ranks i
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -72,9 +73,7 @@ def _weights(rt: WorkingSetRuntime) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in rt.state_tensors().items()}
 
 
-def _rank(
-    rank: int, world: int, port: int, preset: str, out: str, resume: str, steps: int
-) -> None:
+def _rank(rank: int, world: int, port: int, preset: str, out: str, resume: str, steps: int) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
     )
@@ -159,5 +158,5 @@ def test_spans_cover_a_tile_once() -> None:
         for world in (1, 2, 3, 4, 8):
             spans = [shard_span(numel, r, world) for r in range(world)]
             assert spans[0][0] == 0 and spans[-1][1] == numel
-            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
             assert all(lo % 128 == 0 or lo == numel for lo, _ in spans)
