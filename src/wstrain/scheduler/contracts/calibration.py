@@ -92,6 +92,12 @@ MIXED_UPDATE_SLOWDOWN: Final = 93.9 / 28.6
 # parameter of bf16 state at ~3 TB/s of HBM (H100/H200).
 DEVICE_ADAMW_BYTES_PER_PARAM: Final = 14
 DEVICE_MEMORY_BYTES_PER_S: Final = 3e12
+# Data parallel: the bus bandwidth of a ring all-reduce between the GPUs of one node, as
+# nccl-tests reports it (busbw = algbw x 2(N-1)/N, so the time of S gradient bytes is
+# 2(N-1)/N x S / busbw): ~370 GB/s on H100 SXM over NVLink 4 (all_reduce_perf, large
+# messages). On CPU the ranks reduce through gloo in host memory at the node's measured
+# memcpy rate (its profile's h2d_bytes_per_s) instead.
+ALLREDUCE_BUS_BYTES_PER_S: Final = 370e9
 
 
 def host_reserve_bytes(params: int, precision: str, device: str) -> int:

@@ -31,6 +31,7 @@ MAX_GLOBAL_BATCH = 1 << 16
 MAX_STEPS = 100_000_000
 MAX_TIME_LIMIT_S = 366 * 86400  # a year: longer is no limit, and floats past it are nonsense
 MAX_BUDGET_GIB = 65536.0
+MAX_GPUS = 8  # GPUs of one node a data-parallel job takes: the largest common host (8 SXM)
 MAX_PATH_CHARS = 4096  # Linux PATH_MAX
 # Strings anywhere in a spec longer than this are refused (a name is 128, a path 4096; a
 # free-form string in an hf_config, such as a rope type, is short).
@@ -422,6 +423,14 @@ class JobSpec(_Strict):
     data: DataRef
     seq_len: int = Field(gt=0, le=1 << 20)
     global_batch: int = Field(gt=0, le=MAX_GLOBAL_BATCH, description="sequences per optimizer step")
+    gpus: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_GPUS,
+        description="GPUs of one node the job trains on, data parallel: each GPU trains "
+        "global_batch/gpus sequences a step; budget.device_gib is per GPU, budget.host_gib is "
+        "the job's (one shared host copy of the training state)",
+    )
     steps: int = Field(gt=0, le=MAX_STEPS)
     optimizer: OptimizerSpec = OptimizerSpec()
     precision: Literal["bf16", "mixed", "fp32"] = "bf16"
@@ -488,6 +497,29 @@ class JobSpec(_Strict):
     )
     overrides: PlanOverrides = PlanOverrides()
 
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_divide_the_batch(cls, gpus: int, info: ValidationInfo) -> int:
+        batch = info.data.get("global_batch")  # absent when it failed its own check
+        if batch is not None and batch % gpus:
+            raise ValueError(
+                f"gpus={gpus} must divide global_batch={batch}: each GPU trains "
+                f"global_batch/gpus sequences a step; use a global_batch that is a multiple "
+                f"of {gpus}, or gpus among the divisors of {batch}"
+            )
+        return gpus
+
+    @model_validator(mode="after")
+    def _data_parallel_updates_on_the_host(self) -> JobSpec:
+        opt = self.overrides.optimizer
+        if self.gpus > 1 and opt in ("device", "split"):
+            raise ValueError(
+                f'gpus={self.gpus} with overrides.optimizer="{opt}": a data-parallel working '
+                "set updates its one shared host copy on the host; use overrides.optimizer "
+                '"host" (or leave it unset), or gpus=1'
+            )
+        return self
+
     @model_validator(mode="after")
     def _fp8_needs_16_bits(self) -> JobSpec:
         if self.activation_precision == "fp8" and self.precision == "fp32":
@@ -506,11 +538,14 @@ class Predicted(BaseModel):
     peak_device_bytes: int
     peak_host_bytes: int
     # The step's breakdown (they sum to step_seconds): compute at the node's profiled rates,
-    # recomputation in backward, transfers not hidden behind compute, exposed optimizer.
+    # recomputation in backward, transfers not hidden behind compute, exposed optimizer,
+    # and with several ranks the gradients' all-reduce.
     compute_seconds: float | None = None
     recompute_seconds: float | None = None
     exposed_transfer_seconds: float | None = None
     optimizer_seconds: float | None = None
+    # data parallel (Plan.ranks > 1): the gradients' all-reduce after each rank's step
+    allreduce_seconds: float | None = None
 
 
 class WorkingSetPlan(BaseModel):
@@ -558,6 +593,9 @@ class Plan(BaseModel):
     device: Literal["cpu", "cuda"]
     micro_batch: int
     rounds: int
+    ranks: int = Field(
+        default=1, ge=1, description="processes, one per GPU; rounds and micro_batch are per rank"
+    )
     window: int = Field(description="layers resident on the device at once")
     layers: int
     params: int
@@ -604,7 +642,11 @@ class Job(BaseModel):
     )
     retries: int = Field(default=0, description="automatic retries after a worker died")
     node: str | None = None
-    gpu: str | None = Field(default=None, description="the GPU index on its node, once running")
+    gpu: str | None = Field(
+        default=None,
+        description="the GPU index on its node, once running; a job on several GPUs lists "
+        'them all, comma-separated ("0,1")',
+    )
     worker_pid: int | None = None
     last_checkpoint: str | None = None
     created_at: float
@@ -616,6 +658,16 @@ class Job(BaseModel):
         description="the worker's latest runtime telemetry: stall seconds by "
         "dependency, transfer bytes and bandwidth, host RSS/arena/pinned, device peaks",
     )
+
+
+def gpu_text(indices: tuple[int, ...]) -> str:
+    """Job.gpu as stored and shown: the GPU indices comma-separated ("0,1"; "" for none)."""
+    return ",".join(str(i) for i in indices)
+
+
+def gpu_indices(text: str | None) -> tuple[int, ...]:
+    """The GPU indices of a Job.gpu string ("0,1" -> (0, 1); "" or None -> ())."""
+    return tuple(int(part) for part in (text or "").split(",") if part.strip())
 
 
 class JobList(BaseModel):

@@ -215,12 +215,11 @@ def stored_bytes(saved: int) -> int:
 
 
 def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
-    """Training state + the store of saved sets sent home + the reserve beside the arena."""
-    return (
-        host_state_bytes(dims, spec.precision)
-        + stored_bytes(home_saved)
-        + host_reserve_bytes(dims.params, spec.precision, device)
-    )
+    """Training state + the store of saved sets sent home + the reserve beside the arena;
+    with spec.gpus ranks the state is shared, the store and the reserve are each rank's
+    (planning/ranks.py)."""
+    private = stored_bytes(home_saved) + host_reserve_bytes(dims.params, spec.precision, device)
+    return host_state_bytes(dims, spec.precision) + spec.gpus * private
 
 
 # ------------------------------------------------------------------ time

@@ -11,6 +11,7 @@ from wstrain.scheduler.contracts.errors import InfeasibleBudget
 from wstrain.scheduler.contracts.hardware import NodeProfile
 from wstrain.scheduler.contracts.jobs import JobSpec, Plan
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.planning.ranks import rank_spec, with_ranks
 from wstrain.scheduler.planning.resident import make_resident_plan
 from wstrain.scheduler.planning.working_set import make_ws_plan
 
@@ -20,8 +21,9 @@ def make_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     model decides); `overrides.runtime` forces either. InfeasibleBudget names the smallest
     budgets of whichever runtime needs less device memory. A seq_len past the model's
     max_position_embeddings is planned, with a warning in reasons["seq_len"]: RoPE has no
-    table to outgrow, and the bench trains 4K-position models at 8K."""
-    plan = _fastest(spec, dims, node)
+    table to outgrow, and the bench trains 4K-position models at 8K. A job on several GPUs
+    is planned as one rank of global_batch/gpus sequences (planning/ranks.py)."""
+    plan = with_ranks(_fastest(rank_spec(spec), dims, node), spec, dims, node)
     if spec.seq_len > dims.max_position_embeddings:
         plan.reasons["seq_len"] = (
             f"warning: seq_len={spec.seq_len} exceeds the model's max_position_embeddings="

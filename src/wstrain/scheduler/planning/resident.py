@@ -42,11 +42,13 @@ def device_peak_bytes(
     return int((state + acts + logits + mask + DEVICE_RESERVE_BYTES) * ALLOCATOR_SLACK)
 
 
-def host_peak_bytes(dims: ModelDims, device: str) -> int:
+def host_peak_bytes(dims: ModelDims, device: str, ranks: int = 1) -> int:
     # A checkpoint stages one copy of the weights in host memory; on a CPU node the
-    # training state itself is counted against the device budget.
+    # training state itself is counted against the device budget. Data parallel ranks each
+    # keep their own model copy on their device, so nothing on the host is shared: each
+    # rank's process and staging count (planning/ranks.py).
     staged = dims.params * 4
-    return PROCESS_BYTES[device] + staged
+    return ranks * (PROCESS_BYTES[device] + staged)
 
 
 def _divisors(n: int) -> list[int]:
@@ -57,7 +59,7 @@ def _divisors(n: int) -> list[int]:
 
 def min_budget(spec: JobSpec, dims: ModelDims, device: str) -> MinBudget:
     dev = device_peak_bytes(dims, spec.precision, spec.seq_len, 1, spec.document_mask)
-    host = host_peak_bytes(dims, device)
+    host = host_peak_bytes(dims, device, spec.gpus)
     round_up = lambda b: round(b / GIB + 0.005, 2)
     return MinBudget(device_gib=round_up(dev), host_gib=round_up(host))
 
@@ -66,7 +68,7 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
     """The fastest resident plan under the spec's budgets; InfeasibleBudget if none fits."""
     dev_budget, host_budget = spec.budget.device_bytes, spec.budget.host_bytes
     device = spec.overrides.device or node.device
-    host = host_peak_bytes(dims, device)
+    host = host_peak_bytes(dims, device, spec.gpus)
     candidates = _divisors(spec.global_batch)
     if spec.overrides.micro_batch is not None:
         if spec.global_batch % spec.overrides.micro_batch:

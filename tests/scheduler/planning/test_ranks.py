@@ -1,0 +1,139 @@
+"""Plans of jobs on several GPUs (scheduler/planning/ranks.py through `make_plan`): one rank
+planned as a job of global_batch/gpus sequences, the shared host state counted once and
+each rank's private host bytes once per rank, host AdamW on the working set, the gradients'
+all-reduce in the predicted step, and the spec's checks of `gpus`.
+
+    pytest tests/scheduler/planning/test_ranks.py
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from wstrain.scheduler.contracts.calibration import (
+    ALLREDUCE_BUS_BYTES_PER_S,
+    GIB,
+    PROCESS_BYTES,
+)
+from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
+from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE, H200
+from wstrain.scheduler.contracts.jobs import JobSpec
+from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.planning.planner import make_plan
+
+LLAMA = PRESETS["llama3-8b-16l"]
+
+
+def _spec(gpus: int, batch: int, **over: Any) -> JobSpec:
+    raw: dict[str, Any] = {
+        "name": "dp",
+        "model": {"preset": "llama3-8b-16l"},
+        "data": {"kind": "synthetic"},
+        "seq_len": 8192,
+        "global_batch": batch,
+        "steps": 1,
+        "precision": "bf16",
+        "budget": {"device_gib": 20, "host_gib": 400},
+        "gpus": gpus,
+    }
+    raw.update(over)
+    return JobSpec.model_validate(raw)
+
+
+def test_a_two_gpu_plan_has_two_ranks_each_with_half_the_batch() -> None:
+    plan = make_plan(_spec(2, 32), LLAMA, H200)
+    assert plan.ranks == 2
+    assert plan.rounds == 32 // (plan.micro_batch * 2)
+    assert plan.reasons["rounds"] == (
+        f"{plan.rounds} a rank = global_batch 32 / (micro_batch {plan.micro_batch} x 2 ranks)"
+    )
+    assert plan.reasons["ranks"].startswith("2 ranks, one per GPU, data parallel")
+    one = make_plan(_spec(1, 32), LLAMA, H200)
+    assert one.ranks == 1 and "ranks" not in one.reasons
+    assert one.micro_batch * one.rounds == 32
+
+
+def test_the_working_set_ranks_update_on_the_host() -> None:
+    plan = make_plan(_spec(2, 32), LLAMA, H200)
+    assert plan.runtime == "working_set" and plan.working_set is not None
+    assert plan.working_set.optimizer == "host" and plan.working_set.device_layers == 0
+
+
+def test_host_bytes_count_the_shared_state_once_and_each_ranks_private_bytes() -> None:
+    # the same rank on one and on two GPUs: 8 sequences a rank, every choice pinned
+    pin = {"runtime": "working_set", "micro_batch": 2, "window": 4, "level": 1}
+    pin |= {"optimizer": "host", "lead_rounds": 1, "r_param": 3, "r_grad": 2}
+    one = make_plan(_spec(1, 8, overrides=pin), LLAMA, H200)
+    two = make_plan(_spec(2, 16, overrides=pin), LLAMA, H200)
+    assert (one.micro_batch, one.rounds, one.window) == (two.micro_batch, two.rounds, two.window)
+    shared = cm.host_state_bytes(LLAMA, "bf16")
+    private = one.predicted.peak_host_bytes - shared  # one rank's store and reserve
+    assert private > PROCESS_BYTES["cuda"]
+    assert two.predicted.peak_host_bytes - one.predicted.peak_host_bytes == private
+    # the device budget is per GPU: each rank's peak is the one-GPU job's
+    assert two.predicted.peak_device_bytes == one.predicted.peak_device_bytes
+
+
+def test_a_resident_rank_keeps_a_whole_copy_so_its_host_bytes_count_per_rank() -> None:
+    micro = PRESETS["micro-llama"]
+    spec = {"model": {"preset": "micro-llama"}, "seq_len": 32, "precision": "fp32"}
+    over = {"overrides": {"runtime": "resident"}, "budget": {"device_gib": 1, "host_gib": 4}}
+    one = make_plan(_spec(1, 4, **spec, **over), micro, DEFAULT_PROFILE)
+    two = make_plan(_spec(2, 8, **spec, **over), micro, DEFAULT_PROFILE)
+    assert two.predicted.peak_host_bytes == 2 * one.predicted.peak_host_bytes
+    assert two.predicted.peak_device_bytes == one.predicted.peak_device_bytes
+
+
+def test_the_predicted_step_adds_the_gradients_all_reduce() -> None:
+    plan = make_plan(_spec(4, 32), LLAMA, H200)
+    pred = plan.predicted
+    expected = 2 * 3 / 4 * LLAMA.params * 2 / ALLREDUCE_BUS_BYTES_PER_S
+    assert pred.allreduce_seconds == pytest.approx(expected)
+    parts = (
+        pred.compute_seconds,
+        pred.recompute_seconds,
+        pred.exposed_transfer_seconds,
+        pred.optimizer_seconds,
+        pred.allreduce_seconds,
+    )
+    assert sum(p or 0.0 for p in parts) == pytest.approx(pred.step_seconds)
+    assert make_plan(_spec(1, 32), LLAMA, H200).predicted.allreduce_seconds is None
+
+
+def test_an_infeasible_host_budget_names_one_that_holds_every_rank() -> None:
+    over = {"budget": {"device_gib": 20, "host_gib": 50}}
+    make_plan(_spec(1, 32, **over), LLAMA, H200)  # one rank fits 50 GiB, four do not
+    with pytest.raises(InfeasibleBudget) as exc:
+        make_plan(_spec(4, 32, **over), LLAMA, H200)
+    need = exc.value.detail["min_budget"]
+    assert need["host_gib"] > 50
+    bigger = {"budget": {"device_gib": 20, "host_gib": need["host_gib"]}}
+    plan = make_plan(_spec(4, 32, **bigger), LLAMA, H200)
+    assert plan.predicted.peak_host_bytes <= need["host_gib"] * GIB
+
+
+def test_a_micro_batch_override_must_divide_each_ranks_share() -> None:
+    with pytest.raises(InvalidSpec, match=r"global_batch/gpus = 8"):
+        make_plan(_spec(2, 16, overrides={"micro_batch": 16}), LLAMA, H200)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "batch", "over", "words"),
+    [
+        (0, 8, {}, "greater than or equal to 1"),
+        (9, 18, {}, "less than or equal to 8"),
+        (3, 8, {}, "gpus=3 must divide global_batch=8"),
+        (2, 8, {"overrides": {"optimizer": "device"}}, 'gpus=2 with overrides.optimizer="device"'),
+        (2, 8, {"overrides": {"optimizer": "split"}}, "updates its one shared host copy"),
+    ],
+)
+def test_the_spec_refuses_gpus_it_cannot_train_with(
+    gpus: int, batch: int, over: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(ValidationError, match="gpus") as exc:
+        _spec(gpus, batch, **over)
+    assert words in str(exc.value)
