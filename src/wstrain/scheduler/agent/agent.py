@@ -52,7 +52,15 @@ from wstrain.scheduler.agent.supervisor import (
 from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.errors import Conflict, LeaseLost, WstrainError
 from wstrain.scheduler.contracts.hardware import Device, LayerTimes, NodeProfile
-from wstrain.scheduler.contracts.jobs import GPUInfo, Job, JobSpec, JobState, Node, job_dir
+from wstrain.scheduler.contracts.jobs import (
+    GPUInfo,
+    Job,
+    JobSpec,
+    JobState,
+    Node,
+    gpu_text,
+    job_dir,
+)
 from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.scheduler.planning.planner import make_plan
 from wstrain.scheduler.store import JobStore
@@ -182,9 +190,9 @@ class Agent:
             return None
         return await layer_times(self.settings.state_dir, self.profile_key, spec, jdir, gpu)
 
-    async def _start(self, job_id: str, gpu: int | None, link_share: int) -> None:
+    async def _start(self, job_id: str, gpus: tuple[int, ...], link_share: int) -> None:
         try:
-            await self._plan_and_spawn(job_id, gpu, link_share)
+            await self._plan_and_spawn(job_id, gpus, link_share)
         except LeaseLost:
             log.warning("job %s: taken over by another agent while starting", job_id)
         except Exception as exc:  # a full disk, a failed spawn: the job fails with why
@@ -202,13 +210,14 @@ class Agent:
                     error=reason,
                 )
 
-    async def _plan_and_spawn(self, job_id: str, gpu: int | None, link_share: int) -> None:
+    async def _plan_and_spawn(self, job_id: str, gpus: tuple[int, ...], link_share: int) -> None:
         job = await self.store.get(job_id)
         jdir = job_dir(self.settings.state_dir, job_id).resolve()
         jdir.mkdir(parents=True, exist_ok=True)
         (jdir / "spec.json").write_text(job.spec.model_dump_json(indent=1))
         try:
-            layer = await self._layer_times(job.spec, jdir, gpu) if gpu is not None else None
+            # a gang's ranks are alike: its first GPU's layer time and link share stand for all
+            layer = await self._layer_times(job.spec, jdir, gpus[0]) if gpus else None
             # packed beside other jobs, it plans with its share of the GPU and its link
             node = self.node_profile().with_layer(layer).shared_by(link_share)
             plan = make_plan(job.spec, resolve_dims(job.spec.model), node)
@@ -244,7 +253,7 @@ class Agent:
                 fence=self.agent_id,
             )
             return
-        cuda = gpu if self.gpus else None  # a CPU node's modelled devices are host memory
+        cuda = gpus if self.gpus else None  # a CPU node's modelled devices are host memory
         proc = await spawn(
             job,
             jdir,
@@ -261,7 +270,7 @@ class Agent:
             proc,
             job.spec.budget.device_bytes,
             job.spec.budget.host_bytes,
-            gpu,
+            gpus,
             self.exporter,
             self.agent_id,
             retry_backoff_s=self.settings.retry_backoff_s,
@@ -276,7 +285,7 @@ class Agent:
             ("worker", f"worker pid {proc.pid} started on {self.name}", {"pid": proc.pid}),
             worker_pid=proc.pid,
             worker_start=start_ticks(proc.pid),
-            gpu="" if gpu is None else str(gpu),
+            gpu=gpu_text(gpus),
         )
         log.info("job %s: worker pid %d started (attempt %d)", job_id, proc.pid, job.attempt)
 
@@ -297,15 +306,16 @@ class Agent:
         node = node_state(self.devices, host_total)
         running = running_jobs(self.workers.values())
         await self.rounds.charge(node, running)
-        # a GPU node packs by memory alone; a CPU node runs at most cpu_slots (its cores)
-        max_starts = 1 << 16 if self.devices else max(0, self.slots - len(self.workers))
+        # a GPU node packs by memory alone; a CPU node runs at most cpu_slots ranks (cores)
+        ranks = sum(h.job.spec.gpus for h in self.workers.values())
+        max_starts = 1 << 16 if self.devices else max(0, self.slots - ranks)
         out = await self.rounds.run(node, running, max_starts)
         for victim, for_job in out.preempt.items():
             if (handle := self.workers.get(victim)) is not None:
                 preempt(handle, for_job, self.settings.preempt_grace_s)
         for c in out.claimed:
-            log.info("job %s: claimed by %s on GPU %s", c.job_id, self.name, c.gpu)
-            await self._start(c.job_id, c.gpu, c.link_share)
+            log.info("job %s: claimed by %s on GPU %s", c.job_id, self.name, gpu_text(c.gpus))
+            await self._start(c.job_id, c.gpus, c.link_share)
 
     async def _reap_orphans(self) -> None:
         """Settle live jobs no live agent holds: this node's from a previous agent process

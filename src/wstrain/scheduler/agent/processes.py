@@ -8,11 +8,13 @@ where /proc is missing, `start_ticks` is None and a recorded worker counts as go
     from wstrain.scheduler.agent.processes import start_ticks, stop_process
     start = start_ticks(pid)                  # record it with the pid
     await stop_process(pid, start, grace_s)   # SIGTERM, then SIGKILL after grace_s
+    session_pss_bytes(pid)                    # a worker and its ranks' host memory
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -36,6 +38,54 @@ def start_ticks(pid: int) -> int | None:
     if fields[0] in (b"Z", b"X"):  # zombie or dead: exited, not yet reaped by its parent
         return None
     return int(fields[19])
+
+
+def session_pids(sid: int) -> list[int]:
+    """The live processes of session `sid`: a worker is spawned leading its own session
+    (sid = its pid), and the ranks it starts, its children, stay in it."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        fields = stat[stat.rindex(b")") + 2 :].split()  # state, ppid, pgrp, session, ...
+        if int(fields[3]) == sid and fields[0] not in (b"Z", b"X"):
+            out.append(int(name))
+    return out
+
+
+def pss_bytes(pid: int) -> int | None:
+    """Proportional set size of `pid` (pages shared with other processes split between
+    them), from /proc/PID/smaps_rollup; None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024  # the kernel writes kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def session_pss_bytes(sid: int) -> int | None:
+    """Host memory of a session's processes, shared pages counted once (the sum of their
+    PSS): a data-parallel worker and its ranks share one host copy of the training state,
+    which each one's RSS would count in full. None where no member can be read."""
+    sizes = [b for b in map(pss_bytes, session_pids(sid)) if b is not None]
+    return sum(sizes) if sizes else None
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process left in process group `pgid` (a worker's, once it is gone or
+    past its grace: ranks it started must not keep their GPUs). The kernel does not reuse
+    a pid while it names a live group (and hands pids out cyclically), so this does not
+    hit a stranger."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is empty
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def is_running(pid: int | None, start: int | None) -> bool:

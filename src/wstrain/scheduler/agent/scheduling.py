@@ -42,8 +42,8 @@ LOCK_TTL_S = 10.0  # a round reads, decides and claims in well under a second
 @dataclass(frozen=True)
 class Claimed:
     job_id: str
-    gpu: int | None
-    link_share: int  # jobs sharing that GPU's PCIe link, this one included
+    gpus: tuple[int, ...]  # its GPUs, all of a gang's; () on a CPU node's pseudo-device
+    link_share: int  # jobs sharing its first GPU's PCIe link, this one included
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,9 @@ class Rounds:
         await self.view.add_usage(now, self.config.half_life_s, used)
 
     async def run(self, node: NodeState, running: list[RunningJob], max_starts: int) -> Outcome:
-        """One round under the lock, starting at most `max_starts` jobs (a CPU node's free
-        slots; a GPU node packs by memory alone); nothing when another agent is deciding."""
+        """One round under the lock, starting jobs of at most `max_starts` ranks in all (a
+        CPU node's free slots; a GPU node packs by memory alone); nothing when another
+        agent is deciding."""
         if not await self.view.acquire(self.agent_id, LOCK_TTL_S):
             return Outcome([], {}, None)
         try:
@@ -107,19 +108,33 @@ class Rounds:
                 r.exclusive,
                 r.after,
                 r.not_before or None,
+                gpus=r.gpus,
             )
             for r in rows
         ]
         decision = decide(
             now, pending, running, node, usage, self.config, states, elsewhere=elsewhere
         )
-        claimed = []
-        for start in decision.start[:max_starts]:
+        claimed, reasons = [], dict(decision.reasons)
+        sizes = {r.id: r.gpus for r in rows}
+        slots_left = max_starts  # a CPU node's free slots: a gang takes one per rank
+        for start in decision.start:
+            size = sizes.get(start.job_id, 1)
+            if size > slots_left:
+                if size > 1:
+                    reasons[start.job_id] = (
+                        f"resources: needs {size} CPU slots, {slots_left} free on the node "
+                        "(WSTRAIN_CPU_SLOTS)"
+                    )
+                continue
+            gpu = start.gpu_index
+            gpus = decision.gangs.get(start.job_id) or (() if gpu is None else (gpu,))
             ok = await self.view.claim_one(
-                start.job_id, self.node, start.gpu_index, self.agent_id, self.lease_s
+                start.job_id, self.node, gpus, self.agent_id, self.lease_s
             )
             if ok:
-                claimed.append(Claimed(start.job_id, start.gpu_index, start.link_share))
+                claimed.append(Claimed(start.job_id, gpus, start.link_share))
+                slots_left -= size
         # a preempted job makes room for the held job of its GPU
         for_gpu = {
             gpu: jid
@@ -128,9 +143,19 @@ class Rounds:
         }
         gpu_of = {j.id: j.gpu_index for j in running}
         preempt = {v: for_gpu.get(gpu_of.get(v), "a higher-priority job") for v in decision.preempt}
-        await self.view.set_reasons(dict(decision.reasons))
+        await self.view.set_reasons(reasons)
         return Outcome(claimed, preempt, decision)
 
 
 def _running(p: PlacedRow) -> RunningJob:
-    return RunningJob(p.id, p.owner, p.priority, p.gpu, p.device_bytes, p.host_bytes, p.started_at)
+    return RunningJob(
+        p.id,
+        p.owner,
+        p.priority,
+        p.gpu,
+        p.device_bytes,
+        p.host_bytes,
+        p.started_at,
+        gpus=p.gpus,
+        gang=p.gang,
+    )

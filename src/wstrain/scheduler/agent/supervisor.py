@@ -20,21 +20,24 @@ from pathlib import Path
 
 from wstrain.scheduler.agent.exporter import AgentExporter
 from wstrain.scheduler.agent.outcomes import Exit, settle_exit
+from wstrain.scheduler.agent.processes import kill_group, session_pss_bytes
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import LeaseLost
-from wstrain.scheduler.contracts.jobs import Job, JobState, WorkerMessage
+from wstrain.scheduler.contracts.jobs import Job, JobState, WorkerMessage, gpu_text
 from wstrain.scheduler.store import JobStore
 
 log = logging.getLogger(__name__)
+
+PSS_EVERY_S = 2.0  # a gang's memory read: the host-budget alert looks over minutes
 
 
 @dataclass
 class WorkerHandle:
     job: Job
     proc: asyncio.subprocess.Process
-    device_bytes: int  # budgets reserved on this node while the worker lives
+    device_bytes: int  # budgets reserved on this node while the worker lives (device: per GPU)
     host_bytes: int
-    gpu: int | None
+    gpus: tuple[int, ...]  # every GPU it holds (a gang's all); () on a CPU pseudo-device
     exporter: AgentExporter
     fence: str  # the id of the agent whose lease on the job every write needs
     started: bool = False  # the worker reported `started`: its SIGTERM handler is in place
@@ -49,13 +52,20 @@ class WorkerHandle:
     started_s: float = field(default_factory=time.time)  # unix s: when the worker was spawned
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None  # the agent's supervision of this worker
+    pss_read_s: float = float("-inf")  # monotonic s of the last read of a gang's memory
+    pss_bytes: int | None = None  # a gang's ranks' summed PSS at that read
+
+    @property
+    def gang(self) -> bool:
+        """Several ranks: the worker's child processes train beside it."""
+        return self.job.spec.gpus > 1
 
 
 async def spawn(
     job: Job,
     job_dir: Path,
     threads: int,
-    gpu: int | None,
+    gpus: tuple[int, ...] | None,
     env: dict[str, str],
     access: DataAccess,
     measured_peak_flops: float | None = None,
@@ -64,14 +74,16 @@ async def spawn(
     """The worker of one attempt of `job`, in its own session, reading only what `access`
     allows (the data roots less the state dir, checked again on every file it opens).
     Its MFU divides by the chip table's peak; `measured_peak_flops` (the GPU profile's bf16
-    GEMM rate) stands in on a chip the table does not know, `cpu_peak_flops` on CPU."""
+    GEMM rate) stands in on a chip the table does not know, `cpu_peak_flops` on CPU. It sees
+    `gpus` (all of a gang's: it starts one rank per visible GPU, as its plan's `ranks` says;
+    None on CPU)."""
     env = dict(env)
     peaks = [
         *(["--measured-peak-flops", str(measured_peak_flops)] if measured_peak_flops else []),
         *(["--cpu-peak-flops", str(cpu_peak_flops)] if cpu_peak_flops else []),
     ]
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpu_text(gpus)
     # Segments that grow in place instead of fixed blocks: far less memory reserved but
     # unusable, so the device budget buys working set, not fragmentation.
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -99,8 +111,22 @@ async def spawn(
         log_file.close()
 
 
+async def _gang_memory(h: WorkerHandle, msg: WorkerMessage) -> None:
+    """A gang's host RSS is its ranks' summed PSS (the worker measures its own process
+    only, and each rank's RSS would count the shared training state again), read at most
+    every PSS_EVERY_S: smaps_rollup walks each process's page tables."""
+    now = time.monotonic()
+    if now - h.pss_read_s >= PSS_EVERY_S:
+        h.pss_read_s = now
+        h.pss_bytes = await asyncio.to_thread(session_pss_bytes, h.proc.pid)
+    if h.pss_bytes is not None:
+        msg.metrics["host_rss_bytes"] = float(h.pss_bytes)
+
+
 async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) -> None:
     jid, fence = h.job.id, h.fence
+    if h.gang and msg.kind == "step":
+        await _gang_memory(h, msg)
     h.exporter.job_message(jid, msg)  # every report is progress for the no-progress alert
     if msg.kind == "step" and msg.step is not None:
         h.last_step = msg.step
@@ -194,6 +220,8 @@ async def pump(store: JobStore, h: WorkerHandle) -> None:
         except LeaseLost:
             lose_lease(h)
     code = await h.proc.wait()
+    if h.gang:  # a rank the worker left behind would keep its GPU past the job
+        kill_group(h.proc.pid)
     h.exporter.job_ended(h.job.id)
     if not h.lease_lost:
         await settle(store, h, code)
@@ -264,6 +292,8 @@ def preempt(h: WorkerHandle, for_job: str, grace_s: float) -> None:
         if h.proc.returncode is None:
             log.warning("job %s: no checkpoint %.0f s after preemption; SIGKILL", h.job.id, grace_s)
             h.proc.kill()
+            if h.gang:  # its ranks as well: the worker leads their process group
+                kill_group(h.proc.pid)
 
     asyncio.get_running_loop().call_later(grace_s, kill)
 

@@ -8,7 +8,8 @@ asyncio, no torch), so `bench/queue_sim.py` replays a day of jobs through this v
 
 Modules, one rule each: state.py (the inputs and the Decision), fairshare.py (decayed usage,
 Slurm's fair-share factor, the order), gates.py (back-off, dependencies, quotas),
-placement.py (best-fit packing by budgets, holds, resource reasons), preemption.py (the
+placement.py (best-fit packing by budgets, holds, resource reasons), gangs.py (a job on
+several GPUs: all of them or none), preemption.py (the
 fewest lowest-class victims on one GPU), decide.py (the round). README "Scheduling policy"
 has the formulas and the defaults.
 """

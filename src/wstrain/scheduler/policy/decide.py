@@ -26,6 +26,9 @@ the node that each start or hold updates:
     `config.drain`, the default) holds the GPU closest to taking it (`; GPU 5 drains for
     it`).
 
+A job on several GPUs (a gang, policy/gangs.py) takes steps 2, 5 and 6 on all its GPUs at
+once: it starts on every one of them or holds none but a drain hold, and preempts nothing.
+
 A hold binds every job of the same or a lower class considered after it in the round: it
 keeps the GPU and sets aside the holder's host budget and its owner's quota, so a
 preempting job is not overtaken by smaller jobs while its victims stop. A higher-class job
@@ -52,6 +55,13 @@ from wstrain.scheduler.policy.fairshare import (
     fair_share_factors,
     ordered,
     owners_in_play,
+)
+from wstrain.scheduler.policy.gangs import (
+    blocking_hold,
+    could_ever_fit,
+    drain_targets,
+    gang_fit,
+    gang_reason,
 )
 from wstrain.scheduler.policy.gates import QuotaBook, back_off_wait, dependency_wait
 from wstrain.scheduler.policy.placement import Ledger
@@ -81,6 +91,7 @@ class _Round:
     kinds: dict[str, WaitKind] = field(default_factory=dict)
     held: dict[str, int | None] = field(default_factory=dict)
     unsatisfiable: list[str] = field(default_factory=list)
+    gangs: dict[str, tuple[int, ...]] = field(default_factory=dict)
     drains: int = 0  # drain holds made
 
     def wait(self, job: PendingJob, kind: WaitKind, text: str) -> None:
@@ -120,6 +131,9 @@ def _pass(
     out = _Round()
     for position, job in enumerate(queue):
         if not _gate(job, now_s, states, book, out):
+            continue
+        if job.gpus > 1 and not ledger.cpu_only:  # a CPU node pools a gang's memory
+            _gang(position, job, ledger, book, config, out)
             continue
         dev, host = ledger.demand(job)
         slot = ledger.best_fit(dev, host, job.exclusive, job)
@@ -178,6 +192,47 @@ def _pass(
     return out
 
 
+def _gang(
+    position: int,
+    job: PendingJob,
+    ledger: Ledger,
+    book: QuotaBook,
+    config: PolicyConfig,
+    out: _Round,
+) -> None:
+    """A job on several GPUs (policy/gangs.py): all of them now, or a wait holding none
+    (beside a drain hold as the round's first blocked job)."""
+    dev, host = ledger.demand(job)
+    slots = gang_fit(ledger, job, dev, host, job)
+    if slots is not None:
+        out.starts.append(Start(job.id, slots[0].index, ledger.place(job, *slots)))
+        out.gangs[job.id] = tuple(s.index for s in slots if s.index is not None)
+        book.add(job)
+        return
+    blocking = blocking_hold(ledger, job, dev, host)
+    if blocking is not None:
+        holder = ledger.slots[blocking.slot_index]
+        where = holder.name if holder.takes(dev, job.exclusive) else "host memory"
+        verb = "drains" if blocking.drain else "is held"
+        out.wait(
+            job,
+            WaitKind.priority,
+            f"priority: {_plural(position, 'job')} ahead; {where} {verb} for {blocking.job_id}",
+        )
+        return
+    text = gang_reason(ledger, job, dev, host)
+    if config.drain and not out.drains and could_ever_fit(ledger, job, dev, host):
+        targets = drain_targets(ledger, job, dev)
+        if targets:
+            for i, target in enumerate(targets):
+                ledger.hold(job, target, drain=True, host=i == 0)
+            book.add(job)
+            out.held[job.id] = targets[0].index
+            out.drains += 1
+            text += f"; GPU {', '.join(str(t.index) for t in targets)} drain for it"
+    out.wait(job, WaitKind.resources, text)
+
+
 def decide(
     now_s: float,
     pending: Sequence[PendingJob],
@@ -208,4 +263,5 @@ def decide(
         held=out.held,
         unsatisfiable=tuple(out.unsatisfiable),
         factors=factors,
+        gangs=out.gangs,
     )

@@ -6,8 +6,9 @@ Usage. A running job is charged, per second it runs, the share of its GPU it res
     weight = device_bytes / gpu_total_bytes   (1 for an exclusive job: it holds the GPU)
     weight = (device_bytes + host_bytes) / host_bytes_of_node   on a CPU node
 
-so a 20 GiB job on a 141 GiB H200 costs 0.142 GPU-seconds a second. An owner's usage
-decays exponentially with a half-life H (default 7 days, Slurm's PriorityDecayHalfLife):
+so a 20 GiB job on a 141 GiB H200 costs 0.142 GPU-seconds a second (on two GPUs, 0.284:
+a gang is charged for each of its GPUs). An owner's usage decays exponentially with a
+half-life H (default 7 days, Slurm's PriorityDecayHalfLife):
 
     usage(t) = usage(t0) · 2^(−(t − t0) / H) + new GPU-seconds charged at t
 
@@ -75,7 +76,14 @@ def job_weight(
 
 
 def running_weight(job: RunningJob, node: NodeState) -> float:
-    return job_weight(job.device_bytes, job.host_bytes, job.exclusive, job.gpu_index, node)
+    """A job's charge per second: a gang's is the sum over its GPUs."""
+    if node.cpu_only or job.gpu_index is None:  # the pool holds its budget once per GPU
+        dev = job.device_bytes * job.gpus
+        return job_weight(dev, job.host_bytes, job.exclusive, job.gpu_index, node)
+    return sum(
+        job_weight(job.device_bytes, job.host_bytes, job.exclusive, g, node)
+        for g in job.gpu_indices
+    )
 
 
 def charge(

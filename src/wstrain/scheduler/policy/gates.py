@@ -12,11 +12,11 @@ or timed out, or is unknown to the store, the job can never start as it stands:
 lists it as unsatisfiable for the agent to settle.
 
 Quotas. Per owner, optional: the most jobs running at once, device bytes and host bytes
-reserved at once. Counted over the owner's running jobs (stopping ones too: they hold their
-bytes until they exit; those on other nodes too) plus its jobs started or given a held GPU
-earlier in the same round (so a job that preempts for itself is not overtaken on the quota
-by its owner's smaller jobs while its victims stop). A job waits when, with it, any figure
-would pass its ceiling:
+reserved at once (a job on several GPUs reserves its device budget on each). Counted over
+the owner's running jobs (stopping ones too: they hold their bytes until they exit; those
+on other nodes too) plus its jobs started or given a held GPU earlier in the same round
+(so a job that preempts for itself is not overtaken on the quota by its owner's smaller
+jobs while its victims stop). A job waits when, with it, any figure would pass its ceiling:
 
     jobs_running + 1 > max_jobs            quota: 3 of 3 jobs running
     device_held + device_bytes > max_dev   quota: 40 of 48 device GiB reserved, the job needs 12
@@ -85,7 +85,7 @@ class QuotaBook:
     def of(cls, running: Iterable[RunningJob], quotas: Mapping[str, Quota]) -> QuotaBook:
         book = cls(quotas)
         for job in running:
-            book._add(job.owner, job.device_bytes, job.host_bytes)
+            book._add(job.owner, job.device_bytes * job.gpus, job.host_bytes)
         return book
 
     def _add(self, owner: str, device_bytes: int, host_bytes: int) -> None:
@@ -96,7 +96,7 @@ class QuotaBook:
 
     def add(self, job: PendingJob) -> None:
         """Count a job started, or given a held GPU, this round."""
-        self._add(job.owner, job.device_bytes, job.host_bytes)
+        self._add(job.owner, job.device_bytes * job.gpus, job.host_bytes)
 
     def usage(self, owner: str) -> tuple[int, int, int]:
         """(jobs, device bytes, host bytes) the owner holds now."""
@@ -112,7 +112,7 @@ class QuotaBook:
         if quota.max_jobs is not None and jobs + 1 > quota.max_jobs:
             return f"quota: {jobs} of {quota.max_jobs} jobs running"
         for label, held, need, ceiling in (
-            ("device", device, job.device_bytes, quota.max_device_bytes),
+            ("device", device, job.device_bytes * job.gpus, quota.max_device_bytes),
             ("host", host, job.host_bytes, quota.max_host_bytes),
         ):
             if ceiling is None or held + need <= ceiling:

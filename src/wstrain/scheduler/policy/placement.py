@@ -26,6 +26,9 @@ none of them is placed on the held GPU, and they start only if
 A CPU node has one pseudo-device, its host memory: a job needs device_bytes + host_bytes
 of it, and there is no separate host check; its link share is 1 (no PCIe link to share).
 
+Gangs. A job on several GPUs (`gpus` > 1, policy/gangs.py) holds device_bytes on each of
+them and its host_bytes once; on a CPU node's pseudo-device, gpus x device_bytes + host_bytes.
+
     ledger = Ledger.of(node, running)
     slot = ledger.best_fit(device_bytes, host_bytes, exclusive, job)  # None: holds aside
 """
@@ -107,29 +110,31 @@ class Ledger:
         return ledger
 
     def demand(self, job: PendingJob | RunningJob) -> tuple[int, int]:
-        """(device bytes, host bytes) the job takes here: on a CPU node both come out of
-        the one pool, the pseudo-device."""
+        """(device bytes on each of its GPUs, host bytes) the job takes here: on a CPU node
+        both come out of the one pool, the pseudo-device, a gang's device budget once per
+        GPU it models."""
         if self.cpu_only:
-            return job.device_bytes + job.host_bytes, 0
+            return job.device_bytes * job.gpus + job.host_bytes, 0
         return job.device_bytes, job.host_bytes
 
     def _add_running(self, job: RunningJob) -> None:
         dev, host = self.demand(job)
-        self.host_used_bytes += host
+        self.host_used_bytes += host  # once, however many GPUs it runs on
         if job.stopping:
             self.host_stopping_bytes += host
-        slot = self.slots.get(None if self.cpu_only else job.gpu_index)
-        if slot is None:  # a GPU the agent no longer reports: its host bytes still count
-            return
-        slot.used_bytes += dev
-        slot.occupants += 1
-        slot.exclusive += int(job.exclusive)
-        slot.running.append(job)
-        if job.stopping:
-            slot.stopping += 1
-            slot.stopping_bytes += dev
-        else:
-            slot.live += 1
+        for index in (None,) if self.cpu_only else job.gpu_indices:
+            slot = self.slots.get(index)
+            if slot is None:  # a GPU the agent no longer reports: its host bytes still count
+                continue
+            slot.used_bytes += dev
+            slot.occupants += 1
+            slot.exclusive += int(job.exclusive)
+            slot.running.append(job)
+            if job.stopping:
+                slot.stopping += 1
+                slot.stopping_bytes += dev
+            else:
+                slot.live += 1
 
     # ------------------------------------------------------------------ host memory
 
@@ -169,23 +174,29 @@ class Ledger:
             return None
         return min(fitting, key=lambda s: (s.free_bytes - device_bytes, s.index or 0))
 
-    def place(self, job: PendingJob, slot: Slot) -> int:
-        """Book the job on `slot`; returns its link share."""
+    def place(self, job: PendingJob, *slots: Slot) -> int:
+        """Book the job on `slots` (a gang's every GPU; its host bytes once); returns the
+        link share of the first."""
         dev, host = self.demand(job)
-        slot.used_bytes += dev
-        slot.occupants += 1
-        slot.live += 1
-        slot.exclusive += int(job.exclusive)
+        for slot in slots:
+            slot.used_bytes += dev
+            slot.occupants += 1
+            slot.live += 1
+            slot.exclusive += int(job.exclusive)
         self.host_used_bytes += host
-        return 1 if self.cpu_only else slot.live
+        return 1 if self.cpu_only else slots[0].live
 
-    def hold(self, job: PendingJob, slot: Slot, drain: bool = False) -> None:
-        slot.hold = Hold(job.id, job.priority, slot.index, self.demand(job)[1], drain)
+    def hold(self, job: PendingJob, slot: Slot, drain: bool = False, host: bool = True) -> None:
+        """Keep `slot` for the job (and its host budget, unless `host` is False: a gang's
+        GPUs after the first, whose hold already sets it aside)."""
+        host_bytes = self.demand(job)[1] if host else 0
+        slot.hold = Hold(job.id, job.priority, slot.index, host_bytes, drain)
         self.holds.append(slot.hold)
 
     def mark_stopping(self, victims: Iterable[RunningJob]) -> None:
         """Preempted this round: they still hold their bytes, but are no victims again."""
         ids = {v.id for v in victims}
+        counted: set[str] = set()  # a gang is on several GPUs: its host bytes count once
         for slot in self.slots.values():
             for i, job in enumerate(slot.running):
                 if job.id in ids and not job.stopping:
@@ -194,7 +205,9 @@ class Ledger:
                     slot.live -= 1
                     slot.stopping += 1
                     slot.stopping_bytes += dev
-                    self.host_stopping_bytes += host
+                    if job.id not in counted:
+                        self.host_stopping_bytes += host
+                        counted.add(job.id)
 
     def after_stops(
         self, device_bytes: int, host_bytes: int, exclusive: bool, job: PendingJob

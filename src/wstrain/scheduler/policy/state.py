@@ -9,7 +9,8 @@ The agent builds these from the store each decision round and hands them to
 
 A CPU node has `gpus=()`: its one pseudo-device is host memory, so a job there needs its
 device and host budgets together out of `host_bytes` (as the agent's `_free_bytes` does),
-and its GPU index is None.
+and its GPU index is None. A job on several GPUs (`gpus` > 1, a gang) has its device
+budget on each: a running one names them all in `gang`, its first as `gpu_index`.
 
 Every byte count is a whole number of bytes; `gib_text` renders them for reasons.
 """
@@ -84,6 +85,7 @@ class PendingJob:
     after: tuple[str, ...] = ()  # ids that must succeed first
     not_before_s: float | None = None  # retry back-off: not started before this time
     retries: int = 0  # automatic retries so far (the back-off reason names the next one)
+    gpus: int = 1  # GPUs of one node it takes at once, all or none, device_bytes on each
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,13 @@ class RunningJob:
     started_s: float
     exclusive: bool = False
     stopping: bool = False
+    gpus: int = 1  # GPUs it holds, device_bytes on each (on a CPU node: of the one pool)
+    gang: tuple[int, ...] = ()  # with gpus > 1 on a GPU node: all its GPUs, gpu_index first
+
+    @property
+    def gpu_indices(self) -> tuple[int | None, ...]:
+        """Every GPU whose memory it holds (None: a CPU node's pseudo-device)."""
+        return self.gang or (self.gpu_index,)
 
 
 @dataclass(frozen=True)
@@ -146,7 +155,8 @@ class PolicyConfig:
 
 class Start(NamedTuple):
     """Start this job on this GPU (None: the CPU node's pseudo-device); `link_share`: the
-    jobs that will share that GPU's PCIe link, this one included (1 on a CPU node)."""
+    jobs that will share that GPU's PCIe link, this one included (1 on a CPU node). A job
+    on several GPUs names the first here; Decision.gangs has them all."""
 
     job_id: str
     gpu_index: int | None
@@ -163,6 +173,7 @@ class Decision:
     held: pending jobs given room ahead of later ones, with the GPU kept for them.
     unsatisfiable: pending jobs with a dependency that ended failed, cancelled, timed out or
     is unknown: they can never start as they are. factors: each owner's fair-share factor.
+    gangs: every GPU of each job started on several (policy/gangs.py), its Start's first.
     """
 
     start: tuple[Start, ...]
@@ -173,3 +184,4 @@ class Decision:
     held: Mapping[str, int | None]
     unsatisfiable: tuple[str, ...]
     factors: Mapping[str, float]
+    gangs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)

@@ -32,6 +32,7 @@ from wstrain.scheduler.contracts.jobs import (
     Keys,
     Node,
     Plan,
+    gpu_text,
     model_label,
 )
 from wstrain.scheduler.contracts.metrics import QUEUE_WAIT_BUCKETS_S
@@ -161,6 +162,7 @@ class JobStore:
             # (store/scheduling.py)
             "priority": spec.priority,
             "exclusive": spec.exclusive,
+            "gpus": spec.gpus,
             "after": list(spec.after),
             "group": spec.group or "",
         }
@@ -318,19 +320,26 @@ class JobStore:
         return JobState(cur)
 
     async def claim(
-        self, job_id: str, node: str, gpu: int | None, agent_id: str, lease_s: float = 30.0
+        self,
+        job_id: str,
+        node: str,
+        gpu: int | tuple[int, ...] | None,
+        agent_id: str,
+        lease_s: float = 30.0,
     ) -> bool:
-        """Claim the queued job `job_id` for `node` (and `gpu`): it becomes `planning`, leased
-        to `agent_id` for `lease_s`. False when it is no longer queued (another agent claimed
-        it, or it was cancelled)."""
+        """Claim the queued job `job_id` for `node` (and `gpu`, or every GPU of a job on
+        several, stored as Job.gpu "0,1"): it becomes `planning`, leased to `agent_id` for
+        `lease_s`, in one step. False when it is no longer queued (another agent claimed it,
+        or it was cancelled)."""
         now = time.time()
+        gpus = (gpu,) if isinstance(gpu, int) else gpu or ()
         claimed = await self._claim(
             keys=[self.keys.job(job_id), self.keys.queue_wait, self.keys.events(job_id)],
             args=[
                 self.keys.prefix,
                 job_id,
                 node,
-                "" if gpu is None else str(gpu),
+                gpu_text(gpus),
                 now,
                 agent_id,
                 now + lease_s,

@@ -18,14 +18,17 @@ import json
 from dataclasses import dataclass
 from typing import cast
 
-from wstrain.scheduler.contracts.jobs import JobState
+from wstrain.scheduler.contracts.jobs import JobState, gpu_indices
 from wstrain.scheduler.store.job_store import JobStore
 
 _PENDING = (
     "owner", "priority", "queued_at", "created_at", "device_bytes", "host_bytes",
-    "exclusive", "after", "not_before", "state", "name", "state_reason",
+    "exclusive", "after", "not_before", "state", "name", "state_reason", "gpus",
 )  # fmt: skip
-_PLACED = ("owner", "priority", "device_bytes", "host_bytes", "node", "gpu", "started_at", "state")
+_PLACED = (
+    "owner", "priority", "device_bytes", "host_bytes", "node", "gpu", "started_at", "state",
+    "gpus",
+)  # fmt: skip
 PLACED_STATES = (JobState.planning, JobState.running, JobState.cancelling)
 
 # Take the lock if free or ours; release only ours (a holder past its TTL lost it).
@@ -83,6 +86,7 @@ class PendingRow:
     not_before: float  # 0: none
     name: str = ""
     state_reason: str = ""
+    gpus: int = 1  # GPUs of one node it needs at once (jobs stored before gangs: 1)
 
 
 @dataclass(frozen=True)
@@ -90,12 +94,14 @@ class PlacedRow:
     id: str
     owner: str
     priority: int
-    device_bytes: int
+    device_bytes: int  # on each of its GPUs
     host_bytes: int
     node: str
-    gpu: int | None
+    gpu: int | None  # its first GPU
     started_at: float
     state: str
+    gpus: int = 1
+    gang: tuple[int, ...] = ()  # every GPU of a job on several (Job.gpu "0,1")
 
 
 class SchedulingView:
@@ -137,6 +143,7 @@ class SchedulingView:
                 float(f["not_before"] or 0.0),
                 f["name"] or "",
                 f["state_reason"] or "",
+                int(f["gpus"] or 1),
             )
             for jid, f in zip(ids, raws)
             if f["state"] == JobState.queued.value
@@ -149,21 +156,27 @@ class SchedulingView:
                 pipe.zrange(self.keys.by_state(state.value), 0, -1)
             ids = [i for idx in cast(list[list[str]], await pipe.execute()) for i in idx]
         raws = await self._fields(ids, _PLACED)
-        return [
-            PlacedRow(
-                jid,
-                f["owner"] or "",
-                int(f["priority"] or 0),
-                int(f["device_bytes"] or 0),
-                int(f["host_bytes"] or 0),
-                f["node"] or "",
-                int(f["gpu"]) if f["gpu"] else None,
-                float(f["started_at"] or 0.0),
-                f["state"] or "",
+        rows = []
+        for jid, f in zip(ids, raws):
+            if f["state"] not in {s.value for s in PLACED_STATES}:
+                continue
+            gpus = gpu_indices(f["gpu"])
+            rows.append(
+                PlacedRow(
+                    jid,
+                    f["owner"] or "",
+                    int(f["priority"] or 0),
+                    int(f["device_bytes"] or 0),
+                    int(f["host_bytes"] or 0),
+                    f["node"] or "",
+                    gpus[0] if gpus else None,
+                    float(f["started_at"] or 0.0),
+                    f["state"] or "",
+                    int(f["gpus"] or 1),
+                    gpus if len(gpus) > 1 else (),
+                )
             )
-            for jid, f in zip(ids, raws)
-            if f["state"] in {s.value for s in PLACED_STATES}
-        ]
+        return rows
 
     async def states(self, ids: list[str]) -> dict[str, str]:
         """The state of each job id ('' for one that does not exist)."""
@@ -190,7 +203,12 @@ class SchedulingView:
             await self._add_usage(keys=[self._usage_key], args=args)
 
     async def claim_one(
-        self, job_id: str, node: str, gpu: int | None, agent_id: str, lease_s: float
+        self,
+        job_id: str,
+        node: str,
+        gpu: int | tuple[int, ...] | None,
+        agent_id: str,
+        lease_s: float,
     ) -> bool:
         return await self.store.claim(job_id, node, gpu, agent_id, lease_s)
 
