@@ -1,7 +1,8 @@
 """The `wstrain` command line.
 
     wstrain serve [--host 127.0.0.1] [--port 8000] [--state-dir DIR] [--metrics-port 9464]
-    wstrain submit SPEC.yaml [--follow] [--sweep KEY=V1,V2 ...]    wstrain plan SPEC.yaml
+    wstrain submit SPEC.yaml [--follow] [--sweep KEY=V1,V2 ...] [--gpus N]
+    wstrain plan SPEC.yaml [--gpus N]
     wstrain ls [--state S] [--json]    wstrain status ID [--json]    wstrain queue
     wstrain watch ID     wstrain logs [-f] ID     wstrain cancel ID     wstrain resume ID
     wstrain presets      wstrain report ID [-o report-ID.html]     wstrain prepare IN OUT
@@ -40,9 +41,15 @@ from wstrain.service.cli_spec import (
     submit_sweep,
     sweep_specs,
     usage_error,
+    with_gpus,
 )
 
 log = logging.getLogger(__name__)
+
+GPUS_HELP = (
+    "train on N GPUs of one node, data parallel (sets the spec's `gpus`: 1..8, dividing "
+    "global_batch; budget.device_gib is then per GPU)"
+)
 
 
 def _print_plan(plan: dict[str, Any]) -> None:
@@ -52,6 +59,7 @@ def _print_plan(plan: dict[str, Any]) -> None:
         ("device", plan["device"]),
         ("micro_batch", plan["micro_batch"]),
         ("rounds", plan["rounds"]),
+        *([("ranks", plan["ranks"])] if plan.get("ranks", 1) > 1 else []),
         ("window", plan["window"]),
         ("params", f"{plan['params'] / 1e6:.2f} M"),
     ]
@@ -106,7 +114,7 @@ def _report(client: httpx.Client, job_id: str, out: str | None) -> None:
 
 
 def _submit(c: httpx.Client, args: argparse.Namespace) -> int:
-    spec = load_spec(args.spec)
+    spec = with_gpus(load_spec(args.spec), args.gpus)
     if args.sweep:
         if args.follow:
             raise usage_error("--follow watches one job; submit the sweep, then watch its jobs")
@@ -140,7 +148,8 @@ def _run_client(args: argparse.Namespace) -> int:
         if args.cmd == "queue":
             return cli_tables.queue(c, args.json)
         if args.cmd == "plan":
-            _print_plan(call(c, "POST", "/v1/plans", json=load_spec(args.spec)))
+            spec = with_gpus(load_spec(args.spec), args.gpus)
+            _print_plan(call(c, "POST", "/v1/plans", json=spec))
         elif args.cmd == "presets":
             _print_presets(call(c, "GET", "/v1/presets")["presets"])
         elif args.cmd == "report":
@@ -223,8 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="one job per point of the product of every --sweep (dotted KEY into the spec, "
         f"values read as YAML), named NAME-i, one shared group; at most {MAX_SWEEP_POINTS}",
     )
+    s.add_argument("--gpus", type=int, metavar="N", help=GPUS_HELP)
     s = cmd("plan", "show the plan a spec would get")
     s.add_argument("spec", help="the JobSpec file; " + SPEC_PATHS_HELP)
+    s.add_argument("--gpus", type=int, metavar="N", help=GPUS_HELP)
     s = cmd("ls", "list jobs, newest first")
     s.add_argument("--state", choices=[st.value for st in JobState])
     s.add_argument("--owner")

@@ -3,6 +3,7 @@ paths made absolute against the spec file's directory, and sweeps expanded into 
 point.
 
     spec = load_spec("runs/lr.yaml")      # data.path: ../data/web.bin -> /home/me/data/web.bin
+    spec = with_gpus(spec, 2)             # submit --gpus 2
     points = sweep_specs(spec, parse_sweeps(["optimizer.lr=1e-4,3e-4", "seed=0,1"]))
     ids = submit_sweep(client, points)    # 4 jobs named NAME-0..3, one shared `group`
 
@@ -90,6 +91,12 @@ def load_spec(path: str) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise usage_error(f"{path} must hold a mapping (a JobSpec), not {type(spec).__name__}")
     return resolve_paths(spec, Path(path).resolve().parent)
+
+
+def with_gpus(spec: dict[str, Any], gpus: int | None) -> dict[str, Any]:
+    """`submit --gpus N`: the spec trains data parallel on N GPUs of one node (the server
+    checks N: 1..8, dividing global_batch); None leaves the spec's own `gpus`."""
+    return spec if gpus is None else {**spec, "gpus": gpus}
 
 
 def _split_values(text: str) -> list[str]:

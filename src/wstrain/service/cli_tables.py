@@ -61,6 +61,7 @@ def ls(c: httpx.Client, state: str | None, owner: str | None, limit: int, as_jso
     table.add_column("tok/s", justify="right")
     table.add_column("ETA", justify="right")
     table.add_column("age", justify="right")
+    table.add_column("gpu", no_wrap=True)  # "0,1": every GPU of a job on several
     table.add_column("owner")
     table.add_column("name", overflow="fold")
     for j in listing["jobs"]:
@@ -73,6 +74,7 @@ def ls(c: httpx.Client, state: str | None, owner: str | None, limit: int, as_jso
             fmt_rate(j.get("tokens_per_s")) if live else "-",
             fmt_duration(j.get("eta_s")) if live else "-",
             _age(j.get("created_at")),
+            _fmt(j.get("gpu")),
             escape(j["owner"]),
             escape(j["name"]),
         )
@@ -115,6 +117,7 @@ def status(c: httpx.Client, job_id: str, as_json: bool) -> int:
         ("priority", _fmt(spec.get("priority"))),
         ("group", _fmt(spec.get("group"))),
         ("node", _fmt(job.get("node"))),
+        ("gpus", _fmt(spec.get("gpus", 1))),
         ("gpu", _fmt(job.get("gpu"))),
         ("age", _age(job.get("created_at"))),
         ("checkpoint", _fmt(job.get("last_checkpoint"))),
