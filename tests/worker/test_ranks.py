@@ -148,3 +148,67 @@ def test_sigterm_stops_every_rank_at_one_step_and_the_job_resumes(tmp_path: Path
     assert code == WorkerExit.succeeded, (job_dir / "worker.log").read_text()[-3000:]
     assert _finish(whole)[0] == WorkerExit.succeeded
     _close(_weights(job_dir), _weights(want))
+
+
+def _session_memory_bytes(leader: int) -> int:
+    """Memory a session's processes allocated: each one's private anonymous pages, plus each
+    shared tile (a /dev/shm/wstrain-* mapping, fully allocated at creation) once. File-backed
+    pages (torch's libraries) are left out: page cache, not the job's."""
+    total, shared = 0, {}
+    for pid in _gang_pids(leader):
+        try:
+            lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+        except OSError:  # exited meanwhile
+            continue
+        path = ""
+        for line in lines:
+            head = line.split()
+            if not head[0].endswith(":"):  # a mapping's header: address perms offset dev inode path
+                path = head[5] if len(head) > 5 else ""
+            elif head[0] == "Size:" and path.startswith("/dev/shm/wstrain-"):
+                shared[path] = int(head[1]) * 1024
+            elif head[0] in ("Private_Clean:", "Private_Dirty:") and (
+                not path or path.startswith("[") or path == "/dev/zero"
+            ):  # anonymous: heap, stack, no path; mmap(-1) tiles show as /dev/zero
+                total += int(head[1]) * 1024
+    return total + sum(shared.values())
+
+
+def test_two_ranks_hold_one_copy_of_the_host_state(tmp_path: Path) -> None:
+    """A model whose training state (268M parameters, fp32: 4.3 GB of weights, gradients
+    and moments) outweighs a process: the two-rank job's peak memory within 1.15x of one."""
+    peaks = []
+    for gpus in (1, 2):
+        spec = tiny_spec(
+            f"pss{gpus}",
+            steps=2,
+            gpus=gpus,
+            global_batch=2,
+            model={
+                "hf_config": {
+                    "vocab_size": 512,
+                    "hidden_size": 1024,
+                    "intermediate_size": 4096,
+                    "num_hidden_layers": 16,
+                    "num_attention_heads": 8,
+                    "num_key_value_heads": 8,
+                }
+            },
+            budget={"device_gib": 2, "host_gib": 16},
+            overrides={"runtime": "working_set", "micro_batch": 1},
+        )
+        job = JobSpec.model_validate(spec)
+        plan = make_plan(job, resolve_dims(job.model), DEFAULT_PROFILE)
+        job_dir = tmp_path / f"pss{gpus}" / "state" / "jobs" / "job-1"
+        job_dir.mkdir(parents=True)
+        (job_dir / "spec.json").write_text(job.model_dump_json())
+        (job_dir / "plan.json").write_text(plan.model_dump_json())
+        proc, peak = _start(job_dir), 0
+        while proc.poll() is None:
+            peak = max(peak, _session_memory_bytes(proc.pid))
+            time.sleep(0.2)
+        assert proc.returncode == WorkerExit.succeeded, (job_dir / "worker.log").read_text()[-3000:]
+        peaks.append(peak)
+    print(f"peak memory, 1 rank {peaks[0] / 2**30:.2f} GiB, 2 ranks {peaks[1] / 2**30:.2f} GiB")
+    assert peaks[0] > 4.3e9, peaks  # the state was there to share
+    assert peaks[1] <= 1.15 * peaks[0], [p / 2**30 for p in peaks]

@@ -4,9 +4,9 @@ The worker the agent starts is rank 0 (Plan.ranks > 1). Before it builds anythin
 starts ranks 1..N-1 as its own children — the same command, torchrun's environment (RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), one per GPU the agent
 made visible — and the gang lives and dies together:
-- a rank that exits before the job is done kills the gang: rank 0 reports the error and
-  exits failed (the agent retries from the last checkpoint per the job's max_retries);
-  NCCL would otherwise wait out its collective timeout for the dead peer;
+- a rank that fails kills the gang: rank 0 reports the error and exits failed (the agent
+  retries from the last checkpoint per the job's max_retries); NCCL would otherwise wait
+  out its collective timeout for the dead peer;
 - rank 0 dying takes its children with it (PR_SET_PDEATHSIG), even under SIGKILL;
 - a SIGTERM to rank 0 (cancel, preemption, time limit) reaches every rank at the next step
   boundary through one collective (worker/main.py), so all stop at the same step and rank
@@ -112,9 +112,9 @@ class RankGang:
         while True:
             for rank, child in enumerate(self.children, start=1):
                 code = child.poll()
-                if code == 0:  # done before rank 0 is: it left the gang mid-step
-                    return f"rank {rank} (pid {child.pid}) exited before the job ended"
-                if code is not None:
+                # 0: it trained its last step (or stopped at the step every rank stopped
+                # at) and rank 0 is still writing the checkpoint
+                if code not in (None, 0):
                     return (
                         f"rank {rank} (pid {child.pid}) died with exit code {code} (its "
                         "error is in the job's worker log)"

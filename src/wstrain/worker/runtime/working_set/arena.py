@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import mmap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -23,12 +23,18 @@ from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.errors import BudgetExceeded
 from wstrain.scheduler.contracts.model_dims import ModelDims
 
-if TYPE_CHECKING:
-    from wstrain.worker.runtime.working_set.node_share import NodeShare
-
 log = logging.getLogger(__name__)
 
 ALIGN_ELEMS = 128  # every tensor view starts 256-byte aligned (bf16) inside a tile
+
+
+class SharedRegions(Protocol):
+    """Memory the ranks of one node map alike (working_set/node_share.py NodeShare)."""
+
+    rank: int
+    world: int
+
+    def map(self, name: str, nbytes: int) -> mmap.mmap: ...
 
 
 @dataclass(frozen=True)
@@ -162,7 +168,7 @@ class HostArena:
     copy (working_set/node_share.py); the others stay this process's own."""
 
     def __init__(
-        self, pin: bool, limit_bytes: int | None = None, share: NodeShare | None = None
+        self, pin: bool, limit_bytes: int | None = None, share: SharedRegions | None = None
     ) -> None:
         self.pin, self.limit_bytes, self.share = pin, limit_bytes, share
         self.tensors: dict[str, torch.Tensor] = {}

@@ -31,7 +31,7 @@ import torch
 from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.errors import BudgetExceeded
 from wstrain.worker.runtime.distributed import ProcessGroup
-from wstrain.worker.runtime.working_set.arena import ALIGN_ELEMS
+from wstrain.worker.runtime.working_set.arena import ALIGN_ELEMS, SharedRegions
 
 # how often a rank looks at its peers' update counters while it waits for them: a
 # Llama-8B layer's host AdamW takes ~31 ms (host_optim.py), so 0.2 ms costs < 1% of a wait
@@ -97,7 +97,7 @@ class NodeShare:
 class UpdateCounters:
     """Updates done per (rank, group), in shared memory (a private tensor on one rank)."""
 
-    def __init__(self, groups: int, share: NodeShare | None) -> None:
+    def __init__(self, groups: int, share: SharedRegions | None) -> None:
         world = share.world if share is not None else 1
         self.rank = share.rank if share is not None else 0
         self._region = (
