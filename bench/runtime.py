@@ -291,7 +291,7 @@ def run_plan(
     # the worker's limit (worker/main.py): the arena refuses to grow past the host budget
     arena_limit = spec.budget.host_bytes - host_reserve_bytes(dims.params, spec.precision, "cuda")
     share, data_parallel = None, {}
-    if group is not None:  # (imported here: bench.data_parallel's ws-1-old runs older code)
+    if group is not None and group.local_world > 1:  # (imported here: ws-1-old runs older code)
         from wstrain.worker.runtime.working_set.node_share import NodeShare
 
         share = NodeShare.create(group, Path(os.environ.get("WSTRAIN_SHM_DIR", "/dev/shm")))
@@ -305,7 +305,7 @@ def run_plan(
         **data_parallel,
     )
     g = torch.Generator(device="cuda").manual_seed(0)
-    first = group is None or group.rank == 0  # the node's one copy: rank 0 fills it
+    first = group is None or group.local_rank == 0  # each node's local rank 0 fills its copy
     for tile in [*host.weights, host.embed_w, host.head_w] if first else []:  # init on the GPU
         noise = torch.randn(tile.numel(), device="cuda", generator=g, dtype=torch.bfloat16)
         tile.copy_(noise * 0.02)

@@ -86,7 +86,8 @@ def build_runtime(
     arena_limit = spec.budget.host_bytes - host_reserve_bytes(
         dims.params, spec.precision, plan.device
     )
-    share = NodeShare.create(group, shm_dir) if group is not None else None
+    # ranks of one node share one host copy; one rank a node needs none
+    share = NodeShare.create(group, shm_dir) if group and group.local_world > 1 else None
     host = HostState.create(
         dims,
         spec.precision,
@@ -95,8 +96,8 @@ def build_runtime(
         arena_limit_bytes=arena_limit,
         share=share,
     )
-    if group is not None and group.rank > 0:
-        pass  # rank 0 fills the node's one copy
+    if group is not None and group.local_rank > 0:
+        pass  # the node's local rank 0 fills its copy
     elif pretrained is not None:  # straight into the host tiles
         host.stream_from(pretrained, access)
     else:

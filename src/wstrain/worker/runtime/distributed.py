@@ -44,6 +44,8 @@ class ProcessGroup:
     rank: int
     world: int
     device: torch.device  # where this group's collectives take their tensors
+    local_rank: int = 0  # among the ranks of this node (torchrun's LOCAL_RANK)
+    local_world: int = 1  # ranks on this node (LOCAL_WORLD_SIZE); world / local_world nodes
 
     @classmethod
     def from_env(cls, device: str) -> ProcessGroup | None:
@@ -59,7 +61,10 @@ class ProcessGroup:
         if not dist.is_initialized():
             backend = "nccl" if device == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
-        return cls(dist.get_rank(), dist.get_world_size(), on)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        return cls(rank, world, on, local_rank, local_world)
 
     def sum_(self, t: torch.Tensor) -> None:
         """`t` becomes its sum over ranks, in place (identical on every rank)."""

@@ -42,9 +42,9 @@ def build(
 ) -> WorkingSetRuntime:
     """A working-set runtime on this rank: rank 0 loads the seed's weights into the shared
     copy, the others wait for it."""
-    share = NodeShare.create(group, SHM) if group is not None else None
+    share = NodeShare.create(group, SHM) if group and group.local_world > 1 else None
     host = HostState.create(dims, precision, pin=False, share=share)
-    if group is None or group.rank == 0:
+    if group is None or group.local_rank == 0:
         init = LlamaModel(dims)
         init.init_weights(5)
         host.load_state_dict(init.state_dict())
@@ -73,9 +73,16 @@ def _weights(rt: WorkingSetRuntime) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in rt.state_tensors().items()}
 
 
-def _rank(rank: int, world: int, port: int, preset: str, out: str, resume: str, steps: int) -> None:
+def _rank(
+    rank: int, world: int, port: int, preset: str, out: str, resume: str, steps: int, local: int
+) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank % local),  # `local` ranks a node, each node its own host copy
+        LOCAL_WORLD_SIZE=str(local),
     )
     torch.set_num_threads(1)
     group = ProcessGroup.from_env("cpu")
@@ -102,9 +109,9 @@ def _rank(rank: int, world: int, port: int, preset: str, out: str, resume: str, 
 
 
 def _spawn(
-    world: int, preset: str, out: str, resume: str = "", steps: int = STEPS
+    world: int, preset: str, out: str, resume: str = "", steps: int = STEPS, local: int = 0
 ) -> list[tuple[list[float], dict]]:  # type: ignore[type-arg]
-    args = (world, free_port(), preset, out, resume, steps)
+    args = (world, free_port(), preset, out, resume, steps, local or world)
     mp.spawn(_rank, args=args, nprocs=world, join=True)
     return [torch.load(f"{out}.{rank}") for rank in range(world)]
 
@@ -133,6 +140,14 @@ def test_ranks_over_one_host_copy_train_the_one_rank_job(
     for rank, got in enumerate(_spawn(world, preset, str(tmp_path / "r"))):
         _same(got, want, f"rank {rank} of {world}")
     assert not list(SHM.glob("wstrain-*")), "the shared tiles outlived the job"
+
+
+@pytest.mark.parametrize("local", [1, 2])
+def test_nodes_each_with_their_own_copy_train_the_one_rank_job(local: int, tmp_path: Path) -> None:
+    """4 ranks as 4 nodes of one rank, or 2 nodes of 2 ranks sharing each node's copy."""
+    want = _one_rank("micro-llama", range(STEPS))
+    for rank, got in enumerate(_spawn(4, "micro-llama", str(tmp_path / "r"), local=local)):
+        _same(got, want, f"rank {rank} of 4, {local} a node")
 
 
 def test_a_checkpoint_of_two_ranks_resumes_on_one_and_on_four(tmp_path: Path) -> None:

@@ -11,7 +11,10 @@ of the layer (NVLink on a GPU node) and 1/N of its gradient over each rank's PCI
 and out. The loss and the clipping norm are summed over ranks, so every rank clips by the
 same factor and the spans' updates are the one-GPU update.
 
-One rank (no group) runs the same code: whole spans, no collectives.
+Several nodes each keep their own copy, which their ranks split by local rank; the sums
+run over every rank of every node, so the clipping norm, summed over the spans of every
+node, is divided by the node count. One rank (no group) runs the same code: whole spans,
+no collectives.
 
     shards = RankShards(group, host)
     data = shards.batches(data, cfg.rounds)
@@ -31,17 +34,18 @@ class RankShards:
     def __init__(self, group: ProcessGroup | None, host: HostState) -> None:
         self.group = group
         self.rank, self.world = (group.rank, group.world) if group is not None else (0, 1)
-        self.spans = host.spans  # per group: this rank's [lo, hi)
+        self.local_rank = group.local_rank if group is not None else 0
+        self.spans = host.spans  # per group: this rank's [lo, hi) of its node's copy
         share = host.arena.share
-        assert (share.world if share is not None else 1) == self.world, (
-            "the host state is shared by exactly the group's ranks"
-        )
+        self.local_world = share.world if share is not None else 1
+        assert self.world % self.local_world == 0, "every node runs as many ranks"
+        self.nodes = self.world // self.local_world  # copies of the host state
 
     @property
     def layer_span(self) -> tuple[int, int] | None:
         """This rank's span of a decoder layer's tile (every layer's is alike); None on
         one rank, where the whole tile is its own."""
-        return self.spans[0] if self.world > 1 else None
+        return self.spans[0] if self.local_world > 1 else None
 
     def batches(self, data: Batches, rounds: int) -> Batches:
         """This rank's run of each step's global batch."""
@@ -61,8 +65,13 @@ class RankShards:
         return flat[lo:hi]
 
     def total(self, value: torch.Tensor) -> torch.Tensor:
-        """A 0-d tensor summed over ranks (the loss, the squared gradient norm)."""
+        """A 0-d tensor summed over ranks (the loss)."""
         return self.group.sum_scalar(value) if self.group is not None else value
+
+    def sq_norm(self, own_sq: torch.Tensor) -> torch.Tensor:
+        """The squared gradient norm from each rank's over its spans: each node's spans
+        cover the gradient once."""
+        return self.total(own_sq) / self.nodes if self.nodes > 1 else self.total(own_sq)
 
     def barrier(self) -> None:
         if self.group is not None:

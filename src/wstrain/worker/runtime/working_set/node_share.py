@@ -58,9 +58,11 @@ class NodeShare:
 
     @classmethod
     def create(cls, group: ProcessGroup, directory: Path) -> NodeShare:
-        """Every rank of `group` calls this: rank 0's token names the job's files."""
+        """Every rank of `group` calls this: rank 0's token and the node's index name the
+        files, so each node of a several-node job keeps its own copy."""
         token = group.broadcast_token(secrets.token_hex(8))
-        return cls(group.rank, group.world, directory, token)
+        node = group.rank // group.local_world
+        return cls(group.local_rank, group.local_world, directory, f"{token}-n{node}")
 
     def map(self, name: str, nbytes: int) -> mmap.mmap:
         """The shared region `name` of `nbytes` (a page multiple), zero-filled at creation;

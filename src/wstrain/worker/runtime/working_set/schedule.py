@@ -239,7 +239,7 @@ class WorkingSetRuntime:
             self.dopt.todo.clear()
             self.dopt.m.invalidate()
             self.dopt.v.invalidate()
-        if self.shards.rank == 0:  # the node's one copy of the weights
+        if self.shards.local_rank == 0:  # the node's one copy of the weights
             if isinstance(weights, Path):
                 self.host.stream_from(weights)
             else:
@@ -595,7 +595,7 @@ class WorkingSetRuntime:
         self.sq_norm += sq_norm_fp32(own(self.embed_grad, L)) + sq_norm_fp32(
             own(self.head_grad, L + 1)
         )
-        norm = math.sqrt(float(self.shards.total(self.sq_norm)))  # waits for the backward
+        norm = math.sqrt(float(self.shards.sq_norm(self.sq_norm)))  # waits for the backward
         self.sq_norm.zero_()
         update = StepUpdate.of(step, norm, self.opt_spec, self.cfg.steps)
         if self.hopt is not None:  # first: the host thread runs beside the device's work
