@@ -9,10 +9,11 @@ once), read after the timed steps.
 
 Rows: `ws-1` one GPU as the planner plans it today; `ws-1-host` one GPU with the host
 optimizer the data-parallel ranks use (working_set/data_parallel.py: ranks update on the
-host only); `ws-N` N GPUs. `--old-src DIR` runs ws-1 again with the package at DIR (a
-checkout of an earlier commit's src/) as `ws-1-old`: the one-GPU path before and after the
-data-parallel code, side by side. Every row runs in its own process (the ranks in their own
-processes under it); timed over whole steps after one warm-up step.
+host only); `ws-N` N GPUs; a row named `X-old` runs X with the package at `--old-src DIR`
+(an earlier commit's src/) first on the path: the one-GPU path before and after the
+data-parallel code, side by side (with `--plan-file`, on the same plan). Every row runs in
+its own process (the ranks in their own processes under it); timed over whole steps after
+one warm-up step.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.runtime import _dims, llama_spec, measured_node, mfu_fields, run_children
+from bench.runtime import _dims, llama_spec, measured_node, mfu_fields
 
 log = logging.getLogger("bench.data_parallel")
 
@@ -73,6 +74,7 @@ def run_row(args: argparse.Namespace) -> dict[str, object]:
     import torch
     import torch.multiprocessing as mp
 
+    from wstrain.scheduler.contracts.jobs import Plan
     from wstrain.scheduler.planning.planner import make_plan
 
     name = args.row
@@ -90,7 +92,12 @@ def run_row(args: argparse.Namespace) -> dict[str, object]:
         overrides,
     )
     node = measured_node(args.seq, dims)
-    plan = make_plan(spec, dims, node)  # one rank's plan: its per-GPU batch
+    if args.plan_file and Path(args.plan_file).exists():  # the same plan as an earlier row
+        plan = Plan.model_validate_json(Path(args.plan_file).read_text())
+    else:
+        plan = make_plan(spec, dims, node)  # one rank's plan: its per-GPU batch
+        if args.plan_file:
+            Path(args.plan_file).write_text(plan.model_dump_json())
     torch.cuda.empty_cache()  # the layer timing's blocks: GPU 0 is rank 0's
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -135,7 +142,12 @@ def main() -> None:
     p.add_argument("--device-gib", type=float, default=20.0)
     p.add_argument("--host-gib", type=float, default=200.0)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--old-src", help="an earlier commit's src/: ws-1 again with it, as ws-1-old")
+    p.add_argument("--old-src", help="an earlier commit's src/, for rows named *-old")
+    p.add_argument(
+        "--plan-file",
+        help="the first row writes its plan here, later rows run it (the same plan for "
+        "rows whose timing would otherwise plan them apart): for A/B of one-GPU rows",
+    )
     p.add_argument("--out")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -146,23 +158,23 @@ def main() -> None:
         "--layers", str(args.layers), "--seq", str(args.seq),
         "--per-gpu-batch", str(args.per_gpu_batch), "--device-gib", str(args.device_gib),
         "--host-gib", str(args.host_gib), "--steps", str(args.steps),
+        *(["--plan-file", args.plan_file] if args.plan_file else []),
     ]  # fmt: skip
-    rows = args.rows.split(",")
-    children = [(["bench.data_parallel", "--row", r, *common], {"name": r}) for r in rows]
-    results = run_children(children, args.out)
-    if args.old_src:  # the same ws-1 row with the earlier package first on the path
-        env_path = f"{Path(args.old_src).resolve()}:{os.environ.get('PYTHONPATH', '')}"
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench.data_parallel", "--row", "ws-1", *common],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": env_path, "BENCH_SOURCE": args.old_src,
-                 "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-        )  # fmt: skip
+    results: list[dict] = []  # type: ignore[type-arg]
+    for name in args.rows.split(","):
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        row = name.removesuffix("-old")
+        if row != name:  # the same row with the earlier package first on the path
+            assert args.old_src, f"row {name} needs --old-src"
+            env["PYTHONPATH"] = f"{Path(args.old_src).resolve()}:{env.get('PYTHONPATH', '')}"
+            env["BENCH_SOURCE"] = args.old_src
+        argv = [sys.executable, "-m", "bench.data_parallel", "--row", row, *common]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
         sys.stderr.write(proc.stderr[-2000:])
-        row = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {
-            "name": "ws-1", "error": proc.stderr.strip().splitlines()[-1:]}  # fmt: skip
-        results.append({**row, "name": "ws-1-old"})
+        if proc.returncode == 0:
+            results.append({**json.loads(proc.stdout.strip().splitlines()[-1]), "name": name})
+        else:
+            results.append({"name": name, "error": proc.stderr.strip().splitlines()[-1:]})
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=1))
     base = next((r for r in results if r.get("name") == "ws-1" and "tokens_per_s" in r), None)
