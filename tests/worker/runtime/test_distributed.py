@@ -1,7 +1,8 @@
 """Data parallel on torch.distributed with gloo (worker/runtime/distributed.py): 2 and 4
 ranks of real processes train the same job as one to the same losses and final weights
-(fp32, 1e-5), dense and mixture-of-experts, on the resident runtime; a rank's slice of the
-global batch is the one-rank order cut by rank.
+(fp32, 1e-5), dense and mixture-of-experts, on the resident runtime; a checkpoint two ranks
+save resumes on one and on four to the uninterrupted job's losses and weights; a rank's
+slice of the global batch is the one-rank order cut by rank.
 
     pytest tests/worker/runtime/test_distributed.py
 """
@@ -18,10 +19,12 @@ import torch.multiprocessing as mp
 
 from wstrain.scheduler.contracts.jobs import OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import PRESETS, ModelDims
+from wstrain.worker.io import checkpoint
 from wstrain.worker.runtime.distributed import ProcessGroup, RankSlice
 from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
 
 GLOBAL_BATCH, MICRO_BATCH, SEQ, STEPS = 8, 2, 16, 3
+RESUMED_STEPS = STEPS + 2  # a checkpoint at STEPS resumed for two more
 # eps 1e-4: AdamW moves a weight by ~lr·sign(g) where |g| >> eps, so gradients of ~1e-7,
 # whose sign the fp32 summation order decides (ranks sum in another order than one rank),
 # set an error floor; at eps 1e-6 OLMoE's embedding ended 6.4e-5 apart after three steps
@@ -52,22 +55,49 @@ class Pool:
         return int(sum((self.batch(step, r, 1)[1] != -100).sum() for r in range(sequences)))
 
 
-def _train(dims: ModelDims, world: int, group: ProcessGroup | None) -> tuple[list[float], dict]:  # type: ignore[type-arg]
+def _train(
+    dims: ModelDims,
+    world: int,
+    group: ProcessGroup | None,
+    steps: range = range(STEPS),
+    resume: str = "",
+    save: str = "",
+) -> tuple[list[float], dict]:  # type: ignore[type-arg]
+    """Train `steps` (of a schedule of RESUMED_STEPS when resuming or saving), from the
+    checkpoint `resume`; rank 0 saves a checkpoint to `save` at the end."""
     rounds = GLOBAL_BATCH // MICRO_BATCH // world
-    cfg = RuntimeConfig("fp32", "cpu", MICRO_BATCH, rounds, STEPS, seed=5)
+    total = RESUMED_STEPS if resume or save else STEPS
+    cfg = RuntimeConfig("fp32", "cpu", MICRO_BATCH, rounds, total, seed=5)
     rt = ResidentRuntime(dims, cfg, OPT, group)
-    losses = [rt.train_step(Pool(dims.vocab_size), s).loss for s in range(STEPS)]
-    return losses, {k: v.clone() for k, v in rt.state_tensors().items()}
+    if resume:
+        _, extra = checkpoint.load_meta(Path(resume))
+        rt.load_state(Path(resume), extra)
+    pool = Pool(dims.vocab_size, RESUMED_STEPS)
+    losses = [rt.train_step(pool, s).loss for s in steps]
+    weights = {k: v.clone() for k, v in rt.state_tensors().items()}
+    if save and (group is None or group.rank == 0):
+        state = checkpoint.TrainerState(steps.stop, steps.stop * GLOBAL_BATCH)
+        checkpoint.save(Path(save), state, weights, rt.optimizer_state(), dims.to_hf_config())
+    return losses, weights
 
 
-def _rank(rank: int, world: int, port: int, preset: str, out: str) -> None:
+def _rank(
+    rank: int,
+    world: int,
+    port: int,
+    preset: str,
+    out: str,
+    steps: range = range(STEPS),
+    resume: str = "",
+    save: str = "",
+) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
     )
     torch.set_num_threads(1)
     group = ProcessGroup.from_env("cpu")
     assert group is not None and (group.rank, group.world) == (rank, world)
-    result = _train(PRESETS[preset], world, group)
+    result = _train(PRESETS[preset], world, group, steps, resume, save)
     torch.save(result, f"{out}.{rank}")
     torch.distributed.destroy_process_group()
 
@@ -91,6 +121,27 @@ def test_ranks_train_the_one_rank_job(world: int, preset: str, tmp_path: Path) -
         for name, w in one_weights.items():
             err = float((weights[name] - w).norm() / w.norm().clamp_min(1e-30))
             assert err < 1e-5, (rank, name, err)
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_one_and_on_four(tmp_path: Path) -> None:
+    dims, half = PRESETS["micro-llama"], range(STEPS)
+    args = (2, _free_port(), "micro-llama", str(tmp_path / "two"), half, "", str(tmp_path / "c"))
+    mp.spawn(_rank, args=args, nprocs=2, join=True)
+    ckpt = checkpoint.latest(tmp_path / "c")
+    assert ckpt is not None
+    rest = range(STEPS, RESUMED_STEPS)
+    whole = _train(dims, 1, None, range(RESUMED_STEPS), save=str(tmp_path / "unused"))
+    want = (whole[0][STEPS:], whole[1])
+    got = [_train(dims, 1, None, rest, resume=str(ckpt))]
+    out = str(tmp_path / "four")
+    mp.spawn(_rank, args=(4, _free_port(), "micro-llama", out, rest, str(ckpt)), nprocs=4)
+    got += [torch.load(f"{out}.{rank}") for rank in range(4)]
+    for who, (losses, weights) in enumerate(got):
+        for a, b in zip(losses, want[0], strict=True):
+            assert abs(a - b) < 1e-5 * abs(b), (who, losses, want[0])
+        for name, w in want[1].items():
+            err = float((weights[name] - w).norm() / w.norm().clamp_min(1e-30))
+            assert err < 1e-5, (who, name, err)
 
 
 def test_a_ranks_slice_is_its_run_of_the_global_batch() -> None:
