@@ -1,8 +1,8 @@
 """The `wstrain` command line.
 
     wstrain serve [--host 127.0.0.1] [--port 8000] [--state-dir DIR] [--metrics-port 9464]
-    wstrain submit SPEC.yaml [--follow] [--sweep KEY=V1,V2 ...] [--gpus N]
-    wstrain plan SPEC.yaml [--gpus N]
+    wstrain submit SPEC.yaml [--follow] [--sweep KEY=V1,V2 ...] [--gpus N] [--nodes M]
+    wstrain plan SPEC.yaml [--gpus N] [--nodes M]
     wstrain ls [--state S] [--json]    wstrain status ID [--json]    wstrain queue
     wstrain watch ID     wstrain logs [-f] ID     wstrain cancel ID     wstrain resume ID
     wstrain presets      wstrain report ID [-o report-ID.html]     wstrain prepare IN OUT
@@ -42,6 +42,7 @@ from wstrain.service.cli_spec import (
     sweep_specs,
     usage_error,
     with_gpus,
+    with_nodes,
 )
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,10 @@ log = logging.getLogger(__name__)
 GPUS_HELP = (
     "train on N GPUs of one node, data parallel (sets the spec's `gpus`: 1..8, dividing "
     "global_batch; budget.device_gib is then per GPU)"
+)
+NODES_HELP = (
+    "train on M nodes, gpus on each (sets the spec's `nodes`: 1..16; gpus x nodes must "
+    "divide global_batch; the state dir must be shared by every node)"
 )
 
 
@@ -60,6 +65,7 @@ def _print_plan(plan: dict[str, Any]) -> None:
         ("micro_batch", plan["micro_batch"]),
         ("rounds", plan["rounds"]),
         *([("ranks", plan["ranks"])] if plan.get("ranks", 1) > 1 else []),
+        *([("nodes", plan["nodes"])] if plan.get("nodes", 1) > 1 else []),
         ("window", plan["window"]),
         ("params", f"{plan['params'] / 1e6:.2f} M"),
     ]
@@ -114,7 +120,7 @@ def _report(client: httpx.Client, job_id: str, out: str | None) -> None:
 
 
 def _submit(c: httpx.Client, args: argparse.Namespace) -> int:
-    spec = with_gpus(load_spec(args.spec), args.gpus)
+    spec = with_nodes(with_gpus(load_spec(args.spec), args.gpus), args.nodes)
     if args.sweep:
         if args.follow:
             raise usage_error("--follow watches one job; submit the sweep, then watch its jobs")
@@ -148,7 +154,7 @@ def _run_client(args: argparse.Namespace) -> int:
         if args.cmd == "queue":
             return cli_tables.queue(c, args.json)
         if args.cmd == "plan":
-            spec = with_gpus(load_spec(args.spec), args.gpus)
+            spec = with_nodes(with_gpus(load_spec(args.spec), args.gpus), args.nodes)
             _print_plan(call(c, "POST", "/v1/plans", json=spec))
         elif args.cmd == "presets":
             _print_presets(call(c, "GET", "/v1/presets")["presets"])
@@ -233,9 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"values read as YAML), named NAME-i, one shared group; at most {MAX_SWEEP_POINTS}",
     )
     s.add_argument("--gpus", type=int, metavar="N", help=GPUS_HELP)
+    s.add_argument("--nodes", type=int, metavar="M", help=NODES_HELP)
     s = cmd("plan", "show the plan a spec would get")
     s.add_argument("spec", help="the JobSpec file; " + SPEC_PATHS_HELP)
     s.add_argument("--gpus", type=int, metavar="N", help=GPUS_HELP)
+    s.add_argument("--nodes", type=int, metavar="M", help=NODES_HELP)
     s = cmd("ls", "list jobs, newest first")
     s.add_argument("--state", choices=[st.value for st in JobState])
     s.add_argument("--owner")

@@ -99,6 +99,12 @@ def with_gpus(spec: dict[str, Any], gpus: int | None) -> dict[str, Any]:
     return spec if gpus is None else {**spec, "gpus": gpus}
 
 
+def with_nodes(spec: dict[str, Any], nodes: int | None) -> dict[str, Any]:
+    """`submit --nodes M`: the spec spans M nodes, `gpus` on each (the server checks M:
+    1..16, gpus x nodes dividing global_batch); None leaves the spec's own `nodes`."""
+    return spec if nodes is None else {**spec, "nodes": nodes}
+
+
 def _split_values(text: str) -> list[str]:
     """Comma-separated values; commas inside [..], {..} or quotes stay (`betas=[0.9,0.95]`)."""
     values, depth, quote, start = [], 0, "", 0

@@ -118,6 +118,7 @@ def status(c: httpx.Client, job_id: str, as_json: bool) -> int:
         ("group", _fmt(spec.get("group"))),
         ("node", _fmt(job.get("node"))),
         ("gpus", _fmt(spec.get("gpus", 1))),
+        ("nodes", _fmt(spec.get("nodes", 1))),
         ("gpu", _fmt(job.get("gpu"))),
         ("age", _age(job.get("created_at"))),
         ("checkpoint", _fmt(job.get("last_checkpoint"))),

@@ -7,7 +7,9 @@ It reads `spec.json` and `plan.json` from the job dir, resumes from the latest c
 there, trains, and reports to its agent as JSON lines on stdout (contracts.WorkerMessage);
 logs go to stderr. A plan of several ranks (data parallel, one per visible GPU) makes this
 process rank 0 of a gang it starts and watches (worker/ranks.py); the ranks train in step,
-rank 0 reports and writes the checkpoints.
+rank 0 reports and writes the checkpoints. A job on several nodes gets one such worker
+a node (NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT from its agent): each is its node's
+local rank 0, and only node 0's reports and writes checkpoints (to the shared job dir).
 SIGTERM asks it to stop at the next step boundary with a checkpoint, and so does a closed
 report pipe (its agent died).
 The exit code is contracts.WorkerExit: 0 succeeded, 3 cancelled, 1 failed.
@@ -40,7 +42,7 @@ from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.models.dense import LlamaModel
-from wstrain.worker.ranks import WATCH_INTERVAL_S, RankGang, rank_of_env
+from wstrain.worker.ranks import WATCH_INTERVAL_S, NodeOf, RankGang, rank_of_env, torchrun_env
 from wstrain.worker.runtime.base import Runtime
 from wstrain.worker.runtime.distributed import ProcessGroup
 from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
@@ -174,12 +176,13 @@ class Worker:
         """argv: this process's arguments, which the other ranks of a gang start with."""
         self.job_dir, self.access = job_dir, access
         self.argv, self.shm_dir = argv or [], shm_dir
-        self.rank = rank_of_env()
         self.gang: RankGang | None = None
         self._emit_lock = threading.Lock()  # the gang's watcher reports from its thread
         self.measured_peak_flops, self.cpu_peak_flops = measured_peak_flops, cpu_peak_flops
         self.spec = JobSpec.model_validate_json((job_dir / "spec.json").read_text())
         self.plan = Plan.model_validate_json((job_dir / "plan.json").read_text())
+        self.node = NodeOf.from_env()  # None: a job on one node
+        self.rank = rank_of_env(self.plan.ranks)  # global: only 0 reports and checkpoints
         self.job_id = job_dir.name
         self.cancel_requested = False
         self.orphaned = False  # the agent's end of the report pipe is closed
@@ -258,13 +261,27 @@ class Worker:
         os._exit(int(WorkerExit.failed))
 
     def _start_gang(self) -> ProcessGroup | None:
-        """Rank 0 of a several-rank plan starts the others; every rank joins the group."""
-        ranks = self.plan.ranks
-        if ranks > 1 and "WORLD_SIZE" not in os.environ:
-            self.gang = RankGang.start(ranks, self.argv, self._gang_died)
+        """Local rank 0 of a several-rank plan starts its node's others; every rank joins
+        the group (over every node's ranks: a job on several nodes forms one even with one
+        rank a node)."""
+        ranks, node = self.plan.ranks, self.node
+        nodes = node.nodes if node else 1
+        if nodes != self.plan.nodes:
+            raise RuntimeError(
+                f"the plan spans {self.plan.nodes} node(s) but the agent started this worker "
+                f"as one of NNODES={nodes}"
+            )
+        if "WORLD_SIZE" not in os.environ:  # the worker the agent started
+            if ranks > 1:
+                self.gang = RankGang.start(ranks, self.argv, self._gang_died, node)
+            elif node is not None:
+                os.environ.update(torchrun_env(0, 1, node.master_port, node))
         group = ProcessGroup.from_env(self.plan.device)
-        if ranks > 1 and (group is None or group.world != ranks):
-            raise RuntimeError(f"the plan has {ranks} ranks but the group is {group}")
+        world = ranks * nodes
+        if world > 1 and (group is None or group.world != world):
+            raise RuntimeError(
+                f"the plan has {ranks} rank(s) on each of {nodes} node(s) but the group is {group}"
+            )
         return group
 
     def run(self) -> WorkerExit:
@@ -328,6 +345,7 @@ class Worker:
 
         last_report = 0.0
         telemetry = Telemetry()
+        nodes = self.node.nodes if self.node else 1
         for step in range(start, self.spec.steps):
             # every rank stops at the same step when any was asked to
             if group.any(self.cancel_requested) if group else self.cancel_requested:
@@ -351,7 +369,7 @@ class Worker:
                         loss=res.loss,
                         step_seconds=res.step_seconds,
                         tokens_per_s=tokens_per_s,
-                        mfu=flops_per_token * tokens_per_s / (peak[0] * self.plan.ranks)
+                        mfu=flops_per_token * tokens_per_s / (peak[0] * self.plan.ranks * nodes)
                         if peak
                         else None,
                         metrics=self._telemetry(telemetry, res, runtime),

@@ -13,6 +13,13 @@ made visible — and the gang lives and dies together:
   0 writes the checkpoint.
 Only rank 0 reports to the agent; the others log to the same worker.log.
 
+Several nodes (Spec.nodes > 1): the agent of each member node starts one worker with
+NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT (node 0's address and a port it chose); that
+worker is its node's local rank 0, global rank NODE_RANK x gpus, and starts its node's
+local ranks 1..gpus-1 the same way. Only global rank 0 (node 0's worker) reports and writes
+checkpoints; the other nodes' workers train in step and exit 0 with it (their agents wait
+for node 0's result; a non-zero exit of any of them fails the attempt, agent/members.py).
+
     gang = RankGang.start(world=2, argv=sys.argv[1:], on_death=report_and_exit)
     ...train...; gang.join()
 """
@@ -29,6 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +59,50 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
+def torchrun_env(rank: int, world: int, port: int, node: NodeOf | None = None) -> dict[str, str]:
+    """torchrun's variables for local rank `rank` of `world` ranks on this node; with `node`,
+    of that node of several (global rank node_rank x world + rank)."""
+    if node is None:
+        node = NodeOf(nodes=1, node_rank=0, master_addr="127.0.0.1", master_port=port)
     return {
-        "RANK": str(rank),
+        "RANK": str(node.node_rank * world + rank),
         "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(world),
+        "WORLD_SIZE": str(node.nodes * world),
         "LOCAL_WORLD_SIZE": str(world),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+        "MASTER_ADDR": node.master_addr,
+        "MASTER_PORT": str(node.master_port),
     }
 
 
-def rank_of_env() -> int:
-    """This process's rank (0 when it was not started as one)."""
-    return int(os.environ.get("RANK", "0"))
+@dataclass(frozen=True)
+class NodeOf:
+    """This worker's node among the job's nodes, as its agent set it (NNODES, NODE_RANK,
+    MASTER_ADDR, MASTER_PORT: node 0's advertised address and the port it chose)."""
+
+    nodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_env(cls) -> NodeOf | None:
+        """None when the agent started a one-node job (NNODES unset or 1)."""
+        nodes = int(os.environ.get("NNODES", "1"))
+        if nodes <= 1:
+            return None
+        node_rank = int(os.environ["NODE_RANK"])
+        if not 0 <= node_rank < nodes:
+            raise ValueError(f"NODE_RANK={node_rank} is outside 0..NNODES-1 ({nodes} nodes)")
+        return cls(nodes, node_rank, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+
+
+def rank_of_env(ranks_per_node: int = 1) -> int:
+    """This process's global rank: RANK when it was started as a rank, else its node's
+    first (NODE_RANK x ranks_per_node), else 0."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    node = NodeOf.from_env()
+    return node.node_rank * ranks_per_node if node else 0
 
 
 class RankGang:
@@ -75,15 +113,22 @@ class RankGang:
         self._watch.start()
 
     @classmethod
-    def start(cls, world: int, argv: list[str], on_death: Callable[[str], None]) -> RankGang:
-        """Become rank 0 of `world` and start the others with `argv` (this worker's own
-        arguments). `on_death(reason)` runs on the watcher thread when a rank dies early;
-        it must end the process."""
-        port = _free_port()
-        os.environ.update(torchrun_env(0, world, port))
+    def start(
+        cls,
+        world: int,
+        argv: list[str],
+        on_death: Callable[[str], None],
+        node: NodeOf | None = None,
+    ) -> RankGang:
+        """Become local rank 0 of `world` on this node and start the others with `argv`
+        (this worker's own arguments); with `node`, on that node of several, at its master
+        address and port (else a free port here). `on_death(reason)` runs on the watcher
+        thread when a rank dies early; it must end the process."""
+        port = node.master_port if node else _free_port()
+        os.environ.update(torchrun_env(0, world, port, node))
         children = []
         for rank in range(1, world):
-            env = {**os.environ, **torchrun_env(rank, world, port)}
+            env = {**os.environ, **torchrun_env(rank, world, port, node)}
             children.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "wstrain.worker.main", *argv],

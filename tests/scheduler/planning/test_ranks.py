@@ -137,3 +137,18 @@ def test_the_spec_refuses_gpus_it_cannot_train_with(
     with pytest.raises(ValidationError, match="gpus") as exc:
         _spec(gpus, batch, **over)
     assert words in str(exc.value)
+
+
+def test_a_plan_on_several_nodes_splits_the_batch_over_every_rank() -> None:
+    plan = make_plan(_spec(2, 32, nodes=4), LLAMA, H200)
+    assert (plan.ranks, plan.nodes) == (2, 4)
+    assert plan.rounds == 32 // (plan.micro_batch * 2 * 4)
+    assert plan.reasons["rounds"].endswith("x 2 ranks x 4 nodes)")
+    assert plan.reasons["nodes"].startswith("4 nodes of 2 rank(s): 8 ranks in all")
+    # host and device budgets are per node and per GPU: the same as for one node of 2
+    one_node = make_plan(_spec(2, 8), LLAMA, H200)
+    assert plan.predicted.peak_host_bytes == one_node.predicted.peak_host_bytes
+    assert plan.predicted.peak_device_bytes == one_node.predicted.peak_device_bytes
+    # one rank a node still data-parallel: the working set updates on the host
+    single = make_plan(_spec(1, 32, nodes=2, overrides={"runtime": "working_set"}), LLAMA, H200)
+    assert single.working_set is not None and single.working_set.optimizer == "host"

@@ -2,7 +2,8 @@
 it into Redis, runs a scheduling round each heartbeat (agent/scheduling.py: the policy
 packs jobs onto its GPUs by their budgets, preempts, explains every wait), plans what it
 claimed, launches one worker per job and supervises it (agent/supervisor.py,
-agent/outcomes.py); retries or fails the jobs of nodes that stopped heartbeating.
+agent/outcomes.py); retries or fails the jobs of nodes that stopped heartbeating. It takes
+part in jobs on several nodes as a member of their gangs (agent/members.py).
 
 Each job it claims is leased to this agent (its id, renewed with every heartbeat) and every
 write about it is fenced by that lease. A restarted agent first stops the workers its
@@ -36,9 +37,10 @@ from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
 from wstrain.scheduler.agent.gpus import GpuCollector
 from wstrain.scheduler.agent.hardware import host_memory, layer_times, measure_node
 from wstrain.scheduler.agent.logship import ship_worker_log
+from wstrain.scheduler.agent.members import Hold, Members
 from wstrain.scheduler.agent.processes import is_running, start_ticks
 from wstrain.scheduler.agent.recovery import LIVE, fail_orphan, take_back
-from wstrain.scheduler.agent.scheduling import Rounds
+from wstrain.scheduler.agent.scheduling import GangSettings, Rounds
 from wstrain.scheduler.agent.settings import AgentSettings
 from wstrain.scheduler.agent.supervisor import (
     WorkerHandle,
@@ -93,7 +95,15 @@ class Agent:
         self.profile_key = ""
         self.exporter = AgentExporter()
         self.rounds = Rounds(
-            store, self.name, self.agent_id, settings.policy_config(), settings.lease_s
+            store,
+            self.name,
+            self.agent_id,
+            settings.policy_config(),
+            settings.lease_s,
+            GangSettings(settings.advertise_addr, settings.gang_assembly_s),
+        )
+        self.members = Members(
+            store, self.name, self.agent_id, self._spawn_member, self._start_leader
         )
         self.exporter.registry.register(GpuCollector(self.name))  # empty on a CPU node
         self.access = settings.access()  # what its jobs may read
@@ -190,9 +200,37 @@ class Agent:
             return None
         return await layer_times(self.settings.state_dir, self.profile_key, spec, jdir, gpu)
 
-    async def _start(self, job_id: str, gpus: tuple[int, ...], link_share: int) -> None:
+    async def _start_leader(self, job_id: str, gpus: tuple[int, ...], env: dict[str, str]) -> None:
+        """Node 0 of a multi-node job: planned and supervised as any job of this node."""
+        await self._start(job_id, gpus, 1, env)
+
+    async def _spawn_member(
+        self, job: Job, hold: Hold, node_rank: int, env: dict[str, str]
+    ) -> asyncio.subprocess.Process:
+        """The worker of node `node_rank` > 0 of a multi-node job (agent/members.py)."""
+        jdir = job_dir(self.settings.state_dir, job.id).resolve()
+        cuda = hold.gpus if self.gpus else None
+        return await spawn(
+            job,
+            jdir,
+            self.settings.worker_threads,
+            cuda,
+            {**os.environ, **env},
+            self.access,
+            measured_peak_flops=self.profile.get("matmul_flops") if cuda is not None else None,
+            cpu_peak_flops=self.settings.cpu_peak_flops,
+            log_name=f"worker-node{node_rank}.log",
+        )
+
+    async def _start(
+        self,
+        job_id: str,
+        gpus: tuple[int, ...],
+        link_share: int,
+        env: dict[str, str] | None = None,
+    ) -> None:
         try:
-            await self._plan_and_spawn(job_id, gpus, link_share)
+            await self._plan_and_spawn(job_id, gpus, link_share, env or {})
         except LeaseLost:
             log.warning("job %s: taken over by another agent while starting", job_id)
         except Exception as exc:  # a full disk, a failed spawn: the job fails with why
@@ -210,7 +248,9 @@ class Agent:
                     error=reason,
                 )
 
-    async def _plan_and_spawn(self, job_id: str, gpus: tuple[int, ...], link_share: int) -> None:
+    async def _plan_and_spawn(
+        self, job_id: str, gpus: tuple[int, ...], link_share: int, env: dict[str, str]
+    ) -> None:
         job = await self.store.get(job_id)
         jdir = job_dir(self.settings.state_dir, job_id).resolve()
         jdir.mkdir(parents=True, exist_ok=True)
@@ -259,7 +299,7 @@ class Agent:
             jdir,
             self.settings.worker_threads,
             cuda,
-            dict(os.environ),
+            {**os.environ, **env},
             self.access,
             measured_peak_flops=self.profile.get("matmul_flops") if cuda is not None else None,
             cpu_peak_flops=self.settings.cpu_peak_flops,
@@ -306,10 +346,12 @@ class Agent:
         node = node_state(self.devices, host_total)
         running = running_jobs(self.workers.values())
         await self.rounds.charge(node, running)
+        running += self.members.running()  # shares of multi-node jobs node 0 does not run
         # a GPU node packs by memory alone; a CPU node runs at most cpu_slots ranks (cores)
-        ranks = sum(h.job.spec.gpus for h in self.workers.values())
+        ranks = sum(h.job.spec.gpus for h in self.workers.values()) + self.members.ranks()
         max_starts = 1 << 16 if self.devices else max(0, self.slots - ranks)
-        out = await self.rounds.run(node, running, max_starts)
+        out = await self.rounds.run(node, running, max_starts, self.members.ids())
+        self.members.add(out.joined)
         for victim, for_job in out.preempt.items():
             if (handle := self.workers.get(victim)) is not None:
                 preempt(handle, for_job, self.settings.preempt_grace_s)
@@ -325,7 +367,7 @@ class Agent:
         for state in LIVE:
             jobs, _ = await self.store.list(state=state, limit=10000)
             for job in jobs:
-                if job.node == self.name and job.id not in self.workers:
+                if job.node == self.name and job.id not in {*self.workers, *self.members.ids()}:
                     ours.append(job)
                 elif job.node and job.node != self.name and job.node not in alive:
                     await fail_orphan(self.store, job)
@@ -399,6 +441,7 @@ class Agent:
                     await self._schedule()
                 for handle in list(self.workers.values()):
                     await forward_cancel(self.store, handle)
+                await self.members.tick(self.workers)
                 if time.monotonic() - last_reap > self.settings.node_ttl_s:
                     await self._reap_orphans()
                     last_reap = time.monotonic()
@@ -419,6 +462,7 @@ class Agent:
             handle.shutting_down = True
             if handle.proc.returncode is None:
                 handle.proc.send_signal(signal.SIGTERM)
+        await self.members.shutdown(self.settings.shutdown_grace_s)
         waits = [h.done.wait() for h in self.workers.values()]
         if waits:
             try:

@@ -3,6 +3,10 @@ usage and the dependencies from the store; ask the pure policy (scheduler/policy
 start on this node's GPUs and what to preempt; claim the chosen jobs; write why the others
 wait; charge this node's running jobs to their owners' fair-share usage.
 
+A job on several nodes is not claimed but joined (store/node_gangs.py): this agent holds its
+share and becomes the next member of the job's gang; the last member to join claims the job
+for member 0 (agent/members.py starts the workers).
+
 Rounds of all agents are serialised by a lock in Redis (store/scheduling.py): the quota of an
 owner whose jobs run on several nodes is checked against all of them at once.
 
@@ -13,10 +17,12 @@ owner whose jobs run on several nodes is checked against all of them at once.
 from __future__ import annotations
 
 import logging
+import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from wstrain.scheduler.contracts.jobs import JobState
+from wstrain.scheduler.agent.members import Hold
+from wstrain.scheduler.contracts.jobs import JobState, gpu_indices, gpu_text
 from wstrain.scheduler.policy import (
     Decision,
     NodeState,
@@ -29,7 +35,8 @@ from wstrain.scheduler.policy import (
     running_weight,
 )
 from wstrain.scheduler.store import JobStore
-from wstrain.scheduler.store.scheduling import PlacedRow, SchedulingView
+from wstrain.scheduler.store.node_gangs import Member, NodeGangs
+from wstrain.scheduler.store.scheduling import PendingRow, PlacedRow, SchedulingView
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +58,30 @@ class Outcome:
     claimed: list[Claimed]
     preempt: dict[str, str]  # victim id -> the job it makes room for
     decision: Decision | None  # None: another agent held the lock
+    joined: list[Hold] = field(default_factory=list)  # multi-node gangs this node joined
+
+
+@dataclass(frozen=True)
+class GangSettings:
+    """How this agent joins multi-node gangs (AgentSettings.advertise_addr, gang_assembly_s)."""
+
+    advertise_addr: str = "127.0.0.1"
+    assembly_s: float = 60.0
 
 
 class Rounds:
     def __init__(
-        self, store: JobStore, node: str, agent_id: str, config: PolicyConfig, lease_s: float
+        self,
+        store: JobStore,
+        node: str,
+        agent_id: str,
+        config: PolicyConfig,
+        lease_s: float,
+        gang: GangSettings | None = None,
     ) -> None:
         self.view = SchedulingView(store)
+        self.gangs = NodeGangs(store)
+        self.gang = gang or GangSettings()
         self.node, self.agent_id, self.config, self.lease_s = node, agent_id, config, lease_s
         self._charged_s = time.time()
 
@@ -72,20 +96,73 @@ class Rounds:
             used[job.owner] = used.get(job.owner, 0.0) + ran_s * running_weight(job, node)
         await self.view.add_usage(now, self.config.half_life_s, used)
 
-    async def run(self, node: NodeState, running: list[RunningJob], max_starts: int) -> Outcome:
+    async def run(
+        self,
+        node: NodeState,
+        running: list[RunningJob],
+        max_starts: int,
+        joined: frozenset[str] = frozenset(),
+    ) -> Outcome:
         """One round under the lock, starting jobs of at most `max_starts` ranks in all (a
         CPU node's free slots; a GPU node packs by memory alone); nothing when another
-        agent is deciding."""
+        agent is deciding. `joined`: multi-node jobs whose gang this node is in already
+        (its holds are among `running`)."""
         if not await self.view.acquire(self.agent_id, LOCK_TTL_S):
             return Outcome([], {}, None)
         try:
-            return await self._round(node, running, max_starts)
+            return await self._round(node, running, max_starts, joined)
         finally:
             await self.view.release(self.agent_id)
 
-    async def _round(self, node: NodeState, running: list[RunningJob], max_starts: int) -> Outcome:
+    async def _join(self, row: PendingRow, gpus: tuple[int, ...], now: float) -> Hold | str:
+        """Join the gang of the multi-node job `row`: this node's hold, or why it waits."""
+        alive = len(await self.view.store.nodes())
+        if alive < row.nodes:  # a gang could only hold its share and time out, again and again
+            return (
+                f"gang: needs {row.nodes} nodes, {alive} agent(s) heartbeat now; it joins no "
+                "gang until enough nodes run an agent"
+            )
+        got = await self.gangs.join(
+            row.id,
+            Member(self.node, self.agent_id, gpu_text(gpus)),
+            row.nodes,
+            self.gang.assembly_s,
+            self.gang.advertise_addr,
+            free_port(),
+        )
+        if got.status == 0:
+            if got.detail.startswith("assembling "):
+                other = got.detail.removeprefix("assembling ")
+                return (
+                    f"gang: job {other}'s gang of nodes is assembling; one multi-node job "
+                    "assembles at a time, holding nothing meanwhile"
+                )
+            return ""
+        if got.status == 2:  # the gang is whole: claimed for its node 0, which plans it
+            gang = await self.gangs.get(row.id)
+            if gang is not None:
+                first = gang.members[0]
+                await self.view.store.claim(
+                    row.id, first.node, gpu_indices(first.gpus), first.agent_id, self.lease_s
+                )
+        log.info("job %s: %s joined its gang (%s of %d)", row.id, self.node, got.detail, row.nodes)
+        return Hold(
+            row.id,
+            row.owner,
+            row.priority,
+            row.device_bytes,
+            row.host_bytes,
+            gpus,
+            row.gpus,
+            row.exclusive,
+            now,
+        )
+
+    async def _round(
+        self, node: NodeState, running: list[RunningJob], max_starts: int, joined: frozenset[str]
+    ) -> Outcome:
         now = time.time()
-        rows = await self.view.pending(QUEUE_HEAD)
+        rows = [r for r in await self.view.pending(QUEUE_HEAD) if r.id not in joined]
         if not rows:
             return Outcome([], {}, None)
         placed = await self.view.placed()
@@ -115,8 +192,9 @@ class Rounds:
         decision = decide(
             now, pending, running, node, usage, self.config, states, elsewhere=elsewhere
         )
-        claimed, reasons = [], dict(decision.reasons)
+        claimed, reasons, holds = [], dict(decision.reasons), []
         sizes = {r.id: r.gpus for r in rows}
+        by_id = {r.id: r for r in rows}
         slots_left = max_starts  # a CPU node's free slots: a gang takes one per rank
         for start in decision.start:
             size = sizes.get(start.job_id, 1)
@@ -129,6 +207,18 @@ class Rounds:
                 continue
             gpu = start.gpu_index
             gpus = decision.gangs.get(start.job_id) or (() if gpu is None else (gpu,))
+            if (row := by_id.get(start.job_id)) is not None and row.nodes > 1:
+                hold = await self._join(row, gpus, now)
+                if isinstance(hold, Hold):
+                    holds.append(hold)
+                    slots_left -= size
+                    reasons[row.id] = (
+                        f"gang: {self.node} joined; waiting up to {self.gang.assembly_s:.0f} s "
+                        f"for all {row.nodes} nodes (WSTRAIN_GANG_ASSEMBLY_S)"
+                    )
+                elif hold:
+                    reasons[row.id] = hold
+                continue
             ok = await self.view.claim_one(
                 start.job_id, self.node, gpus, self.agent_id, self.lease_s
             )
@@ -144,7 +234,15 @@ class Rounds:
         gpu_of = {j.id: j.gpu_index for j in running}
         preempt = {v: for_gpu.get(gpu_of.get(v), "a higher-priority job") for v in decision.preempt}
         await self.view.set_reasons(reasons)
-        return Outcome(claimed, preempt, decision)
+        return Outcome(claimed, preempt, decision, holds)
+
+
+def free_port() -> int:
+    """A free TCP port on this host: a multi-node job's MASTER_PORT when this node is its
+    node 0 (bound on all interfaces: the other nodes connect to it)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
 
 
 def _running(p: PlacedRow) -> RunningJob:

@@ -2,7 +2,8 @@
 
 WSTRAIN_NODE_NAME, _CPU_SLOTS, _WORKER_THREADS, _HEARTBEAT_S, _NODE_TTL_S, _LEASE_S,
 _SHUTDOWN_GRACE_S, _PROFILE_CACHE, _METRICS_HOST, _METRICS_PORT, _REDIS_RETRY_S,
-_CPU_PEAK_FLOPS; and the shared ones of scheduler/settings.py (README lists them all)
+_CPU_PEAK_FLOPS, _ADVERTISE_ADDR, _GANG_ASSEMBLY_S; and the shared ones of
+scheduler/settings.py (README lists them all)
 """
 
 from __future__ import annotations
@@ -84,4 +85,19 @@ class AgentSettings(SharedSettings):
         ge=0,
         description="FLOP/s a CPU job's MFU divides by (this host's peak at the job's "
         "precision, from its vendor); unset or 0: CPU jobs report no MFU",
+    )
+    advertise_addr: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        max_length=253,
+        description="the address other nodes reach this host at: a multi-node job's "
+        "MASTER_ADDR when this node is its node 0 (127.0.0.1: every member agent on this "
+        "host, loopback)",
+    )
+    gang_assembly_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="how long a multi-node job's members hold their share while the rest "
+        "join; past it every hold is released and the job waits again",
     )

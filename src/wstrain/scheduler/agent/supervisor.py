@@ -70,13 +70,15 @@ async def spawn(
     access: DataAccess,
     measured_peak_flops: float | None = None,
     cpu_peak_flops: float | None = None,
+    log_name: str = "worker.log",
 ) -> asyncio.subprocess.Process:
     """The worker of one attempt of `job`, in its own session, reading only what `access`
     allows (the data roots less the state dir, checked again on every file it opens).
     Its MFU divides by the chip table's peak; `measured_peak_flops` (the GPU profile's bf16
     GEMM rate) stands in on a chip the table does not know, `cpu_peak_flops` on CPU. It sees
     `gpus` (all of a gang's: it starts one rank per visible GPU, as its plan's `ranks` says;
-    None on CPU)."""
+    None on CPU). It logs to `log_name` in the job dir (a multi-node job's other nodes write
+    their own beside node 0's: the job dir is shared)."""
     env = dict(env)
     peaks = [
         *(["--measured-peak-flops", str(measured_peak_flops)] if measured_peak_flops else []),
@@ -87,7 +89,7 @@ async def spawn(
     # Segments that grow in place instead of fixed blocks: far less memory reserved but
     # unusable, so the device budget buys working set, not fragmentation.
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    log_file = open(job_dir / "worker.log", "ab")  # noqa: SIM115 - the child owns it
+    log_file = open(job_dir / log_name, "ab")  # noqa: SIM115 - the child owns it
     try:
         return await asyncio.create_subprocess_exec(
             sys.executable,

@@ -32,6 +32,7 @@ MAX_STEPS = 100_000_000
 MAX_TIME_LIMIT_S = 366 * 86400  # a year: longer is no limit, and floats past it are nonsense
 MAX_BUDGET_GIB = 65536.0
 MAX_GPUS = 8  # GPUs of one node a data-parallel job takes: the largest common host (8 SXM)
+MAX_NODES = 16  # nodes one job spans: every member holds its share until the gang is whole
 MAX_PATH_CHARS = 4096  # Linux PATH_MAX
 # Strings anywhere in a spec longer than this are refused (a name is 128, a path 4096; a
 # free-form string in an hf_config, such as a rope type, is short).
@@ -431,6 +432,13 @@ class JobSpec(_Strict):
         "global_batch/gpus sequences a step; budget.device_gib is per GPU, budget.host_gib is "
         "the job's (one shared host copy of the training state)",
     )
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_NODES,
+        description="nodes the job spans; gpus is per node; the state dir must be on a "
+        "filesystem every node shares (checkpoints are written by global rank 0)",
+    )
     steps: int = Field(gt=0, le=MAX_STEPS)
     optimizer: OptimizerSpec = OptimizerSpec()
     precision: Literal["bf16", "mixed", "fp32"] = "bf16"
@@ -509,14 +517,27 @@ class JobSpec(_Strict):
             )
         return gpus
 
+    @field_validator("nodes")
+    @classmethod
+    def _nodes_divide_the_batch(cls, nodes: int, info: ValidationInfo) -> int:
+        batch, gpus = info.data.get("global_batch"), info.data.get("gpus")
+        if batch is not None and gpus is not None and batch % (gpus * nodes):
+            raise ValueError(
+                f"nodes={nodes} x gpus={gpus} must divide global_batch={batch}: each of the "
+                f"{gpus * nodes} ranks trains global_batch/(gpus x nodes) sequences a step; "
+                f"use a global_batch that is a multiple of {gpus * nodes}, or fewer nodes"
+            )
+        return nodes
+
     @model_validator(mode="after")
     def _data_parallel_updates_on_the_host(self) -> JobSpec:
         opt = self.overrides.optimizer
-        if self.gpus > 1 and opt in ("device", "split"):
+        if self.gpus * self.nodes > 1 and opt in ("device", "split"):
+            of_nodes = f" x nodes={self.nodes}" if self.nodes > 1 else ""
             raise ValueError(
-                f'gpus={self.gpus} with overrides.optimizer="{opt}": a data-parallel working '
-                "set updates its one shared host copy on the host; use overrides.optimizer "
-                '"host" (or leave it unset), or gpus=1'
+                f'gpus={self.gpus}{of_nodes} with overrides.optimizer="{opt}": a data-parallel '
+                "working set updates its one shared host copy on the host (each node's); use "
+                'overrides.optimizer "host" (or leave it unset), or one rank (gpus=1, nodes=1)'
             )
         return self
 
@@ -594,8 +615,11 @@ class Plan(BaseModel):
     micro_batch: int
     rounds: int
     ranks: int = Field(
-        default=1, ge=1, description="processes, one per GPU; rounds and micro_batch are per rank"
+        default=1,
+        ge=1,
+        description="processes a node, one per GPU; rounds and micro_batch are per rank",
     )
+    nodes: int = Field(default=1, ge=1, description="nodes, each running `ranks` ranks")
     window: int = Field(description="layers resident on the device at once")
     layers: int
     params: int

@@ -15,6 +15,12 @@ all-reduce bus bandwidth (ALLREDUCE_BUS_BYTES_PER_S over NVLink; on CPU, gloo at
 memcpy rate). The term is counted in full, not overlapped with backward.
 
     plan = with_ranks(make_ws_plan(rank_spec(spec), dims, node), spec, dims, node)
+
+Several nodes (`nodes` = M): each node runs `gpus` ranks as above and keeps its own host
+copy, so host and device budgets are per node and per GPU exactly as for one node; a rank
+trains global_batch/(gpus x nodes) sequences, and the all-reduce spans gpus x nodes ranks
+(counted at the same bus bandwidth: the planner has no measure of the network between
+nodes, so a multi-node step prediction is a lower bound).
 """
 
 from __future__ import annotations
@@ -27,17 +33,21 @@ from wstrain.scheduler.contracts.model_dims import ModelDims
 
 
 def rank_spec(spec: JobSpec) -> JobSpec:
-    """The job one rank plans: global_batch/gpus sequences a step. `gpus` stays, so the host
-    accounting counts the ranks' private bytes (so this copy is not a valid spec to submit:
-    its global_batch need not divide by gpus; it is never validated again)."""
-    if spec.gpus == 1:
+    """The job one rank plans: global_batch/(gpus x nodes) sequences a step. `gpus` stays,
+    so the host accounting counts a node's ranks' private bytes (so this copy is not a valid
+    spec to submit: its global_batch need not divide by gpus; it is never validated again)."""
+    ranks = spec.gpus * spec.nodes
+    if ranks == 1:
         return spec
-    per_rank = spec.global_batch // spec.gpus  # JobSpec checked that gpus divides it
+    per_rank = spec.global_batch // ranks  # JobSpec checked that gpus x nodes divides it
     mb = spec.overrides.micro_batch
     if mb is not None and per_rank % mb:
+        ranks_of, share = f"gpus={spec.gpus}", "global_batch/gpus"
+        if spec.nodes > 1:
+            ranks_of, share = f"{ranks_of} x nodes={spec.nodes}", "global_batch/(gpus x nodes)"
         raise InvalidSpec(
-            f"overrides.micro_batch={mb} must divide the sequences each of gpus={spec.gpus} "
-            f"trains a step, global_batch/gpus = {per_rank}; pick a divisor of {per_rank}"
+            f"overrides.micro_batch={mb} must divide the sequences each of {ranks_of} "
+            f"trains a step, {share} = {per_rank}; pick a divisor of {per_rank}"
         )
     return spec.model_copy(update={"global_batch": per_rank})
 
@@ -54,11 +64,11 @@ def allreduce_seconds(dims: ModelDims, precision: str, ranks: int, node: NodePro
 
 def with_ranks(plan: Plan, spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     """The one-rank `plan` of `spec` as the plan of all its ranks: `ranks`, the all-reduce
-    in the predicted step, and the reasons that say so. Unchanged for gpus=1."""
-    if spec.gpus == 1:
+    in the predicted step, and the reasons that say so. Unchanged for gpus=1 on one node."""
+    if spec.gpus * spec.nodes == 1:
         return plan
-    ranks = spec.gpus
-    reduce_s = allreduce_seconds(dims, spec.precision, ranks, node)
+    ranks, nodes = spec.gpus, spec.nodes
+    reduce_s = allreduce_seconds(dims, spec.precision, ranks * nodes, node)
     predicted = plan.predicted.model_copy(
         update={
             "step_seconds": plan.predicted.step_seconds + reduce_s,
@@ -66,10 +76,11 @@ def with_ranks(plan: Plan, spec: JobSpec, dims: ModelDims, node: NodeProfile) ->
         }
     )
     reasons = dict(plan.reasons)
-    per_rank = spec.global_batch // ranks
+    per_rank = spec.global_batch // (ranks * nodes)
+    of_nodes = f" x {nodes} nodes" if nodes > 1 else ""
     reasons["rounds"] = (
         f"{plan.rounds} a rank = global_batch {spec.global_batch} / (micro_batch "
-        f"{plan.micro_batch} x {ranks} ranks)"
+        f"{plan.micro_batch} x {ranks} ranks{of_nodes})"
     )
     link = "NVLink all-reduce" if node.device == "cuda" else "gloo all-reduce at host memcpy rate"
     host = "host AdamW on the shared host state; " if plan.runtime == "working_set" else ""
@@ -80,4 +91,11 @@ def with_ranks(plan: Plan, spec: JobSpec, dims: ModelDims, node: NodeProfile) ->
         f"activations, process and staging {ranks} times; + {reduce_s:.3g} s a step for the "
         f"gradients' {link}"
     )
-    return plan.model_copy(update={"ranks": ranks, "predicted": predicted, "reasons": reasons})
+    if nodes > 1:
+        reasons["nodes"] = (
+            f"{nodes} nodes of {ranks} rank(s): {ranks * nodes} ranks in all, each node with "
+            "its own host copy under host_gib; the all-reduce over the network between nodes "
+            "is counted at the in-node rate (a lower bound)"
+        )
+    update = {"ranks": ranks, "nodes": nodes, "predicted": predicted, "reasons": reasons}
+    return plan.model_copy(update=update)

@@ -95,12 +95,13 @@ def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool) -> li
         [(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad) else [(3, 2), (2, 2), (2, 1)]
     )
     # split: the first layers on the device, the rest on the host (_finish picks how many);
-    # data parallel ranks update their one shared host copy on the host (planning/ranks.py)
+    # data parallel ranks update their node's one shared host copy on the host
+    # (planning/ranks.py), on one node or several
     optimizers: list[cm.OptimizerPlacement] = (
         [o.optimizer]
         if o.optimizer
         else ["host"]
-        if spec.precision == "mixed" or spec.gpus > 1
+        if spec.precision == "mixed" or spec.gpus * spec.nodes > 1
         else ["device", "host", "split"]
         if dims.num_layers > 1
         else ["device", "host"]

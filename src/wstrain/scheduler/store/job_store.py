@@ -163,6 +163,7 @@ class JobStore:
             "priority": spec.priority,
             "exclusive": spec.exclusive,
             "gpus": spec.gpus,
+            "nodes": spec.nodes,
             "after": list(spec.after),
             "group": spec.group or "",
         }

@@ -23,7 +23,7 @@ from wstrain.scheduler.store.job_store import JobStore
 
 _PENDING = (
     "owner", "priority", "queued_at", "created_at", "device_bytes", "host_bytes",
-    "exclusive", "after", "not_before", "state", "name", "state_reason", "gpus",
+    "exclusive", "after", "not_before", "state", "name", "state_reason", "gpus", "nodes",
 )  # fmt: skip
 _PLACED = (
     "owner", "priority", "device_bytes", "host_bytes", "node", "gpu", "started_at", "state",
@@ -87,6 +87,7 @@ class PendingRow:
     name: str = ""
     state_reason: str = ""
     gpus: int = 1  # GPUs of one node it needs at once (jobs stored before gangs: 1)
+    nodes: int = 1  # nodes, each taking `gpus` GPUs (store/node_gangs.py)
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ class SchedulingView:
                 f["name"] or "",
                 f["state_reason"] or "",
                 int(f["gpus"] or 1),
+                int(f["nodes"] or 1),
             )
             for jid, f in zip(ids, raws)
             if f["state"] == JobState.queued.value
