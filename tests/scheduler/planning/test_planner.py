@@ -3,6 +3,8 @@ working-set ones)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -69,3 +71,25 @@ def test_plan_fits_budget_or_names_a_minimum_that_does(
     # may sum their costs in another order: 1e-12 relative is that rounding, not a slowdown.
     bigger = make_plan(_spec(preset, seq, batch, dev * 2, host, prec), dims, DEFAULT_PROFILE)
     assert bigger.predicted.step_seconds <= plan.predicted.step_seconds * (1 + 1e-12)
+
+
+def test_a_resumed_attempt_keeps_the_runtime_of_its_checkpoint(tmp_path: Path) -> None:
+    """The two runtimes keep AdamW's state in different forms: an attempt requeued onto a
+    node whose profile would pick the other runtime plans the checkpoint's instead."""
+    from wstrain.scheduler.agent.supervisor import resumed_runtime
+
+    spec = _spec("micro-llama", 32, 4, 1.0, 2.0, "fp32")
+    dims = PRESETS["micro-llama"]
+    first = make_plan(spec, dims, DEFAULT_PROFILE)
+    other = "working_set" if first.runtime == "resident" else "resident"
+    job_dir = tmp_path / "job"
+    assert resumed_runtime(job_dir) is None  # a first start
+    job_dir.mkdir()
+    last = first.model_copy(update={"runtime": other})  # what the last attempt ran
+    (job_dir / "plan.json").write_text(last.model_dump_json())
+    assert resumed_runtime(job_dir) is None  # the last attempt left no checkpoint
+    (job_dir / "checkpoints").mkdir()
+    (job_dir / "checkpoints" / "latest").write_text("step-2")
+    assert resumed_runtime(job_dir) == other
+    plan = make_plan(spec, dims, DEFAULT_PROFILE, resumed_runtime(job_dir))
+    assert plan.runtime == other and "checkpoint" in plan.reasons["runtime"]

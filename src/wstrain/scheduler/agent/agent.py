@@ -49,6 +49,7 @@ from wstrain.scheduler.agent.supervisor import (
     lose_lease,
     preempt,
     pump,
+    resumed_runtime,
     spawn,
 )
 from wstrain.scheduler.contracts.calibration import GIB
@@ -260,7 +261,7 @@ class Agent:
             layer = await self._layer_times(job.spec, jdir, gpus[0]) if gpus else None
             # packed beside other jobs, it plans with its share of the GPU and its link
             node = self.node_profile().with_layer(layer).shared_by(link_share)
-            plan = make_plan(job.spec, resolve_dims(job.spec.model), node)
+            plan = make_plan(job.spec, resolve_dims(job.spec.model), node, resumed_runtime(jdir))
         except WstrainError as exc:
             await self.store.transition(
                 job_id,

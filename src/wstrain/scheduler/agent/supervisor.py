@@ -23,7 +23,7 @@ from wstrain.scheduler.agent.outcomes import Exit, settle_exit
 from wstrain.scheduler.agent.processes import kill_group, session_pss_bytes
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import LeaseLost
-from wstrain.scheduler.contracts.jobs import Job, JobState, WorkerMessage, gpu_text
+from wstrain.scheduler.contracts.jobs import Job, JobState, Plan, WorkerMessage, gpu_text
 from wstrain.scheduler.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,16 @@ class WorkerHandle:
     def gang(self) -> bool:
         """Several ranks: the worker's child processes train beside it."""
         return self.job.spec.gpus > 1
+
+
+def resumed_runtime(job_dir: Path) -> str | None:
+    """The runtime of the checkpoint a new attempt of the job in `job_dir` resumes from: the
+    last attempt's plan's, where that attempt left a checkpoint (worker/io/checkpoint.py's
+    `latest` pointer); None for a first start."""
+    plan = job_dir / "plan.json"
+    if not (job_dir / "checkpoints" / "latest").exists() or not plan.exists():
+        return None
+    return Plan.model_validate_json(plan.read_text()).runtime
 
 
 async def spawn(

@@ -16,14 +16,26 @@ from wstrain.scheduler.planning.resident import make_resident_plan
 from wstrain.scheduler.planning.working_set import make_ws_plan
 
 
-def make_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
+def make_plan(
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, resumes_runtime: str | None = None
+) -> Plan:
     """The faster of the resident and the working-set plan that fit the budgets (the cost
-    model decides); `overrides.runtime` forces either. InfeasibleBudget names the smallest
-    budgets of whichever runtime needs less device memory. A seq_len past the model's
-    max_position_embeddings is planned, with a warning in reasons["seq_len"]: RoPE has no
-    table to outgrow, and the bench trains 4K-position models at 8K. A job on several GPUs
-    is planned as one rank of global_batch/gpus sequences (planning/ranks.py)."""
+    model decides); `overrides.runtime` forces either, and so does `resumes_runtime`, the
+    runtime whose checkpoint the job resumes from (the two keep their optimizer state in
+    different forms, so an attempt requeued onto another node keeps its first runtime).
+    InfeasibleBudget names the smallest budgets of whichever runtime needs less device
+    memory. A seq_len past the model's max_position_embeddings is planned, with a warning
+    in reasons["seq_len"]: RoPE has no table to outgrow, and the bench trains 4K-position
+    models at 8K. A job on several GPUs is planned as one rank of global_batch/gpus
+    sequences (planning/ranks.py)."""
+    if resumes_runtime is not None and spec.overrides.runtime is None:
+        pinned = spec.overrides.model_copy(update={"runtime": resumes_runtime})
+        spec = spec.model_copy(update={"overrides": pinned})
     plan = with_ranks(_fastest(rank_spec(spec), dims, node), spec, dims, node)
+    if resumes_runtime is not None:
+        plan.reasons["runtime"] = (
+            f"{plan.runtime}: the runtime of the checkpoint this attempt resumes from"
+        )
     if spec.seq_len > dims.max_position_embeddings:
         plan.reasons["seq_len"] = (
             f"warning: seq_len={spec.seq_len} exceeds the model's max_position_embeddings="
