@@ -8,8 +8,6 @@ on global_batch/(gpus x nodes) sequences each, and `wstrain submit/plan --nodes 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,26 +15,8 @@ import pytest
 import yaml
 
 from tests.conftest import Stack, tiny_spec
-from wstrain.service.cli import main
-
-
-def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(args))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cancel_what_this_module_queued(api_only: Stack) -> Iterator[None]:
-    started = time.time()
-    yield
-    with api_only.client() as c:
-        for job in c.get("/v1/jobs", params={"state": "queued", "limit": 500}).json()["jobs"]:
-            if job["created_at"] >= started:
-                c.post(f"/v1/jobs/{job['id']}/cancel")
+from tests.service.test_cli import _leave_the_queue_as_found  # noqa: F401 - autouse
+from tests.service.test_cli import run_main as _run
 
 
 @pytest.mark.parametrize(

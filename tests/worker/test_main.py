@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.conftest import CORPUS, REPO, tiny_spec
+from tests.conftest import CORPUS, tiny_spec
+from tests.worker.launch import worker_argv, write_job
 from wstrain.scheduler.contracts.chips import peak_flops
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
 from wstrain.scheduler.contracts.jobs import JobSpec, WorkerMessage
@@ -199,23 +199,9 @@ def _run_worker(
         )
     )
     plan = make_plan(spec, resolve_dims(spec.model), DEFAULT_PROFILE)
-    job_dir = tmp_path / "state" / "jobs" / "job-1"
-    job_dir.mkdir(parents=True)
-    (job_dir / "spec.json").write_text(spec.model_dump_json())
-    (job_dir / "plan.json").write_text(plan.model_dump_json())
+    job_dir = write_job(tmp_path, spec, plan)
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "wstrain.worker.main",
-            "--job-dir",
-            str(job_dir),
-            "--threads",
-            "1",
-            "--data-roots",
-            json.dumps([str(REPO), str(tmp_path)]),
-            *extra,
-        ],
+        worker_argv(job_dir, *extra),
         capture_output=True,
         text=True,
         timeout=120,

@@ -10,16 +10,15 @@ node 1's exits 0 with it. The launch environment: global rank NODE_RANK x gpus +
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, tiny_spec
+from tests.conftest import tiny_spec
+from tests.worker.launch import worker_argv, write_job
 from tests.worker.test_ranks import _close, _finish, _job_dir, _start, _weights
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
 from wstrain.scheduler.contracts.jobs import JobSpec, WorkerExit
@@ -63,11 +62,7 @@ def _two_node_dir(tmp_path: Path) -> Path:
     )
     plan = make_plan(spec, resolve_dims(spec.model), DEFAULT_PROFILE)
     assert plan.ranks == 2 and plan.nodes == 2 and plan.rounds == 1
-    job_dir = tmp_path / "mn" / "state" / "jobs" / "job-1"
-    job_dir.mkdir(parents=True)
-    (job_dir / "spec.json").write_text(spec.model_dump_json())
-    (job_dir / "plan.json").write_text(plan.model_dump_json())
-    return job_dir
+    return write_job(tmp_path / "mn", spec, plan)
 
 
 def _start_node(job_dir: Path, node_rank: int, port: int) -> subprocess.Popen[str]:
@@ -81,19 +76,7 @@ def _start_node(job_dir: Path, node_rank: int, port: int) -> subprocess.Popen[st
         "MASTER_PORT": str(port),
     }
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wstrain.worker.main",
-            "--job-dir",
-            str(job_dir),
-            "--threads",
-            "1",
-            "--shm-dir",
-            str(shm),
-            "--data-roots",
-            json.dumps([str(REPO), str(job_dir.parents[2])]),
-        ],
+        worker_argv(job_dir, "--shm-dir", str(shm)),
         stdout=subprocess.PIPE,
         stderr=open(job_dir / f"worker-node{node_rank}.log", "w"),
         text=True,

@@ -10,18 +10,17 @@ uninterrupted job's weights.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, tiny_spec
+from tests.conftest import tiny_spec
+from tests.worker.launch import worker_argv, write_job
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
 from wstrain.scheduler.contracts.jobs import JobSpec, WorkerExit, WorkerMessage
 from wstrain.scheduler.contracts.model_dims import resolve_dims
@@ -43,26 +42,12 @@ def _job_dir(tmp_path: Path, gpus: int, runtime: str, steps: int = STEPS) -> Pat
     )
     plan = make_plan(spec, resolve_dims(spec.model), DEFAULT_PROFILE)
     assert plan.ranks == gpus and plan.rounds * plan.micro_batch * gpus == spec.global_batch
-    job_dir = tmp_path / f"{runtime}-{gpus}" / "state" / "jobs" / "job-1"
-    job_dir.mkdir(parents=True)
-    (job_dir / "spec.json").write_text(spec.model_dump_json())
-    (job_dir / "plan.json").write_text(plan.model_dump_json())
-    return job_dir
+    return write_job(tmp_path / f"{runtime}-{gpus}", spec, plan)
 
 
 def _start(job_dir: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wstrain.worker.main",
-            "--job-dir",
-            str(job_dir),
-            "--threads",
-            "1",
-            "--data-roots",
-            json.dumps([str(REPO), str(job_dir.parents[2])]),
-        ],
+        worker_argv(job_dir),
         stdout=subprocess.PIPE,
         stderr=open(job_dir / "worker.log", "w"),
         text=True,
@@ -199,10 +184,7 @@ def test_two_ranks_hold_one_copy_of_the_host_state(tmp_path: Path) -> None:
         )
         job = JobSpec.model_validate(spec)
         plan = make_plan(job, resolve_dims(job.model), DEFAULT_PROFILE)
-        job_dir = tmp_path / f"pss{gpus}" / "state" / "jobs" / "job-1"
-        job_dir.mkdir(parents=True)
-        (job_dir / "spec.json").write_text(job.model_dump_json())
-        (job_dir / "plan.json").write_text(plan.model_dump_json())
+        job_dir = write_job(tmp_path / f"pss{gpus}", job, plan)
         proc, peak = _start(job_dir), 0
         while proc.poll() is None:
             peak = max(peak, _session_memory_bytes(proc.pid))

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_spec
+from tests.worker.launch import write_job
 from tests.worker.test_ranks import _finish, _start, _weights
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
 from wstrain.scheduler.contracts.jobs import JobSpec, WorkerExit
@@ -41,11 +42,7 @@ def test_a_two_gpu_job_on_nccl_trains_the_one_gpu_job(tmp_path: Path, runtime: s
         )
         plan = make_plan(spec, resolve_dims(spec.model), DEFAULT_PROFILE)
         assert plan.ranks == gpus
-        job_dir = tmp_path / f"g{gpus}" / "state" / "jobs" / "job-1"
-        job_dir.mkdir(parents=True)
-        (job_dir / "spec.json").write_text(spec.model_dump_json())
-        (job_dir / "plan.json").write_text(plan.model_dump_json())
-        dirs.append(job_dir)
+        dirs.append(write_job(tmp_path / f"g{gpus}", spec, plan))
     results = [_finish(_start(d)) for d in dirs]  # one at a time: both GPUs for the gang
     for (code, _), d in zip(results, dirs):
         assert code == WorkerExit.succeeded, (d / "worker.log").read_text()[-3000:]

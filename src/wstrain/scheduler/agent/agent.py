@@ -210,7 +210,17 @@ class Agent:
     ) -> asyncio.subprocess.Process:
         """The worker of node `node_rank` > 0 of a multi-node job (agent/members.py)."""
         jdir = job_dir(self.settings.state_dir, job.id).resolve()
-        cuda = hold.gpus if self.gpus else None
+        return await self._spawn(job, jdir, hold.gpus, env, f"worker-node{node_rank}.log")
+
+    async def _spawn(
+        self,
+        job: Job,
+        jdir: Path,
+        gpus: tuple[int, ...],
+        env: dict[str, str],
+        log_name: str = "worker.log",
+    ) -> asyncio.subprocess.Process:
+        cuda = gpus if self.gpus else None  # a CPU node's modelled devices are host memory
         return await spawn(
             job,
             jdir,
@@ -220,7 +230,7 @@ class Agent:
             self.access,
             measured_peak_flops=self.profile.get("matmul_flops") if cuda is not None else None,
             cpu_peak_flops=self.settings.cpu_peak_flops,
-            log_name=f"worker-node{node_rank}.log",
+            log_name=log_name,
         )
 
     async def _start(
@@ -294,17 +304,7 @@ class Agent:
                 fence=self.agent_id,
             )
             return
-        cuda = gpus if self.gpus else None  # a CPU node's modelled devices are host memory
-        proc = await spawn(
-            job,
-            jdir,
-            self.settings.worker_threads,
-            cuda,
-            {**os.environ, **env},
-            self.access,
-            measured_peak_flops=self.profile.get("matmul_flops") if cuda is not None else None,
-            cpu_peak_flops=self.settings.cpu_peak_flops,
-        )
+        proc = await self._spawn(job, jdir, gpus, env)
         ship_worker_log(self.store, job, jdir / "worker.log", proc)  # until the worker exits
         handle = WorkerHandle(
             job,
