@@ -231,6 +231,7 @@ class Agent:
             measured_peak_flops=self.profile.get("matmul_flops") if cuda is not None else None,
             cpu_peak_flops=self.settings.cpu_peak_flops,
             log_name=log_name,
+            shm_dir=self.settings.shm_dir,
         )
 
     async def _start(

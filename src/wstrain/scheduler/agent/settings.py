@@ -9,6 +9,7 @@ scheduler/settings.py (README lists them all)
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from pydantic import Field, field_validator
 
@@ -100,4 +101,9 @@ class AgentSettings(SharedSettings):
         le=3600,
         description="how long a multi-node job's members hold their share while the rest "
         "join; past it every hold is released and the job waits again",
+    )
+    shm_dir: Path = Field(
+        default=Path("/dev/shm"),
+        description="a tmpfs where the ranks of a working-set job on several GPUs of this "
+        "node keep their one shared copy of the training state (its size bounds that state)",
     )

@@ -81,6 +81,7 @@ async def spawn(
     measured_peak_flops: float | None = None,
     cpu_peak_flops: float | None = None,
     log_name: str = "worker.log",
+    shm_dir: Path = Path("/dev/shm"),
 ) -> asyncio.subprocess.Process:
     """The worker of one attempt of `job`, in its own session, reading only what `access`
     allows (the data roots less the state dir, checked again on every file it opens).
@@ -88,7 +89,8 @@ async def spawn(
     GEMM rate) stands in on a chip the table does not know, `cpu_peak_flops` on CPU. It sees
     `gpus` (all of a gang's: it starts one rank per visible GPU, as its plan's `ranks` says;
     None on CPU). It logs to `log_name` in the job dir (a multi-node job's other nodes write
-    their own beside node 0's: the job dir is shared)."""
+    their own beside node 0's: the job dir is shared). A gang's ranks share their working
+    set's host state in `shm_dir` (a tmpfs)."""
     env = dict(env)
     peaks = [
         *(["--measured-peak-flops", str(measured_peak_flops)] if measured_peak_flops else []),
@@ -114,6 +116,8 @@ async def spawn(
             json.dumps([str(r) for r in access.roots]),
             "--state-dir",
             str(access.state_dir),
+            "--shm-dir",
+            str(shm_dir),
             stdout=asyncio.subprocess.PIPE,
             stderr=log_file,
             env=env,
