@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.worker.runtime.test_distributed import GLOBAL_BATCH, MICRO_BATCH, OPT, SEQ, Pool
+from tests.worker.runtime.test_distributed import GLOBAL_BATCH, OPT, SEQ, Pool
 from tests.worker.runtime.test_distributed import _free_port as free_port
 from wstrain.scheduler.contracts.model_dims import PRESETS, ModelDims
 from wstrain.worker.io import checkpoint
@@ -52,19 +52,21 @@ def build(
         group.barrier()  # every rank has mapped every tile, and the weights are in
         if share is not None:
             share.unlink()
-    rounds = GLOBAL_BATCH // MICRO_BATCH // world
+    # two rounds a rank at every world size: a rank's span of the host gradients comes back
+    # for the second (and on several nodes, from one node only)
+    rounds, micro_batch = 2, GLOBAL_BATCH // world // 2
     L = dims.num_layers
     cfg = WorkingSetConfig(
         precision=precision,
         device="cpu",
-        micro_batch=MICRO_BATCH,
+        micro_batch=micro_batch,
         chunk=1,
         rounds=rounds,
         steps=6,
         seed=5,
         seq_len=SEQ,
         window=1,
-        levels=tuple((k % 4, (k + 1) % 4) for k in range(L)),
+        levels=tuple(tuple((k + c) % 4 for c in range(micro_batch)) for k in range(L)),
     )
     return WorkingSetRuntime(dims, cfg, OPT, host, group)
 

@@ -2,18 +2,20 @@
 gradients reach the node's one host copy (working_set/node_share.py).
 
 Each rank trains its run of the step's global batch (runtime/distributed.py RankSlice).
-After each round's backward of layer k, its gradient slot holds this rank's span of the
-host tile (the sum over ranks and earlier rounds, which only this rank writes) plus this
-round's own gradients everywhere else zero-based; one all-reduce makes the span the sum
-over every rank and round so far, and only the span goes home. The other spans of the
-slot are other ranks' business and are dropped. Per layer and round that is one all-reduce
-of the layer (NVLink on a GPU node) and 1/N of its gradient over each rank's PCIe link, in
-and out. The loss and the clipping norm are summed over ranks, so every rank clips by the
-same factor and the spans' updates are the one-GPU update.
+In each round, rank r's gradient slot for layer k starts as zeros except its own span, which
+holds what its host tile has gathered so far (the sum over every rank of the earlier rounds;
+only rank r writes that span); the round's backward adds this rank's gradients; one
+all-reduce then makes the span the sum over every rank and round so far, and only the span
+goes home. The other spans of the slot are other ranks' business and are dropped. Per layer
+and round that is one all-reduce of the layer (NVLink on a GPU node) and 1/N of its gradient
+over each rank's PCIe link, in and out. The loss and the clipping norm are summed over
+ranks, so every rank clips by the same factor and the spans' updates are the one-GPU update.
 
 Several nodes each keep their own copy, which their ranks split by local rank; the sums
-run over every rank of every node, so the clipping norm, summed over the spans of every
-node, is divided by the node count. One rank (no group) runs the same code: whole spans,
+run over every rank of every node, so only node 0's ranks bring their span of the earlier
+rounds into a round's slot (every node's copy holds the same sums: brought by all, they
+would count once a node), and the clipping norm, summed over the spans of every node, is
+divided by the node count. One rank (no group) runs the same code: whole spans,
 no collectives.
 
     shards = RankShards(group, host)
@@ -43,9 +45,17 @@ class RankShards:
 
     @property
     def layer_span(self) -> tuple[int, int] | None:
-        """This rank's span of a decoder layer's tile (every layer's is alike); None on
-        one rank, where the whole tile is its own."""
+        """This rank's span of a decoder layer's tile (every layer's is alike), which it
+        sends home; None where the whole tile is its own (one rank on its node)."""
         return self.spans[0] if self.local_world > 1 else None
+
+    @property
+    def layer_load_span(self) -> tuple[int, int] | None:
+        """What of its tile's earlier rounds this rank brings into a round's slot: its span
+        on node 0, nothing on the other nodes of a multi-node job."""
+        if self.nodes > 1 and self.rank >= self.local_world:
+            return (0, 0)
+        return self.layer_span
 
     def batches(self, data: Batches, rounds: int) -> Batches:
         """This rank's run of each step's global batch."""

@@ -148,6 +148,7 @@ class WorkingSetRuntime:
             cfg.r_grad, host.grads, self.streams, self.device, "gradients", self.counters
         )
         self.grads.span = self.shards.layer_span
+        self.grads.load_span = self.shards.layer_load_span
         # Embedding and head group stay resident on the device for the whole step.
         self.embed = host.embed_w.to(self.device)
         self.head = host.head_w.to(self.device)

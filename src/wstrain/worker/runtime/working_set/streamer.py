@@ -33,9 +33,11 @@ class SlotStreamer:
         self.home_ready: dict[int, torch.cuda.Event | None] = {}
         # called with a layer before its host tile is read (a deferred host update waits)
         self.before_load: Callable[[int], None] | None = None
-        # data parallel gradients: only this rank's [lo, hi) of a tile comes in (the rest
-        # of the slot zeroed) and goes home (working_set/data_parallel.py)
+        # data parallel gradients (working_set/data_parallel.py): only this rank's [lo, hi)
+        # of a tile goes home (`span`) and comes back in (`load_span`, the rest of the slot
+        # zeroed; empty on a multi-node job's other nodes, whose copies hold the same sums)
         self.span: tuple[int, int] | None = None
+        self.load_span: tuple[int, int] | None = None
 
     @classmethod
     def for_tiles(
@@ -63,9 +65,10 @@ class SlotStreamer:
         start = time.perf_counter()
         s.wait("inbound", slot.free)
         s.wait("inbound", self.home_ready.get(layer))
-        lo, hi = self.span or (0, slot.flat.numel())
+        whole = (0, slot.flat.numel())
+        lo, hi = self.load_span or self.span or whole
         with s.on("inbound"):
-            if self.span is not None:
+            if (lo, hi) != whole:
                 slot.flat[:lo].zero_()
                 slot.flat[hi:].zero_()
             slot.flat[lo:hi].copy_(self.tiles[layer][lo:hi], non_blocking=True)
