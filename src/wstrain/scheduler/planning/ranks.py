@@ -12,7 +12,9 @@ contracts/calibration.py host_reserve_bytes) count once per rank:
 Step time. Every rank computes the same step, then the gradients are summed over the ranks:
 a ring all-reduce sends 2(N-1)/N of the gradient bytes over each GPU's link, at the node's
 all-reduce bus bandwidth (ALLREDUCE_BUS_BYTES_PER_S over NVLink; on CPU, gloo at the host's
-memcpy rate). The term is counted in full, not overlapped with backward.
+memcpy rate), once a round on the working set (each round's gradients go home summed),
+once a step on the resident runtime. The term is counted in full, not overlapped with
+backward.
 
     plan = with_ranks(make_ws_plan(rank_spec(spec), dims, node), spec, dims, node)
 
@@ -68,7 +70,10 @@ def with_ranks(plan: Plan, spec: JobSpec, dims: ModelDims, node: NodeProfile) ->
     if spec.gpus * spec.nodes == 1:
         return plan
     ranks, nodes = spec.gpus, spec.nodes
-    reduce_s = allreduce_seconds(dims, spec.precision, ranks * nodes, node)
+    # the working set sums each layer's gradients every round (its slot goes home between
+    # rounds: working_set/data_parallel.py); the resident runtime once a step
+    sums = plan.rounds if plan.runtime == "working_set" else 1
+    reduce_s = sums * allreduce_seconds(dims, spec.precision, ranks * nodes, node)
     predicted = plan.predicted.model_copy(
         update={
             "step_seconds": plan.predicted.step_seconds + reduce_s,
