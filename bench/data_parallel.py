@@ -9,9 +9,11 @@ once), read after the timed steps.
 
 Rows: `ws-1` one GPU as the planner plans it today; `ws-1-host` one GPU with the host
 optimizer the data-parallel ranks use (working_set/data_parallel.py: ranks update on the
-host only); `ws-N` N GPUs; a row named `X-old` runs X with the package at `--old-src DIR`
-(an earlier commit's src/) first on the path: the one-GPU path before and after the
-data-parallel code, side by side (with `--plan-file`, on the same plan). Every row runs in
+host only); `ws-N` N GPUs, planned with the D2H rate its GPUs get copying at once (the node
+profile's, worker/profile/shared_links.py), `ws-N-onelink` with one GPU's alone; a row
+named `X-old` runs X with the package at `--old-src DIR` (an earlier commit's src/) first on
+the path: the one-GPU path before and after the data-parallel code, side by side (with
+`--plan-file`, on the same plan). Every row runs in
 its own process (the ranks in their own processes under it); timed over whole steps after
 one warm-up step.
 """
@@ -26,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from bench.runtime import _dims, llama_spec, measured_node, mfu_fields
@@ -85,13 +88,15 @@ def run_row(args: argparse.Namespace) -> dict[str, object]:
         name,
         args.layers,
         args.seq,
-        args.per_gpu_batch,
+        args.per_gpu_batch * world,
         args.steps,
         args.device_gib,
         args.host_gib,
         overrides,
-    )
+    ).model_copy(update={"gpus": world})  # planned as the service plans a gang's ranks
     node = measured_node(args.seq, dims)
+    if name.endswith("-onelink"):  # as if each rank had its GPU's link to itself
+        node = replace(node, d2h_by_gpus=())
     if args.plan_file and Path(args.plan_file).exists():  # the same plan as an earlier row
         plan = Plan.model_validate_json(Path(args.plan_file).read_text())
     else:

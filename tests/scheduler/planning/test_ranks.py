@@ -8,6 +8,7 @@ all-reduce in the predicted step, and the spec's checks of `gpus`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from wstrain.scheduler.contracts.calibration import (
     PROCESS_BYTES,
 )
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
-from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE, H200
+from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE, H200, NodeProfile
 from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import PRESETS
 from wstrain.scheduler.planning import cost_model as cm
@@ -153,3 +154,28 @@ def test_a_plan_on_several_nodes_splits_the_batch_over_every_rank() -> None:
     # one rank a node still data-parallel: the working set updates on the host
     single = make_plan(_spec(1, 32, nodes=2, overrides={"runtime": "working_set"}), LLAMA, H200)
     assert single.working_set is not None and single.working_set.optimizer == "host"
+
+
+# 4x H100, measured (bench/RESULTS.md "Data parallel"): D2H 55 GB/s a GPU alone or two at
+# once, 34 GB/s each with four at once
+SHARED_D2H = replace(
+    H200, d2h_by_gpus=((2, H200.d2h_bytes_per_s), (4, 0.61 * H200.d2h_bytes_per_s))
+)
+
+
+def test_ranks_plan_with_the_link_rate_their_gpus_get_together() -> None:
+    assert SHARED_D2H.for_ranks(1) is SHARED_D2H and SHARED_D2H.for_ranks(2) is SHARED_D2H
+    four = SHARED_D2H.for_ranks(4)
+    assert four.d2h_bytes_per_s == pytest.approx(0.61 * H200.d2h_bytes_per_s)
+    assert four.both_bytes_per_s == pytest.approx(0.61 * H200.both_bytes_per_s)
+    assert SHARED_D2H.for_ranks(8).d2h_bytes_per_s == four.d2h_bytes_per_s  # nearest below
+    assert H200.for_ranks(4) is H200  # nothing measured: the one-GPU rate
+    spec = _spec(4, 32, overrides={"runtime": "working_set"})
+    alone, shared = (make_plan(spec, LLAMA, node).predicted for node in (H200, SHARED_D2H))
+    # a slower way home: fewer saved sets sent there, more recomputed, a slower step
+    assert (shared.recompute_seconds or 0) > (alone.recompute_seconds or 0)
+    assert shared.step_seconds > alone.step_seconds
+    assert make_plan(_spec(1, 8), LLAMA, SHARED_D2H) == make_plan(_spec(1, 8), LLAMA, H200)
+    measured = {"d2h_bytes_per_s": 55e9, "d2h_bytes_per_s.4": 34e9, "d2h_bytes_per_s.2": 55e9}
+    node = NodeProfile.from_profile("cuda", measured, 80 * 2**30, 512 * 2**30)
+    assert node.d2h_by_gpus == ((2, 55e9), (4, 34e9))  # the agent's profile, as measured

@@ -53,6 +53,9 @@ class NodeProfile:
     # (seq_len, FLOP/s) of causal attention fwd+bwd, ascending; empty: matmul rate
     attention_points: tuple[tuple[int, float], ...] = ()
     layer: LayerTimes | None = None  # the job's layer measured here, when the agent did
+    # (GPUs copying at once, the slowest one's D2H bytes/s), ascending: several GPUs'
+    # device-to-host copies can share a ceiling (worker/profile/shared_links.py)
+    d2h_by_gpus: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def from_profile(
@@ -71,6 +74,13 @@ class NodeProfile:
                 if k.startswith("attention_flops.")
             )
         )
+        d2h_by_gpus = tuple(
+            sorted(
+                (int(k.split(".", 1)[1]), v)
+                for k, v in profile.items()
+                if k.startswith("d2h_bytes_per_s.")
+            )
+        )
         return cls(
             device,
             profile.get("matmul_flops", 1e10),
@@ -81,6 +91,7 @@ class NodeProfile:
             profile.get("d2h_bytes_per_s", link),
             profile.get("both_bytes_per_s", 0.9 * link),
             points,
+            d2h_by_gpus=d2h_by_gpus,
         )
 
     def with_layer(self, layer: LayerTimes | None) -> NodeProfile:
@@ -110,6 +121,20 @@ class NodeProfile:
             d2h_bytes_per_s=self.d2h_bytes_per_s / jobs,
             both_bytes_per_s=self.both_bytes_per_s / jobs,
             layer=layer,
+        )
+
+    def for_ranks(self, ranks: int) -> NodeProfile:
+        """The node as each of `ranks` data-parallel ranks on its GPUs sees it: its own GPU,
+        but the device-to-host rate measured with that many GPUs copying at once (the
+        nearest count measured at or below; both-directions scaled alike)."""
+        measured = [rate for gpus, rate in self.d2h_by_gpus if gpus <= ranks]
+        if ranks <= 1 or not measured or measured[-1] >= self.d2h_bytes_per_s:
+            return self
+        share = measured[-1] / self.d2h_bytes_per_s
+        return replace(
+            self,
+            d2h_bytes_per_s=measured[-1],
+            both_bytes_per_s=self.both_bytes_per_s * share,
         )
 
     def attention_flops(self, seq_len: int) -> float:

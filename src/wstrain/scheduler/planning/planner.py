@@ -31,7 +31,14 @@ def make_plan(
     if resumes_runtime is not None and spec.overrides.runtime is None:
         pinned = spec.overrides.model_copy(update={"runtime": resumes_runtime})
         spec = spec.model_copy(update={"overrides": pinned})
-    plan = with_ranks(_fastest(rank_spec(spec), dims, node), spec, dims, node)
+    rank_node = node.for_ranks(spec.gpus)  # its GPU's link as the node's ranks share it
+    plan = with_ranks(_fastest(rank_spec(spec), dims, rank_node), spec, dims, node)
+    if rank_node is not node:
+        plan.reasons["ranks"] += (
+            f"; each rank's device-to-host rate {rank_node.d2h_bytes_per_s / 1e9:.0f} GB/s "
+            f"(measured with {spec.gpus} GPUs copying at once; "
+            f"{node.d2h_bytes_per_s / 1e9:.0f} alone)"
+        )
     if resumes_runtime is not None:
         plan.reasons["runtime"] = (
             f"{plan.runtime}: the runtime of the checkpoint this attempt resumes from"

@@ -2,13 +2,14 @@
 
     python -m wstrain.worker.profile.node [--cache-dir DIR]   # ~2 s on a CPU host, ~10 s on an H200
 
-Measures what the autoconfigurator's cost model needs (scheduler/planning/working_set.py): pinned
-host->device, device->host and both-at-once copy bandwidth (on a CPU host the "link" is a
-host memcpy), host memcpy bandwidth, practical matmul FLOP/s at a decoder layer's GEMM shape,
-causal-attention FLOP/s at several sequence lengths, and CPU AdamW parameter updates per
-second; it lists the GPUs. The agent caches the result per (GPU model, driver, torch) key.
-On a GPU that the chip table (scheduler/contracts/chips.py) does not know, the bf16 matmul
-rate is also what a job's MFU divides by.
+Measures what the autoconfigurator's cost model needs (scheduler/planning/working_set.py):
+pinned host->device, device->host and both-at-once copy bandwidth (on a CPU host the "link"
+is a host memcpy; on several GPUs also each one's D2H rate while 2..N copy at once), host
+memcpy bandwidth, practical matmul FLOP/s at a decoder layer's GEMM shape, causal-attention
+FLOP/s at several sequence lengths, and CPU AdamW parameter updates per second; it lists
+the GPUs. The agent caches the result per (GPU model, driver, torch) key. On a GPU that the
+chip table (scheduler/contracts/chips.py) does not know, the bf16 matmul rate is also what
+a job's MFU divides by.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from wstrain.worker.profile.shared_links import d2h_by_gpus
+
 # Profile-key format: bump when the measured keys change meaning, so caches refresh.
-PROFILE_VERSION = 5
+PROFILE_VERSION = 6
 
 
 def _sync() -> None:
@@ -172,6 +175,7 @@ def profile() -> dict[str, object]:
     start = time.perf_counter()
     measured: dict[str, float] = link_bandwidth((512 if cuda else 64) << 20)
     measured["host_memcpy_bytes_per_s"] = host_memcpy(256 << 20 if cuda else 64 << 20)
+    measured.update(d2h_by_gpus(1 << 30, 5))  # several GPUs: D2H with 2..N copying at once
     measured["matmul_flops"] = matmul_flops(dev, dtype, tokens, hidden, ffn)
     for seq in seqs:
         measured[f"attention_flops.{seq}"] = attention_flops(
