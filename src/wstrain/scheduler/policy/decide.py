@@ -64,7 +64,7 @@ from wstrain.scheduler.policy.gangs import (
     gang_reason,
 )
 from wstrain.scheduler.policy.gates import QuotaBook, back_off_wait, dependency_wait
-from wstrain.scheduler.policy.placement import Ledger
+from wstrain.scheduler.policy.placement import Hold, Ledger
 from wstrain.scheduler.policy.preemption import choose_victims
 from wstrain.scheduler.policy.state import (
     Decision,
@@ -75,6 +75,20 @@ from wstrain.scheduler.policy.state import (
     Start,
     WaitKind,
 )
+
+
+def _wait_behind(
+    out: _Round, ledger: Ledger, job: PendingJob, dev: int, position: int, blocking: Hold
+) -> None:
+    """`job` waits behind a hold kept for a job ahead of it (draining or held GPU)."""
+    holder = ledger.slots[blocking.slot_index]
+    where = holder.name if holder.takes(dev, job.exclusive) else "host memory"
+    verb = "drains" if blocking.drain else "is held"
+    out.wait(
+        job,
+        WaitKind.priority,
+        f"priority: {_plural(position, 'job')} ahead; {where} {verb} for {blocking.job_id}",
+    )
 
 
 def _plural(n: int, word: str) -> str:
@@ -166,14 +180,7 @@ def _pass(
                 f"{', '.join(map(str, classes))} on {slot.name}",
             )
         elif blocking is not None:
-            holder = ledger.slots[blocking.slot_index]
-            where = holder.name if holder.takes(dev, job.exclusive) else "host memory"
-            verb = "drains" if blocking.drain else "is held"
-            out.wait(
-                job,
-                WaitKind.priority,
-                f"priority: {_plural(position, 'job')} ahead; {where} {verb} for {blocking.job_id}",
-            )
+            _wait_behind(out, ledger, job, dev, position, blocking)
         else:
             text = ledger.resource_reason(dev, host, job.exclusive)
             if config.drain and not out.drains and ledger.could_ever_fit(dev, host):
@@ -211,14 +218,7 @@ def _gang(
         return
     blocking = blocking_hold(ledger, job, dev, host)
     if blocking is not None:
-        holder = ledger.slots[blocking.slot_index]
-        where = holder.name if holder.takes(dev, job.exclusive) else "host memory"
-        verb = "drains" if blocking.drain else "is held"
-        out.wait(
-            job,
-            WaitKind.priority,
-            f"priority: {_plural(position, 'job')} ahead; {where} {verb} for {blocking.job_id}",
-        )
+        _wait_behind(out, ledger, job, dev, position, blocking)
         return
     text = gang_reason(ledger, job, dev, host)
     if config.drain and not out.drains and could_ever_fit(ledger, job, dev, host):
