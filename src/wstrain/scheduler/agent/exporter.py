@@ -64,6 +64,9 @@ class _Live:
     loss: float | None = None
     eval_loss: float | None = None
     telemetry: dict[str, float] = field(default_factory=dict)
+    # the worker reported `started`: its counters exist from then (a worker that fails
+    # while it loads never trained, and a scrape in its short life must not say otherwise)
+    started: bool = False
 
 
 @dataclass
@@ -112,6 +115,7 @@ class AgentExporter(Collector):
                 return
             live.last_progress_s = time.time()
             if msg.kind == "started":
+                live.started = True
                 live.steps = msg.step if msg.step is not None else live.steps
                 live.flops_per_token = msg.flops_per_token
                 if msg.peak_flops is not None:
@@ -160,8 +164,9 @@ def _job_families(jobs: dict[str, _Live]) -> Iterator[Family]:
     labelled = {key: family(metric) for key, metric in _LABELLED.items()}
     plain = {key: family(metric) for key, metric in _PLAIN.items()}
     for jid, s in jobs.items():
-        steps.add_metric([jid], s.steps)
-        tokens.add_metric([jid], s.tokens)
+        if s.started:  # progress and budgets from the spawn, counters from the start
+            steps.add_metric([jid], s.steps)
+            tokens.add_metric([jid], s.tokens)
         if s.flops_per_token is not None:
             flops.add_metric([jid], s.tokens * s.flops_per_token)
         if s.peak is not None:
