@@ -89,13 +89,6 @@ def test_shorter_sequences_stay_whole_unless_asked() -> None:
     assert "(override)" in asked.reasons["seq_chunk"]
 
 
-def test_no_pieces_for_documents_or_experts() -> None:
-    dims = replace(LLAMA, num_layers=16)
-    spec = _spec(dims, 131072, 1, 24, 110).model_copy(update={"document_mask": True})
-    with pytest.raises(InfeasibleBudget):
-        make_ws_plan(spec, dims, H100)
-
-
 def test_pieces_asked_where_they_cannot_run_are_refused() -> None:
     from wstrain.scheduler.contracts.errors import InvalidSpec
 
@@ -103,8 +96,28 @@ def test_pieces_asked_where_they_cannot_run_are_refused() -> None:
     moe = PRESETS["tiny-olmoe"]
     with pytest.raises(InvalidSpec, match="seq_chunk"):
         make_ws_plan(_spec(moe, 4096, 1, 24, 110, seq_chunk=1024), moe, H100)
-    docs = _spec(dims, 4096, 1, 24, 110, seq_chunk=1024).model_copy(update={"document_mask": True})
-    with pytest.raises(InvalidSpec, match="seq_chunk"):
-        make_ws_plan(docs, dims, H100)
     with pytest.raises(InvalidSpec, match="seq_chunk"):
         make_ws_plan(_spec(dims, 4096, 2, 24, 110, seq_chunk=1024, lead_rounds=2), dims, H100)
+
+
+@pytest.mark.parametrize("seq", [65536, 131072])
+def test_packed_documents_go_in_pieces_where_a_dense_mask_cannot(seq: int) -> None:
+    """document_mask at 64K and 128K tokens, 16 layers: a whole sequence's dense mask alone
+    is 32 and 128 GiB, past a 24 GiB device; in pieces each document's part runs without
+    one, so the job is planned, its per-token RoPE tables counted, and the kernel named."""
+    dims = replace(LLAMA, num_layers=16)
+    spec = _spec(dims, seq, 1, 24, 110).model_copy(update={"document_mask": True})
+    whole = _spec(dims, seq, 1, 24, 110, seq_chunk=0)
+    with pytest.raises(InfeasibleBudget):
+        make_ws_plan(whole.model_copy(update={"document_mask": True}), dims, H100)
+    plan = make_ws_plan(spec, dims, H100)
+    ws = plan.working_set
+    assert ws is not None and 0 < ws.seq_chunk < seq
+    assert ws.attention_kernel == "cudnn-prefix-diagonal-per-document"
+    assert plan.predicted.peak_device_bytes <= spec.budget.device_bytes
+    lay = cm.Layout(1, seq_chunk=ws.seq_chunk, pieces=seq // ws.seq_chunk)
+    tables = 2 * seq * dims.head_dim * 2  # cos and sin per token, bf16, one sequence
+    copies = 3 * ws.seq_chunk * dims.num_heads * dims.head_dim * 2
+    assert cm.document_bytes(dims, spec, lay) == tables + copies
+    plain = spec.model_copy(update={"document_mask": False})
+    assert cm.document_bytes(dims, plain, lay) == 0

@@ -176,16 +176,19 @@ H100_ADAWS = NodeProfile("cuda", 989e12, 4.1e9, 80 * GIB, 512 * GIB, 64e9, 64e9,
 # 24K prefix, GQA 32:8 (bench/RESULTS.md): cuDNN's prefix (no mask) and diagonal (causal)
 # calls merged by log-sum-exp 575 TFLOP/s forward, 561 backward; FA2 through aten's flash
 # op in one call (its causal mask aligns bottom-right) 357 and 313. Else the exact fp32
-# reference, which merges the same two parts.
+# reference, which merges the same two parts. With packed documents the same kernel runs
+# once per document a piece meets (worker/ops/document_attn.py), named with PER_DOCUMENT.
 CUDNN_PREFIX_DIAGONAL: Final = "cudnn-prefix-diagonal"
 FLASH_LOWER_RIGHT: Final = "flash2-lower-right"
 REFERENCE_LSE_MERGE: Final = "reference-lse-merge"
+PER_DOCUMENT: Final = "-per-document"
 
 
 def piece_attention_kernel(device: str, precision: str, documents: bool, cudnn: bool = True) -> str:
     """The kernel a piece's attention runs on `device` ("cuda"/"cpu") at JobSpec precision
     `precision` (the fused kernels take 16-bit inputs only), with or without document masks,
     where cuDNN's attention is (`cudnn`) or is not available."""
-    if device != "cuda" or precision == "fp32" or documents:
-        return REFERENCE_LSE_MERGE
-    return CUDNN_PREFIX_DIAGONAL if cudnn else FLASH_LOWER_RIGHT
+    kernel = REFERENCE_LSE_MERGE
+    if device == "cuda" and precision != "fp32":
+        kernel = CUDNN_PREFIX_DIAGONAL if cudnn else FLASH_LOWER_RIGHT
+    return kernel + PER_DOCUMENT * documents

@@ -143,6 +143,21 @@ def context_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
     return spec.seq_len * width * (2 * e + 2 * 4) + block * 2 * e * (width + expanded)
 
 
+def document_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
+    """Device bytes document_mask adds for a pass: RoPE tables per token (cos and sin,
+    (sequences, S, hd) each) and, for whole sequences, the dense (S, S) mask of each; with
+    pieces no mask (ops/document_attn.py runs each document's part alone) but one piece's
+    queries, output and output gradient copied out per document call. 0 without documents."""
+    if not spec.document_mask:
+        return 0
+    e = ELEMENT_BYTES[spec.precision]
+    sequences, S = lay.lead_rounds * lay.micro_batch, spec.seq_len
+    tables = 2 * sequences * S * dims.head_dim * e
+    if lay.pieces == 1:
+        return tables + sequences * S * S * DOCUMENT_MASK_BYTES_PER_PAIR
+    return tables + 3 * lay.seq_chunk * dims.num_heads * dims.head_dim * e
+
+
 def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> int:
     """AdaWS's B: every device byte but the window's saved activations. Tensors allocated
     once at their exact size (embedding, head, slot rings) count as they are; what is
@@ -171,10 +186,8 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     # a layer's weight gradients, whole before they accumulate into the slot (a MoE layer's
     # experts: without it OLMoE at 12 GiB measured 0.14 GiB over the model)
     dw = dims.layer_params * e
-    # document_mask: each sequence of the pass holds its dense (S, S) mask for the pass
-    mask = lay.lead_rounds * lay.micro_batch * S * S * DOCUMENT_MASK_BYTES_PER_PAIR
-    mask *= spec.document_mask
-    moving = transition + loss + workspace + home + dw + mask + DEVICE_RESERVE_BYTES
+    moving = transition + loss + workspace + home + dw + document_bytes(dims, spec, lay)
+    moving += DEVICE_RESERVE_BYTES
     moving += context_window_bytes(dims, spec, lay)
     return int(groups + rings + moving * ALLOCATOR_SLACK)
 

@@ -122,13 +122,12 @@ def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool) -> li
 
 def seq_chunks(spec: JobSpec, dims: ModelDims, pieces: bool = True) -> list[tuple[int, int]]:
     """(seq_chunk, pieces) options: whole sequences, and with `pieces` for a dense model
-    without document masks the piece lengths that divide a longer sequence (or the
-    override's)."""
+    the piece lengths that divide a longer sequence (or the override's)."""
     S, o = spec.seq_len, spec.overrides
     if o.seq_chunk is not None:
         c = o.seq_chunk if 0 < o.seq_chunk < S else 0
         return [(c, -(-S // c) if c else 1)]
-    if dims.is_moe or spec.document_mask or not pieces:
+    if dims.is_moe or not pieces:
         return [(0, 1)]
     return [(0, 1)] + [(c, S // c) for c in SEQ_CHUNKS if c < S and S % c == 0]
 
@@ -324,10 +323,10 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
             f"overrides.window={spec.overrides.window} exceeds the model's {dims.num_layers} layers"
         )
     piece = spec.overrides.seq_chunk
-    if piece and piece < spec.seq_len and (dims.is_moe or spec.document_mask or (lead or 1) > 1):
+    if piece and piece < spec.seq_len and (dims.is_moe or (lead or 1) > 1):
         raise InvalidSpec(
-            f"overrides.seq_chunk={piece}: long context in pieces runs dense models without "
-            "document_mask, one round a pass; drop seq_chunk (or document_mask, lead_rounds)"
+            f"overrides.seq_chunk={piece}: long context in pieces runs dense models, one "
+            "round a pass; drop seq_chunk (or lead_rounds)"
         )
     tiers, bound = micro_batches(spec, dims, node)
     best = None

@@ -29,6 +29,11 @@ import torch
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.worker.models.blocks import keys_values, out_proj, queries
 from wstrain.worker.models.dense import rms_norm
+from wstrain.worker.ops.document_attn import (
+    Runs,
+    document_attention,
+    document_attention_backward,
+)
 from wstrain.worker.ops.lean_attn import NORM, out_proj_backward, qkv_backward
 from wstrain.worker.ops.prefix_attn import prefix_attention, prefix_attention_backward
 
@@ -95,16 +100,26 @@ def chunk_attn_forward(
     sin: torch.Tensor,
     win: ContextWindow,
     s0: int,
+    runs: Runs | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(h (B, c, D), attention output (B, H, c, hd), its lse (B, H, c) fp32) of the chunk x
     (B, c, D) at rows [s0, s0+c), whose earlier rows' k and v are in `win`; cos, sin are the
-    chunk's rows of the RoPE tables. No graph."""
+    chunk's rows of the RoPE tables ((c, hd), or (B, c, hd) per token with documents);
+    runs: the sequences' packed documents, or None. No graph."""
     q = win.put(x, w, dims, cos, sin, s0)  # (B, H, c, hd)
     assert q is not None
     b, s1 = x.shape[0], s0 + x.shape[1]
     with torch.no_grad():
-        out, lse = prefix_attention(q, win.k[:b, :, :s1], win.v[:b, :, :s1], s0)
+        out, lse = _attention(q, win.k[:b, :, :s1], win.v[:b, :, :s1], s0, runs)
         return out_proj(x, out, w), out, lse
+
+
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s0: int, runs: Runs | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if runs is None:
+        return prefix_attention(q, k, v, s0)
+    return document_attention(q, k, v, s0, runs)
 
 
 def chunk_attn_backward(
@@ -118,11 +133,12 @@ def chunk_attn_backward(
     sin: torch.Tensor,
     win: ContextWindow,
     s0: int,
+    runs: Runs | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(dL/dx (B, c, D), the block's weight gradients) of the chunk at rows [s0, s0+c) from
     dh = dL/dh; `win` holds K and V of the whole sequence and, in its dk/dv rows [s0, s0+c),
     the gradient every later chunk sent there. out/lse: the forward's, or None to recompute
-    them (one attention forward more)."""
+    them (one attention forward more); runs: as the forward's."""
     b, c = x.shape[:2]
     s1 = s0 + c
     assert win.dk is not None and win.dv is not None, "zero_grads() before a backward"
@@ -130,10 +146,15 @@ def chunk_attn_backward(
         q = queries(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)  # (B, H, c, hd)
         ks, vs = win.k[:b, :, :s1], win.v[:b, :, :s1]  # (B, KV, s1, hd)
         if out is None or lse is None:
-            out, lse = prefix_attention(q, ks, vs, s0)
+            out, lse = _attention(q, ks, vs, s0, runs)
         d_out, dws = out_proj_backward(dh, out, w, dims)
         dk_sum, dv_sum = win.dk[:b, :, :s1], win.dv[:b, :, :s1]
-        dq = prefix_attention_backward(d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum)
+        if runs is None:
+            dq = prefix_attention_backward(d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum)
+        else:
+            dq = document_attention_backward(
+                d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum, runs
+            )
         del d_out, q
         # this chunk's rows are complete: every later chunk has added its part
         dk_c = win.dk[:b, :, s0:s1].to(x.dtype)  # (B, KV, c, hd)

@@ -15,8 +15,9 @@ alignment is right), merged by log-sum-exp: 575/561 TFLOP/s fwd/bwd on an H100 a
 without cuDNN, FlashAttention-2 through aten's flash op in one call, whose is_causal aligns
 bottom-right when queries are fewer than keys (torch's own CausalBias LOWER_RIGHT
 dispatches to it the same way): 357/313. SDPA's public `is_causal` would align top-left
-here: silently wrong. Grouped-query K/V go to both as they are. Elsewhere (CPU, fp32,
-documents) the exact reference of models/chunked.py, the same two parts merged in fp32.
+here: silently wrong. Grouped-query K/V go to both as they are. Elsewhere (CPU, fp32) the
+exact reference of models/chunked.py, the same two parts merged in fp32. Packed documents
+run each document's part through these (ops/document_attn.py).
 """
 
 from __future__ import annotations
@@ -75,15 +76,12 @@ def prefix_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     s0: int,
-    segments: torch.Tensor | None = None,
-    lo: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, H, c, E) in q's dtype, lse (B, H, c) fp32) of queries [s0, s0+c) over keys
-    [0, s0+c): q (B, H, c, hd); k, v (B, KV, s0+c, hd); segments (B, s0+c) or None; keys
-    before `lo` are unseen by every query (documents that start later)."""
+    [0, s0+c): q (B, H, c, hd); k, v (B, KV, s0+c, hd) (documents: ops/document_attn.py)."""
     s1 = s0 + q.shape[2]
     assert k.shape[2] == s1 == v.shape[2], (q.shape, k.shape, v.shape, s0)
-    kernel = kernel_for(q.device, q.dtype, segments is not None)
+    kernel = kernel_for(q.device, q.dtype, False)
     if kernel == CUDNN:
         out, lse = _cudnn_part(q, k[:, :, s0:], v[:, :, s0:], True)  # the diagonal
         if s0 == 0:
@@ -94,7 +92,7 @@ def prefix_attention(
     if kernel == FLASH:
         out, lse, *_ = ATEN._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal=True)
         return out, lse
-    out, lse = chunk_attention_forward(q, k, v, segments, (s0, s1), lo)
+    out, lse = chunk_attention_forward(q, k, v, None, (s0, s1))
     return out.to(q.dtype), lse
 
 
@@ -149,8 +147,6 @@ def prefix_attention_backward(
     s0: int,
     dk_sum: torch.Tensor,
     dv_sum: torch.Tensor,
-    segments: torch.Tensor | None = None,
-    lo: int = 0,
 ) -> torch.Tensor:
     """dq (B, H, c, hd) in fp32 from dout (B, H, c, E) and the forward's out and lse; the
     gradients of the keys and values [0, s0+c) are added into dk_sum, dv_sum (B, KV, s0+c,
@@ -159,7 +155,7 @@ def prefix_attention_backward(
     that block's exact share and the calls' dq add up; the prefix blocks need no mask, the
     last block's causal mask is the diagonal's."""
     s1 = s0 + q.shape[2]
-    kernel = kernel_for(q.device, q.dtype, segments is not None)
+    kernel = kernel_for(q.device, q.dtype, False)
     if kernel in (CUDNN, FLASH):
         dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         block_backward = _fused_backward(kernel, dout, q, out, lse)
@@ -170,7 +166,7 @@ def prefix_attention_backward(
             dv_sum[:, :, a:b] += _per_kv_head(dv, k.shape[1])
             del dq, dk, dv
         return dq_sum
-    dq, dkc, dvc = chunk_attention_backward(dout, None, q, k, v, out, lse, segments, (s0, s1), lo)
-    dk_sum[:, :, lo:s1] += dkc
-    dv_sum[:, :, lo:s1] += dvc
+    dq, dkc, dvc = chunk_attention_backward(dout, None, q, k, v, out, lse, None, (s0, s1))
+    dk_sum += dkc
+    dv_sum += dvc
     return dq

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM
 
+from tests.worker.hf_models import hub_grads
 from tests.worker.runtime.working_set.test_schedule import (
     DIMS,
     SEQ,
@@ -95,6 +98,81 @@ def test_eval_of_a_partial_chunk_in_pieces() -> None:
     assert abs(losses[0] - losses[1]) < 1e-5 * abs(losses[0]), losses
 
 
+# Each pool row's documents (lengths summing to SEQ = 16): documents that cross pieces of 4
+# and 5, one of a single token, a row that is one document
+LAYOUTS = [[3, 7, 6], [16], [1, 9, 6], [5, 5, 6], [2, 2, 12], [11, 5]]
+
+
+class DocBatches(Batches):
+    """Batches whose sequences are packed documents: documents(step, round, n) gives
+    (positions, segments), (n, S) each, as wstrain.worker.io.data packs them."""
+
+    def _rows(self, step: int, round_idx: int, n: int) -> range:
+        start = (step * 7 + round_idx * n) % (64 - n)  # Batches.batch's rows
+        return range(start, start + n)
+
+    def documents(self, step: int, round_idx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = [LAYOUTS[i % len(LAYOUTS)] for i in self._rows(step, round_idx, n)]
+        pos = [torch.cat([torch.arange(m) for m in row]) for row in lengths]
+        seg = [torch.cat([torch.full((m,), d) for d, m in enumerate(row)]) for row in lengths]
+        return torch.stack(pos), torch.stack(seg)
+
+
+def _each_document_alone(ref: LlamaForCausalLM, data: DocBatches, rounds: int, mb: int) -> float:
+    """The step's mean loss with every document run alone through transformers (positions
+    from 0, nothing before it); its gradients left in ref."""
+    ref.zero_grad()
+    total = 0.0
+    for r in range(rounds):
+        x, y = data.batch(0, r, mb)
+        loss = torch.zeros(())
+        for b, i in enumerate(data._rows(0, r, mb)):
+            at = 0
+            for m in LAYOUTS[i % len(LAYOUTS)]:
+                logits = ref(input_ids=x[b : b + 1, at : at + m]).logits[0]  # (m, V)
+                loss = loss + F.cross_entropy(logits, y[b, at : at + m], reduction="sum")
+                at += m
+        loss = loss / (rounds * mb * SEQ)
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+@pytest.mark.parametrize("seq_chunk", [4, 5], ids=lambda n: f"piece{n}")
+@pytest.mark.parametrize("level", [0, 1, 3])
+def test_pieces_of_packed_documents_match_each_document_in_transformers(
+    seq_chunk: int, level: int
+) -> None:
+    """document_mask with pieces: every document attends within itself only, across the
+    pieces it spans (ops/document_attn.py), with positions from its start: the loss and
+    every gradient of transformers running each document alone (fp32, 1e-5)."""
+    ref, data = reference(DIMS), DocBatches(DIMS.vocab_size)
+    pieces = -(-SEQ // seq_chunk)
+    levels = tuple((level,) * 2 * pieces for _ in range(DIMS.num_layers))
+    rt = make_runtime(
+        ref, micro_batch=4, chunk=2, rounds=2, window=2, levels=levels, loss_tokens=7,
+        seq_chunk=seq_chunk, document_mask=True,
+    )  # fmt: skip
+    want = _each_document_alone(ref, data, 2, 4)
+    got = rt.forward_backward(data, 0)
+    assert abs(got - want) < 1e-5 * abs(want), (got, want)
+    grads = rt.host.named_grads()
+    for name, want_g in hub_grads(ref).items():
+        assert rel(grads[name], want_g) < 1e-5, name
+
+
+def test_eval_of_packed_documents_in_pieces_equals_whole_sequences() -> None:
+    ref, data = reference(DIMS), DocBatches(DIMS.vocab_size)
+    x, y = data.batch(5, 0, 3)
+    docs = data.documents(5, 0, 3)
+    losses = [
+        make_runtime(ref, micro_batch=2, chunk=2, rounds=1, seq_chunk=n, document_mask=True)
+        .eval_loss(x, y, docs)
+        for n in (0, 5)
+    ]
+    assert abs(losses[0] - losses[1]) < 1e-5 * abs(losses[0]), losses
+
+
 def test_pieces_refuse_what_they_do_not_run() -> None:
     common = dict(
         precision="fp32",
@@ -109,8 +187,6 @@ def test_pieces_refuse_what_they_do_not_run() -> None:
     )
     with pytest.raises(ValueError, match="lead_rounds"):
         WorkingSetConfig(**common, lead_rounds=2)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="document_mask"):
-        WorkingSetConfig(**common, document_mask=True)  # type: ignore[arg-type]
     assert WorkingSetConfig(**{**common, "seq_chunk": SEQ}).pieces == 1  # type: ignore[arg-type]
 
 

@@ -43,10 +43,10 @@ class WorkingSetConfig:
     activation_precision: str = "bf16"
 
     def __post_init__(self) -> None:
-        if self.pieces > 1 and (self.lead_rounds != 1 or self.document_mask):
+        if self.pieces > 1 and self.lead_rounds != 1:
             raise ValueError(
-                f"seq_chunk={self.seq_chunk} (long context by pieces) runs one round a pass "
-                "without document masks; set lead_rounds=1 and document_mask=False"
+                f"seq_chunk={self.seq_chunk} (long context by pieces) runs one round a pass; "
+                f"lead_rounds={self.lead_rounds}: set lead_rounds=1"
             )
 
     @property

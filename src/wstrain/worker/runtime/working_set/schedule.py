@@ -66,6 +66,7 @@ from wstrain.worker.models.dense import (
 from wstrain.worker.models.moe import RouterTotals
 from wstrain.worker.ops.lean_attn import CoreGraph, lean_attn_backward, lean_attn_forward
 from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
+from wstrain.worker.ops.document_attn import document_runs
 from wstrain.worker.ops.lean_moe import lean_moe_backward, lean_moe_forward, lean_moe_saved
 from wstrain.worker.runtime.base import Batches, HostMemory
 from wstrain.worker.runtime.distributed import ProcessGroup
@@ -83,7 +84,7 @@ from wstrain.worker.runtime.working_set.saved_acts import (
     SavedTensorPolicy,
     tensor_key,
 )
-from wstrain.worker.runtime.working_set.sequence_chunks import PieceLayers
+from wstrain.worker.runtime.working_set.sequence_chunks import PieceLayers, PieceRows
 from wstrain.worker.runtime.working_set.state import DTYPES, HostState
 from wstrain.worker.runtime.working_set.streamer import LazyGradViews, SlotStreamer
 
@@ -175,8 +176,10 @@ class WorkingSetRuntime:
             else None
         )
         # this pass's (cos, sin, attention mask) per chunk: the shared tables and plain
-        # causal attention, or per token and per document with document_mask
+        # causal attention, or per token and per document with document_mask; with pieces
+        # each (chunk, piece) unit's rows instead
         self._where: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        self._at: list[PieceRows] = []
         self._fwd_order = list(range(L))
         self._bwd_order = list(range(L - 1, -1, -1))
         self.router: RouterTotals | None = None  # this round's MoE routing
@@ -261,7 +264,12 @@ class WorkingSetRuntime:
             self.streams,
             self.acts,
             lambda: self.weights.storage_of(layer),
-            [self.cos, self.sin, *(t for w in self._where for t in w if t is not None)],
+            [
+                self.cos,
+                self.sin,
+                *(t for w in self._where for t in w if t is not None),
+                *(t for at in self._at for t in (at.cos, at.sin)),
+            ],
             self.counters,
             fp8=self.cfg.activation_precision == "fp8",
         )
@@ -280,10 +288,8 @@ class WorkingSetRuntime:
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
         if self.pieces is not None:  # c is a (chunk, piece) unit
-            cos, sin, _ = self._where[c]
-            s0 = self.spans[c % self.cfg.pieces][0]
             stash = lambda t: self._stash(t, home, policy)
-            return self.pieces.forward(x, w, level, stash, cos, sin, s0)  # type: ignore[return-value]
+            return self.pieces.forward(x, w, level, stash, self._at[c])  # type: ignore[return-value]
         g = _Graph(x=self._stash(x, home, policy))
         if level in (1, 3):  # the attention kernel's own saved set, through the hooks
             packed: dict[tuple[object, ...], HostCopy] = {}
@@ -318,10 +324,8 @@ class WorkingSetRuntime:
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
         if self.pieces is not None:  # c is a (chunk, piece) unit
-            cos, sin, _ = self._where[c]
-            s0 = self.spans[c % self.cfg.pieces][0]
             unstash = lambda t: self._unstash(t, policy)
-            return self.pieces.backward(g, dy, w, unstash, cos, sin, s0, dw)  # type: ignore[arg-type]
+            return self.pieces.backward(g, dy, w, unstash, self._at[c], dw)  # type: ignore[arg-type]
         x = self._unstash(g.x, policy)  # (B, S, D)
         if g.core is not None:  # levels 1, 3: h from the saved attention output
             out = self._unstash(g.out, policy)
@@ -408,12 +412,10 @@ class WorkingSetRuntime:
                 slot = self.weights.consume(k, self._fwd_order[k + 1 :])
                 w = self.host.layout.views(slot.flat)
                 for c, h in enumerate(T):
-                    cos, sin, mask = self._where[c]
                     if self.pieces is not None:
-                        s0 = self.spans[c % self.cfg.pieces][0]
-                        T[c] = self.pieces.eval_forward(h, w, cos, sin, s0)
+                        T[c] = self.pieces.eval_forward(h, w, self._at[c])
                     else:
-                        T[c] = ffn_block(attn_block(h, w, dims, cos, sin, mask), w, dims)[0]
+                        T[c] = ffn_block(attn_block(h, w, dims, *self._where[c]), w, dims)[0]
                 self.weights.release(slot)
             for h, y in zip(T, self._units(y_mb)):
                 h = rms_norm(
@@ -439,19 +441,24 @@ class WorkingSetRuntime:
     def _set_where(self, documents: tuple[torch.Tensor, ...] | None) -> None:
         """Each unit's RoPE tables and attention mask for the pass over `documents`
         ((positions, segments), each (sequences, S)), or the plain causal ones (a piece's
-        rows of them with seq_chunk)."""
+        rows of them with seq_chunk; each unit's PieceRows with pieces)."""
         chunks = -(-self.cfg.micro_batch * self.cfg.lead_rounds // self.cfg.chunk)
         if documents is None:
-            self._where = [
-                (self.cos[s0:s1], self.sin[s0:s1], None)
-                for _ in range(chunks)
-                for s0, s1 in self.spans
-            ]
+            self._where = [(self.cos, self.sin, None)] * chunks
+            self._at = [PieceRows(s0, self.cos[s0:s1], self.sin[s0:s1]) for s0, s1 in self.spans]
+            self._at *= chunks
             return
-        self._where = []
+        self._where, self._at = [], []
         for pos, seg in zip(*(d.split(self.cfg.chunk) for d in documents)):
             pos = pos.to(self.device)  # (b, S): the shared tables gathered per token
-            self._where.append((self.cos[pos], self.sin[pos], document_mask(seg.to(self.device))))
+            cos, sin = self.cos[pos], self.sin[pos]  # (b, S, hd)
+            if self.pieces is None:
+                self._where.append((cos, sin, document_mask(seg.to(self.device))))
+                continue
+            runs = document_runs(seg)  # no dense mask: each piece attends document by document
+            self._at += [
+                PieceRows(s0, cos[:, s0:s1], sin[:, s0:s1], runs) for s0, s1 in self.spans
+            ]
 
     def _round(
         self,
@@ -542,12 +549,10 @@ class WorkingSetRuntime:
         assert self.pieces is not None
         policy, w = self._policy(k), self.host.layout.views(slot.flat)
 
-        def inputs() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
+        def inputs() -> Iterator[tuple[torch.Tensor, PieceRows]]:
             for c in units:  # one piece's input on the device at a time
                 ahead.top_up()
-                cos, sin, _ = self._where[c]
-                x = policy.fetch_transient(graphs[c].x)
-                yield x, cos, sin, self.spans[c % self.cfg.pieces][0]
+                yield policy.fetch_transient(graphs[c].x), self._at[c]
 
         self.pieces.rebuild(inputs(), w)
 

@@ -10,12 +10,15 @@ MLP's gate and up (levels 2, 3: worker/ops/lean_mlp.py). Backward of a layer tak
 pieces in reverse after `rebuild` has put every piece's K and V back into the window from the
 inputs (each fetched once more).
 
-Dense models only (MoE routing is per sequence); no document masks yet.
+Packed documents (document_mask): RoPE positions per token and each piece's attention
+within its documents (ops/document_attn.py), the runs read from the segments once a pass.
+Dense models only (MoE routing is per sequence).
 
     pieces = PieceLayers(dims, cfg.chunk, cfg.seq_len, dtype, device)
-    y, g = pieces.forward(x, w, level, stash, cos, sin, s0)     # per unit, in order
-    pieces.rebuild([(x, cos, sin, s0) ...], w)                   # per chunk, before backward
-    dx = pieces.backward(g, dy, w, unstash, cos, sin, s0, dw)    # per unit, reversed
+    at = PieceRows(s0, cos[s0:s1], sin[s0:s1])              # a unit's rows (+ runs: documents)
+    y, g = pieces.forward(x, w, level, stash, at)           # per unit, in order
+    pieces.rebuild([(x, at) ...], w)                         # per chunk, before backward
+    dx = pieces.backward(g, dy, w, unstash, at, dw)          # per unit, reversed
 """
 
 from __future__ import annotations
@@ -29,10 +32,23 @@ import torch
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.worker.models.blocks import GradViews, add_grads, ffn_block, out_proj
 from wstrain.worker.ops.chunk_attn import ContextWindow, chunk_attn_backward, chunk_attn_forward
+from wstrain.worker.ops.document_attn import Runs
 from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
 from wstrain.worker.ops.prefix_attn import kernel_for
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PieceRows:
+    """Where a (chunk, piece) unit sits: its first row s0 in the sequences, its rows of the
+    RoPE tables ((c, hd), or (b, c, hd) per token with documents) and, with documents, the
+    chunk's sequences' document runs."""
+
+    s0: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+    runs: Runs | None = None
 
 
 @dataclass
@@ -74,14 +90,12 @@ class PieceLayers:
         w: dict[str, torch.Tensor],
         level: int,
         stash: Callable[[torch.Tensor], object],
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        s0: int,
+        at: PieceRows,
     ) -> tuple[torch.Tensor, PieceGraph]:
         """The layer's output for the piece x (B, c, D) at rows [s0, s0+c), whose sequences'
         earlier pieces went through this layer just before it; what it saved."""
         g = PieceGraph(x=stash(x))
-        h, out, lse = chunk_attn_forward(x, w, self.dims, cos, sin, self.win, s0)
+        h, out, lse = self._attention(x, w, at)
         if level in (1, 3):
             g.out, g.lse = stash(out), stash(lse)
         del out, lse
@@ -97,24 +111,25 @@ class PieceLayers:
         self,
         x: torch.Tensor,
         w: dict[str, torch.Tensor],
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        s0: int,
+        at: PieceRows,
     ) -> torch.Tensor:
         """The layer's output for a piece, saving nothing."""
-        h, _, _ = chunk_attn_forward(x, w, self.dims, cos, sin, self.win, s0)
+        h, _, _ = self._attention(x, w, at)
         with torch.no_grad():
             return ffn_block(h, w, self.dims)[0]
 
+    def _attention(
+        self, x: torch.Tensor, w: dict[str, torch.Tensor], at: PieceRows
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return chunk_attn_forward(x, w, self.dims, at.cos, at.sin, self.win, at.s0, at.runs)
+
     def rebuild(
-        self,
-        pieces: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]],
-        w: dict[str, torch.Tensor],
+        self, pieces: Iterable[tuple[torch.Tensor, PieceRows]], w: dict[str, torch.Tensor]
     ) -> None:
         """Before a chunk's backward through a layer: each piece's K and V into the window
-        from its input, (x, cos, sin, s0) in order; the gradient sums zeroed."""
-        for x, cos, sin, s0 in pieces:
-            self.win.put(x, w, self.dims, cos, sin, s0, want_queries=False)
+        from its input, (x, rows) in order; the gradient sums zeroed."""
+        for x, at in pieces:
+            self.win.put(x, w, self.dims, at.cos, at.sin, at.s0, want_queries=False)
         self.win.zero_grads()
 
     def backward(
@@ -123,9 +138,7 @@ class PieceLayers:
         dy: torch.Tensor,
         w: dict[str, torch.Tensor],
         unstash: Callable[[object], torch.Tensor],
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        s0: int,
+        at: PieceRows,
         dw: GradViews,
     ) -> torch.Tensor:
         """dL/dx of the piece (B, c, D) from dy = dL/dy, its weight gradients into dw; the
@@ -136,11 +149,13 @@ class PieceLayers:
             with torch.no_grad():
                 h = out_proj(x, out, w)
         else:  # the attention forward again, with the window as it stands (K, V rebuilt)
-            h, out, lse = chunk_attn_forward(x, w, self.dims, cos, sin, self.win, s0)
+            h, out, lse = self._attention(x, w, at)
         saved = tuple(unstash(t) for t in g.lean) if g.lean is not None else None
         dh, dws = lean_backward(dy, h, saved, w, self.dims.rms_norm_eps)  # type: ignore[arg-type]
         del saved, h
         add_grads(dw, dws)
-        dx, dws = chunk_attn_backward(dh, x, out, lse, w, self.dims, cos, sin, self.win, s0)
+        dx, dws = chunk_attn_backward(
+            dh, x, out, lse, w, self.dims, at.cos, at.sin, self.win, at.s0, at.runs
+        )
         add_grads(dw, dws)
         return dx
