@@ -33,6 +33,7 @@ from wstrain.worker.main import build_runtime, mfu_peak
 from wstrain.worker.runtime.base import IGNORE_INDEX
 
 STEPS = 20
+WS_4_2 = {"runtime": "working_set", "micro_batch": 2, "window": 1, "level": 1}
 PLANS: dict[str, dict[str, Any]] = {
     "resident, 1 round of 8": {"runtime": "resident", "micro_batch": 8},
     "resident, 4 rounds of 2": {"runtime": "resident", "micro_batch": 2},
@@ -104,7 +105,11 @@ def _train(
 
 
 def _compare(
-    precision: str = "fp32", ignore: bool = False, steps: int = STEPS, **spec_fields: Any
+    precision: str = "fp32",
+    ignore: bool = False,
+    steps: int = STEPS,
+    plans: dict[str, dict[str, Any]] = PLANS,
+    **spec_fields: Any,
 ) -> dict[str, tuple[float, float]]:
     """Each plan against the first: (largest relative loss difference over the steps,
     largest relative weight difference over the tensors)."""
@@ -113,7 +118,7 @@ def _compare(
     try:
         runs = {
             name: _train(over, precision, ignore, steps, **spec_fields)
-            for name, over in PLANS.items()
+            for name, over in plans.items()
         }
     finally:
         torch.set_num_threads(threads)
@@ -150,7 +155,11 @@ def test_document_masks_train_the_same_under_every_plan(tmp_path: Path) -> None:
     path = tmp_path / "docs.jsonl"
     path.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
     data = {"kind": "text", "path": str(path)}
-    for plan, (loss_err, weight_err) in _compare(steps=8, data=data, document_mask=True).items():
+    # + long context's pieces: 32 tokens in pieces of 12, documents across their edges
+    pieces = {"working set, 4 rounds of 2, pieces of 12": {**WS_4_2, "seq_chunk": 12}}
+    plans = {**PLANS, **pieces}
+    compared = _compare(steps=8, plans=plans, data=data, document_mask=True)
+    for plan, (loss_err, weight_err) in compared.items():
         assert loss_err <= 1e-5, f"{plan}: a step's loss differs by {loss_err:.2e} relative"
         # The gradients agree to 2e-7 relative as without the mask, but the mask leaves a
         # few elements with gradients near AdamW's eps (1e-8), where lr * g / (|g| + eps)

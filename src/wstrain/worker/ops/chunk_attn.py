@@ -152,9 +152,7 @@ def chunk_attn_backward(
         if runs is None:
             dq = prefix_attention_backward(d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum)
         else:
-            dq = document_attention_backward(
-                d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum, runs
-            )
+            dq = document_attention_backward(d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum, runs)
         del d_out, q
         # this chunk's rows are complete: every later chunk has added its part
         dk_c = win.dk[:b, :, s0:s1].to(x.dtype)  # (B, KV, c, hd)

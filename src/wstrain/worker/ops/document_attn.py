@@ -19,6 +19,7 @@ call per document it meets (a 4K piece of 512-token documents: 8 calls a sequenc
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import torch
@@ -37,7 +38,7 @@ def document_runs(segments: torch.Tensor) -> Runs:
     for b, row in enumerate(rows):
         cuts = (torch.nonzero(row[1:] != row[:-1]).flatten() + 1).tolist()
         bounds = [0, *cuts, row.numel()]
-        runs = tuple(zip(bounds[:-1], bounds[1:]))
+        runs = tuple(itertools.pairwise(bounds))
         ids = row[bounds[:-1]]
         if torch.unique(ids).numel() != len(runs):
             raise ValueError(

@@ -166,8 +166,9 @@ def test_eval_of_packed_documents_in_pieces_equals_whole_sequences() -> None:
     x, y = data.batch(5, 0, 3)
     docs = data.documents(5, 0, 3)
     losses = [
-        make_runtime(ref, micro_batch=2, chunk=2, rounds=1, seq_chunk=n, document_mask=True)
-        .eval_loss(x, y, docs)
+        make_runtime(
+            ref, micro_batch=2, chunk=2, rounds=1, seq_chunk=n, document_mask=True
+        ).eval_loss(x, y, docs)
         for n in (0, 5)
     ]
     assert abs(losses[0] - losses[1]) < 1e-5 * abs(losses[0]), losses

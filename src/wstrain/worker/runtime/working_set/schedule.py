@@ -64,9 +64,9 @@ from wstrain.worker.models.dense import (
     rope_tables,
 )
 from wstrain.worker.models.moe import RouterTotals
+from wstrain.worker.ops.document_attn import document_runs
 from wstrain.worker.ops.lean_attn import CoreGraph, lean_attn_backward, lean_attn_forward
 from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
-from wstrain.worker.ops.document_attn import document_runs
 from wstrain.worker.ops.lean_moe import lean_moe_backward, lean_moe_forward, lean_moe_saved
 from wstrain.worker.runtime.base import Batches, HostMemory
 from wstrain.worker.runtime.distributed import ProcessGroup
@@ -456,9 +456,7 @@ class WorkingSetRuntime:
                 self._where.append((cos, sin, document_mask(seg.to(self.device))))
                 continue
             runs = document_runs(seg)  # no dense mask: each piece attends document by document
-            self._at += [
-                PieceRows(s0, cos[:, s0:s1], sin[:, s0:s1], runs) for s0, s1 in self.spans
-            ]
+            self._at += [PieceRows(s0, cos[:, s0:s1], sin[:, s0:s1], runs) for s0, s1 in self.spans]
 
     def _round(
         self,
