@@ -1,9 +1,13 @@
 """The baseline rows of bench/runtime.py: the whole model resident in PyTorch (with or
-without full activation checkpointing) and FSDP2 with CPUOffloadPolicy on one GPU, each
-stepping plain torch AdamW over the same global batch of random tokens. Run through the
+without full activation checkpointing), FSDP2 with CPUOffloadPolicy and DeepSpeed ZeRO-3
+offload, each stepping AdamW over the same global batch of random tokens. Run through the
 driver, one process a row:
 
     python -m bench.runtime --rows resident,resident-ckpt,fsdp2-offload --out X.json
+
+The offload rows run on one GPU, or as rank RANK of WORLD_SIZE (torchrun's environment,
+set by bench/data_parallel.py's `fsdp2-N` and `deepspeed-N` rows): each rank then steps
+`global_batch` sequences of its own.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from bench.runtime import GIB, RandomTokens, _dims, time_steps
+from bench.runtime import GIB, RandomTokens, _dims, pss_bytes, time_steps
 
 log = logging.getLogger("bench.runtime")
 
@@ -52,6 +56,19 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
     }
 
 
+def _rank() -> tuple[int, int]:
+    """(rank, local rank) from torchrun's environment, one rank on GPU 0 without it; the
+    rank's GPU made current."""
+    import torch
+
+    defaults = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517", "RANK": "0"}
+    for key, value in {**defaults, "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    return int(os.environ["RANK"]), local
+
+
 def accumulated_step(
     model,
     opt,
@@ -64,7 +81,7 @@ def accumulated_step(
     micro-batches of random tokens accumulated, clipped to norm 1, one step."""
     import torch
 
-    data = RandomTokens(vocab, args.seq, "cuda")
+    data = RandomTokens(vocab, args.seq, "cuda", seed=int(os.environ.get("RANK", "0")))
     rounds = args.global_batch // micro_batch
 
     def step(i: int) -> None:
@@ -89,10 +106,8 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
 
     from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    torch.cuda.set_device(0)
+    _rank()
+    dist.init_process_group("nccl")  # torchrun's environment (one rank without it)
     dims = _dims(args.layers)
     with torch.device("cuda"):  # fast init; fully_shard then moves the shards home
         model = LlamaModel(dims).to(torch.bfloat16)
@@ -118,9 +133,11 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
         ),
         args.steps,
     )
+    pss = pss_bytes(os.getpid())  # the model, gradients and moments still held
     dist.destroy_process_group()
     return {
         "times": times,
+        "pss_bytes": pss,
         "stalls": {},
         "arena_gib": None,
         "plan": {
@@ -156,14 +173,8 @@ def run_deepspeed_zero3_offload(args: argparse.Namespace) -> dict[str, object]:
 
     from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 
-    for key, value in {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "29518",
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-    }.items():
-        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", "29518")
+    rank, _ = _rank()
     device = deepspeed.get_accelerator().device_name()
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     dims = _dims(args.layers)
@@ -188,7 +199,7 @@ def run_deepspeed_zero3_offload(args: argparse.Namespace) -> dict[str, object]:
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=config
     )
-    data = RandomTokens(dims.vocab_size, args.seq, device)
+    data = RandomTokens(dims.vocab_size, args.seq, device, seed=rank)
 
     def step(i: int) -> None:
         for r in range(args.global_batch):  # DeepSpeed scales by the accumulation itself
@@ -202,6 +213,7 @@ def run_deepspeed_zero3_offload(args: argparse.Namespace) -> dict[str, object]:
             f"DeepSpeed stepped its optimizer {engine.global_steps} times in "
             f"{args.steps} steps of {args.global_batch} micro-batches"
         )
+    pss = pss_bytes(os.getpid())  # the engine's host partitions still held
     dist.destroy_process_group()
     adam = (
         "DeepSpeedCPUAdam"
@@ -210,6 +222,7 @@ def run_deepspeed_zero3_offload(args: argparse.Namespace) -> dict[str, object]:
     )
     return {
         "times": times,
+        "pss_bytes": pss,
         "stalls": {},
         "arena_gib": None,
         "plan": {

@@ -7,7 +7,10 @@ once), read after the timed steps.
     python -m bench.data_parallel --rows ws-1,ws-1-host,ws-2 --layers 32 --seq 8192 \
         --per-gpu-batch 8 --device-gib 20 --host-gib 200 --steps 4 --out bench/results/X.json
 
-Rows: `ws-1` one GPU as the planner plans it today; `ws-1-host` one GPU with the host
+Rows: `fsdp2-N` and `deepspeed-N` FSDP2 with CPUOffloadPolicy and DeepSpeed ZeRO-3 with
+parameters and optimizer offloaded (bench/baselines.py) on N GPUs, per_gpu_batch sequences
+a rank, one a micro-batch, full activation checkpointing; `ws-1` one GPU as the planner
+plans it today; `ws-1-host` one GPU with the host
 optimizer the data-parallel ranks use (working_set/data_parallel.py: ranks update on the
 host only); `ws-N` N GPUs, planned with the D2H rate its GPUs get copying at once (the node
 profile's, worker/profile/shared_links.py), `ws-N-onelink` with one GPU's alone; a row
@@ -36,15 +39,6 @@ from bench.runtime import _dims, llama_spec, measured_node, mfu_fields
 log = logging.getLogger("bench.data_parallel")
 
 
-def pss_bytes(pid: int) -> int:
-    """Proportional set size of a process: its private pages plus its share of shared ones."""
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def _rank(rank: int, world: int, port: int, job: tuple, steps: int, out: str) -> None:  # type: ignore[type-arg]
     import torch
 
@@ -64,18 +58,82 @@ def _rank(rank: int, world: int, port: int, job: tuple, steps: int, out: str) ->
     spec, dims, plan, node = job
     res = run_plan(spec, dims, plan, steps, False, node, group)
     res["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-    res["pss_bytes"] = pss_bytes(os.getpid())
-    if group is not None:
-        group.barrier()  # every rank read its PSS with every other still mapping the state
     with open(f"{out}.{rank}", "w") as f:
         json.dump(res, f, default=str)
     if group is not None:
         torch.distributed.destroy_process_group()
 
 
+def _baseline_rank(
+    rank: int, world: int, port: int, kind: str, args: argparse.Namespace, out: str
+) -> None:
+    """One rank of an offload baseline (bench/baselines.py) on GPU `rank`: its per-GPU batch
+    a step; its PSS is read after the timed steps, with the model still held."""
+    import torch
+
+    from bench.baselines import run_deepspeed_zero3_offload, run_fsdp2_offload
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+    )
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s: %(message)s")
+    args.global_batch = args.per_gpu_batch  # the rank's own sequences a step
+    run = run_fsdp2_offload if kind == "fsdp2" else run_deepspeed_zero3_offload
+    res = run(args)
+    res["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(res, f, default=str)
+
+
+def _spawn(fn, world: int, extra: tuple) -> list[dict]:
+    """`world` ranks of fn(rank, world, port, *extra, out) in their own processes: each
+    rank's row."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tempfile.mktemp(prefix="dp-")
+    mp.spawn(fn, args=(world, port, *extra, out), nprocs=world)
+    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
+
+
+def run_baseline_row(args: argparse.Namespace) -> dict[str, object]:
+    """`fsdp2-N` / `deepspeed-N`: FSDP2 CPUOffloadPolicy or DeepSpeed ZeRO-3 offload on N
+    GPUs, full activation checkpointing, one sequence a micro-batch, per_gpu_batch a rank."""
+    import torch
+
+    kind, world = args.row.split("-")[0], int(args.row.split("-")[1])
+    dims = _dims(args.layers)
+    ranks = _spawn(_baseline_rank, world, (kind, args))
+    times = [max(r["times"][i] for r in ranks) for i in range(args.steps)]
+    step_s = sum(times[1:]) / len(times[1:])
+    tokens_per_s = world * args.per_gpu_batch * args.seq / step_s
+    gpu = torch.cuda.get_device_name(0)
+    return {
+        "name": args.row,
+        "gpus": world,
+        "layers": args.layers,
+        "seq_len": args.seq,
+        "per_gpu_batch": args.per_gpu_batch,
+        "tokens_per_s": tokens_per_s,
+        **mfu_fields(dims.flops_per_token(args.seq), tokens_per_s / world, gpu, "bf16"),
+        "step_seconds": times,
+        "host_pss_gib": sum(r["pss_bytes"] for r in ranks) / 2**30,
+        "peak_reserved_gib": [r["peak_reserved_gib"] for r in ranks],
+        "plan": ranks[0]["plan"],
+        "gpu": gpu,
+        "commit": os.environ.get("BENCH_COMMIT", "?"),
+    }
+
+
 def run_row(args: argparse.Namespace) -> dict[str, object]:
     import torch
-    import torch.multiprocessing as mp
 
     from wstrain.scheduler.contracts.jobs import Plan
     from wstrain.scheduler.planning.planner import make_plan
@@ -104,12 +162,7 @@ def run_row(args: argparse.Namespace) -> dict[str, object]:
         if args.plan_file:
             Path(args.plan_file).write_text(plan.model_dump_json())
     torch.cuda.empty_cache()  # the layer timing's blocks: GPU 0 is rank 0's
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tempfile.mktemp(prefix="dp-")
-    mp.spawn(_rank, args=(world, port, (spec, dims, plan, node), args.steps, out), nprocs=world)
-    ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
+    ranks = _spawn(_rank, world, ((spec, dims, plan, node), args.steps))
     times = [max(r["times"][i] for r in ranks) for i in range(args.steps)]  # the gang's step
     step_s = sum(times[1:]) / len(times[1:])
     tokens_per_s = world * args.per_gpu_batch * args.seq / step_s
@@ -157,7 +210,8 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.row:
-        print(json.dumps(run_row(args)), flush=True)
+        baseline = args.row.startswith(("fsdp2-", "deepspeed-"))
+        print(json.dumps((run_baseline_row if baseline else run_row)(args)), flush=True)
         return
     common = [
         "--layers", str(args.layers), "--seq", str(args.seq),

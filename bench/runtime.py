@@ -143,12 +143,21 @@ def _dims(layers: int):  # type: ignore[no-untyped-def]
     return replace(PRESETS["llama3-8b"], num_layers=layers)
 
 
+def pss_bytes(pid: int) -> int:
+    """Proportional set size of a process: its private pages plus its share of shared ones."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 class RandomTokens:
-    def __init__(self, vocab: int, seq_len: int, device: str) -> None:
+    def __init__(self, vocab: int, seq_len: int, device: str, seed: int = 0) -> None:
         import torch
 
         self.vocab, self.seq_len, self.device = vocab, seq_len, device
-        self.gen = torch.Generator(device="cpu").manual_seed(0)
+        self.gen = torch.Generator(device="cpu").manual_seed(seed)  # a rank's own: its rank
 
     def batch(self, step: int, round_idx: int, n: int):  # type: ignore[no-untyped-def]
         import torch
@@ -352,6 +361,13 @@ def run_plan(
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     timeline = profile_step(lambda: rt.train_step(data, steps)) if profile else None
     rt.finish()  # the last step's deferred update, outside the timing
+    # PSS with the state and the store still held; ranks read theirs between two barriers,
+    # every rank mapping the shared state, so the sum counts its pages once
+    if group is not None:
+        group.barrier()
+    pss = pss_bytes(os.getpid())
+    if group is not None:
+        group.barrier()
     summary = plan.model_dump(exclude={"reasons"})
     summary["link_share"] = cost_model.LINK_SHARE
     if node is not None:
@@ -363,6 +379,7 @@ def run_plan(
         "times": times,
         "stalls": stalls,
         "arena_gib": host.arena.total_bytes / GIB,
+        "pss_bytes": pss,
         "plan": summary,
         "layers": dims.num_layers,
         "alloc_retries": retries,
