@@ -2,8 +2,14 @@
 bound on tokens/s over resident, from a benchmark row's own measurements. CPU only.
 
     python -m bench.bound bench/results/2026-11-22-h200-runtime-s10.json --row ws-20
+    python -m bench.bound bench/results/2026-11-22-h200-runtime-s10.json --row ws-20 --levers
 
-It prints the bound at each micro-batch the planner tries first (AdaWS's bound and above).
+It prints the bound at each micro-batch the planner tries first (AdaWS's bound and above);
+with --levers, the ceilings of the schedules issue 26 weighs, each the same argument with one
+term changed (see `bound`): saved activations as fp8 with a scale per block (cost_model's
+bytes: the inputs and the MLP's pair at 1 byte, the attention kernel's set exact), and
+cross-round overlap (the next round's forward beside this round's backward, so the link's
+backward time carries saved sets too, less the gradients it sends home then).
 
 The argument, per round of X sequences. Every (layer, sequence) of the round's forward
 produces a saved set (working_set/schedule.py levels 0-3; level 0, the input, at the least).
@@ -104,9 +110,20 @@ def _spec_dims(row: dict):  # type: ignore[no-untyped-def,type-arg]
     return spec, dims
 
 
-def bound(row: dict, resident_step_s: float, X: int) -> Bound:  # type: ignore[type-arg]
-    """The bound for the row's model, budget and node at micro-batch X."""
+def bound(
+    row: dict,  # type: ignore[type-arg]
+    resident_step_s: float,
+    X: int,
+    fp8: bool = False,
+    overlap: bool = False,
+) -> Bound:
+    """The bound for the row's model, budget and node at micro-batch X; `fp8`: saved sets
+    at cost_model's fp8 bytes; `overlap`: a round's backward link time (less its gradients'
+    bytes) adds to the round's capacity, as if the next round's forward ran beside it within
+    the same device memory (generous: it holds no second round's activations)."""
     spec, dims = _spec_dims(row)
+    if fp8:
+        spec = spec.model_copy(update={"activation_precision": "fp8"})
     node = node_from_row(row)
     if node.layer is None or node.layer.seq_len != spec.seq_len:
         raise ValueError(
@@ -123,6 +140,10 @@ def bound(row: dict, resident_step_s: float, X: int) -> Bound:  # type: ignore[t
     lean = cm.Layout(X, r_param=2, r_grad=1, optimizer="host", loss_tokens=512)
     spare = spec.budget.device_bytes - cm.fixed_device_bytes(dims, spec, lean, dims.num_layers)
     capacity = round_fwd_s * node.both_bytes_per_s + spare
+    if overlap:  # every layer's gradient slot goes home once a round, in its backward
+        round_bwd_s = X * dims.num_layers * node.layer.backward_s
+        grads = dims.num_layers * dims.layer_params * cm.ELEMENT_BYTES[spec.precision]
+        capacity += max(0.0, round_bwd_s * node.both_bytes_per_s - grads)
     rounds = spec.global_batch // X
     rec_s = rounds * min_recompute_s(dims.num_layers * X, saved, recompute, capacity)
     return Bound(
@@ -146,11 +167,38 @@ def micro_batches_at_bound(row: dict) -> list[int]:  # type: ignore[type-arg]
     return tiers[0]
 
 
+def levers(row: dict, resident_step_s: float, measured: float) -> None:  # type: ignore[type-arg]
+    """Each lever's ceiling at the micro-batches the planner tries first, and the row's
+    measured gap to it."""
+    for name, kw in (
+        ("per round (today's schedule)", {}),
+        ("fp8 saved sets", {"fp8": True}),
+        ("cross-round overlap", {"overlap": True}),
+        ("both", {"fp8": True, "overlap": True}),
+    ):
+        best = max(
+            (bound(row, resident_step_s, X, **kw) for X in micro_batches_at_bound(row)),
+            key=lambda b: b.ceiling,
+        )
+        log.info(
+            "%-30s X=%-3d capacity %6.1f GB  recompute %.2f s a step  ceiling %.3fx  "
+            "(the row: %.3fx, %.3f under)",
+            name,
+            best.micro_batch,
+            best.capacity_bytes / 1e9,
+            best.min_recompute_s,
+            best.ceiling,
+            measured,
+            best.ceiling - measured,
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", help="a bench/results/*.json file with a resident row")
     p.add_argument("--row", default="ws-20")
     p.add_argument("--resident", default="resident")
+    p.add_argument("--levers", action="store_true", help="the ceilings of issue 26's levers")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with open(args.results) as f:
@@ -165,6 +213,9 @@ def main() -> None:
         row["plan"]["micro_batch"],
         row["plan"]["predicted"]["recompute_seconds"],
     )
+    if args.levers:
+        levers(row, res["measured_step_seconds"], measured)
+        return
     for i, X in enumerate(micro_batches_at_bound(row)):
         b = bound(row, res["measured_step_seconds"], X)
         if i == 0:
