@@ -135,7 +135,7 @@ def run_baseline_row(args: argparse.Namespace) -> dict[str, object]:
 def run_row(args: argparse.Namespace) -> dict[str, object]:
     import torch
 
-    from wstrain.scheduler.contracts.jobs import Plan
+    from wstrain.scheduler.contracts.plan import Plan
     from wstrain.scheduler.planning.planner import make_plan
 
     name = args.row

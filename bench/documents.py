@@ -51,8 +51,8 @@ def make_data(path: Path, total_bytes: int) -> Path:
 def run_row(name: str, args: argparse.Namespace, data: Path) -> dict[str, object]:
     import torch
 
-    from wstrain.scheduler.contracts.jobs import TokenData
     from wstrain.scheduler.contracts.model_dims import resolve_dims
+    from wstrain.scheduler.contracts.spec import TokenData
     from wstrain.scheduler.planning.planner import make_plan
     from wstrain.worker.io.data import TokenStream
     from wstrain.worker.main import build_runtime

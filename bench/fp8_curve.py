@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from wstrain.scheduler.contracts.jobs import OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.contracts.spec import OptimizerSpec
 from wstrain.worker.models.dense import LlamaModel
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime

@@ -60,8 +60,8 @@ def write_checkpoint(directory: Path, params_b: float, shard_gib: float) -> int:
 def load(directory: Path) -> dict[str, object]:
     """Child: the worker's two steps for a model directory (worker/main.py build_runtime):
     the host state's arena, then the weights streamed into its tiles; report RSS."""
-    from wstrain.scheduler.contracts.jobs import PathModel
     from wstrain.scheduler.contracts.model_dims import resolve_dims
+    from wstrain.scheduler.contracts.model_refs import PathModel
     from wstrain.worker.io.hf_load import stream_into
     from wstrain.worker.runtime.stats import proc_status_bytes
     from wstrain.worker.runtime.working_set.state import HostState

@@ -92,8 +92,8 @@ def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
 def run_ws(
     args: argparse.Namespace, budget_gib: float, overrides: dict[str, object]
 ) -> dict[str, object]:
-    from wstrain.scheduler.contracts.jobs import JobSpec
     from wstrain.scheduler.contracts.model_dims import PRESETS
+    from wstrain.scheduler.contracts.spec import JobSpec
     from wstrain.scheduler.planning.planner import make_plan
 
     dims = PRESETS[PRESET]

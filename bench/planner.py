@@ -53,7 +53,7 @@ def time_dp(repeats: int) -> dict[str, float]:
 
 def time_presets() -> dict[str, float]:
     from wstrain.scheduler.contracts.errors import InfeasibleBudget
-    from wstrain.scheduler.contracts.jobs import JobSpec
+    from wstrain.scheduler.contracts.spec import JobSpec
     from wstrain.scheduler.planning.planner import make_plan
 
     worst: dict[str, float] = {}

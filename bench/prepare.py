@@ -176,8 +176,8 @@ def train_on(out: Path) -> list[float]:
     """Two steps of a 2-layer Llama on the token file, the worker's own data path."""
     import torch
 
-    from wstrain.scheduler.contracts.jobs import OptimizerSpec, TokenData
     from wstrain.scheduler.contracts.model_dims import ModelDims
+    from wstrain.scheduler.contracts.spec import OptimizerSpec, TokenData
     from wstrain.worker.io.data import TokenStream
     from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
 

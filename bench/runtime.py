@@ -196,7 +196,7 @@ def llama_spec(
     precision: str = "bf16",
 ):  # type: ignore[no-untyped-def]
     """A JobSpec for Llama-3-8B dimensions with `layers` layers, on synthetic tokens."""
-    from wstrain.scheduler.contracts.jobs import JobSpec
+    from wstrain.scheduler.contracts.spec import JobSpec
 
     dims = _dims(layers)
     return JobSpec.model_validate(

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from tests.conftest import CORPUS, REPO
 from wstrain.prepare.pipeline import PrepareRequest, prepare
-from wstrain.scheduler.contracts.jobs import TokenData
+from wstrain.scheduler.contracts.spec import TokenData
 from wstrain.scheduler.contracts.token_file import read_header, token_dtype
 from wstrain.worker.io.data import TokenStream
 

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, Stack, tiny_spec
-from wstrain.scheduler.contracts.jobs import JobList, OptimizerSpec
+from wstrain.scheduler.contracts.jobs import JobList
+from wstrain.scheduler.contracts.spec import OptimizerSpec
 
 
 def _total(c: httpx.Client) -> int:

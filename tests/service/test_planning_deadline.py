@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import REPO, _wait_http, tiny_spec
 from wstrain.scheduler.contracts.access import DataAccess
-from wstrain.scheduler.contracts.jobs import JobSpec
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.service.settings import ServiceSettings
 from wstrain.service.validation import validate_and_plan
 

@@ -18,16 +18,11 @@ from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.documents import END_OF_TEXT_TOKENS, documents
 from wstrain.scheduler.contracts.errors import InvalidSpec
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE, NodeProfile
-from wstrain.scheduler.contracts.jobs import (
-    JobSpec,
-    Node,
-    PathModel,
-    Plan,
-    SyntheticData,
-    TextData,
-    TokenData,
-)
+from wstrain.scheduler.contracts.jobs import Node
 from wstrain.scheduler.contracts.model_dims import ModelDims, resolve_dims
+from wstrain.scheduler.contracts.model_refs import PathModel
+from wstrain.scheduler.contracts.plan import Plan
+from wstrain.scheduler.contracts.spec import JobSpec, SyntheticData, TextData, TokenData
 from wstrain.scheduler.contracts.token_file import (
     RAW_TEXT_MAX_BYTES,
     TokenFileHeader,

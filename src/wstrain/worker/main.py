@@ -36,8 +36,11 @@ import torch
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.calibration import host_reserve_bytes
 from wstrain.scheduler.contracts.chips import ComputePrecision, compute_precision, peak_flops
-from wstrain.scheduler.contracts.jobs import JobSpec, PathModel, Plan, WorkerExit, WorkerMessage
+from wstrain.scheduler.contracts.jobs import WorkerExit, WorkerMessage
 from wstrain.scheduler.contracts.model_dims import resolve_dims
+from wstrain.scheduler.contracts.model_refs import PathModel
+from wstrain.scheduler.contracts.plan import Plan
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream
 from wstrain.worker.io.hf_load import stream_into

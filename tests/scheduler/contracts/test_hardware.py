@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from wstrain.scheduler.contracts.hardware import H200, LayerTimes
-from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.planner import make_plan
 
 

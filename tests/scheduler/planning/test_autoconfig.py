@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from wstrain.scheduler.contracts.calibration import GIB, LEVELS
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.scheduler.contracts.hardware import H100_ADAWS, H200, NodeProfile
-from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import PRESETS, ModelDims
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning import cost_model as cm
 from wstrain.scheduler.planning.levels import BUCKETS, LayerCost, simulate, solve
 from wstrain.scheduler.planning.planner import make_plan

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.errors import InfeasibleBudget
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
-from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.planner import make_plan
 
 

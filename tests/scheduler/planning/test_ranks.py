@@ -21,8 +21,8 @@ from wstrain.scheduler.contracts.calibration import (
 )
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE, H200, NodeProfile
-from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning import cost_model as cm
 from wstrain.scheduler.planning.planner import make_plan
 

@@ -15,8 +15,9 @@ from tests.conftest import tiny_spec
 from wstrain.scheduler.agent.scheduling import Rounds
 from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
-from wstrain.scheduler.contracts.jobs import JobSpec, JobState, gpu_indices
+from wstrain.scheduler.contracts.jobs import JobState, gpu_indices
 from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.planner import make_plan
 from wstrain.scheduler.policy import Gpu, NodeState, PolicyConfig, RunningJob
 from wstrain.scheduler.store import JobStore

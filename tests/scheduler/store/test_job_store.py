@@ -12,8 +12,9 @@ import pytest
 from tests.conftest import tiny_spec
 from wstrain.scheduler.contracts.errors import Conflict, LeaseLost, NotFound
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
-from wstrain.scheduler.contracts.jobs import ALLOWED_TRANSITIONS, JobSpec, JobState
+from wstrain.scheduler.contracts.jobs import ALLOWED_TRANSITIONS, JobState
 from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.planner import make_plan
 from wstrain.scheduler.store import JobStore
 

@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from tests.worker.hf_models import hf_causal_lm, hub_state, perturb_norms
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
-from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import PRESETS, resolve_dims
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.planner import make_plan
 from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream

@@ -55,16 +55,9 @@ from wstrain.scheduler.agent.supervisor import (
 from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.errors import Conflict, LeaseLost, WstrainError
 from wstrain.scheduler.contracts.hardware import Device, LayerTimes, NodeProfile
-from wstrain.scheduler.contracts.jobs import (
-    GPUInfo,
-    Job,
-    JobSpec,
-    JobState,
-    Node,
-    gpu_text,
-    job_dir,
-)
+from wstrain.scheduler.contracts.jobs import GPUInfo, Job, JobState, Node, gpu_text, job_dir
 from wstrain.scheduler.contracts.model_dims import resolve_dims
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.planner import make_plan
 from wstrain.scheduler.store import JobStore
 

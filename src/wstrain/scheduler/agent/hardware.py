@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from wstrain.scheduler.contracts.hardware import Device, LayerTimes
-from wstrain.scheduler.contracts.jobs import GPUInfo, JobSpec
+from wstrain.scheduler.contracts.jobs import GPUInfo
 from wstrain.scheduler.contracts.model_dims import resolve_dims
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.working_set import PIECES_FROM_TOKENS
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ from wstrain.scheduler.agent.outcomes import Exit, settle_exit
 from wstrain.scheduler.agent.processes import kill_group, session_pss_bytes
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import LeaseLost
-from wstrain.scheduler.contracts.jobs import Job, JobState, Plan, WorkerMessage, gpu_text
+from wstrain.scheduler.contracts.jobs import Job, JobState, WorkerMessage, gpu_text
+from wstrain.scheduler.contracts.plan import Plan
 from wstrain.scheduler.store import JobStore
 
 log = logging.getLogger(__name__)

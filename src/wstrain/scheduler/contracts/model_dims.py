@@ -12,12 +12,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from wstrain.scheduler.contracts.errors import InvalidSpec
-from wstrain.scheduler.contracts.jobs import (
+from wstrain.scheduler.contracts.jobs import PresetInfo
+from wstrain.scheduler.contracts.model_refs import (
     HFConfigModel,
     HFModelConfig,
     ModelRef,
     PathModel,
-    PresetInfo,
     PresetModel,
 )
 

@@ -39,8 +39,8 @@ from wstrain.scheduler.contracts.calibration import (
     host_reserve_bytes,
 )
 from wstrain.scheduler.contracts.hardware import NodeProfile
-from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.levels import LayerCost, write_buffer_stall_s
 
 OptimizerPlacement = Literal["host", "device", "split"]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from wstrain.scheduler.contracts.errors import InfeasibleBudget
 from wstrain.scheduler.contracts.hardware import NodeProfile
-from wstrain.scheduler.contracts.jobs import JobSpec, Plan
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.contracts.plan import Plan
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.ranks import rank_spec, with_ranks
 from wstrain.scheduler.planning.resident import make_resident_plan
 from wstrain.scheduler.planning.working_set import make_ws_plan

@@ -30,8 +30,9 @@ from __future__ import annotations
 from wstrain.scheduler.contracts.calibration import ALLREDUCE_BUS_BYTES_PER_S, ELEMENT_BYTES
 from wstrain.scheduler.contracts.errors import InvalidSpec
 from wstrain.scheduler.contracts.hardware import NodeProfile
-from wstrain.scheduler.contracts.jobs import JobSpec, Plan
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.contracts.plan import Plan
+from wstrain.scheduler.contracts.spec import JobSpec
 
 
 def rank_spec(spec: JobSpec) -> JobSpec:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.hardware import NodeProfile
-from wstrain.scheduler.contracts.jobs import JobSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning import cost_model as cm
 
 

@@ -21,8 +21,9 @@ from wstrain.scheduler.contracts.calibration import (
 )
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.scheduler.contracts.hardware import NodeProfile
-from wstrain.scheduler.contracts.jobs import JobSpec, MinBudget, Plan, Predicted
 from wstrain.scheduler.contracts.model_dims import STATE_BYTES_PER_PARAM, ModelDims
+from wstrain.scheduler.contracts.plan import MinBudget, Plan, Predicted
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.cost_model import activation_bytes_per_token, chunk_times
 
 

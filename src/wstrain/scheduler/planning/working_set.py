@@ -32,8 +32,9 @@ import numpy as np
 from wstrain.scheduler.contracts.calibration import ELEMENT_BYTES, GIB, LEVELS
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.scheduler.contracts.hardware import Device, NodeProfile, piece_attention_kernel
-from wstrain.scheduler.contracts.jobs import JobSpec, MinBudget, Plan, Predicted, WorkingSetPlan
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.contracts.plan import MinBudget, Plan, Predicted, WorkingSetPlan
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning import cost_model as cm
 from wstrain.scheduler.planning.levels import LayerCost, Solution, solve
 from wstrain.scheduler.planning.reasons import ws_reasons

@@ -24,18 +24,18 @@ from redis.backoff import ExponentialBackoff
 from wstrain.scheduler.contracts.errors import Conflict, LeaseLost, NotFound
 from wstrain.scheduler.contracts.jobs import (
     ALLOWED_TRANSITIONS,
-    STORED,
     Event,
     Job,
-    JobSpec,
     JobState,
     Keys,
     Node,
-    Plan,
     gpu_text,
-    model_label,
 )
 from wstrain.scheduler.contracts.metrics import QUEUE_WAIT_BUCKETS_S
+from wstrain.scheduler.contracts.model_refs import model_label
+from wstrain.scheduler.contracts.plan import Plan
+from wstrain.scheduler.contracts.spec import JobSpec
+from wstrain.scheduler.contracts.spec_fields import STORED
 from wstrain.scheduler.store import lua
 from wstrain.scheduler.store.cache import Parsed, ParsedJobs
 

@@ -23,7 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import InvalidSpec
-from wstrain.scheduler.contracts.jobs import JobSpec, Node, Plan
+from wstrain.scheduler.contracts.jobs import Node
+from wstrain.scheduler.contracts.plan import Plan
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.service.validation import validate_and_plan
 
 log = logging.getLogger(__name__)

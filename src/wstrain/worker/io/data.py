@@ -28,12 +28,7 @@ import torch
 
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.documents import documents, end_of_text_id
-from wstrain.scheduler.contracts.jobs import (
-    DataRef,
-    SyntheticData,
-    TextData,
-    TokenData,
-)
+from wstrain.scheduler.contracts.spec import DataRef, SyntheticData, TextData, TokenData
 from wstrain.scheduler.contracts.token_file import index_path, token_dtype
 
 

@@ -22,8 +22,8 @@ from tests.worker.hf_models import (
     hub_state,
     perturb_norms,
 )
-from wstrain.scheduler.contracts.jobs import JobSpec, OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.contracts.spec import JobSpec, OptimizerSpec
 from wstrain.scheduler.planning.cost_model import saved_bytes
 from wstrain.worker.runtime.optim import make_adamw
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig

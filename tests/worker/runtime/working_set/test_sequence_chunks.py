@@ -24,8 +24,8 @@ from tests.worker.runtime.working_set.test_schedule import (
     reference,
     rel,
 )
-from wstrain.scheduler.contracts.jobs import OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.contracts.spec import OptimizerSpec
 from wstrain.scheduler.planning.cost_model import saved_bytes
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime

@@ -19,15 +19,9 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
 
 from wstrain.scheduler.contracts.errors import Conflict, InvalidSpec, NotFound
-from wstrain.scheduler.contracts.jobs import (
-    TERMINAL_STATES,
-    Event,
-    Job,
-    JobList,
-    JobSpec,
-    JobState,
-    Plan,
-)
+from wstrain.scheduler.contracts.jobs import TERMINAL_STATES, Event, Job, JobList, JobState
+from wstrain.scheduler.contracts.plan import Plan
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.service.api.deps import CallerDep, PlannerDep, Store, VisibleJob
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from wstrain.scheduler.contracts.jobs import JobSpec, Plan
+from wstrain.scheduler.contracts.plan import Plan
+from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.service.api.deps import CallerDep, PlannerDep, Store
 
 router = APIRouter(prefix="/v1/plans")

@@ -47,8 +47,8 @@ import torch
 import torch.nn.functional as F
 
 from wstrain.scheduler.contracts.calibration import LEVELS
-from wstrain.scheduler.contracts.jobs import OptimizerSpec
 from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.scheduler.contracts.spec import OptimizerSpec
 from wstrain.worker.models.blocks import (
     GradViews,
     accumulate_grads,
