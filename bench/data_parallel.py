@@ -39,12 +39,8 @@ from bench.runtime import _dims, llama_spec, measured_node, mfu_fields
 log = logging.getLogger("bench.data_parallel")
 
 
-def _rank(rank: int, world: int, port: int, job: tuple, steps: int, out: str) -> None:  # type: ignore[type-arg]
-    import torch
-
-    from bench.runtime import run_plan
-    from wstrain.worker.runtime.distributed import ProcessGroup
-
+def _as_rank(rank: int, world: int, port: int) -> None:
+    """This process as rank `rank` of `world` on one host (torchrun's environment)."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -54,12 +50,28 @@ def _rank(rank: int, world: int, port: int, job: tuple, steps: int, out: str) ->
         LOCAL_WORLD_SIZE=str(world),
     )
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s: %(message)s")
-    group = ProcessGroup.from_env("cuda") if world > 1 else None
-    spec, dims, plan, node = job
-    res = run_plan(spec, dims, plan, steps, False, node, group)
+
+
+def _write(res: dict, out: str, rank: int) -> None:  # type: ignore[type-arg]
+    """A rank's row, with its GPU's peak reserved memory, where the launcher reads it."""
+    import torch
+
     res["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
     with open(f"{out}.{rank}", "w") as f:
         json.dump(res, f, default=str)
+
+
+def _rank(rank: int, world: int, port: int, job: tuple, steps: int, out: str) -> None:  # type: ignore[type-arg]
+    import torch
+
+    from bench.runtime import run_plan
+    from wstrain.worker.runtime.distributed import ProcessGroup
+
+    _as_rank(rank, world, port)
+    group = ProcessGroup.from_env("cuda") if world > 1 else None
+    spec, dims, plan, node = job
+    res = run_plan(spec, dims, plan, steps, False, node, group)
+    _write(res, out, rank)
     if group is not None:
         torch.distributed.destroy_process_group()
 
@@ -69,25 +81,13 @@ def _baseline_rank(
 ) -> None:
     """One rank of an offload baseline (bench/baselines.py) on GPU `rank`: its per-GPU batch
     a step; its PSS is read after the timed steps, with the model still held."""
-    import torch
-
     from bench.baselines import run_deepspeed_zero3_offload, run_fsdp2_offload
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-    )
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s: %(message)s")
+    _as_rank(rank, world, port)
     args.global_batch = args.per_gpu_batch  # the rank's own sequences a step
     run = run_fsdp2_offload if kind == "fsdp2" else run_deepspeed_zero3_offload
     res = run(args)
-    res["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(res, f, default=str)
+    _write(res, out, rank)
 
 
 def _spawn(fn, world: int, extra: tuple) -> list[dict]:

@@ -7,6 +7,12 @@ rate beside it, the kernel the runtime takes where cuDNN's attention is missing.
 
     python -m bench.long_context --lengths 32768,65536,131072,262144 \
         --out bench/results/X.json
+    python -m bench.long_context --lengths 131072 --document-tokens 8192 --out X.json
+
+`--document-tokens N`: every sequence packs documents of N tokens under document_mask (each
+piece attends within its documents, ops/document_attn.py); such a row's `mfu` counts the
+attention its documents cost (ModelDims.flops_per_token at N), `mfu_whole_causal` the
+whole sequence's, for comparison with the plain rows.
 
 Each row runs in its own process. A row takes 32 layers where the host budget holds their
 state and saved inputs, else 16, and says which. Timed over whole steps after one warm-up
@@ -28,6 +34,7 @@ from bench.runtime import (
     _table,
     llama_spec,
     measured_node,
+    mfu_fields,
     parse_or_run_row,
     row_from,
     run_children,
@@ -40,9 +47,11 @@ DEVICE_GIB = 24.0
 ADAWS_H100_MFU = {32768: 0.571, 65536: 0.560, 131072: 0.531, 262144: 0.519, 524288: 0.425}
 
 
-def plan_row(seq: int, host_gib: float, steps: int, layers: int | None = None):  # type: ignore[no-untyped-def]
+def plan_row(
+    seq: int, host_gib: float, steps: int, layers: int | None = None, documents: bool = False
+):  # type: ignore[no-untyped-def]
     """(spec, dims, plan, node) at `layers`, or the 32 layers when they fit the host
-    budget and else 16."""
+    budget and else 16; `documents`: under document_mask."""
     from wstrain.scheduler.contracts.errors import InfeasibleBudget
     from wstrain.scheduler.planning.planner import make_plan
 
@@ -50,6 +59,7 @@ def plan_row(seq: int, host_gib: float, steps: int, layers: int | None = None): 
     last: Exception | None = None
     for n in [layers] if layers else [32, 16]:
         spec = llama_spec(f"long-{seq}", n, seq, 1, steps, DEVICE_GIB, host_gib, {})
+        spec = spec.model_copy(update={"document_mask": documents})
         dims = _dims(n)
         try:
             return spec, dims, make_plan(spec, dims, node), node
@@ -97,13 +107,19 @@ def attention_rate(dims, seq: int, seq_chunk: int) -> float:  # type: ignore[no-
 def run_row(args: argparse.Namespace) -> Row:
     import torch
 
-    seq = int(args.row)
-    spec, dims, plan, node = plan_row(seq, args.host_gib, args.steps, args.layers)
+    seq, docs = int(args.row), args.document_tokens
+    spec, dims, plan, node = plan_row(seq, args.host_gib, args.steps, args.layers, docs > 0)
     log.info("plan: %s", plan.reasons)
-    res = run_plan(spec, dims, plan, args.steps, False, node)
+    res = run_plan(spec, dims, plan, args.steps, False, node, document_tokens=docs)
     if args.steps == 1:  # one step: timed as it is, warm-up included
         res["times"] = [0.0, *res["times"]]
-    row = row_from(f"long-{seq}", "working_set", dims, seq, 1, DEVICE_GIB, res)
+    name = f"long-{seq}" + (f"-docs{docs}" if docs else "")
+    row = row_from(name, "working_set", dims, seq, 1, DEVICE_GIB, res)
+    if docs:  # the FLOPs its documents cost, and the whole sequence's beside them
+        row.plan["mfu_whole_causal"] = row.mfu  # type: ignore[index]
+        gpu = torch.cuda.get_device_name(0)
+        row.mfu = mfu_fields(dims.flops_per_token(docs), row.tokens_per_s, gpu, "bf16")["mfu"]
+        row.plan["document_tokens"] = docs  # type: ignore[index]
     ws = plan.working_set
     assert ws is not None
     del res
@@ -112,7 +128,7 @@ def run_row(args: argparse.Namespace) -> Row:
     from wstrain.worker.ops import prefix_attn
 
     row.plan["attention_kernel_used"] = prefix_attn.kernel_for(  # type: ignore[index]
-        torch.device("cuda"), torch.bfloat16, False
+        torch.device("cuda"), torch.bfloat16, docs > 0
     )
     row.plan["attention_fwd_bwd_flops"] = attention_rate(dims, seq, ws.seq_chunk)  # type: ignore[index]
     prefix_attn.USE_CUDNN = False  # the other fused kernel, for the record
@@ -127,11 +143,14 @@ def main() -> None:
     p.add_argument("--lengths", default="32768,65536,131072,262144,524288")
     p.add_argument("--host-gib", type=float, default=110.0, help="host budget of every row")
     p.add_argument("--layers", type=int, default=0, help="force this many layers (0: 32 or 16)")
+    p.add_argument(
+        "--document-tokens", type=int, default=0, help="packed documents of N tokens (0: none)"
+    )
     args = parse_or_run_row(p, "", run_row)
     if args is None:
         return
     common = ["--steps", str(args.steps), "--host-gib", str(args.host_gib)]
-    common += ["--layers", str(args.layers)]
+    common += ["--layers", str(args.layers), "--document-tokens", str(args.document_tokens)]
     children = [
         (["bench.long_context", "--row", s, *common], {"name": f"long-{s}", "seq_len": int(s)})
         for s in args.lengths.split(",")

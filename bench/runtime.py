@@ -153,11 +153,26 @@ def pss_bytes(pid: int) -> int:
 
 
 class RandomTokens:
-    def __init__(self, vocab: int, seq_len: int, device: str, seed: int = 0) -> None:
+    """Random token ids; with `document_tokens` each sequence is packed documents of that
+    many tokens (the last one cut), for document_mask."""
+
+    def __init__(
+        self, vocab: int, seq_len: int, device: str, seed: int = 0, document_tokens: int = 0
+    ) -> None:
         import torch
 
         self.vocab, self.seq_len, self.device = vocab, seq_len, device
         self.gen = torch.Generator(device="cpu").manual_seed(seed)  # a rank's own: its rank
+        self.document_tokens = document_tokens
+
+    def documents(self, step: int, round_idx: int, n: int):  # type: ignore[no-untyped-def]
+        """(positions, segments), (n, S) each."""
+        import torch
+
+        if not self.document_tokens:
+            raise ValueError("RandomTokens without document_tokens has no documents")
+        rows = torch.arange(self.seq_len).expand(n, self.seq_len)
+        return rows % self.document_tokens, rows // self.document_tokens
 
     def batch(self, step: int, round_idx: int, n: int):  # type: ignore[no-untyped-def]
         import torch
@@ -278,10 +293,13 @@ def run_plan(
     profile: bool = False,  # type: ignore[no-untyped-def]
     node=None,
     group=None,
+    document_tokens: int = 0,
 ) -> dict[str, object]:
     """Train `steps` steps of a working-set plan under the spec's device budget (and with
     `profile`, one more under the profiler: bench/timeline.py); the row keeps the node
-    profile the plan was made with, so it can be planned again elsewhere. With `group`
+    profile the plan was made with, so it can be planned again elsewhere. With
+    `document_tokens` (a document_mask spec) the sequences are packed documents of that
+    length. With `group`
     (runtime/distributed.py) this is one rank of a data-parallel run over one shared host
     copy (bench/data_parallel.py)."""
     import torch
@@ -336,7 +354,7 @@ def run_plan(
     rt = WorkingSetRuntime(
         dims, ws_config(spec, plan), spec.optimizer, host, *([group] if group else [])
     )
-    data = RandomTokens(dims.vocab_size, spec.seq_len, "cuda")
+    data = RandomTokens(dims.vocab_size, spec.seq_len, "cuda", document_tokens=document_tokens)
     stalls: dict[str, float] = {}
     gc.freeze()  # as worker/main.py does once the runtime is built
 
