@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from wstrain.scheduler.contracts.calibration import LEVELS
 from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
 from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.planning import memory_model as mm
 
 log = logging.getLogger("bench.bound")
 
@@ -131,14 +132,14 @@ def bound(
             f"{spec.seq_len}: use a working-set row from bench/runtime.py"
         )
     fwd_s = node.layer.forward_s
-    saved = [cm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
+    saved = [mm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
     shares = cm.recompute_shares(dims, spec.seq_len, node)
     recompute = [s * fwd_s for s in shares]
     # the round's forward, layers and LM head (6 S D V FLOPs a sequence, forward and backward)
     head_s = 6 * spec.seq_len * dims.hidden_size * dims.vocab_size / node.matmul_flops
     round_fwd_s = X * (dims.num_layers * fwd_s + head_s)
-    lean = cm.Layout(X, r_param=2, r_grad=1, optimizer="host", loss_tokens=512)
-    spare = spec.budget.device_bytes - cm.fixed_device_bytes(dims, spec, lean, dims.num_layers)
+    lean = mm.Layout(X, r_param=2, r_grad=1, optimizer="host", loss_tokens=512)
+    spare = spec.budget.device_bytes - mm.fixed_device_bytes(dims, spec, lean, dims.num_layers)
     capacity = round_fwd_s * node.both_bytes_per_s + spare
     if overlap:  # every layer's gradient slot goes home once a round, in its backward
         round_bwd_s = X * dims.num_layers * node.layer.backward_s

@@ -18,7 +18,7 @@ from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.errors import InfeasibleBudget
 from wstrain.scheduler.contracts.hardware import H100_ADAWS
 from wstrain.scheduler.contracts.model_dims import PRESETS
-from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.planning import memory_model as mm
 from wstrain.scheduler.planning.working_set import make_ws_plan
 
 LLAMA = PRESETS["llama3-8b"]
@@ -57,14 +57,14 @@ def test_the_window_and_pieces_are_counted() -> None:
     piece, not the sequence."""
     dims, seq = replace(LLAMA, num_layers=16), 262144
     spec = _spec(dims, seq, 1, 24, 110)
-    lay = cm.Layout(1, seq_chunk=16384, pieces=16)
+    lay = mm.Layout(1, seq_chunk=16384, pieces=16)
     per_token = 8 * 128 * (2 * 2 + 2 * 4)  # K and V bf16, their sums fp32
     block = 65536 * 2 * 2 * (8 * 128 + 32 * 128)
-    assert cm.context_window_bytes(dims, spec, lay) == seq * per_token + block
-    whole = cm.fixed_device_bytes(dims, spec, cm.Layout(1), 0)
-    assert cm.fixed_device_bytes(dims, spec, lay, 0) < whole / 2
-    assert cm.saved_bytes(dims, spec, 1, 16384) == 16384 * (4096 * 2 + 4096 * 2 + 4 * 32)
-    assert cm.saved_bytes(dims, spec, 0, 16384) * 16 == cm.saved_bytes(dims, spec, 0)
+    assert mm.context_window_bytes(dims, spec, lay) == seq * per_token + block
+    whole = mm.fixed_device_bytes(dims, spec, mm.Layout(1), 0)
+    assert mm.fixed_device_bytes(dims, spec, lay, 0) < whole / 2
+    assert mm.saved_bytes(dims, spec, 1, 16384) == 16384 * (4096 * 2 + 4096 * 2 + 4 * 32)
+    assert mm.saved_bytes(dims, spec, 0, 16384) * 16 == mm.saved_bytes(dims, spec, 0)
 
 
 def test_past_the_host_32_layers_refuse_with_the_budget_that_fits_and_16_plan() -> None:
@@ -115,9 +115,9 @@ def test_packed_documents_go_in_pieces_where_a_dense_mask_cannot(seq: int) -> No
     assert ws is not None and 0 < ws.seq_chunk < seq
     assert ws.attention_kernel == "cudnn-prefix-diagonal-per-document"
     assert plan.predicted.peak_device_bytes <= spec.budget.device_bytes
-    lay = cm.Layout(1, seq_chunk=ws.seq_chunk, pieces=seq // ws.seq_chunk)
+    lay = mm.Layout(1, seq_chunk=ws.seq_chunk, pieces=seq // ws.seq_chunk)
     tables = 2 * seq * dims.head_dim * 2  # cos and sin per token, bf16, one sequence
     copies = 3 * ws.seq_chunk * dims.num_heads * dims.head_dim * 2
-    assert cm.document_bytes(dims, spec, lay) == tables + copies
+    assert mm.document_bytes(dims, spec, lay) == tables + copies
     plain = spec.model_copy(update={"document_mask": False})
-    assert cm.document_bytes(dims, plain, lay) == 0
+    assert mm.document_bytes(dims, plain, lay) == 0

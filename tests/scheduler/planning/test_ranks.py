@@ -23,7 +23,7 @@ from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE, H200, NodeProfile
 from wstrain.scheduler.contracts.model_dims import PRESETS
 from wstrain.scheduler.contracts.spec import JobSpec
-from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.planning import memory_model as mm
 from wstrain.scheduler.planning.planner import make_plan
 
 LLAMA = PRESETS["llama3-8b-16l"]
@@ -71,7 +71,7 @@ def test_host_bytes_count_the_shared_state_once_and_each_ranks_private_bytes() -
     one = make_plan(_spec(1, 8, overrides=pin), LLAMA, H200)
     two = make_plan(_spec(2, 16, overrides=pin), LLAMA, H200)
     assert (one.micro_batch, one.rounds, one.window) == (two.micro_batch, two.rounds, two.window)
-    shared = cm.host_state_bytes(LLAMA, "bf16")
+    shared = mm.host_state_bytes(LLAMA, "bf16")
     private = one.predicted.peak_host_bytes - shared  # one rank's store and reserve
     assert private > PROCESS_BYTES["cuda"]
     assert two.predicted.peak_host_bytes - one.predicted.peak_host_bytes == private

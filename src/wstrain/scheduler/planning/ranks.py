@@ -7,7 +7,7 @@ moments, the fp32 master): it is counted once. Each rank's private host bytes (i
 offloaded activations, its process and the checkpoint shard it stages: the reserve of
 contracts/calibration.py host_reserve_bytes) count once per rank:
 
-    host = shared state + ranks x private      (cost_model.host_bytes, resident.host_peak_bytes)
+    host = shared state + ranks x private      (memory_model.host_bytes, resident.host_peak_bytes)
 
 Step time. Every rank computes the same step, then the gradients are summed over the ranks:
 a ring all-reduce sends 2(N-1)/N of the gradient bytes over each GPU's link, at the node's

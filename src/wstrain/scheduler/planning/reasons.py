@@ -11,6 +11,7 @@ from wstrain.scheduler.contracts.hardware import NodeProfile
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.planning import memory_model as mm
 
 
 def _count(levels: list[list[int]]) -> str:
@@ -22,7 +23,7 @@ def ws_reasons(
     spec: JobSpec,
     dims: ModelDims,
     node: NodeProfile,
-    lay: cm.Layout,
+    lay: mm.Layout,
     window: int,
     levels: list[list[int]],
     time: cm.StepTime,
@@ -32,8 +33,8 @@ def ws_reasons(
     bound: float,
 ) -> dict[str, str]:
     o, L, X = spec.overrides, dims.num_layers, lay.micro_batch
-    fixed = cm.fixed_device_bytes(dims, spec, lay, window)
-    per_layer = lay.units * cm.saved_bytes(dims, spec, 0, lay.seq_chunk)
+    fixed = mm.fixed_device_bytes(dims, spec, lay, window)
+    per_layer = lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk)
     home, in_window = levels[: L - window], levels[L - window :]
     return {
         "runtime": "working_set (override)"
@@ -102,7 +103,7 @@ def ws_reasons(
         else "bf16: saved activations go home as they are",
         "seq_chunk": (
             f"{lay.seq_chunk}: each layer runs a sequence in {lay.pieces} pieces against a "
-            f"window of its keys and values ({cm.context_window_bytes(dims, spec, lay) / GIB:.2f}"
+            f"window of its keys and values ({mm.context_window_bytes(dims, spec, lay) / GIB:.2f}"
             " GiB with their gradient sums), so activations on the device grow with the piece, "
             "not the sequence"
             if lay.pieces > 1

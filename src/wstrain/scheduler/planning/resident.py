@@ -24,7 +24,8 @@ from wstrain.scheduler.contracts.hardware import NodeProfile
 from wstrain.scheduler.contracts.model_dims import STATE_BYTES_PER_PARAM, ModelDims
 from wstrain.scheduler.contracts.plan import MinBudget, Plan, Predicted
 from wstrain.scheduler.contracts.spec import JobSpec
-from wstrain.scheduler.planning.cost_model import activation_bytes_per_token, chunk_times
+from wstrain.scheduler.planning.cost_model import chunk_times
+from wstrain.scheduler.planning.memory_model import activation_bytes_per_token
 
 
 def logits_bytes_per_token(dims: ModelDims, precision: str) -> int:

@@ -36,6 +36,7 @@ from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.contracts.plan import MinBudget, Plan, Predicted, WorkingSetPlan
 from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.planning import memory_model as mm
 from wstrain.scheduler.planning.levels import LayerCost, Solution, solve
 from wstrain.scheduler.planning.reasons import ws_reasons
 
@@ -52,7 +53,7 @@ PIECES_FROM_TOKENS = 65536
 
 @dataclass(frozen=True)
 class _Candidate:
-    lay: cm.Layout
+    lay: mm.Layout
     window: int
     time: cm.StepTime
     levels: list[list[int]]
@@ -90,7 +91,7 @@ def micro_batches(
     return [tier for tier in (above, below) if tier], bound
 
 
-def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool) -> list[cm.Layout]:
+def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool) -> list[mm.Layout]:
     o = spec.overrides
     rings = (
         [(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad) else [(3, 2), (2, 2), (2, 1)]
@@ -98,7 +99,7 @@ def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool) -> li
     # split: the first layers on the device, the rest on the host (_finish picks how many);
     # data parallel ranks update their node's one shared host copy on the host
     # (planning/ranks.py), on one node or several
-    optimizers: list[cm.OptimizerPlacement] = (
+    optimizers: list[mm.OptimizerPlacement] = (
         [o.optimizer]
         if o.optimizer
         else ["host"]
@@ -110,7 +111,7 @@ def _layouts(spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool) -> li
     # a lead pass of two rounds for dense models (the MoE path is not tested under one)
     leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
     return [
-        cm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p)
+        mm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p)
         for c, p in seq_chunks(spec, dims, pieces)
         for lead in (leads if p == 1 else [1])  # pieces run one round a pass
         for m in mbs
@@ -188,17 +189,17 @@ def _fill_window(window: int, lc: LayerCost, saved: list[int], spare_bytes: floa
 
 
 def _evaluate(
-    dims: ModelDims, spec: JobSpec, lay: cm.Layout, sol: Solution, lc: LayerCost
+    dims: ModelDims, spec: JobSpec, lay: mm.Layout, sol: Solution, lc: LayerCost
 ) -> list[tuple[float, int, _Window]]:
     """(per-round recomputation + exposed backward transfer, window, window levels) for
     every window this layout fits."""
     L, X, forced = dims.num_layers, lay.units, spec.overrides.level
     windows = [spec.overrides.window] if spec.overrides.window is not None else range(L + 1)
-    saved = [cm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
+    saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
     forced_value = None if forced is None else float(lc.pattern_value(np.full((1, X), forced))[0])
     out = []
     for w in windows:
-        spare = cm.spare_window_bytes(dims, spec, lay, w)
+        spare = mm.spare_window_bytes(dims, spec, lay, w)
         if spare < 0:
             continue
         if forced is None:
@@ -220,22 +221,22 @@ def _finish(
     dims: ModelDims,
     spec: JobSpec,
     node: NodeProfile,
-    lay: cm.Layout,
+    lay: mm.Layout,
     sol: Solution,
     window: int,
     window_rows: list[list[int]],
     device: str,
 ) -> _Candidate | None:
     L, X = dims.num_layers, lay.units
-    saved = [cm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
-    if cm.host_bytes(dims, spec, (L - window) * X * saved[0], device) > spec.budget.host_bytes:
+    saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
+    if mm.host_bytes(dims, spec, (L - window) * X * saved[0], device) > spec.budget.host_bytes:
         return None  # even level 0 everywhere does not fit the host
     home = (
         sol.levels(L - window)
         if spec.overrides.level is None
         else [[spec.overrides.level] * X for _ in range(L - window)]
     )
-    host = cm.host_bytes(dims, spec, sum(saved[lv] for row in home for lv in row), device)
+    host = mm.host_bytes(dims, spec, sum(saved[lv] for row in home for lv in row), device)
     # Over the host budget: drop home chunks to level 0, the largest saved sets first.
     by_size = sorted(
         ((saved[lv], k, c) for k, row in enumerate(home) for c, lv in enumerate(row) if lv),
@@ -249,15 +250,15 @@ def _finish(
     levels = home + window_rows
     if lay.lead_rounds > 1:  # the lead pass's extra sets must fit as they are
         home_saved = sum(saved[lv] for row in home for lv in row)
-        extra = cm.lead_pass_saved(lay, home_saved, window * X * saved[1])
-        host = cm.host_bytes(dims, spec, home_saved + extra, device)
+        extra = mm.lead_pass_saved(lay, home_saved, window * X * saved[1])
+        host = mm.host_bytes(dims, spec, home_saved + extra, device)
         if host > spec.budget.host_bytes:
             return None
     if lay.optimizer == "split":  # as many device layers as suit what the layers send home
         sent = cm.first_forward_sent(dims, spec, lay, home)
         lay = replace(lay, device_layers=cm.split_layers(dims, spec, lay, sent, node, device))
     window_saved = sum(saved[lv] for row in window_rows for lv in row)
-    dev = cm.device_bytes(dims, spec, lay, window, window_saved)
+    dev = mm.device_bytes(dims, spec, lay, window, window_saved)
     if dev > spec.budget.device_bytes:
         return None
     time = cm.step_time(dims, spec, lay, levels, window, node, device)
@@ -267,7 +268,7 @@ def _finish(
 def _search(
     spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int], pieces: bool
 ) -> _Candidate | None:
-    ranked: list[tuple[float, int, cm.Layout, Solution, int, _Window]] = []
+    ranked: list[tuple[float, int, mm.Layout, Solution, int, _Window]] = []
     solutions: dict[tuple[int, int], Solution] = {}  # the DP depends on the units alone
     for i, lay in enumerate(_layouts(spec, dims, mbs, pieces)):
         lc = cm.layer_cost(dims, spec, lay, node)
@@ -344,15 +345,15 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
 
 def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> InfeasibleBudget:
     smallest = [
-        cm.Layout(min(mbs), 2, 1, "host", 512, seq_chunk=c, pieces=p)
+        mm.Layout(min(mbs), 2, 1, "host", 512, seq_chunk=c, pieces=p)
         for c, p in seq_chunks(spec, dims)
     ]
-    inputs_home = dims.num_layers * min(mbs) * cm.saved_bytes(dims, spec, 0)
+    inputs_home = dims.num_layers * min(mbs) * mm.saved_bytes(dims, spec, 0)
     need = MinBudget(
         device_gib=round(
             min(
-                cm.device_bytes(
-                    dims, spec, lay, w, w * lay.units * cm.saved_bytes(dims, spec, 0, lay.seq_chunk)
+                mm.device_bytes(
+                    dims, spec, lay, w, w * lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk)
                 )
                 for lay in smallest
                 for w in (0, dims.num_layers)
@@ -361,7 +362,7 @@ def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> 
             + 0.005,
             2,
         ),
-        host_gib=round(cm.host_bytes(dims, spec, inputs_home, device) / GIB + 0.005, 2),
+        host_gib=round(mm.host_bytes(dims, spec, inputs_home, device) / GIB + 0.005, 2),
     )
     return InfeasibleBudget(
         f"budget device_gib={spec.budget.device_gib}, host_gib={spec.budget.host_gib} cannot "

@@ -24,7 +24,7 @@ from tests.worker.hf_models import (
 )
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.contracts.spec import JobSpec, OptimizerSpec
-from wstrain.scheduler.planning.cost_model import saved_bytes
+from wstrain.scheduler.planning.memory_model import saved_bytes
 from wstrain.worker.runtime.optim import make_adamw
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime

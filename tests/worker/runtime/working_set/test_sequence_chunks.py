@@ -26,7 +26,7 @@ from tests.worker.runtime.working_set.test_schedule import (
 )
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.contracts.spec import OptimizerSpec
-from wstrain.scheduler.planning.cost_model import saved_bytes
+from wstrain.scheduler.planning.memory_model import saved_bytes
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 from wstrain.worker.runtime.working_set.state import HostState
@@ -56,7 +56,7 @@ def test_pieces_match_transformers(seq_chunk: int, level: int, window: int) -> N
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_home_sets_take_what_the_planner_counts(level: int) -> None:
     """What a round of pieces sends home is what the planner counts a (layer, piece) for
-    the host budget (cost_model.saved_bytes with seq_chunk), within the store's rounding of
+    the host budget (memory_model.saved_bytes with seq_chunk), within the store's rounding of
     each tensor to 256 bytes; the inputs fetched twice are stored once."""
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
     levels = tuple((level,) * 4 for _ in range(DIMS.num_layers))

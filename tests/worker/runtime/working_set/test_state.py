@@ -13,7 +13,7 @@ import torch
 
 from wstrain.scheduler.contracts.errors import BudgetExceeded
 from wstrain.scheduler.contracts.model_dims import PRESETS
-from wstrain.scheduler.planning.cost_model import host_state_bytes
+from wstrain.scheduler.planning.memory_model import host_state_bytes
 from wstrain.worker.runtime.working_set.state import HostState
 
 
