@@ -340,7 +340,8 @@ class Agent:
         host_total, _ = host_memory()
         node = node_state(self.devices, host_total)
         running = running_jobs(self.workers.values())
-        await self.rounds.charge(node, running)
+        # every node charges the GPUs it trains on: node 0 its own, the others their shares
+        await self.rounds.charge(node, running + self.members.training())
         running += self.members.running()  # shares of multi-node jobs node 0 does not run
         # a GPU node packs by memory alone; a CPU node runs at most cpu_slots ranks (cores)
         ranks = sum(h.job.spec.gpus for h in self.workers.values()) + self.members.ranks()

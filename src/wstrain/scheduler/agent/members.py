@@ -27,7 +27,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from wstrain.scheduler.agent.outcomes import describe_exit
@@ -85,6 +85,7 @@ class MemberWorker:
     proc: asyncio.subprocess.Process
     stopped: bool = False  # killed by this agent: the attempt had ended already
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    started_s: float = field(default_factory=time.time)  # unix s: its spawn
 
 
 def gang_env(gang: Gang, node_rank: int) -> dict[str, str]:
@@ -128,6 +129,16 @@ class Members:
     def running(self) -> list[RunningJob]:
         return [h.running() for h in self.holds.values()] + [
             w.hold.running() for w in self.workers.values()
+        ]
+
+    def training(self) -> list[RunningJob]:
+        """This node's shares of multi-node jobs that train here, from their member worker's
+        spawn: what fair share charges their owners beside node 0's own (a gang still
+        assembling holds GPUs but trains nothing, and is not charged)."""
+        return [
+            replace(w.hold.running(), started_s=w.started_s)
+            for w in self.workers.values()
+            if not w.stopped
         ]
 
     def ranks(self) -> int:
