@@ -54,7 +54,9 @@ def _meets(s0: int, s1: int, runs: Runs) -> Iterator[tuple[int, int, int, int]]:
     """(sequence, document start, first query, end of queries) for every document that
     holds some of the queries [s0, s1)."""
     for b, row in enumerate(runs):
-        for a, e in row:
+        for a, e in row:  # in order: none after the first that starts past the queries
+            if a >= s1:
+                break
             qa, qb = max(a, s0), min(e, s1)
             if qa < qb:
                 yield b, a, qa, qb
