@@ -58,3 +58,18 @@ def test_a_budget_that_holds_every_set_leaves_only_level_3s_recomputation() -> N
 def test_micro_batches_start_at_adaws_bound() -> None:
     xs = micro_batches_at_bound(_row(20))
     assert xs and all(32 % x == 0 for x in xs) and min(xs) >= 2
+
+
+def test_the_levers_add_capacity_and_never_lower_the_ceiling() -> None:
+    """Cross-round overlap adds the backward's link time less the round's gradients; fp8
+    sets are about half the bytes (the attention kernel's own set stays 16-bit)."""
+    row = _row(20)
+    base = bound(row, 12.5, 4)
+    overlap = bound(row, 12.5, 4, overlap=True)
+    grads = 16 * 218_112_000 * 2  # Llama-3-8B layers' bf16 gradients, once a round
+    link = 4 * 16 * LAYER.backward_s * H200.both_bytes_per_s
+    assert overlap.capacity_bytes - base.capacity_bytes == pytest.approx(max(0, link - grads))
+    fp8 = bound(row, 12.5, 4, fp8=True)
+    assert fp8.saved_bytes[0] == pytest.approx(base.saved_bytes[0] * (1 + 4 / 128) / 2, rel=1e-6)
+    for lever in (overlap, fp8, bound(row, 12.5, 4, fp8=True, overlap=True)):
+        assert base.ceiling <= lever.ceiling <= 1.0
