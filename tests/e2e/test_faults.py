@@ -214,7 +214,8 @@ def test_a_time_limited_job_ends_timeout_with_a_checkpoint_and_resumes(
     )
     try:
         with stack.client() as c:
-            spec = tiny_spec("limited", steps=100000, time_limit_s=6)
+            # 12 s: a worker on a loaded 2-core machine took over 6 s to its first step
+            spec = tiny_spec("limited", steps=100000, time_limit_s=12)
             job = c.post("/v1/jobs", json=spec).json()
             ended = wait_terminal(c, job["id"])
             assert ended["state"] == "timeout", ended
