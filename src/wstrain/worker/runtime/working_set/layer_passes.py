@@ -6,7 +6,8 @@ RoPE tables and attention masks (or each piece's rows and documents) of a pass; 
 evaluation's forward, which saves nothing.
 
 WorkingSetRuntime takes these as a mixin: they read the runtime's streams, store, slots and
-tables, declared below, and touch no step-level state but the round's MoE router totals.
+tables, declared below; the training passes write no step-level state but the round's MoE
+router totals, and the evaluation drives the weight ring itself.
 
     y, graph = rt._forward_layer(k, c, x, slot)       # (b, c, D) -> (b, c, D), what it saved
     dx = rt._backward_layer(k, c, graph, dy, slot, dw)
