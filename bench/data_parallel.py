@@ -103,18 +103,16 @@ def _spawn(fn, world: int, extra: tuple) -> list[dict]:
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
 
 
-def run_baseline_row(args: argparse.Namespace) -> dict[str, object]:
-    """`fsdp2-N` / `deepspeed-N`: FSDP2 CPUOffloadPolicy or DeepSpeed ZeRO-3 offload on N
-    GPUs, full activation checkpointing, one sequence a micro-batch, per_gpu_batch a rank."""
+def _gang_row(args: argparse.Namespace, world: int, ranks: list[dict]) -> dict[str, object]:
+    """What every row reports of its ranks: tokens/s over the slowest rank's steps (the
+    first one warm-up), MFU a GPU, the PSS summed over the ranks, each one's peak."""
     import torch
 
-    kind, world = args.row.split("-")[0], int(args.row.split("-")[1])
-    dims = _dims(args.layers)
-    ranks = _spawn(_baseline_rank, world, (kind, args))
-    times = [max(r["times"][i] for r in ranks) for i in range(args.steps)]
+    times = [max(r["times"][i] for r in ranks) for i in range(args.steps)]  # the gang's step
     step_s = sum(times[1:]) / len(times[1:])
     tokens_per_s = world * args.per_gpu_batch * args.seq / step_s
     gpu = torch.cuda.get_device_name(0)
+    flops = _dims(args.layers).flops_per_token(args.seq)
     return {
         "name": args.row,
         "gpus": world,
@@ -122,7 +120,7 @@ def run_baseline_row(args: argparse.Namespace) -> dict[str, object]:
         "seq_len": args.seq,
         "per_gpu_batch": args.per_gpu_batch,
         "tokens_per_s": tokens_per_s,
-        **mfu_fields(dims.flops_per_token(args.seq), tokens_per_s / world, gpu, "bf16"),
+        **mfu_fields(flops, tokens_per_s / world, gpu, "bf16"),
         "step_seconds": times,
         "host_pss_gib": sum(r["pss_bytes"] for r in ranks) / 2**30,
         "peak_reserved_gib": [r["peak_reserved_gib"] for r in ranks],
@@ -130,6 +128,13 @@ def run_baseline_row(args: argparse.Namespace) -> dict[str, object]:
         "gpu": gpu,
         "commit": os.environ.get("BENCH_COMMIT", "?"),
     }
+
+
+def run_baseline_row(args: argparse.Namespace) -> dict[str, object]:
+    """`fsdp2-N` / `deepspeed-N`: FSDP2 CPUOffloadPolicy or DeepSpeed ZeRO-3 offload on N
+    GPUs, full activation checkpointing, one sequence a micro-batch, per_gpu_batch a rank."""
+    kind, world = args.row.split("-")[0], int(args.row.split("-")[1])
+    return _gang_row(args, world, _spawn(_baseline_rank, world, (kind, args)))
 
 
 def run_row(args: argparse.Namespace) -> dict[str, object]:
@@ -163,29 +168,14 @@ def run_row(args: argparse.Namespace) -> dict[str, object]:
             Path(args.plan_file).write_text(plan.model_dump_json())
     torch.cuda.empty_cache()  # the layer timing's blocks: GPU 0 is rank 0's
     ranks = _spawn(_rank, world, ((spec, dims, plan, node), args.steps))
-    times = [max(r["times"][i] for r in ranks) for i in range(args.steps)]  # the gang's step
-    step_s = sum(times[1:]) / len(times[1:])
-    tokens_per_s = world * args.per_gpu_batch * args.seq / step_s
-    gpu = torch.cuda.get_device_name(0)
     return {
+        **_gang_row(args, world, ranks),
         "name": name,
-        "gpus": world,
-        "layers": args.layers,
-        "seq_len": args.seq,
-        "per_gpu_batch": args.per_gpu_batch,
         "device_budget_gib": args.device_gib,
         "host_budget_gib": args.host_gib,
-        "tokens_per_s": tokens_per_s,
-        **mfu_fields(dims.flops_per_token(args.seq), tokens_per_s / world, gpu, "bf16"),
-        "step_seconds": times,
-        "host_pss_gib": sum(r["pss_bytes"] for r in ranks) / 2**30,
         "arena_gib": [r["arena_gib"] for r in ranks],
-        "peak_reserved_gib": [r["peak_reserved_gib"] for r in ranks],
         "stalls_s": [r["stalls"] for r in ranks],
         "predicted_step_seconds": plan.predicted.step_seconds,
-        "plan": ranks[0]["plan"],
-        "gpu": gpu,
-        "commit": os.environ.get("BENCH_COMMIT", "?"),
         "source": os.environ.get("BENCH_SOURCE", "this tree"),
     }
 
