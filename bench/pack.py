@@ -143,6 +143,10 @@ def queue(shape: tuple[int, int, int, int], jobs: int, gpus: int) -> list[dict[s
             }
         )
     rows.append({"name": "queue-packed-over-turns", "ratio": turns[1] / packed[1]})
+    for r in rows:
+        if "makespan_s" in r:
+            print(f"{r['name']:<14} {r['makespan_s']:>8.1f} s  {r['jobs_per_hour']:.1f} jobs/h")
+    print(f"packed over turns: {rows[-1]['ratio']:.3f} (jobs/hour)")
     return rows
 
 
@@ -157,26 +161,24 @@ def main() -> None:
     p.add_argument("--out")
     args = p.parse_args()
     shape = (args.layers, args.seq, args.global_batch, args.steps)
-    if args.queue:
-        rows: list[dict[str, Any]] = queue(shape, args.queue, args.gpus)
-        for r in rows:
-            if "makespan_s" in r:
-                print(f"{r['name']:<14} {r['makespan_s']:>8.1f} s  {r['jobs_per_hour']:.1f} jobs/h")
-        print(f"packed over turns: {rows[-1]['ratio']:.3f} (jobs/hour)")
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(rows, f, indent=1)
-        return
+    rows = queue(shape, args.queue, args.gpus) if args.queue else pair(shape, args.layers)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def pair(shape: tuple[int, int, int, int], layers: int) -> list[dict[str, Any]]:
+    """One job alone, then two at once on the same GPU, and their sum over the lone one."""
     start = time.time()
     (alone,) = run([_child(*shape, jobs=1)])
-    pair = run([_child(*shape, jobs=2), _child(*shape, jobs=2)])
-    summed = sum(float(r["tokens_per_s"]) for r in pair)
+    both = run([_child(*shape, jobs=2), _child(*shape, jobs=2)])
+    summed = sum(float(r["tokens_per_s"]) for r in both)
     rows = [
         {**alone, "name": "pack-1x20", "packed_jobs": 1},
-        *({**r, "name": "pack-2x20", "packed_jobs": 2, "job": i} for i, r in enumerate(pair)),
+        *({**r, "name": "pack-2x20", "packed_jobs": 2, "job": i} for i, r in enumerate(both)),
         {
             "name": "pack-2x20-sum",
-            "layers": args.layers,
+            "layers": layers,
             "tokens_per_s": summed,
             "over_alone": summed / float(alone["tokens_per_s"]),
             "wall_s": time.time() - start,
@@ -185,9 +187,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['name']:<14} {float(r['tokens_per_s']):>9.0f} tok/s", flush=True)
     print(f"pair / alone: {rows[-1]['over_alone']:.3f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":
