@@ -107,7 +107,8 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
     from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 
     _rank()
-    dist.init_process_group("nccl")  # torchrun's environment (one rank without it)
+    # gloo beside NCCL: with N ranks the offloaded gradients' clipping norm is reduced on the CPU
+    dist.init_process_group("cpu:gloo,cuda:nccl")  # torchrun's environment (one rank without)
     dims = _dims(args.layers)
     with torch.device("cuda"):  # fast init; fully_shard then moves the shards home
         model = LlamaModel(dims).to(torch.bfloat16)
