@@ -105,11 +105,13 @@ def _spawn(fn, world: int, extra: tuple) -> list[dict]:
 
 def _gang_row(args: argparse.Namespace, world: int, ranks: list[dict]) -> dict[str, object]:
     """What every row reports of its ranks: tokens/s over the slowest rank's steps (the
-    first one warm-up), MFU a GPU, the PSS summed over the ranks, each one's peak."""
+    first one warm-up, unless it is the only one), MFU a GPU, the PSS summed over the
+    ranks, each one's peak."""
     import torch
 
     times = [max(r["times"][i] for r in ranks) for i in range(args.steps)]  # the gang's step
-    step_s = sum(times[1:]) / len(times[1:])
+    timed = times[1:] or times  # `--steps 1` (a 512K step is minutes): warm-up included
+    step_s = sum(timed) / len(timed)
     tokens_per_s = world * args.per_gpu_batch * args.seq / step_s
     gpu = torch.cuda.get_device_name(0)
     flops = _dims(args.layers).flops_per_token(args.seq)
@@ -122,6 +124,7 @@ def _gang_row(args: argparse.Namespace, world: int, ranks: list[dict]) -> dict[s
         "tokens_per_s": tokens_per_s,
         **mfu_fields(flops, tokens_per_s / world, gpu, "bf16"),
         "step_seconds": times,
+        "steps_timed": len(timed),
         "host_pss_gib": sum(r["pss_bytes"] for r in ranks) / 2**30,
         "peak_reserved_gib": [r["peak_reserved_gib"] for r in ranks],
         "plan": ranks[0]["plan"],
@@ -142,6 +145,7 @@ def run_row(args: argparse.Namespace) -> dict[str, object]:
 
     from wstrain.scheduler.contracts.plan import Plan
     from wstrain.scheduler.planning.planner import make_plan
+    from wstrain.scheduler.planning.working_set import PIECES_FROM_TOKENS
 
     name = args.row
     world = int(name.split("-")[1])
@@ -157,7 +161,10 @@ def run_row(args: argparse.Namespace) -> dict[str, object]:
         args.host_gib,
         overrides,
     ).model_copy(update={"gpus": world})  # planned as the service plans a gang's ranks
-    node = measured_node(args.seq, dims)
+    # the agent times the job's layer only below PIECES_FROM_TOKENS (agent/hardware.py): a
+    # whole layer at 512K is what does not fit the budget
+    long = args.seq >= PIECES_FROM_TOKENS
+    node = measured_node() if long else measured_node(args.seq, dims)
     if name.endswith("-onelink"):  # as if each rank had its GPU's link to itself
         node = replace(node, d2h_by_gpus=())
     if args.plan_file and Path(args.plan_file).exists():  # the same plan as an earlier row

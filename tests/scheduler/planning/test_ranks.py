@@ -179,3 +179,21 @@ def test_ranks_plan_with_the_link_rate_their_gpus_get_together() -> None:
     measured = {"d2h_bytes_per_s": 55e9, "d2h_bytes_per_s.4": 34e9, "d2h_bytes_per_s.2": 55e9}
     node = NodeProfile.from_profile("cuda", measured, 80 * 2**30, 512 * 2**30)
     assert node.d2h_by_gpus == ((2, 55e9), (4, 34e9))  # the agent's profile, as measured
+
+
+def test_a_binding_host_budget_keeps_what_every_ranks_store_can_hold() -> None:
+    # 512K tokens a rank: level 0 everywhere fits 250 GiB for two ranks, but not every saved
+    # set. Each set dropped to level 0 frees its bytes in both ranks' stores, so the plan
+    # keeps as many as the budget holds and predicts the host bytes its levels take.
+    spec = _spec(2, 2, seq_len=524288, budget={"device_gib": 24, "host_gib": 250})
+    plan = make_plan(spec, LLAMA, H200)
+    ws = plan.working_set
+    assert ws is not None and ws.seq_chunk > 0
+    kept = [lv for row in ws.levels[: plan.layers - plan.window] for lv in row]
+    assert any(kept) and not all(kept)  # the budget binds: some sets kept, some dropped
+    saved = [mm.saved_bytes(LLAMA, spec, lv, ws.seq_chunk) for lv in range(4)]
+    host = mm.host_bytes(LLAMA, spec, sum(saved[lv] for lv in kept), "cuda")
+    assert plan.predicted.peak_host_bytes == host <= spec.budget.host_bytes
+    # keeping one more set at its level would not fit both ranks' stores
+    smallest = min(saved[lv] for lv in range(1, 4) if lv in kept) - saved[0]
+    assert host + 2 * smallest > spec.budget.host_bytes

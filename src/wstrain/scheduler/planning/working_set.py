@@ -236,8 +236,10 @@ def _finish(
         if spec.overrides.level is None
         else [[spec.overrides.level] * X for _ in range(L - window)]
     )
-    host = mm.host_bytes(dims, spec, sum(saved[lv] for row in home for lv in row), device)
-    # Over the host budget: drop home chunks to level 0, the largest saved sets first.
+    home_saved = sum(saved[lv] for row in home for lv in row)  # one rank's
+    host = mm.host_bytes(dims, spec, home_saved, device)
+    # Over the host budget: drop home chunks to level 0, the largest saved sets first; each
+    # drop frees its bytes in every rank's store (host_bytes counts the store per rank)
     by_size = sorted(
         ((saved[lv], k, c) for k, row in enumerate(home) for c, lv in enumerate(row) if lv),
         reverse=True,
@@ -245,11 +247,11 @@ def _finish(
     for nbytes, k, c in by_size:
         if host <= spec.budget.host_bytes:
             break
-        host -= nbytes - saved[0]
+        home_saved -= nbytes - saved[0]
+        host = mm.host_bytes(dims, spec, home_saved, device)
         home[k][c] = 0
     levels = home + window_rows
     if lay.lead_rounds > 1:  # the lead pass's extra sets must fit as they are
-        home_saved = sum(saved[lv] for row in home for lv in row)
         extra = mm.lead_pass_saved(lay, home_saved, window * X * saved[1])
         host = mm.host_bytes(dims, spec, home_saved + extra, device)
         if host > spec.budget.host_bytes:
