@@ -1,9 +1,10 @@
 """The scheduler agent: one per GPU host. Profiles the host (agent/hardware.py), heartbeats
 it into Redis, runs a scheduling round each heartbeat (agent/scheduling.py: the policy
 packs jobs onto its GPUs by their budgets, preempts, explains every wait), plans what it
-claimed, launches one worker per job and supervises it (agent/supervisor.py,
-agent/outcomes.py); retries or fails the jobs of nodes that stopped heartbeating. It takes
-part in jobs on several nodes as a member of their gangs (agent/members.py).
+claimed, launches one worker per job and supervises it (agent/launch.py,
+agent/supervisor.py, agent/outcomes.py); retries or fails the jobs of nodes that stopped
+heartbeating. It takes part in jobs on several nodes as a member of their gangs
+(agent/members.py).
 
 Each job it claims is leased to this agent (its id, renewed with every heartbeat) and every
 write about it is fenced by that lease. A restarted agent first stops the workers its
@@ -25,7 +26,6 @@ import socket
 import sys
 import time
 import uuid
-from pathlib import Path
 
 from wstrain.scheduler.agent.capacity import (
     free_device_bytes,
@@ -35,30 +35,22 @@ from wstrain.scheduler.agent.capacity import (
 )
 from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
 from wstrain.scheduler.agent.gpus import GpuCollector
-from wstrain.scheduler.agent.hardware import host_memory, layer_times, measure_node
-from wstrain.scheduler.agent.logship import ship_worker_log
-from wstrain.scheduler.agent.members import Hold, Members
+from wstrain.scheduler.agent.hardware import host_memory, measure_node
+from wstrain.scheduler.agent.launch import Launcher
+from wstrain.scheduler.agent.members import Members
 from wstrain.scheduler.agent.processes import is_running, start_ticks
 from wstrain.scheduler.agent.recovery import LIVE, fail_orphan, take_back
 from wstrain.scheduler.agent.scheduling import GangSettings, Rounds
 from wstrain.scheduler.agent.settings import AgentSettings
 from wstrain.scheduler.agent.supervisor import (
     WorkerHandle,
-    enforce_time_limit,
     forward_cancel,
     lose_lease,
     preempt,
-    pump,
-    resumed_runtime,
-    spawn,
 )
 from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.errors import Conflict, LeaseLost, WstrainError
-from wstrain.scheduler.contracts.hardware import Device, LayerTimes, NodeProfile
-from wstrain.scheduler.contracts.jobs import GPUInfo, Job, JobState, Node, gpu_text, job_dir
-from wstrain.scheduler.contracts.model_dims import resolve_dims
-from wstrain.scheduler.contracts.spec import JobSpec
-from wstrain.scheduler.planning.planner import make_plan
+from wstrain.scheduler.contracts.hardware import Device
+from wstrain.scheduler.contracts.jobs import GPUInfo, Job, Node, gpu_text
 from wstrain.scheduler.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -76,7 +68,7 @@ class NodeNameTaken(SystemExit):
         )
 
 
-class Agent:
+class Agent(Launcher):
     def __init__(self, settings: AgentSettings, store: JobStore) -> None:
         self.settings, self.store = settings, store
         self.name = settings.node_name
@@ -182,157 +174,7 @@ class Agent:
             ceilings,
         )
 
-    def node_profile(self) -> NodeProfile:
-        host_total, _ = host_memory()
-        dev_total = max((g.total_bytes for g in self.gpus), default=host_total)
-        return NodeProfile.from_profile(self.device, self.profile, dev_total, host_total)
-
     # ------------------------------------------------------------ jobs
-
-    async def _layer_times(self, spec: JobSpec, jdir: Path, gpu: int) -> LayerTimes | None:
-        if not self.gpus:
-            return None
-        return await layer_times(self.settings.state_dir, self.profile_key, spec, jdir, gpu)
-
-    async def _start_leader(self, job_id: str, gpus: tuple[int, ...], env: dict[str, str]) -> None:
-        """Node 0 of a multi-node job: planned and supervised as any job of this node."""
-        await self._start(job_id, gpus, 1, env)
-
-    async def _spawn_member(
-        self, job: Job, hold: Hold, node_rank: int, env: dict[str, str]
-    ) -> asyncio.subprocess.Process:
-        """The worker of node `node_rank` > 0 of a multi-node job (agent/members.py)."""
-        jdir = job_dir(self.settings.state_dir, job.id).resolve()
-        return await self._spawn(job, jdir, hold.gpus, env, f"worker-node{node_rank}.log")
-
-    async def _spawn(
-        self,
-        job: Job,
-        jdir: Path,
-        gpus: tuple[int, ...],
-        env: dict[str, str],
-        log_name: str = "worker.log",
-    ) -> asyncio.subprocess.Process:
-        cuda = gpus if self.gpus else None  # a CPU node's modelled devices are host memory
-        return await spawn(
-            job,
-            jdir,
-            self.settings.worker_threads,
-            cuda,
-            {**os.environ, **env},
-            self.access,
-            measured_peak_flops=self.profile.get("matmul_flops") if cuda is not None else None,
-            cpu_peak_flops=self.settings.cpu_peak_flops,
-            log_name=log_name,
-            shm_dir=self.settings.shm_dir,
-        )
-
-    async def _start(
-        self,
-        job_id: str,
-        gpus: tuple[int, ...],
-        link_share: int,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        try:
-            await self._plan_and_spawn(job_id, gpus, link_share, env or {})
-        except LeaseLost:
-            log.warning("job %s: taken over by another agent while starting", job_id)
-        except Exception as exc:  # a full disk, a failed spawn: the job fails with why
-            reason = f"starting the worker on {self.name} failed: {type(exc).__name__}: {exc}"
-            log.exception("job %s: %s", job_id, reason)
-            if (handle := self.workers.get(job_id)) is not None and handle.proc.returncode is None:
-                handle.proc.send_signal(signal.SIGTERM)  # no worker trains a failed job
-            with contextlib.suppress(Conflict):
-                await self.store.transition(
-                    job_id,
-                    JobState.failed,
-                    f"failed: {reason}",
-                    sources=frozenset(LIVE),
-                    fence=self.agent_id,
-                    error=reason,
-                )
-
-    async def _plan_and_spawn(
-        self, job_id: str, gpus: tuple[int, ...], link_share: int, env: dict[str, str]
-    ) -> None:
-        job = await self.store.get(job_id)
-        jdir = job_dir(self.settings.state_dir, job_id).resolve()
-        jdir.mkdir(parents=True, exist_ok=True)
-        (jdir / "spec.json").write_text(job.spec.model_dump_json(indent=1))
-        try:
-            # a gang's ranks are alike: its first GPU's layer time and link share stand for all
-            layer = await self._layer_times(job.spec, jdir, gpus[0]) if gpus else None
-            # packed beside other jobs, it plans with its share of the GPU and its link
-            node = self.node_profile().with_layer(layer).shared_by(link_share)
-            plan = make_plan(job.spec, resolve_dims(job.spec.model), node, resumed_runtime(jdir))
-        except WstrainError as exc:
-            await self.store.transition(
-                job_id,
-                JobState.failed,
-                f"planning failed: {exc.message}",
-                fence=self.agent_id,
-                error=exc.message,
-            )
-            return
-        (jdir / "plan.json").write_text(plan.model_dump_json(indent=1))
-        try:
-            await self.store.transition(
-                job_id,
-                JobState.running,
-                f"running on {self.name}",
-                sources=frozenset({JobState.planning}),
-                fence=self.agent_id,
-                plan=plan.model_dump(mode="json"),
-                runtime=plan.runtime or "",
-                state_reason=None,
-            )
-        except LeaseLost:
-            raise
-        except Conflict:  # cancelled while we planned
-            await self.store.transition(
-                job_id,
-                JobState.cancelled,
-                "cancelled before it started",
-                sources=frozenset({JobState.cancelling}),
-                fence=self.agent_id,
-            )
-            return
-        proc = await self._spawn(job, jdir, gpus, env)
-        ship_worker_log(self.store, job, jdir / "worker.log", proc)  # until the worker exits
-        handle = WorkerHandle(
-            job,
-            proc,
-            job.spec.budget.device_bytes,
-            job.spec.budget.host_bytes,
-            gpus,
-            self.exporter,
-            self.agent_id,
-            retry_backoff_s=self.settings.retry_backoff_s,
-        )
-        self.exporter.job_started(job.model_copy(update={"plan": plan}))
-        self.workers[job_id] = handle
-        handle.task = asyncio.create_task(self._supervise(handle))  # held: tasks are weak refs
-        # the worker is recorded by pid and start time: a restarted agent stops exactly it
-        await self.store.report(
-            job_id,
-            self.agent_id,
-            ("worker", f"worker pid {proc.pid} started on {self.name}", {"pid": proc.pid}),
-            worker_pid=proc.pid,
-            worker_start=start_ticks(proc.pid),
-            gpu=gpu_text(gpus),
-        )
-        log.info("job %s: worker pid %d started (attempt %d)", job_id, proc.pid, job.attempt)
-
-    async def _supervise(self, handle: WorkerHandle) -> None:
-        limit = asyncio.create_task(
-            enforce_time_limit(self.store, handle, self.settings.time_limit_grace_s)
-        )
-        try:
-            await pump(self.store, handle)
-        finally:
-            limit.cancel()
-            self.workers.pop(handle.job.id, None)
 
     async def _schedule(self) -> None:
         """A policy round (scheduler/agent/scheduling.py): charge the running jobs' usage,

@@ -4,7 +4,7 @@ a child process, since the agent never imports torch) and, per job on a GPU, one
 decoder layer of the job's model timed there (ProTrain's refinement), both cached under the
 state dir.
 
-Used by scheduler/agent/agent.py.
+Used by scheduler/agent/agent.py and launch.py (layer times).
 """
 
 from __future__ import annotations

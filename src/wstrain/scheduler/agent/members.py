@@ -6,7 +6,7 @@ another agent, and how the members of one attempt stop together.
   node's policy rounds and CPU slots until the gang is whole (it then becomes a worker) or
   the assembly times out (released: the job waits again, holding nothing here).
 - Node 0 (the first member) plans the job and starts its worker through the agent's usual
-  path (agent.py `_start`, a lease and a supervised WorkerHandle); its result alone settles
+  path (launch.py `_start`, a lease and a supervised WorkerHandle); its result alone settles
   the job. Its worker gets NNODES, NODE_RANK=0, MASTER_ADDR, MASTER_PORT.
 - Node i > 0 starts its worker once the job runs (node 0 wrote plan.json into the shared
   job dir), with NODE_RANK=i, logging to worker-node{i}.log. That worker reports nothing;

@@ -3,7 +3,7 @@ updates and events, forward cancel as SIGTERM, and map its exit to the job's fin
 Every write is fenced by the agent's lease on the job: once another agent has taken the job
 over (this one was presumed dead), writes change nothing and the worker is stopped.
 
-Used by scheduler/agent/agent.py; one `WorkerHandle` per running job.
+Used by scheduler/agent/agent.py and launch.py; one `WorkerHandle` per running job.
 """
 
 from __future__ import annotations

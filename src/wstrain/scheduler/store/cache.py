@@ -1,6 +1,6 @@
 """Jobs already dumped to JSON, by id and revision, for the API's reads of unchanged jobs.
 
-Used by store/job_store.py: `JobStore.get_json` and `list_json` answer from it.
+Used by store/job_reads.py: `JobStore.get_json` and `list_json` answer from it.
 """
 
 from __future__ import annotations

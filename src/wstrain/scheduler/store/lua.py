@@ -1,7 +1,8 @@
 """The job store's Lua scripts: each runs atomically inside Redis, so a state change, a claim,
 a fenced progress write or a node heartbeat either happens whole or not at all.
 
-Used by store/job_store.py only (registered once per client).
+Used by store/job_store.py and the reads it inherits, store/job_reads.py (registered once
+per client, by JobStore).
 """
 
 # A transition fenced by an agent id (ARGV[9], '' for none: the API's) changes nothing unless
