@@ -27,7 +27,8 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
     from torch.utils.checkpoint import checkpoint
 
     from bench.timeline import profile_step
-    from wstrain.worker.models.dense import LlamaModel, causal_lm_loss, rope_tables
+    from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
+    from wstrain.worker.models.rope import rope_tables
 
     dims = _dims(args.layers)
     with torch.device("cuda"):

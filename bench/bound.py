@@ -161,7 +161,7 @@ def bound(
 def micro_batches_at_bound(row: dict) -> list[int]:  # type: ignore[type-arg]
     """The micro-batches the planner tries first: divisors of the global batch at or above
     AdaWS's bound (below it the weights cannot stream in behind a layer's compute)."""
-    from wstrain.scheduler.planning.working_set import micro_batches
+    from wstrain.scheduler.planning.layouts import micro_batches
 
     spec, dims = _spec_dims(row)
     tiers, _ = micro_batches(spec, dims, node_from_row(row))

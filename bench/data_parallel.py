@@ -144,8 +144,8 @@ def run_row(args: argparse.Namespace) -> dict[str, object]:
     import torch
 
     from wstrain.scheduler.contracts.plan import Plan
+    from wstrain.scheduler.planning.layouts import PIECES_FROM_TOKENS
     from wstrain.scheduler.planning.planner import make_plan
-    from wstrain.scheduler.planning.working_set import PIECES_FROM_TOKENS
 
     name = args.row
     world = int(name.split("-")[1])

@@ -54,8 +54,8 @@ def run_row(name: str, args: argparse.Namespace, data: Path) -> dict[str, object
     from wstrain.scheduler.contracts.model_dims import resolve_dims
     from wstrain.scheduler.contracts.spec import TokenData
     from wstrain.scheduler.planning.planner import make_plan
+    from wstrain.worker.build import build_runtime
     from wstrain.worker.io.data import TokenStream
-    from wstrain.worker.main import build_runtime
 
     runtime, budget, docs = ROWS[name]
     spec = llama_spec(

@@ -58,7 +58,7 @@ def write_checkpoint(directory: Path, params_b: float, shard_gib: float) -> int:
 
 
 def load(directory: Path) -> dict[str, object]:
-    """Child: the worker's two steps for a model directory (worker/main.py build_runtime):
+    """Child: the worker's two steps for a model directory (worker/build.py build_runtime):
     the host state's arena, then the weights streamed into its tiles; report RSS."""
     from wstrain.scheduler.contracts.model_dims import resolve_dims
     from wstrain.scheduler.contracts.model_refs import PathModel

@@ -26,7 +26,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--link-share", type=float, default=0.0)
     args = p.parse_args()
-    from wstrain.worker.main import ws_config
+    from wstrain.worker.build import ws_config
     from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
     from wstrain.worker.runtime.working_set.state import HostState
 

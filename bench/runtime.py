@@ -307,7 +307,7 @@ def run_plan(
     from bench.timeline import profile_step
     from wstrain.scheduler.contracts.calibration import host_reserve_bytes
     from wstrain.scheduler.planning import cost_model
-    from wstrain.worker.main import ws_config
+    from wstrain.worker.build import ws_config
     from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
     from wstrain.worker.runtime.working_set.state import HostState
 
@@ -315,7 +315,7 @@ def run_plan(
     total = torch.cuda.get_device_properties(gpu).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, spec.budget.device_bytes / total), gpu)
     t0 = time.perf_counter()
-    # the worker's limit (worker/main.py): the arena refuses to grow past the host budget
+    # the worker's limit (worker/build.py): the arena refuses to grow past the host budget
     arena_limit = spec.budget.host_bytes - host_reserve_bytes(dims.params, spec.precision, "cuda")
     share, data_parallel = None, {}
     if group is not None and group.local_world > 1:  # (imported here: ws-1-old runs older code)

@@ -29,8 +29,8 @@ from wstrain.scheduler.contracts.jobs import WorkerMessage
 from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.planner import make_plan
+from wstrain.worker.build import build_runtime, mfu_peak
 from wstrain.worker.io.data import TokenStream
-from wstrain.worker.main import build_runtime, mfu_peak
 from wstrain.worker.runtime.base import IGNORE_INDEX
 
 STEPS = 20

@@ -161,7 +161,7 @@ def _session_memory_bytes(leader: int) -> int:
 
 
 def test_two_ranks_hold_one_copy_of_the_host_state(tmp_path: Path) -> None:
-    """A model whose training state (268M parameters, fp32: 4.3 GB of weights, gradients
+    """A model whose training state (202M parameters, fp32: 3.2 GB of weights, gradients
     and moments) outweighs a process: the two-rank job's peak memory within 1.15x of one."""
     peaks = []
     for gpus in (1, 2):
@@ -175,7 +175,7 @@ def test_two_ranks_hold_one_copy_of_the_host_state(tmp_path: Path) -> None:
                     "vocab_size": 512,
                     "hidden_size": 1024,
                     "intermediate_size": 4096,
-                    "num_hidden_layers": 16,
+                    "num_hidden_layers": 12,
                     "num_attention_heads": 8,
                     "num_key_value_heads": 8,
                 }
@@ -189,9 +189,9 @@ def test_two_ranks_hold_one_copy_of_the_host_state(tmp_path: Path) -> None:
         proc, peak = _start(job_dir), 0
         while proc.poll() is None:
             peak = max(peak, _session_memory_bytes(proc.pid))
-            time.sleep(0.2)
+            time.sleep(0.5)
         assert proc.returncode == WorkerExit.succeeded, (job_dir / "worker.log").read_text()[-3000:]
         peaks.append(peak)
     print(f"peak memory, 1 rank {peaks[0] / 2**30:.2f} GiB, 2 ranks {peaks[1] / 2**30:.2f} GiB")
-    assert peaks[0] > 4.3e9, peaks  # the state was there to share
+    assert peaks[0] > 3.2e9, peaks  # the state was there to share
     assert peaks[1] <= 1.15 * peaks[0], [p / 2**30 for p in peaks]

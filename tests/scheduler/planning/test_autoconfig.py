@@ -20,9 +20,10 @@ from wstrain.scheduler.contracts.hardware import H100_ADAWS, H200, NodeProfile
 from wstrain.scheduler.contracts.model_dims import PRESETS, ModelDims
 from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning import cost_model as cm
+from wstrain.scheduler.planning.layouts import PIECES_FROM_TOKENS, micro_batches
 from wstrain.scheduler.planning.levels import BUCKETS, LayerCost, simulate, solve
 from wstrain.scheduler.planning.planner import make_plan
-from wstrain.scheduler.planning.working_set import PIECES_FROM_TOKENS, make_ws_plan, micro_batches
+from wstrain.scheduler.planning.working_set import make_ws_plan
 
 LLAMA3_8B = PRESETS["llama3-8b"]
 
@@ -261,7 +262,7 @@ def profiles(draw: st.DrawFn) -> NodeProfile:
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     dims=models(),
     node=profiles(),

@@ -31,7 +31,7 @@ def _spec(preset: str, seq: int, batch: int, dev: float, host: float, prec: str)
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     preset=st.sampled_from(sorted(PRESETS)),
     seq=st.sampled_from([64, 128, 512, 1024]),

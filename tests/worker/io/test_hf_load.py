@@ -15,9 +15,9 @@ from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
 from wstrain.scheduler.contracts.model_dims import PRESETS, resolve_dims
 from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.planner import make_plan
+from wstrain.worker.build import build_runtime
 from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream
-from wstrain.worker.main import build_runtime
 from wstrain.worker.models.dense import LlamaModel
 
 

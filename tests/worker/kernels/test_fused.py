@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from wstrain.worker.kernels import fused as fused_ops
-from wstrain.worker.models.dense import apply_rope, rms_norm, silu_mul, silu_mul_backward
+from wstrain.worker.models.dense import rms_norm, silu_mul, silu_mul_backward
+from wstrain.worker.models.rope import apply_rope
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,7 +28,7 @@ pytestmark = [
 
 @pytest.fixture
 def eager() -> Iterator[Callable[[], None]]:
-    """Call it to run worker/models/dense.py's eager ops until the test ends."""
+    """Call it to run worker/models/dense.py's and rope.py's eager ops until the test ends."""
 
     def off() -> None:
         fused_ops.ENABLED = False

@@ -23,7 +23,7 @@ from wstrain.scheduler.contracts.hardware import Device, LayerTimes
 from wstrain.scheduler.contracts.jobs import GPUInfo
 from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.scheduler.contracts.spec import JobSpec
-from wstrain.scheduler.planning.working_set import PIECES_FROM_TOKENS
+from wstrain.scheduler.planning.layouts import PIECES_FROM_TOKENS
 
 log = logging.getLogger(__name__)
 

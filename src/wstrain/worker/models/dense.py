@@ -1,16 +1,14 @@
-"""A Llama-style decoder (RMSNorm, RoPE, GQA attention through SDPA, SwiGLU MLP, untied LM
-head) whose parameter names are exactly Hugging Face `LlamaForCausalLM`'s, so checkpoints
-load in `transformers` and tests compare against it — and its variants: Qwen3's per-head
-q/k RMSNorm, OLMoE's q/k RMSNorm over whole projections, Qwen2's q/k/v biases, and
-mixture-of-experts MLPs (worker/models/moe.py; Qwen2-MoE's gated shared expert) named as OLMoE /
-Qwen3-MoE / Qwen2-MoE checkpoints name them on the Hub.
+"""A Llama-style decoder (RMSNorm, RoPE from worker/models/rope.py, GQA attention through
+SDPA, SwiGLU MLP, untied LM head) whose parameter names are exactly Hugging Face
+`LlamaForCausalLM`'s, so checkpoints load in `transformers` and tests compare against it — and
+its variants: Qwen3's per-head q/k RMSNorm, OLMoE's q/k RMSNorm over whole projections,
+Qwen2's q/k/v biases, and mixture-of-experts MLPs (worker/models/moe.py; Qwen2-MoE's gated
+shared expert) named as OLMoE / Qwen3-MoE / Qwen2-MoE checkpoints name them on the Hub.
 
     from wstrain.worker.models.dense import LlamaModel; m = LlamaModel(PRESETS["tiny-llama"])
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +17,7 @@ from torch import nn
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.worker.kernels import fused as fused_ops
 from wstrain.worker.models import moe
+from wstrain.worker.models.rope import apply_rope, rope_tables
 
 
 class RMSNorm(nn.Module):
@@ -39,53 +38,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
-
-
-def rope_tables(
-    dims: ModelDims, seq_len: int, device: torch.device, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (S, head_dim), computed in fp32 as Hugging Face does."""
-    half = torch.arange(0, dims.head_dim, 2, dtype=torch.int64, device=device).float()
-    inv_freq = 1.0 / (dims.rope_theta ** (half / dims.head_dim))  # (head_dim/2,)
-    if dims.rope_llama3 is not None:
-        inv_freq = _llama3_scaled(inv_freq, *dims.rope_llama3)
-    pos = torch.arange(seq_len, device=device).float()
-    freqs = torch.outer(pos, inv_freq)  # (S, head_dim/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (S, head_dim)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _llama3_scaled(
-    inv_freq: torch.Tensor,
-    factor: float,
-    low_freq_factor: float,
-    high_freq_factor: float,
-    original_context: int,
-) -> torch.Tensor:
-    """Llama 3.1's RoPE scaling: wavelengths longer than original_context / low_freq_factor
-    are stretched by `factor`, shorter than original_context / high_freq_factor kept, and
-    the band between blended linearly in original_context / wavelength."""
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > original_context / low_freq_factor, inv_freq / factor, inv_freq)
-    blend = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    middle = (wavelen >= original_context / high_freq_factor) & (
-        wavelen <= original_context / low_freq_factor
-    )
-    return torch.where(middle, (1 - blend) * inv_freq / factor + blend * inv_freq, scaled)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, S, H, hd), cos/sin: (S, 1, hd); Hugging Face rotates the transposed
-    (B, H, S, hd) view, the same values through strided, unvectorised kernels. On CUDA one
-    fused kernel (worker/kernels/fused.py) that also takes x strided and returns it contiguous."""
-    if fused_ops.available(x, cos, sin) and x.dim() == 4 and cos.shape[1] == 1:
-        return fused_ops.rope_autograd(x, cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous())
-    return x * cos + _rotate_half(x) * sin
 
 
 class Attention(nn.Module):

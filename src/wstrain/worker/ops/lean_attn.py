@@ -29,7 +29,8 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.worker.models.blocks import flat_tokens, leaves, out_proj, qkv
-from wstrain.worker.models.dense import apply_rope, causal_attention, rms_norm
+from wstrain.worker.models.dense import causal_attention, rms_norm
+from wstrain.worker.models.rope import apply_rope
 
 NORM, O_PROJ = "input_layernorm.weight", "self_attn.o_proj.weight"
 PROJ = tuple(f"self_attn.{p}_proj" for p in "qkv")

@@ -2,7 +2,7 @@
 hands its state to checkpoints. Both runtimes (resident, working_set) implement it, so the
 process never asks which one it holds.
 
-    runtime: Runtime = build_runtime(spec, plan)      # wstrain.worker.main
+    runtime: Runtime = build_runtime(spec, plan)      # wstrain.worker.build
     stats = runtime.train_step(batches, step)
 """
 

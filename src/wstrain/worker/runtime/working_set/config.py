@@ -1,7 +1,7 @@
 """What the working-set runtime (working_set/schedule.py) is told to do: the plan's rings,
 window, saved-activation levels, LM-head block, lead pass and optimizer placement, with the
 two rules derived from them (where a (layer, chunk)'s saved set lives, which optimizer
-groups update where). worker/main.py builds it from a Plan; tests build it directly.
+groups update where). worker/build.py builds it from a Plan; tests build it directly.
 
     cfg = WorkingSetConfig(precision="bf16", device="cuda", micro_batch=4, chunk=1, ...)
 """

@@ -49,8 +49,8 @@ import torch.nn.functional as F
 from wstrain.scheduler.contracts.calibration import LEVELS
 from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.contracts.spec import OptimizerSpec
-from wstrain.worker.models.dense import rope_tables
 from wstrain.worker.models.moe import RouterTotals
+from wstrain.worker.models.rope import rope_tables
 from wstrain.worker.runtime.base import Batches, HostMemory
 from wstrain.worker.runtime.distributed import ProcessGroup
 from wstrain.worker.runtime.optim import StepUpdate, sq_norm_fp32
