@@ -80,8 +80,9 @@ def test_failed_and_stopped_jobs_as_prometheus_sees_them(
     doomed = tmp_path / "gone.txt"
     doomed.write_text(CORPUS.read_text())
     with prometheus(tmp_path / "prom", targets) as prom, httpx.Client(base_url=api) as c:
-        # fails at once: its data is deleted before its worker opens it
-        spec = tiny_spec("fails-at-once", steps=100)
+        # fails at once: its data is deleted before its worker opens it (no retries: each
+        # would wait its back-off, 30 s then 60 s, to fail the same way)
+        spec = tiny_spec("fails-at-once", steps=100, max_retries=0)
         spec["data"]["path"] = str(doomed)
         failing = c.post("/v1/jobs", json=spec, headers={"X-Wstrain-Owner": "ada"}).json()
         doomed.unlink()

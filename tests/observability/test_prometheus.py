@@ -146,8 +146,9 @@ def test_every_dashboard_query_returns_data(
     doomed = stack.state_dir.parent / f"gone-{uuid.uuid4().hex[:8]}.txt"
     doomed.write_text(CORPUS.read_text())
     with prometheus(tmp_path / "prom", scrape) as prom, stack.client() as c:
-        # fails at once: its data is deleted before its worker opens it
-        spec = tiny_spec("dash-fails", steps=100)
+        # fails at once: its data is deleted before its worker opens it (no retries: each
+        # would wait its back-off, 30 s then 60 s, to fail the same way)
+        spec = tiny_spec("dash-fails", steps=100, max_retries=0)
         spec["data"]["path"] = str(doomed)
         fid = c.post("/v1/jobs", json=spec, headers={"X-Wstrain-Owner": "ada"}).json()["id"]
         doomed.unlink()

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO, Stack, make_stack, register_node, tiny_spec, wait_terminal
+from tests.conftest import Stack, make_stack, register_node, tiny_spec, wait_terminal
 from wstrain.scheduler.agent.logship import MAX_LINE_BYTES, LogShipper, split_lines
 from wstrain.scheduler.store import JobStore
 from wstrain.scheduler.store.logs import JobLogs
@@ -264,13 +264,7 @@ def test_a_bad_parameter_is_a_422_naming_it(
         assert field in [str(p).lower() for p in r.json()["detail"][0]["loc"]], r.text
 
 
-def _shipper_wired() -> bool:
-    agent = REPO / "src" / "wstrain" / "scheduler" / "agent"
-    return any("ship_worker_log(" in (agent / f).read_text() for f in ("agent.py", "supervisor.py"))
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _shipper_wired(), reason="the agent does not start ship_worker_log yet")
 def test_a_real_jobs_log_follows_to_its_end(stack: Stack) -> None:
     with stack.client() as c:
         job = c.post("/v1/jobs", json=tiny_spec("logs-e2e", steps=60)).json()
