@@ -187,6 +187,11 @@ class Members:
     async def _advance(self, hold: Hold, leaders: Mapping[str, WorkerHandle]) -> None:
         jid = hold.job_id
         state, attempt, lease = await self._job(jid)
+        # the assembly key before the gang: the join that completes a gang deletes the key in
+        # the same script, so a gang read after the key is gone is whole unless the assembly
+        # expired (read the other way round, a gang completed between the two reads looked
+        # expired, and this node released its share of a gang node 0 then started)
+        assembling = await self.gangs.assembling()
         gang = await self.gangs.get(jid)
         rank = gang.rank_of(self.agent_id) if gang and gang.attempt == attempt else None
         if rank is None or gang is None:
@@ -194,7 +199,7 @@ class Members:
             return
         whole = len(gang.members) >= (await self._nodes(jid))
         if state == JobState.queued.value:
-            if not whole and await self.gangs.assembling() != jid:
+            if not whole and assembling != jid:
                 self._release(hold, "its gang did not assemble in time")
             return  # still assembling, or whole and about to be claimed
         if state not in _LIVE:
