@@ -105,6 +105,9 @@ WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     # precision "mixed" (a row named *-mixed): fp32 master and moments on the host
     "ws-20-mixed": (20, None, {}),
     "ws-40-mixed": (40, None, {}),
+    # activation_precision "fp8" (a row named *-fp8): saved sets go home at 8 bits (lossy)
+    "ws-20-fp8": (20, None, {}),
+    "ws-12-fp8": (12, None, {}),
 }
 HOST_BUDGET_GIB = 100
 
@@ -112,6 +115,11 @@ HOST_BUDGET_GIB = 100
 def job_precision(name: str) -> str:
     """JobSpec.precision of a row: "mixed" for a row named *-mixed, else "bf16"."""
     return "mixed" if name.endswith("-mixed") else "bf16"
+
+
+def job_activation_precision(name: str) -> str:
+    """JobSpec.activation_precision of a row: "fp8" for a row named *-fp8, else "bf16"."""
+    return "fp8" if name.endswith("-fp8") else "bf16"
 
 
 class MfuFields(TypedDict):
@@ -209,6 +217,7 @@ def llama_spec(
     host_gib: float,
     overrides: dict[str, object],
     precision: str = "bf16",
+    activation_precision: str = "bf16",
 ):  # type: ignore[no-untyped-def]
     """A JobSpec for Llama-3-8B dimensions with `layers` layers, on synthetic tokens."""
     from wstrain.scheduler.contracts.spec import JobSpec
@@ -234,6 +243,7 @@ def llama_spec(
             "global_batch": global_batch,
             "steps": steps,
             "precision": precision,
+            "activation_precision": activation_precision,
             "optimizer": {"lr": 1e-4},
             "budget": {"device_gib": device_gib, "host_gib": host_gib},
             "overrides": {"runtime": "working_set", **overrides},
@@ -278,6 +288,7 @@ def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-de
         HOST_BUDGET_GIB,
         overrides,
         precision=job_precision(name),
+        activation_precision=job_activation_precision(name),
     )
     # packed beside other jobs on one GPU (bench/pack.py): plan with a share of its link,
     # as the agent does (NodeProfile.shared_by)
