@@ -46,10 +46,11 @@ def _case(device: str, dtype: torch.dtype, s: int, h: int, kv: int, hd: int):  #
     return q, k, v, do
 
 
-def _pieces(q, k, v, do, chunk):  # type: ignore[no-untyped-def]
-    """The whole sequence a chunk at a time: (out, dq, dk, dv), backward chunks reversed."""
+def _pieces(q, k, v, do, chunk, spans=None):  # type: ignore[no-untyped-def]
+    """The whole sequence a chunk at a time (or in `spans`, [s0, s1) covering it in order):
+    (out, dq, dk, dv), backward chunks reversed."""
     s = q.shape[2]
-    spans = [(s0, min(s0 + chunk, s)) for s0 in range(0, s, chunk)]
+    spans = spans or [(s0, min(s0 + chunk, s)) for s0 in range(0, s, chunk)]
     outs, lses = [], []
     with torch.no_grad():
         for s0, s1 in spans:
@@ -102,3 +103,20 @@ def test_fused_pieces_equal_sdpa_on_cuda(
     for name, a, b, c in zip(("out", "dq", "dk", "dv"), got, ref, whole):
         assert rel_err(a.float(), b) < 1e-2, name  # bf16 inputs against fp32 math
         assert rel_err(b, c) < 1e-6, name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kernel", [prefix_attn.CUDNN, prefix_attn.FLASH])
+def test_fused_kernels_take_one_token_pieces_and_key_blocks_on_cuda(
+    kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The degenerate calls a packed document makes: one query over one key (a piece of one
+    token at the start), one query over a prefix, and several queries whose last key block
+    before the diagonal holds a single key (blocks of 1024, a piece starting at 1025)."""
+    monkeypatch.setattr(prefix_attn, "USE_CUDNN", kernel == prefix_attn.CUDNN)
+    monkeypatch.setattr(prefix_attn, "ATTENTION_KEY_BLOCK_TOKENS", 1024)
+    q, k, v, do = _case("cuda", torch.bfloat16, 2100, 32, 8, 128)
+    spans = [(0, 1), (1, 2), (2, 3), (3, 1025), (1025, 1030), (1030, 1031), (1031, 2100)]
+    got = _pieces(q, k, v, do, 0, spans)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, _reference(q, k, v, do)):
+        assert rel_err(a.float(), b) < 1e-2, name  # bf16 inputs against fp32 math

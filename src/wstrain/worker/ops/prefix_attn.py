@@ -62,6 +62,15 @@ def kernel_for(device: torch.device, dtype: torch.dtype, documents: bool) -> str
     return piece_attention_kernel(device.type, precision, documents, cudnn)
 
 
+def _call_kernel(q: torch.Tensor) -> str:
+    """The kernel of one call over the queries q (B, H, c, hd): kernel_for's, except that a
+    single query goes to FA2 where cuDNN was chosen. Its diagonal is one query over one key,
+    which cuDNN refuses ("s_q = s_kv = 1 is not supported", cuDNN 9 under torch 2.11 on an
+    H100): a one-token document, or a document's first token at a piece's last position."""
+    kernel = kernel_for(q.device, q.dtype, False)
+    return FLASH if kernel == CUDNN and q.shape[2] == 1 else kernel
+
+
 def _cudnn_part(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +90,7 @@ def prefix_attention(
     [0, s0+c): q (B, H, c, hd); k, v (B, KV, s0+c, hd) (documents: ops/document_attn.py)."""
     s1 = s0 + q.shape[2]
     assert k.shape[2] == s1 == v.shape[2], (q.shape, k.shape, v.shape, s0)
-    kernel = kernel_for(q.device, q.dtype, False)
+    kernel = _call_kernel(q)
     if kernel == CUDNN:
         out, lse = _cudnn_part(q, k[:, :, s0:], v[:, :, s0:], True)  # the diagonal
         if s0 == 0:
@@ -155,7 +164,7 @@ def prefix_attention_backward(
     that block's exact share and the calls' dq add up; the prefix blocks need no mask, the
     last block's causal mask is the diagonal's."""
     s1 = s0 + q.shape[2]
-    kernel = kernel_for(q.device, q.dtype, False)
+    kernel = _call_kernel(q)
     if kernel in (CUDNN, FLASH):
         dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         block_backward = _fused_backward(kernel, dout, q, out, lse)
