@@ -93,3 +93,24 @@ def test_a_resumed_attempt_keeps_the_runtime_of_its_checkpoint(tmp_path: Path) -
     assert resumed_runtime(job_dir) == other
     plan = make_plan(spec, dims, DEFAULT_PROFILE, resumed_runtime(job_dir))
     assert plan.runtime == other and "checkpoint" in plan.reasons["runtime"]
+
+
+def test_an_fp8_jobs_window_keeps_its_sets_at_16_bits_on_the_device() -> None:
+    """activation_precision "fp8" shrinks what goes home, not the window's sets, which stay
+    on the device as the layer made them: pinned to one layout, the fp8 plan needs the bf16
+    plan's device bytes (counting them at 8 bits overfilled a 20 GiB window on an H100)."""
+    pins = {
+        "runtime": "working_set", "micro_batch": 4, "window": 6, "level": 3,
+        "r_param": 3, "r_grad": 2, "optimizer": "host", "lead_rounds": 1,
+    }  # fmt: skip
+    plans = {}
+    for act in ("bf16", "fp8"):
+        spec = _spec("llama3-8b-16l", 8192, 32, 40.0, 200.0, "bf16").model_copy(
+            update={"activation_precision": act}
+        )
+        spec = JobSpec.model_validate({**spec.model_dump(), "overrides": pins})
+        plans[act] = make_plan(spec, PRESETS["llama3-8b-16l"], DEFAULT_PROFILE)
+    assert plans["fp8"].window == plans["bf16"].window == 6
+    dev = {k: p.predicted.peak_device_bytes for k, p in plans.items()}
+    assert dev["fp8"] == dev["bf16"] <= 40 * GIB
+    assert plans["fp8"].predicted.peak_host_bytes < plans["bf16"].predicted.peak_host_bytes

@@ -73,15 +73,18 @@ def activation_bytes_per_token(dims: ModelDims, precision: str) -> int:
     return e * (4 * d + 2 * q + 2 * kv + 4 * dims.ffn_width) + 8 * d + routed
 
 
-def saved_bytes(dims: ModelDims, spec: JobSpec, level: int, seq_chunk: int = 0) -> int:
+def saved_bytes(
+    dims: ModelDims, spec: JobSpec, level: int, seq_chunk: int = 0, home: bool = True
+) -> int:
     """What one (layer, unit) saves at `level` (working_set/schedule.py): its input, at
     levels 1 and 3 the attention kernel's set (q, k, v, output, fp32 log-sum-exp; a piece of
     a long sequence (seq_chunk) saves the output and log-sum-exp only: its q, k and v are
     recomputed with the window), at 2 and 3 the MLP's lean set (gate and up; MoE: per routed
-    copy, plus the routing). A unit is a sequence, or a piece of seq_chunk tokens."""
+    copy, plus the routing). A unit is a sequence, or a piece of seq_chunk tokens. `home`:
+    as sent home; a window layer's sets stay on the device as they are, 16-bit under fp8."""
     e_kernel = ELEMENT_BYTES[spec.precision]
     e: float = e_kernel
-    if spec.activation_precision == "fp8" and e == 2:
+    if spec.activation_precision == "fp8" and e == 2 and home:
         # 1 byte and a 4-byte scale per block of a 16-bit tensor (working_set/fp8_saves.py);
         # the attention kernel's own set (whole sequences) and the fp32 log-sum-exp stay
         e = 1 + 4 / FP8_BLOCK_ELEMENTS
@@ -171,7 +174,7 @@ def device_bytes(
 def spare_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> float:
     """Device bytes left for the window's saved sets beyond their inputs (AdaWS's
     C_dev - B - W·L_bytes with level-0 window layers); negative: W does not fit."""
-    base = window * lay.units * saved_bytes(dims, spec, 0, lay.seq_chunk)
+    base = window * lay.units * saved_bytes(dims, spec, 0, lay.seq_chunk, home=False)
     return spec.budget.device_bytes - fixed_device_bytes(dims, spec, lay, window) - base
 
 

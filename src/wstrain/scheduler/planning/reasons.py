@@ -34,7 +34,7 @@ def ws_reasons(
 ) -> dict[str, str]:
     o, L, X = spec.overrides, dims.num_layers, lay.micro_batch
     fixed = mm.fixed_device_bytes(dims, spec, lay, window)
-    per_layer = lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk)
+    per_layer = lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk, home=False)
     home, in_window = levels[: L - window], levels[L - window :]
     return {
         "runtime": "working_set (override)"

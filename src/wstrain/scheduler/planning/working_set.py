@@ -118,7 +118,7 @@ def _evaluate(
     every window this layout fits."""
     L, X, forced = dims.num_layers, lay.units, spec.overrides.level
     windows = [spec.overrides.window] if spec.overrides.window is not None else range(L + 1)
-    saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
+    saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk, home=False) for lv in range(LEVELS)]
     forced_value = None if forced is None else float(lc.pattern_value(np.full((1, X), forced))[0])
     out = []
     for w in windows:
@@ -182,7 +182,8 @@ def _finish(
     if lay.optimizer == "split":  # as many device layers as suit what the layers send home
         sent = cm.first_forward_sent(dims, spec, lay, home)
         lay = replace(lay, device_layers=cm.split_layers(dims, spec, lay, sent, node, device))
-    window_saved = sum(saved[lv] for row in window_rows for lv in row)
+    kept = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk, home=False) for lv in range(LEVELS)]
+    window_saved = sum(kept[lv] for row in window_rows for lv in row)
     dev = mm.device_bytes(dims, spec, lay, window, window_saved)
     if dev > spec.budget.device_bytes:
         return None
@@ -278,7 +279,11 @@ def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> 
         device_gib=round(
             min(
                 mm.device_bytes(
-                    dims, spec, lay, w, w * lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk)
+                    dims,
+                    spec,
+                    lay,
+                    w,
+                    w * lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk, home=False),
                 )
                 for lay in smallest
                 for w in (0, dims.num_layers)

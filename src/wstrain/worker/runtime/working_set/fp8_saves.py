@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from wstrain.scheduler.contracts.calibration import FP8_BLOCK_ELEMENTS
+from wstrain.worker.kernels import fp8_blocks
+from wstrain.worker.kernels.fused import available
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # e4m3fn's largest finite value
@@ -54,6 +56,9 @@ def encode(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Fp8Layout]:
     """(data fp8 (N/128, 128), scales fp32 (N/128,), layout) of an eligible tensor."""
     order = _order(t)
     rows = t.permute(order).reshape(-1, BLOCK)  # (N/128, 128), memory order
+    layout = Fp8Layout(tuple(t.shape), t.dtype, order)
+    if available(rows):  # one read, one write (kernels/fp8_blocks.py)
+        return (*fp8_blocks.encode_rows(rows, FP8, FP8_MAX, SCALE_FLOOR), layout)
     data = torch.empty(rows.shape, dtype=FP8, device=t.device)
     scales = torch.empty(rows.shape[0], dtype=torch.float32, device=t.device)
     for r0 in range(0, rows.shape[0], ENCODE_ROWS):  # an fp32 temporary of 32 MiB at most
@@ -61,12 +66,18 @@ def encode(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Fp8Layout]:
         sc = (part.abs().amax(1) / FP8_MAX).clamp_min_(SCALE_FLOOR)
         scales[r0 : r0 + ENCODE_ROWS] = sc
         data[r0 : r0 + ENCODE_ROWS] = part.div_(sc[:, None]).to(FP8)
-    return data, scales, Fp8Layout(tuple(t.shape), t.dtype, order)
+    return data, scales, layout
 
 
 def decode(data: torch.Tensor, scales: torch.Tensor, layout: Fp8Layout) -> torch.Tensor:
     """The tensor encode() took, block-rounded, with its dtype, shape and strides."""
-    x = (data.float() * scales[:, None]).to(layout.dtype)  # (N/128, 128)
+    x = torch.empty(data.shape, dtype=layout.dtype, device=data.device)  # (N/128, 128)
+    if available(data):
+        fp8_blocks.decode_rows(data, scales, x)
+    else:  # in blocks of rows, as encode: the fp32 temporary stays at 32 MiB
+        for r0 in range(0, data.shape[0], ENCODE_ROWS):
+            part = data[r0 : r0 + ENCODE_ROWS].float().mul_(scales[r0 : r0 + ENCODE_ROWS, None])
+            x[r0 : r0 + ENCODE_ROWS] = part
     x = x.view([layout.shape[d] for d in layout.order])
     inverse = sorted(range(len(layout.order)), key=lambda i: layout.order[i])
     return x.permute(inverse)
