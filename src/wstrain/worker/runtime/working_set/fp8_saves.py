@@ -63,7 +63,7 @@ def encode(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Fp8Layout]:
     scales = torch.empty(rows.shape[0], dtype=torch.float32, device=t.device)
     for r0 in range(0, rows.shape[0], ENCODE_ROWS):  # an fp32 temporary of 32 MiB at most
         part = rows[r0 : r0 + ENCODE_ROWS].float()
-        sc = (part.abs().amax(1) / FP8_MAX).clamp_min_(SCALE_FLOOR)
+        sc = part.abs().amax(1).mul_(1.0 / FP8_MAX).clamp_min_(SCALE_FLOOR)
         scales[r0 : r0 + ENCODE_ROWS] = sc
         data[r0 : r0 + ENCODE_ROWS] = part.div_(sc[:, None]).to(FP8)
     return data, scales, layout
