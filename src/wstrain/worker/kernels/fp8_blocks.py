@@ -8,7 +8,8 @@ step at 12 GiB 2.4 s (17.6 s against 15.2 s in bf16, bench/RESULTS.md). Here eac
 reads its input once and writes its output once, with the same arithmetic: the scale as
 the absolute maximum times fp32(1/448) (torch divides a tensor by a number so), the scaled
 value by IEEE division, rounded to nearest-even into e4m3, and the decoded value as the
-fp32 product rounded to the tensor's dtype, so they equal the eager casts bit for bit (tests/worker/kernels/test_fp8_blocks.py, on a GPU).
+fp32 product rounded to the tensor's dtype, so they equal the eager casts bit for bit
+(tests/worker/kernels/test_fp8_blocks.py, on a GPU).
 
     data, scales = encode_rows(rows)          # rows (N, 128) 16-bit contiguous, on CUDA
     decode_rows(data, scales, out)            # out (N, 128) 16-bit contiguous
