@@ -95,7 +95,7 @@ def min_recompute_s(
 
 def _spec_dims(row: dict):  # type: ignore[no-untyped-def,type-arg]
     """The row's JobSpec and model dims, as bench/runtime.py planned them."""
-    from bench.runtime import _dims, llama_spec
+    from bench.runtime import _dims, job_activation_precision, job_precision, llama_spec
 
     dims = _dims(int(row["layers"]))
     spec = llama_spec(
@@ -107,6 +107,8 @@ def _spec_dims(row: dict):  # type: ignore[no-untyped-def,type-arg]
         float(row["device_budget_gib"]),
         100,
         {},
+        precision=job_precision(row["name"]),
+        activation_precision=job_activation_precision(row["name"]),
     )
     return spec, dims
 
