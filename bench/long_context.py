@@ -47,19 +47,19 @@ DEVICE_GIB = 24.0
 ADAWS_H100_MFU = {32768: 0.571, 65536: 0.560, 131072: 0.531, 262144: 0.519, 524288: 0.425}
 
 
-def plan_row(
-    seq: int, host_gib: float, steps: int, layers: int | None = None, documents: bool = False
-):  # type: ignore[no-untyped-def]
+def plan_row(seq: int, host_gib: float, steps: int, layers: int | None = None, documents: int = 0):  # type: ignore[no-untyped-def]
     """(spec, dims, plan, node) at `layers`, or the 32 layers when they fit the host
-    budget and else 16; `documents`: under document_mask."""
+    budget and else 16; `documents`: under document_mask, documents of that many tokens
+    (the agent reads the span from a token file's index; here every query's is known)."""
     from wstrain.scheduler.contracts.errors import InfeasibleBudget
     from wstrain.scheduler.planning.planner import make_plan
 
     node = measured_node()  # no layer timing: a whole layer at 512K is what does not fit
+    node = node.with_documents(documents)
     last: Exception | None = None
     for n in [layers] if layers else [32, 16]:
         spec = llama_spec(f"long-{seq}", n, seq, 1, steps, DEVICE_GIB, host_gib, {})
-        spec = spec.model_copy(update={"document_mask": documents})
+        spec = spec.model_copy(update={"document_mask": documents > 0})
         dims = _dims(n)
         try:
             return spec, dims, make_plan(spec, dims, node), node
@@ -108,7 +108,7 @@ def run_row(args: argparse.Namespace) -> Row:
     import torch
 
     seq, docs = int(args.row), args.document_tokens
-    spec, dims, plan, node = plan_row(seq, args.host_gib, args.steps, args.layers, docs > 0)
+    spec, dims, plan, node = plan_row(seq, args.host_gib, args.steps, args.layers, docs)
     log.info("plan: %s", plan.reasons)
     res = run_plan(spec, dims, plan, args.steps, False, node, document_tokens=docs)
     if args.steps == 1:  # one step: timed as it is, warm-up included

@@ -121,3 +121,26 @@ def test_packed_documents_go_in_pieces_where_a_dense_mask_cannot(seq: int) -> No
     assert mm.document_bytes(dims, spec, lay) == tables + copies
     plain = spec.model_copy(update={"document_mask": False})
     assert mm.document_bytes(dims, plain, lay) == 0
+
+
+def test_documents_in_pieces_cost_their_own_attention() -> None:
+    """The agent reads the documents' span from the token file (NodeProfile.document_span):
+    128K tokens of 8K-token documents in 16K pieces cost a query 8K keys, not the
+    sequence's (an H100 measured 17.1 s a step where whole-sequence attention predicted
+    48.3 s; bench/RESULTS.md). Unknown (0) or as long as the sequence: the whole-sequence
+    cost, the worst case; whole sequences under the dense mask pay it all whatever the span."""
+    dims, seq = replace(LLAMA, num_layers=32), 131072
+    spec = _spec(dims, seq, 1, 24, 110, seq_chunk=16384).model_copy(update={"document_mask": True})
+    step = {
+        span: make_ws_plan(spec, dims, H100.with_documents(span)).predicted.step_seconds
+        for span in (0, 8192, seq)
+    }
+    assert step[0] == step[seq]
+    # causal attention is 2·S·span·H·hd FLOPs: at 8K a sixteenth of 128K's, the GEMMs alike
+    assert 0.2 * step[0] < step[8192] < 0.45 * step[0]
+    short = _spec(dims, 8192, 4, 40, 110).model_copy(update={"document_mask": True})
+    dense = [
+        make_ws_plan(short, dims, H100.with_documents(span)).predicted.step_seconds
+        for span in (0, 512)
+    ]
+    assert dense[0] == dense[1]

@@ -43,7 +43,8 @@ from wstrain.scheduler.contracts.errors import Conflict, LeaseLost, WstrainError
 from wstrain.scheduler.contracts.hardware import Device, LayerTimes, NodeProfile
 from wstrain.scheduler.contracts.jobs import GPUInfo, Job, JobState, gpu_text, job_dir
 from wstrain.scheduler.contracts.model_dims import resolve_dims
-from wstrain.scheduler.contracts.spec import JobSpec
+from wstrain.scheduler.contracts.spec import JobSpec, TokenData
+from wstrain.scheduler.contracts.token_file import document_span
 from wstrain.scheduler.planning.planner import make_plan
 from wstrain.scheduler.store import JobStore
 
@@ -149,6 +150,7 @@ class Launcher:
             layer = await self._layer_times(job.spec, jdir, gpus[0]) if gpus else None
             # packed beside other jobs, it plans with its share of the GPU and its link
             node = self.node_profile().with_layer(layer).shared_by(link_share)
+            node = node.with_documents(await _document_span(job_id, job.spec))
             plan = make_plan(job.spec, resolve_dims(job.spec.model), node, resumed_runtime(jdir))
         except WstrainError as exc:
             await self.store.transition(
@@ -217,3 +219,16 @@ class Launcher:
         finally:
             limit.cancel()
             self.workers.pop(handle.job.id, None)
+
+
+async def _document_span(job_id: str, spec: JobSpec) -> int:
+    """The job's documents' attention span from its token file's index, read off the event
+    loop (~1 s for a million documents); 0 (plan whole sequences' attention, the worst
+    case) without document_mask, for text data, or when the index cannot be read."""
+    if not (spec.document_mask and isinstance(spec.data, TokenData)):
+        return 0
+    try:
+        return await asyncio.to_thread(document_span, spec.data.path, spec.seq_len)
+    except OSError as exc:
+        log.warning("job %s: the document index of %s: %s", job_id, spec.data.path, exc)
+        return 0

@@ -56,6 +56,12 @@ class NodeProfile:
     # (GPUs copying at once, the slowest one's D2H bytes/s), ascending: several GPUs'
     # device-to-host copies can share a ceiling (worker/profile/shared_links.py)
     d2h_by_gpus: tuple[tuple[int, float], ...] = ()
+    # the job's packed documents (document_mask), when the agent read them: the tokens a
+    # query's document holds, token-weighted (the sum of squared document lengths within
+    # each sequence over the tokens); a long sequence's pieces attend within documents
+    # (ops/document_attn.py), so their attention costs this span, not the sequence's. 0:
+    # no documents, or not known (the attention of a whole sequence: the worst case)
+    document_span: int = 0
 
     @classmethod
     def from_profile(
@@ -96,6 +102,9 @@ class NodeProfile:
 
     def with_layer(self, layer: LayerTimes | None) -> NodeProfile:
         return replace(self, layer=layer)
+
+    def with_documents(self, span_tokens: int) -> NodeProfile:
+        return replace(self, document_span=span_tokens)
 
     def shared_by(self, jobs: int) -> NodeProfile:
         """The node as one of `jobs` jobs packed on one GPU sees it: the GPU's PCIe link and

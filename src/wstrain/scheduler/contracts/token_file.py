@@ -15,6 +15,7 @@ minutes at job start, in one process's memory; the API asks for `wstrain prepare
 
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 # BPE tokenizer; larger inputs go through `wstrain prepare`, once, on all cores.
 RAW_TEXT_MAX_BYTES = 64 << 20
 HEADER_MAX_BYTES = 64 << 10
+# Documents document_span reads from the front of an index: 8 MiB, about a second of Python
+SPAN_SAMPLE_DOCUMENTS = 1 << 20
 
 
 class TokenFileHeader(BaseModel):
@@ -69,6 +72,30 @@ def read_header(bin_path: str | Path) -> TokenFileHeader | None:
         return TokenFileHeader.model_validate_json(path.read_bytes())
     except ValueError as exc:
         raise ValueError(f"{path} is not a wstrain token-file header: {exc}") from exc
+
+
+def document_span(bin_path: str | Path, seq_len: int) -> int:
+    """The tokens a query's document holds within its sequence, token-weighted: over the
+    index's documents cut where sequences start (every seq_len tokens, as the data stream
+    cuts them), the sum of squared lengths over the tokens. A long sequence's attention
+    within documents costs this span a query instead of the sequence's (the planner's
+    NodeProfile.document_span). 0 without an index. Reads the first SPAN_SAMPLE_DOCUMENTS."""
+    path = index_path(bin_path)
+    if not path.is_file():
+        return 0
+    with open(path, "rb") as f:
+        raw = f.read(8 * SPAN_SAMPLE_DOCUMENTS)
+    ends = array("Q")
+    ends.frombytes(raw[: len(raw) // 8 * 8])  # uint64, native order as prepare writes it
+    squares = start = 0
+    for end in ends:
+        a = start
+        while a < end:  # the document's parts in each sequence it meets
+            b = min(end, (a // seq_len + 1) * seq_len)
+            squares += (b - a) ** 2
+            a = b
+        start = max(start, end)
+    return round(squares / start) if start else 0
 
 
 def prepare_command(path: str, tokenizer: str, text_field: str) -> str:

@@ -109,10 +109,24 @@ def ws_reasons(
             if lay.pieces > 1
             else "0: whole sequences"
         )
-        + (" (override)" if o.seq_chunk is not None else ""),
+        + (" (override)" if o.seq_chunk is not None else "")
+        + _documents(spec, lay, node),
         "step_seconds": f"{time.total_s:.3g} s = {time.compute_s:.3g} compute + "
         f"{time.recompute_s:.3g} recompute + {time.exposed_transfer_s:.3g} "
         f"exposed transfer + {time.optimizer_s:.3g} optimizer",
         "peak_device": f"{dev / GIB:.2f} GiB <= device_gib={spec.budget.device_gib}",
         "peak_host": f"{host / GIB:.2f} GiB <= host_gib={spec.budget.host_gib}",
     }
+
+
+def _documents(spec: JobSpec, lay: mm.Layout, node: NodeProfile) -> str:
+    """What the step time assumes of packed documents in pieces."""
+    if not (spec.document_mask and lay.pieces > 1):
+        return ""
+    span = cm.attention_span(spec.seq_len, lay, node)
+    if span < spec.seq_len:
+        return (
+            f"; attention within documents, costed at {span} tokens a query (the token "
+            "file's documents, token-weighted)"
+        )
+    return "; attention within documents costed as the whole sequence's (lengths not known)"
