@@ -142,6 +142,8 @@ def bound(
     round_fwd_s = X * (dims.num_layers * fwd_s + head_s)
     lean = mm.Layout(X, r_param=2, r_grad=1, optimizer="host", loss_tokens=512)
     spare = spec.budget.device_bytes - mm.fixed_device_bytes(dims, spec, lean, dims.num_layers)
+    # sets kept on the device stay 16-bit under fp8: its spare holds fewer of them
+    spare *= saved[3] / mm.saved_bytes(dims, spec, 3, home=False)
     capacity = round_fwd_s * node.both_bytes_per_s + spare
     if overlap:  # every layer's gradient slot goes home once a round, in its backward
         round_bwd_s = X * dims.num_layers * node.layer.backward_s
