@@ -26,7 +26,8 @@ def _copies(n: int, numel: int) -> list[HostCopy]:
 
 
 def test_prefetch_keeps_the_cap_and_follows_what_backward_takes() -> None:
-    streams, counters = Streams(torch.device("cpu")), {"h2d_bytes": 0, "d2h_bytes": 0}
+    streams = Streams(torch.device("cpu"))
+    counters = {"h2d_bytes": 0, "d2h_bytes": 0, "h2d_on_demand_bytes": 0}
     policy = SavedTensorPolicy(streams, None, lambda: torch.empty(0), [], counters)  # type: ignore[arg-type]
     copies = _copies(5, 256)  # 1 KiB each
     ahead = BackwardPrefetch(streams, counters, cap_bytes=3 * 1024)
@@ -46,6 +47,7 @@ def test_prefetch_keeps_the_cap_and_follows_what_backward_takes() -> None:
     ahead.top_up()
     assert copies[3].device is not None and policy.fetch(copies[4]) is late
     assert counters["h2d_bytes"] == 5 * 1024  # 4 prefetched, 1 copied in on the spot
+    assert counters["h2d_on_demand_bytes"] == 1024
     for c in copies[1:4]:
         assert torch.equal(policy.fetch(c), c.host)
     ahead.top_up()
@@ -80,7 +82,7 @@ def test_hooks_send_cuda_activations_home() -> None:
         HostActivationStore(HostArena(pin=True)),
         lambda: torch.empty(0, device="cuda"),
         [],
-        {"h2d_bytes": 0, "d2h_bytes": 0},
+        {"h2d_bytes": 0, "d2h_bytes": 0, "h2d_on_demand_bytes": 0},
     )
     packed: dict[tuple[object, ...], HostCopy] = {}
     x = torch.randn(64, 64, device="cuda", requires_grad=True)

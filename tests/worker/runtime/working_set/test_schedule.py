@@ -596,3 +596,44 @@ def test_checkpoint_mid_run_resumes_bit_identical(device_layers: int, precision:
     want, got = straight.state_tensors(), resumed.state_tensors()
     for name in want:
         assert torch.equal(want[name], got[name]), name
+
+
+def test_the_next_set_comes_back_while_this_ones_backward_computes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a prefetch cap of about one saved set (a 32K-token sequence's set is 0.94 GB of
+    the 1 GiB write buffer), backward tops the prefetch up as it takes each tensor, so the
+    next set's copies start inside this one's backward; topped up only between chunks, every
+    layer waited for its own set (0.56 s of a 5.4 s step on an H100). Gradients unchanged."""
+    from wstrain.worker.runtime.working_set import layer_passes, saved_acts
+
+    spec = fp32_spec(global_batch=2)
+    one_set = saved_bytes(DIMS, spec, 1)
+    events: list[str] = []
+    start, backward = saved_acts.BackwardPrefetch._start, layer_passes.LayerPasses._backward_layer
+
+    def started(self, copy):  # type: ignore[no-untyped-def]
+        events.append("copy")
+        return start(self, copy)
+
+    def traced(self, *args):  # type: ignore[no-untyped-def]
+        events.append("begin")
+        out = backward(self, *args)
+        events.append("end")
+        return out
+
+    monkeypatch.setattr(saved_acts.BackwardPrefetch, "_start", started)
+    monkeypatch.setattr(layer_passes.LayerPasses, "_backward_layer", traced)
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    rt = make_runtime(
+        ref, micro_batch=2, chunk=1, rounds=1, window=0,
+        levels=tuple((1, 1) for _ in range(DIMS.num_layers)),
+        write_buffer_bytes=one_set + one_set // 10,
+    )  # fmt: skip
+    check_grads(rt, ref, data)
+    spans = "".join("b" if e == "begin" else "e" if e == "end" else "c" for e in events)
+    inside = [part for part in spans.split("b")[1:]]  # each backward call, to the next one
+    assert len(inside) == DIMS.num_layers * 2
+    # every call but the last starts copies of later sets before it ends
+    assert all("c" in part.split("e")[0] for part in inside[:-1]), spans
+    assert rt.counters["h2d_on_demand_bytes"] == 0

@@ -91,6 +91,7 @@ class LayerPasses:
     # attention, or per token and per document with document_mask; with pieces each
     # (chunk, piece) unit's rows instead
     _where: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    _ahead: BackwardPrefetch | None
     _at: list[PieceRows]
     router: RouterTotals | None  # this round's MoE routing
     _aux_grad: torch.Tensor | None  # (sequences, E): d loss / d router probs
@@ -122,7 +123,12 @@ class LayerPasses:
         return policy.send_home(t) if home else t
 
     def _unstash(self, obj: object, policy: SavedTensorPolicy) -> torch.Tensor:
-        return obj if isinstance(obj, torch.Tensor) else policy.fetch(obj)  # type: ignore[arg-type]
+        if isinstance(obj, torch.Tensor):  # kept on the device
+            return obj
+        t = policy.fetch(obj)  # type: ignore[arg-type]
+        if self._ahead is not None:  # its bytes are taken: the next sets start behind this one
+            self._ahead.top_up()
+        return t
 
     def _forward_layer(
         self, k: int, c: int, x: torch.Tensor, slot: Slot

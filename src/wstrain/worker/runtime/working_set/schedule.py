@@ -91,7 +91,7 @@ class WorkingSetRuntime(LayerPasses):
         self.dims, self.cfg, self.opt_spec, self.host = dims, cfg, opt, host
         self.device = torch.device(cfg.device)
         self.streams = Streams(self.device)
-        self.counters = {"h2d_bytes": 0, "d2h_bytes": 0}
+        self.counters = {"h2d_bytes": 0, "d2h_bytes": 0, "h2d_on_demand_bytes": 0}
         dtype = DTYPES[cfg.precision]
         L = dims.num_layers
         assert host.precision == cfg.precision
@@ -138,6 +138,7 @@ class WorkingSetRuntime(LayerPasses):
             else None
         )
         self._where: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        self._ahead: BackwardPrefetch | None = None  # during backward: its sets coming back
         self._at: list[PieceRows] = []
         self._fwd_order = list(range(L))
         self._bwd_order = list(range(L - 1, -1, -1))
@@ -267,7 +268,7 @@ class WorkingSetRuntime(LayerPasses):
         # (with seq_chunk, a chunk's inputs first, in order, for rebuilding its K and V)
         P = cfg.pieces
         groups = [range(c, c + P) for c in reversed(range(0, len(T), P))]  # backward's order
-        ahead = BackwardPrefetch(self.streams, self.counters, cfg.write_buffer_bytes)
+        ahead = self._ahead = BackwardPrefetch(self.streams, self.counters, cfg.write_buffer_bytes)
         for k in self._bwd_order:
             for units in groups:
                 if self.pieces is not None:
@@ -292,6 +293,7 @@ class WorkingSetRuntime(LayerPasses):
             if last:
                 self.sq_norm += sq_norm_fp32(own)
             self.grads.send_home(gslot)
+        self._ahead = None
         dtable = self.host.embed_layout.views(self.embed_grad)["model.embed_tokens.weight"]
         for t, dx in zip(units_in, T):
             dtable.index_add_(0, t.reshape(-1), dx.reshape(-1, dx.shape[-1]).to(dtable.dtype))
@@ -362,7 +364,7 @@ class WorkingSetRuntime(LayerPasses):
         """One optimizer step (0-based `step`) over cfg.rounds rounds."""
         cfg = self.cfg
         start = time.perf_counter()
-        self.counters.update(h2d_bytes=0, d2h_bytes=0)
+        self.counters.update(h2d_bytes=0, d2h_bytes=0, h2d_on_demand_bytes=0)
         loss = self.forward_backward(data, step)
         with self.streams.host_waits("optimizer"):  # the norm's sync drains the queue
             self._start_optimizer(step)
