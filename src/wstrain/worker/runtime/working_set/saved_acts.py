@@ -251,11 +251,11 @@ class BackwardPrefetch:
     """Stashed sets on their way back for backward: every set a round sent home, queued in
     the order backward takes them and kept up to `cap_bytes` ahead on the inbound stream.
     Topped up before each chunk's backward and again as its backward takes each tensor, so
-    the next set starts while this one computes (a 32K-token sequence's set, 0.94 GB, is
-    most of the 1 GiB cap: topped up only between chunks, each layer's backward waited for
-    its set, 0.56 s of a 5.4 s step on an H100); one is copied in on the compute stream (a
-    `fetch` without prefetch) only when the inbound link fell behind. The cap is the write
-    buffer's bytes, idle in backward."""
+    the next set starts while this one computes: a 32K-token sequence's set (0.94 GB) is
+    most of the 1 GiB cap, and topped up between chunks alone each layer's backward would
+    wait for its own set (0.56 s of a 5.4 s step on an H100). One is copied in on the
+    compute stream (a `fetch` without prefetch) only when the inbound link fell behind. The
+    cap is the write buffer's bytes, idle in backward."""
 
     def __init__(self, streams: Streams, counters: dict[str, int], cap_bytes: int) -> None:
         self.streams, self.counters, self.cap_bytes = streams, counters, cap_bytes
