@@ -156,9 +156,12 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     home = min(
         WRITE_BUFFER_BYTES, home_layers * lay.units * saved_bytes(dims, spec, 3, lay.seq_chunk)
     )
-    # a layer's weight gradients, whole before they accumulate into the slot (a MoE layer's
-    # experts: without it OLMoE at 12 GiB measured 0.14 GiB over the model)
-    dw = dims.layer_params * e
+    # weight gradients whole before they accumulate into the slot: a MoE layer's (without
+    # them OLMoE at 12 GiB measured 0.14 GiB over the model); a dense layer's GEMMs
+    # accumulate in place (models/blocks.py add_weight_grad), all but the attention block's
+    # when levels 0 and 2 recompute it with autograd
+    mlp = 0 if dims.is_moe else 3 * D * dims.intermediate_size
+    dw = (dims.layer_params - mlp) * e
     moving = transition + loss + workspace + home + dw + document_bytes(dims, spec, lay)
     moving += DEVICE_RESERVE_BYTES
     moving += context_window_bytes(dims, spec, lay)

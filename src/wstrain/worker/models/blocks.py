@@ -137,3 +137,11 @@ def add_grads(dw: GradViews, grads: dict[str, torch.Tensor]) -> None:
     """Add gradients by parameter name into the gradient slot's views."""
     for n, grad in grads.items():
         dw[n].add_(grad)
+
+
+def add_weight_grad(dw: GradViews, name: str, d_out: torch.Tensor, inp: torch.Tensor) -> None:
+    """dw[name] += d_out^T @ inp over the token axis, as one GEMM that accumulates in its
+    epilogue (beta = 1): no (out, in) temporary and no separate add, which at Llama-3-8B
+    dims and 8K tokens read and wrote 1.3 GB a (layer, sequence) in backward, 512 times a
+    step at 16 layers and 32 sequences. d_out (..., out), inp (..., in)."""
+    dw[name].addmm_(flat_tokens(d_out).t(), flat_tokens(inp))

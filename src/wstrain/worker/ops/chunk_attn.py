@@ -17,7 +17,7 @@ hold every later chunk's part and it can finish the gradient through its project
     # backward of a layer: every chunk's K, V back in the window, then chunks reversed
     for each chunk: win.put(x, w, dims, cos_c, sin_c, s0, want_queries=False)
     win.zero_grads()
-    dx, dws = chunk_attn_backward(dh, x, out, lse, w, dims, cos_c, sin_c, win, s0)
+    dx = chunk_attn_backward(dh, x, out, lse, w, dims, cos_c, sin_c, win, s0, dw)  # grads into dw
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.worker.models.blocks import keys_values, out_proj, queries
+from wstrain.worker.models.blocks import GradViews, keys_values, out_proj, queries
 from wstrain.worker.models.dense import rms_norm
 from wstrain.worker.ops.document_attn import (
     Runs,
@@ -133,12 +133,13 @@ def chunk_attn_backward(
     sin: torch.Tensor,
     win: ContextWindow,
     s0: int,
+    dw: GradViews,
     runs: Runs | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(dL/dx (B, c, D), the block's weight gradients) of the chunk at rows [s0, s0+c) from
-    dh = dL/dh; `win` holds K and V of the whole sequence and, in its dk/dv rows [s0, s0+c),
-    the gradient every later chunk sent there. out/lse: the forward's, or None to recompute
-    them (one attention forward more); runs: as the forward's."""
+) -> torch.Tensor:
+    """dL/dx (B, c, D) of the chunk at rows [s0, s0+c) from dh = dL/dh, the block's weight
+    gradients added into `dw`; `win` holds K and V of the whole sequence and, in its dk/dv
+    rows [s0, s0+c), the gradient every later chunk sent there. out/lse: the forward's, or
+    None to recompute them (one attention forward more); runs: as the forward's."""
     b, c = x.shape[:2]
     s1 = s0 + c
     assert win.dk is not None and win.dv is not None, "zero_grads() before a backward"
@@ -147,7 +148,7 @@ def chunk_attn_backward(
         ks, vs = win.k[:b, :, :s1], win.v[:b, :, :s1]  # (B, KV, s1, hd)
         if out is None or lse is None:
             out, lse = _attention(q, ks, vs, s0, runs)
-        d_out, dws = out_proj_backward(dh, out, w, dims)
+        d_out = out_proj_backward(dh, out, w, dims, dw)
         dk_sum, dv_sum = win.dk[:b, :, :s1], win.dv[:b, :, :s1]
         if runs is None:
             dq = prefix_attention_backward(d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum)
@@ -157,6 +158,4 @@ def chunk_attn_backward(
         # this chunk's rows are complete: every later chunk has added its part
         dk_c = win.dk[:b, :, s0:s1].to(x.dtype)  # (B, KV, c, hd)
         dv_c = win.dv[:b, :, s0:s1].to(x.dtype)
-    dx, more = qkv_backward(dq.to(x.dtype), dk_c, dv_c, x, w, dims, cos, sin)
-    dws.update(more)
-    return dh + dx, dws
+    return dh + qkv_backward(dq.to(x.dtype), dk_c, dv_c, x, w, dims, cos, sin, dw)

@@ -15,7 +15,7 @@ needs its input. It is level 1's and level 3's attention in working_set/schedule
 
     h, out, core = lean_attn_forward(x, w, dims, cos, sin)    # under the saved-tensor hooks
     h = out_proj(x, out, w)                                   # in backward, from the saved out
-    dx, dws = lean_attn_backward(dh, x, out, core, w, dims, cos, sin)
+    dx = lean_attn_backward(dh, x, out, core, w, dims, cos, sin, dw)  # weight grads into dw
 """
 
 from __future__ import annotations
@@ -28,7 +28,14 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.worker.models.blocks import flat_tokens, leaves, out_proj, qkv
+from wstrain.worker.models.blocks import (
+    GradViews,
+    add_grads,
+    add_weight_grad,
+    leaves,
+    out_proj,
+    qkv,
+)
 from wstrain.worker.models.dense import causal_attention, rms_norm
 from wstrain.worker.models.rope import apply_rope
 
@@ -98,24 +105,28 @@ def lean_attn_backward(
     dims: ModelDims,
     cos: torch.Tensor,
     sin: torch.Tensor,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """dL/dx and the block's weight gradients from dh = dL/dh. (B, S, D) in and out."""
-    d_out, dws = out_proj_backward(dh, out, w, dims)
+    dw: GradViews,
+) -> torch.Tensor:
+    """dL/dx from dh = dL/dh, the block's weight gradients added into `dw`. (B, S, D) in
+    and out."""
+    d_out = out_proj_backward(dh, out, w, dims, dw)
     dq, dk, dv = torch.autograd.grad(core.out, core.inputs, d_out)
-    dx, more = qkv_backward(dq, dk, dv, x, w, dims, cos, sin)
-    dws.update(more)
-    return dh + dx, dws
+    return dh + qkv_backward(dq, dk, dv, x, w, dims, cos, sin, dw)
 
 
 def out_proj_backward(
-    dh: torch.Tensor, out: torch.Tensor, w: dict[str, torch.Tensor], dims: ModelDims
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(dL/d out (B, H, S, hd), {o_proj: its gradient}) of h = x + o_proj(out), dh (B, S, D)."""
+    dh: torch.Tensor,
+    out: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    dw: GradViews,
+) -> torch.Tensor:
+    """dL/d out (B, H, S, hd) of h = x + o_proj(out) from dh (B, S, D); o_proj's gradient
+    added into `dw`."""
     b, _, s, _ = out.shape
-    out_tokens = out.transpose(1, 2).reshape(b * s, -1)  # (B*S, H·hd)
-    dws = {O_PROJ: flat_tokens(dh).t() @ out_tokens}  # (D, H·hd)
     d_out = (dh @ w[O_PROJ]).view(b, s, dims.num_heads, -1).transpose(1, 2)  # (B, H, S, hd)
-    return d_out, dws
+    add_weight_grad(dw, O_PROJ, dh, out.transpose(1, 2).reshape(b, s, -1))  # (D, H·hd)
+    return d_out
 
 
 def qkv_backward(
@@ -127,23 +138,22 @@ def qkv_backward(
     dims: ModelDims,
     cos: torch.Tensor,
     sin: torch.Tensor,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    dw: GradViews,
+) -> torch.Tensor:
     """The gradient through q, k, v = qkv(RMSNorm(x)) from dq (B, H, S, hd) and dk, dv
-    (B, KV, S, hd): (its part of dL/dx (B, S, D), the norm's and projections' gradients).
-    The norm is recomputed (elementwise); RoPE is undone exactly."""
+    (B, KV, S, hd): its part of dL/dx (B, S, D); the norm's and projections' gradients
+    added into `dw`. The norm is recomputed (elementwise); RoPE is undone exactly."""
     b, s, _ = x.shape
     with torch.enable_grad():
         x_, wn_ = x.detach().requires_grad_(), w[NORM].detach().requires_grad_()
         n = rms_norm(x_, wn_, dims.rms_norm_eps)  # (B, S, D): elementwise recompute
-    dws: dict[str, torch.Tensor] = {}
     if dims.qk_norm:  # the projections again, with their graph
         wl = leaves({n_: t for n_, t in w.items() if n_.startswith("self_attn.") and n_ != O_PROJ})
         with torch.enable_grad():
             proj = qkv(n, wl, dims, cos, sin)
         torch.autograd.backward(proj, (dq, dk, dv))
-        dws.update({n_: leaf.grad for n_, leaf in wl.items()})  # type: ignore[misc]
+        add_grads(dw, {n_: leaf.grad for n_, leaf in wl.items()})  # type: ignore[misc]
     else:
-        n_flat = flat_tokens(n.detach())
         d_proj = (
             _unrope(dq, cos, sin),
             _unrope(dk, cos, sin),
@@ -152,9 +162,9 @@ def qkv_backward(
         # summed as they come, as sum() would: one (B, S, D) term alive at a time
         dn = functools.reduce(operator.add, (dp @ w[f"{p}.weight"] for p, dp in zip(PROJ, d_proj)))
         for p, dp in zip(PROJ, d_proj):
-            dws[f"{p}.weight"] = flat_tokens(dp).t() @ n_flat
+            add_weight_grad(dw, f"{p}.weight", dp, n.detach())  # (out, D)
             if dims.qkv_bias:
-                dws[f"{p}.bias"] = flat_tokens(dp).sum(0)
+                dw[f"{p}.bias"].add_(dp.sum((0, 1)))
         torch.autograd.backward(n, dn)
-    dws[NORM] = wn_.grad  # type: ignore[assignment]
-    return x_.grad, dws  # type: ignore[return-value]
+    dw[NORM].add_(wn_.grad)  # type: ignore[arg-type]
+    return x_.grad  # type: ignore[return-value]

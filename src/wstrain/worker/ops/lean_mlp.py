@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wstrain.worker.models.blocks import flat_tokens
+from wstrain.worker.models.blocks import GradViews, add_weight_grad
 from wstrain.worker.models.dense import rms_norm, silu_mul, silu_mul_backward
 
 NAMES = (
@@ -42,22 +42,29 @@ def lean_backward(
     saved: tuple[torch.Tensor, torch.Tensor] | None,
     w: dict[str, torch.Tensor],
     eps: float,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """dL/dh and the four weight gradients, from dy = dL/dy. (B, S, D) in and out.
-    `saved`: the forward's (gate, up), or None to recompute them from the norm the backward
-    recomputes anyway (levels 0-1: two GEMMs; the down projection's output is never needed)."""
+    dw: GradViews,
+) -> torch.Tensor:
+    """dL/dh from dy = dL/dy, the four weight gradients added into `dw`. (B, S, D) in and
+    out. `saved`: the forward's (gate, up), or None to recompute them from the norm the
+    backward recomputes anyway (levels 0-1: two GEMMs; the down projection's output is never
+    needed)."""
     w_norm, w_gate, w_up, w_down = (w[n] for n in NAMES)
     with torch.enable_grad():
         h_, wn_ = h.detach().requires_grad_(), w_norm.detach().requires_grad_()
         n = rms_norm(h_, wn_, eps)  # (B, S, D): elementwise recompute
-    n_flat = flat_tokens(n.detach())
     g, u = (
         saved if saved is not None else (F.linear(n.detach(), w_gate), F.linear(n.detach(), w_up))
     )
     dg, du, p = silu_mul_backward(dy @ w_down, g, u)  # (B, S, F) each; p recomputed
     del g, u
-    dw_down = flat_tokens(dy).t() @ flat_tokens(p)  # (D, F)
+    dn = dg @ w_gate + du @ w_up  # (B, S, D)
+    # The weight gradients last: the first lookup in dw may wait for the gradient slot
+    # (working_set/streamer.py LazyGradViews), and the three GEMMs above hide that wait.
+    add_weight_grad(dw, NAMES[3], dy, p)  # (D, F)
     del p
-    dw_gate, dw_up = flat_tokens(dg).t() @ n_flat, flat_tokens(du).t() @ n_flat  # (F, D) each
-    dh, dw_norm = torch.autograd.grad(n, (h_, wn_), dg @ w_gate + du @ w_up)
-    return dy + dh, dict(zip(NAMES, (dw_norm, dw_gate, dw_up, dw_down)))
+    add_weight_grad(dw, NAMES[1], dg, n.detach())  # (F, D)
+    add_weight_grad(dw, NAMES[2], du, n.detach())
+    del dg, du
+    dh, dw_norm = torch.autograd.grad(n, (h_, wn_), dn)
+    dw[NAMES[0]].add_(dw_norm)
+    return dy + dh

@@ -194,15 +194,13 @@ class LayerPasses:
                 aux = aux[c * self.cfg.chunk : c * self.cfg.chunk + h.shape[0]]
             dh, dws = lean_moe_backward(dy, h, top_idx, gate, up, w, dims, aux)
             del top_idx, gate, up
+            add_grads(dw, dws)
         else:
-            dh, dws = lean_backward(dy, h, saved, w, dims.rms_norm_eps)  # type: ignore[arg-type]
+            dh = lean_backward(dy, h, saved, w, dims.rms_norm_eps, dw)  # type: ignore[arg-type]
         del saved
-        add_grads(dw, dws)
         if g.core is not None:
             cos, sin, _ = self._where[c]
-            dx, dws = lean_attn_backward(dh, x, out, g.core, w, dims, cos, sin)
-            add_grads(dw, dws)
-            return dx
+            return lean_attn_backward(dh, x, out, g.core, w, dims, cos, sin, dw)
         torch.autograd.backward(h_graph, dh)
         accumulate_grads(dw, wa)
         return xa.grad  # type: ignore[return-value]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.worker.models.blocks import GradViews, add_grads, ffn_block, out_proj
+from wstrain.worker.models.blocks import GradViews, ffn_block, out_proj
 from wstrain.worker.ops.chunk_attn import ContextWindow, chunk_attn_backward, chunk_attn_forward
 from wstrain.worker.ops.document_attn import Runs
 from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
@@ -151,11 +151,8 @@ class PieceLayers:
         else:  # the attention forward again, with the window as it stands (K, V rebuilt)
             h, out, lse = self._attention(x, w, at)
         saved = tuple(unstash(t) for t in g.lean) if g.lean is not None else None
-        dh, dws = lean_backward(dy, h, saved, w, self.dims.rms_norm_eps)  # type: ignore[arg-type]
+        dh = lean_backward(dy, h, saved, w, self.dims.rms_norm_eps, dw)  # type: ignore[arg-type]
         del saved, h
-        add_grads(dw, dws)
-        dx, dws = chunk_attn_backward(
-            dh, x, out, lse, w, self.dims, at.cos, at.sin, self.win, at.s0, at.runs
+        return chunk_attn_backward(
+            dh, x, out, lse, w, self.dims, at.cos, at.sin, self.win, at.s0, dw, at.runs
         )
-        add_grads(dw, dws)
-        return dx
