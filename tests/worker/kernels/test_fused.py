@@ -82,6 +82,26 @@ def test_rope_strided_input(eager: Callable[[], None]) -> None:
     _compare(lambda q_: apply_rope(q_, cos.to(q_)[:, None], sin.to(q_)[:, None]), [q], eager)
 
 
+def test_rope_per_token_tables(eager: Callable[[], None]) -> None:
+    """Packed documents: each token's position restarts at its document, so the tables are
+    (B, S, hd) gathered per token; the fused kernel takes them, not the eager fallback."""
+    q = torch.randn(2, 32, 512, 128, device="cuda").transpose(1, 2)  # (B, S, H, hd) view
+    pos = torch.cat([torch.arange(300), torch.arange(212), torch.arange(512)]).view(2, 512)
+    freqs = pos[..., None].float() * 1e4 ** (-torch.arange(0, 128, 2) / 128)  # (B, S, hd/2)
+    emb = torch.cat((freqs, freqs), -1).cuda()
+    cos, sin = emb.cos(), emb.sin()  # (B, S, hd)
+    calls = []
+    kernel = fused_ops.rope_autograd
+    fused_ops.rope_autograd = lambda *a: calls.append(1) or kernel(*a)  # type: ignore[assignment]
+    try:
+        _compare(
+            lambda q_: apply_rope(q_, cos.to(q_)[:, :, None], sin.to(q_)[:, :, None]), [q], eager
+        )
+    finally:
+        fused_ops.rope_autograd = kernel
+    assert calls, "per-token tables fell back to the eager RoPE"
+
+
 def test_silu_mul(eager: Callable[[], None]) -> None:
     g, u = (torch.randn(2, 777, 14336, device="cuda") for _ in range(2))
     _compare(silu_mul, [g, u], eager)

@@ -90,6 +90,7 @@ if triton is not None:
         SIN,
         Y,
         S,
+        ROWS,
         H,
         sxb,
         sxs,
@@ -98,9 +99,11 @@ if triton is not None:
         BLOCK_H: tl.constexpr,
         BLOCK_D: tl.constexpr,
     ):
-        # one program per token (b, s): all its heads, both halves of each head
+        # one program per token (b, s): all its heads, both halves of each head; its table
+        # row is s (ROWS = S, shared tables) or the token itself (ROWS = B·S, per token)
         tok = tl.program_id(0).to(tl.int64)
         b, s = tok // S, tok % S
+        row = tok % ROWS
         heads = tl.arange(0, BLOCK_H)[:, None]
         d = tl.arange(0, BLOCK_D)[None, :]
         mask = (heads < H) & (d < HALF)
@@ -108,10 +111,10 @@ if triton is not None:
         x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
         dmask = d < HALF
-        c1 = tl.load(COS + s * 2 * HALF + d, mask=dmask, other=0.0).to(tl.float32)
-        c2 = tl.load(COS + s * 2 * HALF + HALF + d, mask=dmask, other=0.0).to(tl.float32)
-        s1 = tl.load(SIN + s * 2 * HALF + d, mask=dmask, other=0.0).to(tl.float32)
-        s2 = tl.load(SIN + s * 2 * HALF + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+        c1 = tl.load(COS + row * 2 * HALF + d, mask=dmask, other=0.0).to(tl.float32)
+        c2 = tl.load(COS + row * 2 * HALF + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+        s1 = tl.load(SIN + row * 2 * HALF + d, mask=dmask, other=0.0).to(tl.float32)
+        s2 = tl.load(SIN + row * 2 * HALF + HALF + d, mask=dmask, other=0.0).to(tl.float32)
         dst = Y + tok * H * 2 * HALF + heads * 2 * HALF + d
         tl.store(dst, (x1 * c1 - x2 * s1).to(Y.dtype.element_ty), mask=mask)
         tl.store(dst + HALF, (x2 * c2 + x1 * s2).to(Y.dtype.element_ty), mask=mask)
@@ -201,9 +204,13 @@ def rms_norm_fused(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor
 
 def rope_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x·cos + rotate_half(x)·sin for x: (B, S, H, hd), any strides with a unit last stride;
-    cos, sin: (S, hd) contiguous. Returns a contiguous (B, S, H, hd) tensor. The backward
-    of RoPE is this with -sin (a rotation's transpose)."""
+    cos, sin: (S, hd) shared by the batch, or (B·S, hd) one row per token (packed
+    documents' positions), contiguous. Returns a contiguous (B, S, H, hd) tensor. The
+    backward of RoPE is this with -sin (a rotation's transpose)."""
     b, s, h, hd = x.shape
+    rows = cos.shape[0]
+    if rows not in (s, b * s) or cos.shape != sin.shape:
+        raise ValueError(f"RoPE tables of {rows} rows for x {tuple(x.shape)}: want S or B·S")
     if x.stride(-1) != 1:
         x = x.contiguous()
     y = torch.empty((b, s, h, hd), dtype=x.dtype, device=x.device)
@@ -214,6 +221,7 @@ def rope_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         sin,
         y,
         s,
+        rows,
         h,
         x.stride(0),
         x.stride(1),
@@ -239,7 +247,7 @@ class _RoPE(torch.autograd.Function):
 
 
 def rope_autograd(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """rope_fused with its backward (cos, sin: (S, hd), no gradient)."""
+    """rope_fused with its backward (cos, sin: (S, hd) or (B·S, hd), no gradient)."""
     return _RoPE.apply(x, cos, sin)
 
 

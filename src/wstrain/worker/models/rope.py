@@ -56,9 +56,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, S, H, hd), cos/sin: (S, 1, hd); Hugging Face rotates the transposed
-    (B, H, S, hd) view, the same values through strided, unvectorised kernels. On CUDA one
-    fused kernel (worker/kernels/fused.py) that also takes x strided and returns it contiguous."""
-    if fused_ops.available(x, cos, sin) and x.dim() == 4 and cos.shape[1] == 1:
-        return fused_ops.rope_autograd(x, cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous())
+    """x: (B, S, H, hd), cos/sin: (S, 1, hd), or (B, S, 1, hd) per token (packed documents'
+    positions); Hugging Face rotates the transposed (B, H, S, hd) view, the same values
+    through strided, unvectorised kernels. On CUDA one fused kernel (worker/kernels/fused.py)
+    that also takes x strided and returns it contiguous: eager, per-token tables cost five
+    passes over q (1 GB at 128K tokens, Llama-3-8B dims) where the kernel makes one."""
+    rows = cos.shape[:-2]  # (S,) or (B, S)
+    fits = x.dim() == 4 and cos.shape[-2] == 1 and rows in (x.shape[1:2], x.shape[:2])
+    if fits and fused_ops.available(x, cos, sin):
+        hd = x.shape[-1]
+        return fused_ops.rope_autograd(
+            x, cos.reshape(-1, hd).contiguous(), sin.reshape(-1, hd).contiguous()
+        )
     return x * cos + _rotate_half(x) * sin
