@@ -28,13 +28,12 @@ import json
 import logging
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from bench.runtime import _dims, llama_spec, measured_node, mfu_fields
+from bench.runtime import _dims, llama_spec, measured_node, mfu_fields, run_child
 
 log = logging.getLogger("bench.data_parallel")
 
@@ -225,12 +224,8 @@ def main() -> None:
             env["PYTHONPATH"] = f"{Path(args.old_src).resolve()}:{env.get('PYTHONPATH', '')}"
             env["BENCH_SOURCE"] = args.old_src
         argv = [sys.executable, "-m", "bench.data_parallel", "--row", row, *common]
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-        sys.stderr.write(proc.stderr[-2000:])
-        if proc.returncode == 0:
-            results.append({**json.loads(proc.stdout.strip().splitlines()[-1]), "name": name})
-        else:
-            results.append({"name": name, "error": proc.stderr.strip().splitlines()[-1:]})
+        res, last = run_child(argv, env)
+        results.append({**res, "name": name} if res is not None else {"name": name, "error": last})
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=1))
     base = next((r for r in results if r.get("name") == "ws-1" and "tokens_per_s" in r), None)

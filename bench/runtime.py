@@ -19,6 +19,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -632,6 +633,24 @@ def parse_or_run_row(
     return args
 
 
+def run_child(argv: list[str], env: dict[str, str]) -> tuple[dict[str, object] | None, str]:
+    """Run one child Python process: (the row it printed as its last stdout line, or None
+    where it failed; its last stderr line). Its stderr streams through as it comes, so a
+    command stopped at the device tool's limit still shows how far a long row got."""
+    with tempfile.TemporaryFile("w+") as stdout:
+        proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env)
+        assert proc.stderr is not None
+        last = "?"
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            last = line.strip() or last
+        stdout.seek(0)
+        lines = stdout.read().strip().splitlines()
+    ok = proc.wait() == 0 and lines
+    return (json.loads(lines[-1]) if ok else None), last
+
+
 def run_children(
     children: list[tuple[list[str], dict[str, object]]], out: str | None
 ) -> list[dict[str, object]]:
@@ -641,15 +660,8 @@ def run_children(
     rows: list[dict[str, object]] = []
     env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     for argv, identity in children:
-        proc = subprocess.run(
-            [sys.executable, "-m", *argv], capture_output=True, text=True, env=env
-        )
-        sys.stderr.write(proc.stderr[-2000:])
-        if proc.returncode == 0:
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        else:
-            err = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?"
-            rows.append({**identity, "error": err})
+        row, last = run_child([sys.executable, "-m", *argv], env)
+        rows.append(row if row is not None else {**identity, "error": last})
         if out:
             with open(out, "w") as f:
                 json.dump(rows, f, indent=1)
