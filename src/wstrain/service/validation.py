@@ -26,6 +26,7 @@ from wstrain.scheduler.contracts.spec import JobSpec, SyntheticData, TextData, T
 from wstrain.scheduler.contracts.token_file import (
     RAW_TEXT_MAX_BYTES,
     TokenFileHeader,
+    document_span,
     prepare_command,
     token_dtype,
 )
@@ -35,6 +36,10 @@ _TOKEN_BYTES = {"uint16": 2, "uint32": 4}
 # token ids checked on submit: 8 MiB of uint32 reads in ~2 ms; wrong-tokenizer files show in
 # their first ids, and the worker checks the rest
 HEAD_TOKENS = 1 << 21
+# documents whose lengths price a document_mask job's attention on submit: 35 ms of Python
+# on the dev VM, and on a million random lengths within 0.1% of the span of all of them,
+# which the agent reads before the job runs (agent/launch.py)
+SUBMIT_SPAN_DOCUMENTS = 1 << 16
 
 
 def _check_tokens(
@@ -214,7 +219,17 @@ def validate_and_plan(spec: JobSpec, nodes: list[Node], access: DataAccess) -> P
             )
     dims = resolve_dims(spec.model)
     _check_data(spec, dims, access)
-    return _plan(spec, dims, pick_node(spec, nodes))
+    node = pick_node(spec, nodes)
+    if spec.document_mask and isinstance(spec.data, TokenData):  # _check_data: it has an index
+        try:
+            span = document_span(spec.data.path, spec.seq_len, SUBMIT_SPAN_DOCUMENTS)
+        except OSError as exc:
+            raise InvalidSpec(
+                f"data.path={spec.data.path!r}: its document index cannot be read ({exc}); "
+                "prepare the file again with `wstrain prepare`, or set document_mask: false"
+            ) from exc
+        node = node.with_documents(span)  # long sequences' pieces cost their documents
+    return _plan(spec, dims, node)
 
 
 # Plans already made, by (spec less its name, node profile): a sweep of jobs that differ in

@@ -74,17 +74,19 @@ def read_header(bin_path: str | Path) -> TokenFileHeader | None:
         raise ValueError(f"{path} is not a wstrain token-file header: {exc}") from exc
 
 
-def document_span(bin_path: str | Path, seq_len: int) -> int:
+def document_span(
+    bin_path: str | Path, seq_len: int, documents: int = SPAN_SAMPLE_DOCUMENTS
+) -> int:
     """The tokens a query's document holds within its sequence, token-weighted: over the
     index's documents cut where sequences start (every seq_len tokens, as the data stream
     cuts them), the sum of squared lengths over the tokens. A long sequence's attention
     within documents costs this span a query instead of the sequence's (the planner's
-    NodeProfile.document_span). 0 without an index. Reads the first SPAN_SAMPLE_DOCUMENTS."""
+    NodeProfile.document_span). 0 without an index. Reads the first `documents`."""
     path = index_path(bin_path)
     if not path.is_file():
         return 0
     with open(path, "rb") as f:
-        raw = f.read(8 * SPAN_SAMPLE_DOCUMENTS)
+        raw = f.read(8 * documents)
     ends = array("Q")
     ends.frombytes(raw[: len(raw) // 8 * 8])  # uint64, native order as prepare writes it
     squares = start = 0
