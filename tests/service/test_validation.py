@@ -15,6 +15,7 @@ import pytest
 
 from wstrain.prepare.pipeline import PrepareRequest, prepare
 from wstrain.scheduler.contracts.access import DataAccess
+from wstrain.scheduler.contracts.errors import InvalidSpec
 from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.service.validation import validate_and_plan
 
@@ -55,3 +56,19 @@ def test_a_document_jobs_plan_on_submit_costs_its_documents(short_documents: Pat
     # a query attends to its 2,000-token document, not to 128K keys: the attention, most of
     # the step at this length, shrinks ~65x and the step several times
     assert packed.predicted.step_seconds < 0.5 * whole.predicted.step_seconds
+
+
+@pytest.mark.parametrize(("side", "field"), [(".idx", "index"), (".json", "header")])
+def test_a_side_file_outside_the_data_roots_is_refused(
+    short_documents: Path, tmp_path_factory: pytest.TempPathFactory, side: str, field: str
+) -> None:
+    """The header and index beside a token file under a data root are read on submit, so
+    they must lie under a root too: a symlink to a file elsewhere is a 4xx, not a read."""
+    root = tmp_path_factory.mktemp("root")
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    for suffix in (".bin", ".json", ".idx"):
+        target = (elsewhere if suffix == side else root) / f"d{suffix}"
+        target.write_bytes(short_documents.with_suffix(suffix).read_bytes())
+    (root / f"d{side}").symlink_to(elsewhere / f"d{side}")
+    with pytest.raises(InvalidSpec, match=rf"{field}=.*lies outside the data roots"):
+        validate_and_plan(_spec(root / "d.bin", True), [], DataAccess.of([root], None))

@@ -27,6 +27,8 @@ from wstrain.scheduler.contracts.token_file import (
     RAW_TEXT_MAX_BYTES,
     TokenFileHeader,
     document_span,
+    header_path,
+    index_path,
     prepare_command,
     token_dtype,
 )
@@ -123,6 +125,8 @@ def _check_data(spec: JobSpec, dims: ModelDims, access: DataAccess) -> None:
         if not path.is_file():
             raise InvalidSpec(f"data.path={data.path!r} does not exist or is not a file")
     if isinstance(data, TokenData):
+        if header_path(path).exists():  # read below: under a root, as the file is
+            access.check(str(header_path(path)), "data.path's header")
         count, header = _check_tokens(data, path, dims.vocab_size, spec.seq_len)
         if spec.document_mask and (header is None or not header.documents):
             raise InvalidSpec(
@@ -221,6 +225,7 @@ def validate_and_plan(spec: JobSpec, nodes: list[Node], access: DataAccess) -> P
     _check_data(spec, dims, access)
     node = pick_node(spec, nodes)
     if spec.document_mask and isinstance(spec.data, TokenData):  # _check_data: it has an index
+        access.check(str(index_path(spec.data.path)), "data.path's index")  # under a root too
         try:
             span = document_span(spec.data.path, spec.seq_len, SUBMIT_SPAN_DOCUMENTS)
         except OSError as exc:
