@@ -125,8 +125,9 @@ def _check_data(spec: JobSpec, dims: ModelDims, access: DataAccess) -> None:
         if not path.is_file():
             raise InvalidSpec(f"data.path={data.path!r} does not exist or is not a file")
     if isinstance(data, TokenData):
-        if header_path(path).exists():  # read below: under a root, as the file is
-            access.check(str(header_path(path)), "data.path's header")
+        header_file = header_path(path)  # a .bin's header is read below: under a root too
+        if path.suffix == ".bin" and header_file.exists():
+            access.check(str(header_file), "data.path's header")
         count, header = _check_tokens(data, path, dims.vocab_size, spec.seq_len)
         if spec.document_mask and (header is None or not header.documents):
             raise InvalidSpec(
