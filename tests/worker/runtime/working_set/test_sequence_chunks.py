@@ -8,6 +8,8 @@ home; evaluation too; and after steps the weights equal the whole-sequence plan'
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,6 +30,7 @@ from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.contracts.spec import OptimizerSpec
 from wstrain.scheduler.planning.memory_model import saved_bytes
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+from wstrain.worker.runtime.working_set.saved_acts import HostCopy, SavedTensorPolicy
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 from wstrain.worker.runtime.working_set.state import HostState
 
@@ -67,6 +70,55 @@ def test_home_sets_take_what_the_planner_counts(level: int) -> None:
     want = sets * saved_bytes(DIMS, spec, level, 4)
     tensors = 1 + 2 * (level in (1, 3)) + 2 * (level in (2, 3))
     assert want <= sum(rt.acts.used) < want + sets * tensors * 256
+
+
+@pytest.mark.parametrize("level", [0, 3])
+def test_backward_holds_no_more_sets_than_the_prefetch_cap(level: int) -> None:
+    """Through a backward of 16 pieces a layer, the saved sets back on the device are at
+    most the prefetch's cap and the piece being computed: each set's device copy goes when
+    its piece's backward ends, also where it was fetched on demand (a cap smaller than a
+    set makes every large tensor on demand). Before, a layer's sets piled up until the
+    layer ended: at 512K, 128 pieces' sets, 37 GiB past a 24 GiB budget on an H100."""
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    levels = tuple((level,) * SEQ for _ in range(DIMS.num_layers))
+    cap = 200
+    rt = make_runtime(
+        ref,
+        micro_batch=1,
+        chunk=1,
+        rounds=1,
+        window=0,
+        levels=levels,
+        seq_chunk=1,
+        write_buffer_bytes=cap,
+    )
+    made: list[weakref.ref[HostCopy]] = []  # every set sent home
+    backward, policy_of, held = rt._backward_layer, rt._policy, []
+
+    def recording(layer: int) -> SavedTensorPolicy:
+        policy = policy_of(layer)
+        send = policy.send_home
+
+        def send_home(t: torch.Tensor, fp8: bool = True) -> HostCopy:
+            copy = send(t, fp8)
+            made.append(weakref.ref(copy))
+            return copy
+
+        policy.send_home = send_home  # type: ignore[method-assign]
+        return policy
+
+    def counted(*args, **kw):  # type: ignore[no-untyped-def]
+        dx = backward(*args, **kw)
+        copies = (ref() for ref in made)
+        held.append(sum(c.device.nbytes for c in copies if c is not None and c.device is not None))
+        return dx
+
+    rt._policy = recording  # type: ignore[method-assign]
+    rt._backward_layer = counted  # type: ignore[method-assign]
+    rt.forward_backward(data, 0)
+    one_set = saved_bytes(DIMS, fp32_spec(global_batch=1), level, 1)
+    assert len(held) == DIMS.num_layers * SEQ
+    assert max(held) <= cap + 2 * one_set, (max(held), one_set)
 
 
 def test_eval_and_steps_equal_whole_sequences() -> None:

@@ -122,6 +122,7 @@ class HostCopy:
     device: torch.Tensor | None = None  # back on the device for backward (kept until freed)
     arrived: torch.cuda.Event | None = None  # its prefetch finished
     used: bool = False  # backward has taken it (prefetched or not)
+    rebuilt: bool = False  # a long context window's rebuild has taken it (fetch_transient)
     fp8: Fp8Home | None = None  # went home in fp8 (fp8_saves.py): `device` holds it decoded
 
 
@@ -241,7 +242,7 @@ class SavedTensorPolicy:
             return saved
         assert isinstance(saved, HostCopy)
         t = self.fetch(saved)
-        saved.device, saved.arrived, saved.used = None, None, False
+        saved.device, saved.arrived, saved.used, saved.rebuilt = None, None, False, True
         if saved.fp8 is not None:
             saved.fp8.scales_device = None
         return t
@@ -259,22 +260,34 @@ class BackwardPrefetch:
 
     def __init__(self, streams: Streams, counters: dict[str, int], cap_bytes: int) -> None:
         self.streams, self.counters, self.cap_bytes = streams, counters, cap_bytes
-        self.queue: deque[HostCopy] = deque()
+        # (copy, for the window's rebuild): an input is queued twice with long context,
+        # once for the rebuild and once for its piece's backward
+        self.queue: deque[tuple[HostCopy, bool]] = deque()
         self.started: list[HostCopy] = []  # prefetched, not yet taken
 
-    def add(self, stashed: object) -> None:
+    def add(self, stashed: object, rebuild: bool = False) -> None:
         if isinstance(stashed, HostCopy):  # on CPU too, so the test suite runs this path
-            self.queue.append(stashed)
+            self.queue.append((stashed, rebuild))
 
     def top_up(self) -> None:
-        self.started = [c for c in self.started if not c.used]
+        """Start the queued sets that fit the cap. A set taken before its turn (fetched on
+        demand: the link fell behind) leaves the queue here too, so the queue never holds
+        a taken set's device copy: at 512K a layer's 128 pieces' sets held that way were
+        37 GiB past a 24 GiB budget."""
+        # a rebuild's input is let go once taken (fetch_transient): not ahead any more
+        self.started = [c for c in self.started if not c.used and c.device is not None]
         ahead = sum(c.host.nbytes for c in self.started)
-        while self.queue and ahead + self.queue[0].host.nbytes <= self.cap_bytes:
-            copy = self.queue.popleft()
-            if not copy.used and copy.device is None:  # not taken, nor on its way already
+        while self.queue:
+            copy, rebuild = self.queue[0]
+            if not (copy.rebuilt if rebuild else copy.used):  # not taken yet
+                if copy.device is not None:  # on its way for the rebuild, which takes it next
+                    return
+                if ahead + copy.host.nbytes > self.cap_bytes:
+                    return
                 self._start(copy)
                 self.started.append(copy)
                 ahead += copy.host.nbytes
+            self.queue.popleft()
 
     def _start(self, copy: HostCopy) -> None:
         s = self.streams

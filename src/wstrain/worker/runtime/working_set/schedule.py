@@ -273,7 +273,7 @@ class WorkingSetRuntime(LayerPasses):
             for units in groups:
                 if self.pieces is not None:
                     for c in units:
-                        ahead.add(graphs[k][c].x)
+                        ahead.add(graphs[k][c].x, rebuild=True)
                 for c in reversed(units):
                     for stashed in graphs[k][c].stashed():
                         ahead.add(stashed)
