@@ -18,6 +18,7 @@ from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.errors import InfeasibleBudget
 from wstrain.scheduler.contracts.hardware import H100_ADAWS
 from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.scheduler.planning import cost_model as cm
 from wstrain.scheduler.planning import memory_model as mm
 from wstrain.scheduler.planning.working_set import make_ws_plan
 
@@ -144,3 +145,29 @@ def test_documents_in_pieces_cost_their_own_attention() -> None:
         for span in (0, 512)
     ]
     assert dense[0] == dense[1]
+
+
+def test_documents_in_pieces_are_rated_at_their_calls_length() -> None:
+    """A piece of packed documents runs one kernel call per document part, no longer than
+    the piece or the document on either side (ops/document_attn.py), so its attention runs
+    at the profiled rate that long: 8K documents in 4K pieces at the 4K rate (an H100 ran
+    them 14% slower than the 8K rate predicted; bench/RESULTS.md), in 8K pieces at the 8K
+    one. A plain piece's prefix call takes the whole prefix and keeps the sequence's rate."""
+    dims, seq = replace(LLAMA, num_layers=32), 131072
+    node = H100.with_documents(8192)
+    assert cm.attention_call(seq, mm.Layout(1, seq_chunk=4096, pieces=32), node) == 4096
+    assert cm.attention_call(seq, mm.Layout(1, seq_chunk=16384, pieces=8), node) == 8192
+    assert cm.attention_call(seq, mm.Layout(1, seq_chunk=4096, pieces=32), H100) == 0
+    assert cm.attention_call(seq, mm.Layout(1), node) == 0  # whole: the dense mask's span
+    at = {n: cm.chunk_times(dims, seq, node, 8192, n) for n in (4096, 8192)}
+    flops = 2 * seq * 8192 * dims.num_heads * dims.head_dim  # the attention forward's
+    slower = flops / node.attention_flops(4096) - flops / node.attention_flops(8192)
+    assert at[4096][0] - at[8192][0] == pytest.approx(slower)
+    assert at[4096][1] - at[8192][1] == pytest.approx(2.5 * slower)
+    step = {}
+    for n in (4096, 8192):
+        pinned = _spec(dims, seq, 1, 24, 110, seq_chunk=n)
+        plan = make_ws_plan(pinned.model_copy(update={"document_mask": True}), dims, node)
+        assert plan.working_set is not None and plan.working_set.seq_chunk == n
+        step[n] = plan.predicted
+    assert step[4096].step_seconds > step[8192].step_seconds  # fewer, larger calls

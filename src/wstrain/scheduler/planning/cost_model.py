@@ -81,25 +81,40 @@ def attention_span(seq_len: int, lay: Layout | None, node: NodeProfile) -> int:
     return span if lay is not None and lay.seq_chunk and 0 < span < seq_len else seq_len
 
 
-def _core_attention_s(dims: ModelDims, seq_len: int, span: int, node: NodeProfile) -> float:
+def attention_call(seq_len: int, lay: Layout | None, node: NodeProfile) -> int:
+    """Tokens of one attention kernel call where packed documents run in pieces: a
+    document's part of a piece, at most min(piece, document) queries and as many keys in
+    each of its prefix and diagonal calls (ops/document_attn.py), so it runs at the profiled
+    rate that long (128K of 8K documents in 4K pieces on an H100: 14% under the measured
+    step at the 8K rate, 7% under at the 4K one; bench/RESULTS.md). 0 elsewhere: the span's
+    rate (a plain piece's prefix call takes the whole prefix's keys)."""
+    span = attention_span(seq_len, lay, node)
+    return min(span, lay.seq_chunk) if lay is not None and span < seq_len else 0
+
+
+def _core_attention_s(
+    dims: ModelDims, seq_len: int, span: int, node: NodeProfile, call: int = 0
+) -> float:
     """Causal attention forward of one sequence whose queries span `span` tokens (their
-    documents'), at the profiled rate of attention that long."""
-    return 2 * seq_len * span * dims.num_heads * dims.head_dim / node.attention_flops(span)
+    documents'), at the profiled rate of `call` tokens (attention_call; 0: `span`)."""
+    flops = 2 * seq_len * span * dims.num_heads * dims.head_dim
+    return flops / node.attention_flops(call or span)
 
 
 def recompute_shares(
-    dims: ModelDims, seq_len: int, node: NodeProfile, span: int = 0
+    dims: ModelDims, seq_len: int, node: NodeProfile, span: int = 0, call: int = 0
 ) -> tuple[float, ...]:
     """Share of a layer's forward each level recomputes in backward: 0 the attention block
     and the MLP's gate/up, 1 the output projection (with q/k norms also the QKV projections)
     and gate/up, 2 the attention block, 3 the output projection. The blocks' times are
     measured where the node carries them; the split inside attention is by FLOPs at the
-    profiled GEMM and attention rates. `span`: attention_span (0: the whole sequence)."""
+    profiled GEMM and attention rates. `span`, `call`: attention_span (0: the whole
+    sequence) and attention_call."""
     S, D, hd = seq_len, dims.hidden_size, dims.head_dim
     span = span or S
     qkv_s = 2 * S * D * (dims.num_heads + 2 * dims.num_kv_heads) * hd / node.matmul_flops
     o_s = 2 * S * D * dims.num_heads * hd / node.matmul_flops
-    core_s = _core_attention_s(dims, S, span, node)
+    core_s = _core_attention_s(dims, S, span, node, call)
     attn_s = qkv_s + o_s + core_s
     mlp_s = max(0.0, 2 * S * dims.layer_params_active / node.matmul_flops - qkv_s - o_s)
     lt = node.layer
@@ -116,28 +131,28 @@ def recompute_shares(
 
 
 def chunk_times(
-    dims: ModelDims, seq_len: int, node: NodeProfile, span: int = 0
+    dims: ModelDims, seq_len: int, node: NodeProfile, span: int = 0, call: int = 0
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one sequence through one decoder layer: measured when
     the node carries the job's layer times, else from FLOPs at the profiled rates. From
     FLOPs, the runtime's overhead (hooks, launch gaps, elementwise work) goes on the GEMM
     part only: the attention kernel runs as profiled (long context, H100, 32K-512K: with
     the overhead on attention too, 64K-512K predicted 12-28% over the measured step;
-    without, -12% at 32K and -2% to +8% from 64K; bench/RESULTS.md). `span`:
-    attention_span (0: the whole sequence)."""
+    without, -12% at 32K and -2% to +8% from 64K; bench/RESULTS.md). `span`, `call`:
+    attention_span (0: the whole sequence) and attention_call."""
     k = RUNTIME_OVERHEAD
     span = span or seq_len
     if node.layer is not None and node.layer.seq_len == seq_len and span == seq_len:
         return k * node.layer.forward_s, k * node.layer.backward_s
     gemm = 2 * seq_len * dims.layer_params_active / node.matmul_flops  # MoE: Ψ_active
-    attn_s = _core_attention_s(dims, seq_len, span, node)
+    attn_s = _core_attention_s(dims, seq_len, span, node, call)
     return k * gemm + attn_s, k * 2 * gemm + 2.5 * attn_s  # flash bwd: 5x vs 4x FLOPs
 
 
 def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -> LayerCost:
     """One home layer as the levels DP sees it (scheduler/planning/levels.py), per round."""
-    span = attention_span(spec.seq_len, lay, node)
-    fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node, span)
+    span, call = attention_span(spec.seq_len, lay, node), attention_call(spec.seq_len, lay, node)
+    fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node, span, call)
     fwd_s /= lay.pieces  # a piece's share (causal attention: the same total as whole)
     saved = [saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
     weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
@@ -145,7 +160,9 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
         chunks=lay.units,
         compute_s=fwd_s,
         transfer_s=tuple(link_seconds(b, node) for b in saved),
-        value_s=tuple(fwd_s * (1.0 - r) for r in recompute_shares(dims, spec.seq_len, node, span)),
+        value_s=tuple(
+            fwd_s * (1.0 - r) for r in recompute_shares(dims, spec.seq_len, node, span, call)
+        ),
         cap_s=link_seconds(WRITE_BUFFER_BYTES, node),
         back_s=tuple(b / node.h2d_bytes_per_s for b in saved),
         prefetch_cap_s=WRITE_BUFFER_BYTES / node.h2d_bytes_per_s,
@@ -167,7 +184,9 @@ def step_time(
     L, X, S = dims.num_layers, lay.micro_batch, spec.seq_len
     e = ELEMENT_BYTES[spec.precision]
     rounds = spec.global_batch // X
-    fwd_s, bwd_s = chunk_times(dims, S, node, attention_span(S, lay, node))
+    fwd_s, bwd_s = chunk_times(
+        dims, S, node, attention_span(S, lay, node), attention_call(S, lay, node)
+    )
     head_s = 6 * S * dims.embedding_params / node.matmul_flops
     # long context: backward first puts each layer's K and V back in the window from the
     # inputs (the norm and the K/V projections again)
@@ -260,8 +279,9 @@ def _device_parts(
 ) -> tuple[float, list[float], float]:
     """(one layer's first-pass forward, each layer's exposure if the device updates it, the
     staged update of one resident group)."""
-    span = attention_span(spec.seq_len, lay, node)
-    layer_fwd_s = lay.lead_rounds * lay.micro_batch * chunk_times(dims, spec.seq_len, node, span)[0]
+    span, call = attention_span(spec.seq_len, lay, node), attention_call(spec.seq_len, lay, node)
+    one_s = chunk_times(dims, spec.seq_len, node, span, call)[0]
+    layer_fwd_s = lay.lead_rounds * lay.micro_batch * one_s
     e = ELEMENT_BYTES[spec.precision]
     weights = dims.layer_params * e
     # the saved sets at the link share planned for them (measured at 32 layers: ~23 ms a

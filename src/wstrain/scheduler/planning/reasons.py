@@ -125,8 +125,9 @@ def _documents(spec: JobSpec, lay: mm.Layout, node: NodeProfile) -> str:
         return ""
     span = cm.attention_span(spec.seq_len, lay, node)
     if span < spec.seq_len:
+        call = cm.attention_call(spec.seq_len, lay, node)
         return (
             f"; attention within documents, costed at {span} tokens a query (the token "
-            "file's documents, token-weighted)"
+            f"file's documents, token-weighted) in calls of {call} at the profiled rate"
         )
     return "; attention within documents costed as the whole sequence's (lengths not known)"
