@@ -348,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         if gang is not None and (dead := gang.dead(wait_s=2 * WATCH_INTERVAL_S)) is not None:
             # a peer's death fails rank 0's next collective: name the death, not the symptom
             msg = f"data-parallel gang stopped: {dead}; rank 0 then failed: {msg[:300]}"
-        if gang is not None:
-            gang.kill()
+    if worker.gang is not None:  # the other ranks would wait in a collective for rank 0
+        worker.gang.kill()
     log.error("job %s: failed: %s\n%s", worker.job_id, msg, traceback.format_exc())
     worker.emit(WorkerMessage(kind="error", message=msg))
     return int(WorkerExit.failed)
