@@ -372,7 +372,7 @@ def run_plan(
 
     def step(i: int) -> None:
         stats = rt.train_step(data, i)
-        if i > 0:
+        if i > 0 or steps == 1:  # the timed steps' (`--steps 1`: the one, warm-up included)
             for k, v in stats.stall_s.items():
                 stalls[k] = stalls.get(k, 0.0) + v
         log.info(
