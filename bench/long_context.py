@@ -12,7 +12,11 @@ rate beside it, the kernel the runtime takes where cuDNN's attention is missing.
 `--document-tokens N`: every sequence packs documents of N tokens under document_mask (each
 piece attends within its documents, ops/document_attn.py); such a row's `mfu` counts the
 attention its documents cost (ModelDims.flops_per_token at N), `mfu_whole_causal` the
-whole sequence's, for comparison with the plain rows.
+whole sequence's, for comparison with the plain rows. `--seq-chunk N` pins the piece length
+(0: the planner's), for the same job in pieces the planner did not choose:
+
+    python -m bench.long_context --lengths 131072 --document-tokens 8192 --seq-chunk 4096 \
+        --out X.json
 
 Each row runs in its own process. A row takes 32 layers where the host budget holds their
 state and saved inputs, else 16, and says which. Timed over whole steps after one warm-up
@@ -47,10 +51,18 @@ DEVICE_GIB = 24.0
 ADAWS_H100_MFU = {32768: 0.571, 65536: 0.560, 131072: 0.531, 262144: 0.519, 524288: 0.425}
 
 
-def plan_row(seq: int, host_gib: float, steps: int, layers: int | None = None, documents: int = 0):  # type: ignore[no-untyped-def]
+def plan_row(  # type: ignore[no-untyped-def]
+    seq: int,
+    host_gib: float,
+    steps: int,
+    layers: int | None = None,
+    documents: int = 0,
+    seq_chunk: int = 0,
+):
     """(spec, dims, plan, node) at `layers`, or the 32 layers when they fit the host
     budget and else 16; `documents`: under document_mask, documents of that many tokens
-    (the agent reads the span from a token file's index; here every query's is known)."""
+    (the agent reads the span from a token file's index; here every query's is known);
+    `seq_chunk`: the piece length pinned (0: the planner's)."""
     from wstrain.scheduler.contracts.errors import InfeasibleBudget
     from wstrain.scheduler.planning.planner import make_plan
 
@@ -58,7 +70,8 @@ def plan_row(seq: int, host_gib: float, steps: int, layers: int | None = None, d
     node = node.with_documents(documents)
     last: Exception | None = None
     for n in [layers] if layers else [32, 16]:
-        spec = llama_spec(f"long-{seq}", n, seq, 1, steps, DEVICE_GIB, host_gib, {})
+        pinned = {"seq_chunk": seq_chunk} if seq_chunk else {}
+        spec = llama_spec(f"long-{seq}", n, seq, 1, steps, DEVICE_GIB, host_gib, pinned)
         spec = spec.model_copy(update={"document_mask": documents > 0})
         dims = _dims(n)
         try:
@@ -108,7 +121,9 @@ def run_row(args: argparse.Namespace) -> Row:
     import torch
 
     seq, docs = int(args.row), args.document_tokens
-    spec, dims, plan, node = plan_row(seq, args.host_gib, args.steps, args.layers, docs)
+    spec, dims, plan, node = plan_row(
+        seq, args.host_gib, args.steps, args.layers, docs, args.seq_chunk
+    )
     log.info("plan: %s", plan.reasons)
     res = run_plan(spec, dims, plan, args.steps, False, node, document_tokens=docs)
     if args.steps == 1:  # one step: timed as it is, warm-up included
@@ -146,11 +161,13 @@ def main() -> None:
     p.add_argument(
         "--document-tokens", type=int, default=0, help="packed documents of N tokens (0: none)"
     )
+    p.add_argument("--seq-chunk", type=int, default=0, help="pin the piece length (0: planned)")
     args = parse_or_run_row(p, "", run_row)
     if args is None:
         return
     common = ["--steps", str(args.steps), "--host-gib", str(args.host_gib)]
     common += ["--layers", str(args.layers), "--document-tokens", str(args.document_tokens)]
+    common += ["--seq-chunk", str(args.seq_chunk)]
     children = [
         (["bench.long_context", "--row", s, *common], {"name": f"long-{s}", "seq_len": int(s)})
         for s in args.lengths.split(",")
