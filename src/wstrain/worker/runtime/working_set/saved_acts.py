@@ -279,9 +279,10 @@ class BackwardPrefetch:
         ahead = sum(c.host.nbytes for c in self.started)
         while self.queue:
             copy, rebuild = self.queue[0]
-            if not (copy.rebuilt if rebuild else copy.used):  # not taken yet
-                if copy.device is not None:  # on its way for the rebuild, which takes it next
-                    return
+            # not taken yet, nor on its way (a piece's input the rebuild has in flight is let
+            # go after the rebuild and taken on demand: waiting for it here held back the
+            # sets behind it until the rebuild ended)
+            if not (copy.rebuilt if rebuild else copy.used) and copy.device is None:
                 if ahead + copy.host.nbytes > self.cap_bytes:
                     return
                 self._start(copy)

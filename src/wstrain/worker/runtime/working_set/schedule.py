@@ -247,8 +247,11 @@ class WorkingSetRuntime(LayerPasses):
             if self.dopt is not None and self.dopt.needs(k):  # last step's update, deferred
                 self.dopt.apply(k, slot, self.weights, self._fwd_order[k + 1 :])
             for c in range(len(T)):
-                T[c], g = self._forward_layer(k, c, T[c], slot)
-                graphs[k].append(g)
+                T[c], graph = self._forward_layer(k, c, T[c], slot)
+                graphs[k].append(graph)
+                # backward frees each graph after its unit: no other name may hold one (the
+                # last one held here kept a whole chunk's set on the device through backward)
+                del graph
             self.weights.release(slot)
         loss = torch.zeros((), device=self.device, dtype=torch.float32)
         if not first:  # the first backward layers' accumulated gradients come in beside the head
