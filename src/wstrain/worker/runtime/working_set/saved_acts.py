@@ -280,8 +280,8 @@ class BackwardPrefetch:
         while self.queue:
             copy, rebuild = self.queue[0]
             # not taken yet, nor on its way (a piece's input the rebuild has in flight is let
-            # go after the rebuild and taken on demand: waiting for it here held back the
-            # sets behind it until the rebuild ended)
+            # go after the rebuild and taken on demand: one input, where waiting for it would
+            # hold back every set behind it until the rebuild ends)
             if not (copy.rebuilt if rebuild else copy.used) and copy.device is None:
                 if ahead + copy.host.nbytes > self.cap_bytes:
                     return
