@@ -13,7 +13,8 @@ rate beside it, the kernel the runtime takes where cuDNN's attention is missing.
 piece attends within its documents, ops/document_attn.py); such a row's `mfu` counts the
 attention its documents cost (ModelDims.flops_per_token at N), `mfu_whole_causal` the
 whole sequence's, for comparison with the plain rows. `--seq-chunk N` pins the piece length
-(0: the planner's), for the same job in pieces the planner did not choose:
+(0: the planner's), for the same job in pieces the planner did not choose; `--profile` adds
+one step under the profiler, whose GPU time by kernel kind goes in the row's `timeline`:
 
     python -m bench.long_context --lengths 131072 --document-tokens 8192 --seq-chunk 4096 \
         --out X.json
@@ -125,7 +126,7 @@ def run_row(args: argparse.Namespace) -> Row:
         seq, args.host_gib, args.steps, args.layers, docs, args.seq_chunk
     )
     log.info("plan: %s", plan.reasons)
-    res = run_plan(spec, dims, plan, args.steps, False, node, document_tokens=docs)
+    res = run_plan(spec, dims, plan, args.steps, args.profile, node, document_tokens=docs)
     if args.steps == 1:  # one step: timed as it is, warm-up included
         res["times"] = [0.0, *res["times"]]
     name = f"long-{seq}" + (f"-docs{docs}" if docs else "")
@@ -162,12 +163,15 @@ def main() -> None:
         "--document-tokens", type=int, default=0, help="packed documents of N tokens (0: none)"
     )
     p.add_argument("--seq-chunk", type=int, default=0, help="pin the piece length (0: planned)")
+    p.add_argument(
+        "--profile", action="store_true", help="one more step's GPU timeline (bench/timeline.py)"
+    )
     args = parse_or_run_row(p, "", run_row)
     if args is None:
         return
     common = ["--steps", str(args.steps), "--host-gib", str(args.host_gib)]
     common += ["--layers", str(args.layers), "--document-tokens", str(args.document_tokens)]
-    common += ["--seq-chunk", str(args.seq_chunk)]
+    common += ["--seq-chunk", str(args.seq_chunk)] + (["--profile"] if args.profile else [])
     children = [
         (["bench.long_context", "--row", s, *common], {"name": f"long-{s}", "seq_len": int(s)})
         for s in args.lengths.split(",")

@@ -376,10 +376,13 @@ def run_plan(
             for k, v in stats.stall_s.items():
                 stalls[k] = stalls.get(k, 0.0) + v
         log.info(
-            "step %d loss %.4f h2d %.1f GB d2h %.1f GB stalls %s",
+            "step %d loss %.4f h2d %.1f GB (%.1f GB on demand) d2h %.1f GB stalls %s",
             i,
             stats.loss,
             stats.h2d_bytes / 1e9,
+            # copied on the compute stream when backward found them not prefetched: the
+            # GPU's idle, which no stall counter times
+            rt.counters["h2d_on_demand_bytes"] / 1e9,
             stats.d2h_bytes / 1e9,
             {k: round(v, 3) for k, v in stats.stall_s.items()},
         )

@@ -58,11 +58,11 @@ def test_a_set_taken_early_or_for_a_rebuild_leaves_the_prefetch() -> None:
     """Long context queues each piece's input twice, for the window's rebuild and for its
     backward. A rebuild's take lets the input go, so its bytes stop counting against the
     cap; the last input, in flight for the rebuild when its backward entry comes up, is
-    taken on demand and the sets behind it start at once; a set taken before its turn (on
-    demand) leaves the queue at the next top-up, so the queue never keeps a taken set's
-    device copy alive. (Before, the first and the last stopped the prefetch for the rest of
-    the layer, and every set fetched on demand meanwhile stayed on the device: a layer's
-    sets at 512K, 37 GiB past a 24 GiB budget.)"""
+    claimed by its backward and stays on the device (no second copy, none on demand); a set
+    taken before its turn (on demand) leaves the queue at the next top-up, so the queue
+    never keeps a taken set's device copy alive. (Before, the first and the last stopped the
+    prefetch for the rest of the layer, and every set fetched on demand meanwhile stayed on
+    the device: a layer's sets at 512K, 37 GiB past a 24 GiB budget.)"""
     streams = Streams(torch.device("cpu"))
     counters = {"h2d_bytes": 0, "d2h_bytes": 0, "h2d_on_demand_bytes": 0}
     policy = SavedTensorPolicy(streams, None, lambda: torch.empty(0), [], counters)  # type: ignore[arg-type]
@@ -74,12 +74,13 @@ def test_a_set_taken_early_or_for_a_rebuild_leaves_the_prefetch() -> None:
         ahead.add(x)
         ahead.add(other)
 
-    for x in inputs:  # the rebuild takes each input in order, topping up before each
+    for i, x in enumerate(inputs):  # the rebuild takes each input in order, topping up first
         ahead.top_up()
-        assert torch.equal(policy.fetch_transient(x), x.host) and x.device is None
-    ahead.top_up()  # what the rebuild took is not ahead: the backward's sets start
-    assert others[3].device is not None  # behind the input the rebuild had in flight
-    assert all(c.device is None for c in (*inputs, *others[:3]))
+        assert torch.equal(policy.fetch_transient(x), x.host)
+        assert (x.device is None) == (i < 3)  # the last stays for its backward
+    ahead.top_up()  # what the rebuild let go is not ahead; the input it kept is
+    assert inputs[3].device is not None and others[3].device is None
+    assert all(c.device is None for c in (*inputs[:3], *others))
 
     def take(c: HostCopy, top_up: bool = True) -> None:
         assert torch.equal(policy.fetch(c), c.host)
@@ -88,16 +89,16 @@ def test_a_set_taken_early_or_for_a_rebuild_leaves_the_prefetch() -> None:
         assert all(not q.used for q, _ in ahead.queue)  # nothing taken stays queued
         assert sum(q.host.nbytes for q in ahead.started) <= ahead.cap_bytes
 
-    take(inputs[3])  # on demand, as the rebuild let it go
-    assert counters["h2d_on_demand_bytes"] == 1024
+    take(inputs[3])  # the rebuild's copy, no second one
+    assert counters["h2d_on_demand_bytes"] == 0
     take(others[3])
     take(inputs[2], top_up=False)  # the link falls behind: no top-up before the next take
     take(others[2])  # taken before its prefetch started: copied on the spot, then dequeued
-    assert counters["h2d_on_demand_bytes"] == 2 * 1024
+    assert counters["h2d_on_demand_bytes"] == 1024
     for c in (inputs[1], others[1], inputs[0], others[0]):
         take(c)
     assert not ahead.queue and not ahead.started
-    assert counters["h2d_bytes"] == 12 * 1024  # every input twice, every other set once
+    assert counters["h2d_bytes"] == 11 * 1024  # inputs twice but the kept one, others once
 
 
 def test_host_copy_keeps_a_transposed_layout() -> None:

@@ -123,6 +123,7 @@ class HostCopy:
     arrived: torch.cuda.Event | None = None  # its prefetch finished
     used: bool = False  # backward has taken it (prefetched or not)
     rebuilt: bool = False  # a long context window's rebuild has taken it (fetch_transient)
+    kept: bool = False  # backward claimed it in flight for the rebuild: it stays on the device
     fp8: Fp8Home | None = None  # went home in fp8 (fp8_saves.py): `device` holds it decoded
 
 
@@ -237,11 +238,15 @@ class SavedTensorPolicy:
     def fetch_transient(self, saved: object) -> torch.Tensor:
         """A saved tensor on the device for a use before backward's own (long context's
         window rebuild): the copy lets its device tensor go after this use and may be
-        prefetched again for backward."""
+        prefetched again for backward, unless backward claimed it on its way here
+        (BackwardPrefetch.top_up): then backward takes this same device tensor."""
         if isinstance(saved, torch.Tensor):  # kept on the device
             return saved
         assert isinstance(saved, HostCopy)
         t = self.fetch(saved)
+        if saved.kept:
+            saved.used, saved.rebuilt = False, True
+            return t
         saved.device, saved.arrived, saved.used, saved.rebuilt = None, None, False, True
         if saved.fp8 is not None:
             saved.fp8.scales_device = None
@@ -273,21 +278,28 @@ class BackwardPrefetch:
         """Start the queued sets that fit the cap. A set taken before its turn (fetched on
         demand: the link fell behind) leaves the queue here too, so the queue never holds
         a taken set's device copy: at 512K a layer's 128 pieces' sets held that way were
-        37 GiB past a 24 GiB budget."""
+        37 GiB past a 24 GiB budget. A piece's input still on the device for the rebuild
+        when its backward entry comes up is kept there for that backward."""
         # a rebuild's input is let go once taken (fetch_transient): not ahead any more
         self.started = [c for c in self.started if not c.used and c.device is not None]
-        ahead = sum(c.host.nbytes for c in self.started)
+        # device bytes: a kept fp8 input is held decoded, twice its bytes on the link
+        ahead = sum(c.device.nbytes for c in self.started if c.device is not None)
         while self.queue:
             copy, rebuild = self.queue[0]
-            # not taken yet, nor on its way (a piece's input the rebuild has in flight is let
-            # go after the rebuild and taken on demand: one input, where waiting for it would
-            # hold back every set behind it until the rebuild ends)
-            if not (copy.rebuilt if rebuild else copy.used) and copy.device is None:
-                if ahead + copy.host.nbytes > self.cap_bytes:
-                    return
-                self._start(copy)
-                self.started.append(copy)
-                ahead += copy.host.nbytes
+            if not (copy.rebuilt if rebuild else copy.used):  # not taken yet
+                if copy.device is None:
+                    if ahead + copy.host.nbytes > self.cap_bytes:
+                        return
+                    self._start(copy)
+                    self.started.append(copy)
+                    ahead += copy.host.nbytes
+                elif not rebuild and not copy.rebuilt:
+                    # a piece's input on its way for the rebuild, already counted in the cap:
+                    # backward takes it from there. Let go instead, with a cap of a layer's
+                    # inputs (1 GiB: 16 pieces at 128K) each one was copied a second time on
+                    # the compute stream, 1 GiB a layer with the GPU idle; waited for, it
+                    # held back the sets behind it until the rebuild ended
+                    copy.kept = True
             self.queue.popleft()
 
     def _start(self, copy: HostCopy) -> None:
