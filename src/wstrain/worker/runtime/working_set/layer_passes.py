@@ -266,7 +266,8 @@ class LayerPasses:
         self, k: int, units: range, graphs: list[LayerGraph], slot: Slot, ahead: BackwardPrefetch
     ) -> None:
         """Layer k's K and V of a chunk's sequences back in the window, from each piece's
-        input, fetched for the purpose and let go (backward fetches it again)."""
+        input, fetched for the purpose and let go (backward fetches it again) unless the
+        prefetch claimed it for backward (saved_acts.BackwardPrefetch.top_up)."""
         assert self.pieces is not None
         policy, w = self._policy(k), self.host.layout.views(slot.flat)
 
