@@ -189,7 +189,8 @@ def main() -> None:
             f"{r['measured_step_seconds']:.1f} s predicted "
             f"{r['predicted_step_seconds']:.1f} s  peak {r['peak_reserved_gib']:.1f} GiB "
             f"reserved of {DEVICE_GIB}  RSS {r['peak_rss_gib']:.1f} GiB  stall "
-            f"{r['stall_share']:.3f}  piece {plan['working_set']['seq_chunk']}"
+            f"{r['stall_share']:.3f}  on demand {r.get('h2d_on_demand_gb') or 0.0:.1f} GB"
+            f"  piece {plan['working_set']['seq_chunk']}"
         )
 
 

@@ -59,6 +59,9 @@ class Row:
     alloc_retries: int | None = None  # the caching allocator freed its cache to fit (syncs)
     timeline: dict[str, object] | None = None  # one extra step's GPU timeline (--profile)
     gc_pause_s: dict[str, float] | None = None  # GC pauses a step (warm-up included)
+    # a timed step's saved sets copied on the compute stream, the prefetch behind: GPU idle
+    # that no stall counter times (long context's rebuild inputs, issue 24)
+    h2d_on_demand_gb: float | None = None
     kernels: str = "fused"  # worker/kernels/fused.py's Triton kernels, or "eager" (--eager-kernels)
     precision: str | None = None  # what the matmuls compute in: bf16, tf32, fp32
     peak_flops: float | None = None  # the dense peak FLOP/s the mfu divides by
@@ -368,6 +371,7 @@ def run_plan(
     )
     data = RandomTokens(dims.vocab_size, spec.seq_len, "cuda", document_tokens=document_tokens)
     stalls: dict[str, float] = {}
+    on_demand = [0]  # bytes, over the timed steps
     gc.freeze()  # as worker/main.py does once the runtime is built
 
     def step(i: int) -> None:
@@ -375,6 +379,7 @@ def run_plan(
         if i > 0 or steps == 1:  # the timed steps' (`--steps 1`: the one, warm-up included)
             for k, v in stats.stall_s.items():
                 stalls[k] = stalls.get(k, 0.0) + v
+            on_demand[0] += rt.counters["h2d_on_demand_bytes"]
         log.info(
             "step %d loss %.4f h2d %.1f GB (%.1f GB on demand) d2h %.1f GB stalls %s",
             i,
@@ -411,6 +416,7 @@ def run_plan(
     return {
         "times": times,
         "stalls": stalls,
+        "on_demand_bytes": on_demand[0],
         "arena_gib": host.arena.total_bytes / GIB,
         "pss_bytes": pss,
         "plan": summary,
@@ -513,6 +519,11 @@ def row_from(
         predicted_peak_host_gib=res.get("predicted_peak_host_gib"),
         alloc_retries=res.get("alloc_retries"),
         timeline=res.get("timeline"),
+        h2d_on_demand_gb=(
+            None
+            if res.get("on_demand_bytes") is None
+            else res["on_demand_bytes"] / len(timed) / 1e9
+        ),
         gc_pause_s=res.get("gc_pause_s"),
     )  # type: ignore[arg-type]
 
