@@ -164,6 +164,58 @@ def test_inputs_the_rebuild_has_in_flight_are_not_fetched_again(
         assert len(started) == len({id(c) for c in started}) == DIMS.num_layers * SEQ
 
 
+@pytest.mark.parametrize("level", [0, 1, 3])
+@pytest.mark.parametrize("cap", [768, 1536, 3072])
+def test_kept_fp8_inputs_count_decoded_against_the_cap(level: int, cap: int) -> None:
+    """fp8 saved inputs double on the device when decoded: an input kept from the rebuild
+    for its backward counts at its decoded bytes, so what the prefetch holds after each
+    rebuild stays within the cap. Counted at its bytes on the link, the kept inputs held up
+    to twice the cap (1,536 bytes against 768 at level 0)."""
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    levels = tuple((level,) * (SEQ // 8) for _ in range(DIMS.num_layers))
+    rt = make_runtime(
+        ref,
+        precision="bf16",
+        activation_precision="fp8",
+        micro_batch=1,
+        chunk=1,
+        rounds=1,
+        window=0,
+        levels=levels,
+        seq_chunk=8,
+        write_buffer_bytes=cap,
+    )
+    made: list[weakref.ref[HostCopy]] = []
+    policy_of, rebuild, held, in_fp8 = rt._policy, rt._rebuild_window, [], []
+
+    def recording(layer: int) -> SavedTensorPolicy:
+        policy = policy_of(layer)
+        send = policy.send_home
+
+        def send_home(t: torch.Tensor, fp8: bool = True) -> HostCopy:
+            copy = send(t, fp8)
+            made.append(weakref.ref(copy))
+            in_fp8.append(copy.fp8 is not None)
+            return copy
+
+        policy.send_home = send_home  # type: ignore[method-assign]
+        return policy
+
+    def counted(*args, **kw):  # type: ignore[no-untyped-def]
+        rebuild(*args, **kw)
+        copies = [ref() for ref in made]
+        held.append(
+            sum(c.device.nbytes for c in copies if c and c.device is not None and not c.used)
+        )
+
+    rt._policy = recording  # type: ignore[method-assign]
+    rt._rebuild_window = counted  # type: ignore[method-assign]
+    rt.forward_backward(data, 0)
+    assert any(in_fp8)  # the inputs went home in fp8
+    assert len(held) == DIMS.num_layers and max(held) <= cap, (held, cap)
+    assert rt.counters["h2d_on_demand_bytes"] == 0
+
+
 def test_eval_and_steps_equal_whole_sequences() -> None:
     """Three optimizer steps and an evaluation with pieces of 6 tokens give the weights and
     the loss of the plan that runs whole sequences."""

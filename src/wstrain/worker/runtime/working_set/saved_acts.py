@@ -126,6 +126,14 @@ class HostCopy:
     kept: bool = False  # backward claimed it in flight for the rebuild: it stays on the device
     fp8: Fp8Home | None = None  # went home in fp8 (fp8_saves.py): `device` holds it decoded
 
+    @property
+    def decoded_bytes(self) -> int:
+        """Device bytes it holds once taken: fp8 data decoded to its own dtype, twice the
+        bytes that crossed the link."""
+        if self.fp8 is None:
+            return self.host.nbytes
+        return self.host.numel() * self.fp8.layout.dtype.itemsize
+
 
 class SavedTensorPolicy:
     """Pack/unpack hooks for one (layer, chunk) forward."""
@@ -280,10 +288,10 @@ class BackwardPrefetch:
         a taken set's device copy: at 512K a layer's 128 pieces' sets held that way were
         37 GiB past a 24 GiB budget. A piece's input still on the device for the rebuild
         when its backward entry comes up is kept there for that backward."""
-        # a rebuild's input is let go once taken (fetch_transient): not ahead any more
+        # a rebuild's input is let go once taken (fetch_transient), unless kept for backward
         self.started = [c for c in self.started if not c.used and c.device is not None]
-        # device bytes: a kept fp8 input is held decoded, twice its bytes on the link
-        ahead = sum(c.device.nbytes for c in self.started if c.device is not None)
+        # device bytes; a kept input counts as it will be held, decoded, until its backward
+        ahead = sum(self._held(c) for c in self.started)
         while self.queue:
             copy, rebuild = self.queue[0]
             if not (copy.rebuilt if rebuild else copy.used):  # not taken yet
@@ -294,13 +302,23 @@ class BackwardPrefetch:
                     self.started.append(copy)
                     ahead += copy.host.nbytes
                 elif not rebuild and not copy.rebuilt:
-                    # a piece's input on its way for the rebuild, already counted in the cap:
+                    # a piece's input on its way for the rebuild, counted in the cap:
                     # backward takes it from there. Let go instead, with a cap of a layer's
                     # inputs (1 GiB: 16 pieces at 128K) each one was copied a second time on
-                    # the compute stream, 1 GiB a layer with the GPU idle; waited for, it
-                    # held back the sets behind it until the rebuild ended
+                    # the compute stream, 1 GiB a layer with the GPU idle. An fp8 input
+                    # doubles when the rebuild decodes it: past the cap, it waits for the
+                    # rebuild to let it go and comes back in its turn
+                    grows = copy.decoded_bytes - copy.host.nbytes
+                    if ahead + grows > self.cap_bytes:
+                        return
                     copy.kept = True
+                    ahead += grows
             self.queue.popleft()
+
+    @staticmethod
+    def _held(copy: HostCopy) -> int:
+        assert copy.device is not None
+        return copy.decoded_bytes if copy.kept else copy.device.nbytes
 
     def _start(self, copy: HostCopy) -> None:
         s = self.streams

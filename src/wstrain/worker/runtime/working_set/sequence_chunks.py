@@ -8,8 +8,8 @@ Saved per (layer, unit), at the plan's level: the piece's input x always; + the 
 output and its log-sum-exp (levels 1, 3: backward then runs no attention forward); + the
 MLP's gate and up (levels 2, 3: worker/ops/lean_mlp.py). Backward of a layer takes a chunk's
 pieces in reverse after `rebuild` has put every piece's K and V back into the window from the
-inputs (each fetched once more, or, where the backward prefetch has room, kept on the device
-from the rebuild for its piece's backward).
+inputs (each fetched once more, or kept on the device from the rebuild for its piece's
+backward where the prefetch reached its backward entry while the rebuild's copy came in).
 
 Packed documents (document_mask): RoPE positions per token and each piece's attention
 within its documents (ops/document_attn.py), the runs read from the segments once a pass.
