@@ -8,8 +8,9 @@
 #   bash scripts/device_detached.sh start NAME python -m bench.data_parallel ... --out RESULT.json
 #   bash scripts/device_detached.sh collect NAME [WAIT_S]   # exit 0: ended, 3: still running
 #
-# The command's output goes to LOG; its files are wherever it writes them (point --out into
-# the run's folder, $DIR/NAME, so that collect brings them back).
+# The command's output goes to LOG, the GPUs' clocks and power to GPUS.csv; its files are
+# wherever it writes them (point --out into the run's folder, $DIR/NAME, so that collect
+# brings them back).
 set -euo pipefail
 DIR=${WSTRAIN_DETACHED_DIR:-/tmp/wstrain-detached}
 action=${1:?usage: device_detached.sh start NAME CMD... | collect NAME [WAIT_S]}
@@ -20,8 +21,18 @@ case "$action" in
     shift 2
     [ $# -gt 0 ] || { echo "start: no command given" >&2; exit 2; }
     mkdir -p "$run"
-    # setsid: a new session, so the tool does not end it when this call returns
-    setsid bash -c '"$@" >"$0/LOG" 2>&1; echo $? >"$0/RC"' "$run" "$@" </dev/null &
+    # setsid: a new session, so the tool does not end it when this call returns. Beside the
+    # command, every GPU's clocks, power and temperature each 10 s (GPUS.csv): a row slower
+    # on four GPUs than on one (512K: 379 s a step against 338 s) may be the clocks
+    setsid bash -c '
+      if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active \
+          --format=csv -l 10 >"$0/GPUS.csv" 2>&1 &
+        smi=$!
+      fi
+      "$@" >"$0/LOG" 2>&1; rc=$?
+      [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
+      echo $rc >"$0/RC"' "$run" "$@" </dev/null &
     echo "started $name (pid $!): $*"
     ;;
   collect)
