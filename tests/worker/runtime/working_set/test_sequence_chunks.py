@@ -18,6 +18,7 @@ from transformers import LlamaForCausalLM
 from tests.worker.hf_models import hub_grads
 from tests.worker.runtime.working_set.test_schedule import (
     DIMS,
+    QWEN3,
     SEQ,
     Batches,
     check_grads,
@@ -57,6 +58,28 @@ def test_pieces_match_transformers(seq_chunk: int, level: int, window: int) -> N
         seq_chunk=seq_chunk,
     )
     assert rt.cfg.pieces == pieces and rt.cfg.units == 2 * pieces
+    check_grads(rt, ref, data)
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_qwen3_pieces_match_transformers(level: int) -> None:
+    """Qwen3's per-head q/k RMSNorm goes through pieces too: in the forward's projections
+    and again in the window's rebuild of K from each piece's input (pieces of 5 tokens, not
+    dividing the sequence)."""
+    ref, data = reference(QWEN3), Batches(QWEN3.vocab_size)
+    pieces = -(-SEQ // 5)
+    levels = tuple((level,) * 2 * pieces for _ in range(QWEN3.num_layers))
+    rt = make_runtime(
+        ref,
+        dims=QWEN3,
+        micro_batch=4,
+        chunk=2,
+        rounds=2,
+        window=1,
+        levels=levels,
+        loss_tokens=7,
+        seq_chunk=5,
+    )
     check_grads(rt, ref, data)
 
 
