@@ -371,15 +371,16 @@ def run_plan(
     )
     data = RandomTokens(dims.vocab_size, spec.seq_len, "cuda", document_tokens=document_tokens)
     stalls: dict[str, float] = {}
-    on_demand = [0]  # bytes, over the timed steps
+    on_demand_bytes = 0  # over the timed steps
     gc.freeze()  # as worker/main.py does once the runtime is built
 
     def step(i: int) -> None:
+        nonlocal on_demand_bytes
         stats = rt.train_step(data, i)
         if i > 0 or steps == 1:  # the timed steps' (`--steps 1`: the one, warm-up included)
             for k, v in stats.stall_s.items():
                 stalls[k] = stalls.get(k, 0.0) + v
-            on_demand[0] += rt.counters["h2d_on_demand_bytes"]
+            on_demand_bytes += rt.counters["h2d_on_demand_bytes"]
         log.info(
             "step %d loss %.4f h2d %.1f GB (%.1f GB on demand) d2h %.1f GB stalls %s",
             i,
@@ -416,7 +417,7 @@ def run_plan(
     return {
         "times": times,
         "stalls": stalls,
-        "on_demand_bytes": on_demand[0],
+        "on_demand_bytes": on_demand_bytes,
         "arena_gib": host.arena.total_bytes / GIB,
         "pss_bytes": pss,
         "plan": summary,

@@ -44,11 +44,18 @@ from wstrain.worker.runtime.working_set.state import HostState
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 @pytest.mark.parametrize("window", [0, 2])
 def test_pieces_match_transformers(seq_chunk: int, level: int, window: int) -> None:
-    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    check_pieces(DIMS, seq_chunk, level, window)
+
+
+def check_pieces(dims: ModelDims, seq_chunk: int, level: int, window: int) -> None:
+    """Two rounds of 4 sequences, chunks of 2, every (layer, unit) at `level`, through
+    pieces of `seq_chunk`: the loss and every gradient of transformers' model."""
+    ref, data = reference(dims), Batches(dims.vocab_size)
     pieces = -(-SEQ // seq_chunk)
-    levels = tuple((level,) * 2 * pieces for _ in range(DIMS.num_layers))
+    levels = tuple((level,) * 2 * pieces for _ in range(dims.num_layers))
     rt = make_runtime(
         ref,
+        dims=dims,
         micro_batch=4,
         chunk=2,
         rounds=2,
@@ -66,21 +73,7 @@ def test_qwen3_pieces_match_transformers(level: int) -> None:
     """Qwen3's per-head q/k RMSNorm goes through pieces too: in the forward's projections
     and again in the window's rebuild of K from each piece's input (pieces of 5 tokens, not
     dividing the sequence)."""
-    ref, data = reference(QWEN3), Batches(QWEN3.vocab_size)
-    pieces = -(-SEQ // 5)
-    levels = tuple((level,) * 2 * pieces for _ in range(QWEN3.num_layers))
-    rt = make_runtime(
-        ref,
-        dims=QWEN3,
-        micro_batch=4,
-        chunk=2,
-        rounds=2,
-        window=1,
-        levels=levels,
-        loss_tokens=7,
-        seq_chunk=5,
-    )
-    check_grads(rt, ref, data)
+    check_pieces(QWEN3, 5, level, 1)
 
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
@@ -97,6 +90,27 @@ def test_home_sets_take_what_the_planner_counts(level: int) -> None:
     want = sets * saved_bytes(DIMS, spec, level, 4)
     tensors = 1 + 2 * (level in (1, 3)) + 2 * (level in (2, 3))
     assert want <= sum(rt.acts.used) < want + sets * tensors * 256
+
+
+def one_sequence_in_pieces(
+    level: int, seq_chunk: int, cap_bytes: int, **kw: object
+) -> tuple[WorkingSetRuntime, Batches]:
+    """A round of one sequence through pieces of `seq_chunk`, every set home at `level`
+    (no window), under a backward prefetch cap of `cap_bytes`; `kw`: more of make_runtime's."""
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    levels = tuple((level,) * -(-SEQ // seq_chunk) for _ in range(DIMS.num_layers))
+    rt = make_runtime(
+        ref,
+        micro_batch=1,
+        chunk=1,
+        rounds=1,
+        window=0,
+        levels=levels,
+        seq_chunk=seq_chunk,
+        write_buffer_bytes=cap_bytes,
+        **kw,
+    )
+    return rt, data
 
 
 def record_sends(rt: WorkingSetRuntime) -> list[weakref.ref[HostCopy]]:
@@ -129,19 +143,8 @@ def test_backward_holds_no_more_sets_than_the_prefetch_cap(level: int) -> None:
     set makes every large tensor on demand), and none is held by the forward's last one.
     Before, a layer's sets piled up until the layer ended: at 512K, 128 pieces' sets, 37
     GiB past a 24 GiB budget on an H100."""
-    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
-    levels = tuple((level,) * SEQ for _ in range(DIMS.num_layers))
     cap = 200
-    rt = make_runtime(
-        ref,
-        micro_batch=1,
-        chunk=1,
-        rounds=1,
-        window=0,
-        levels=levels,
-        seq_chunk=1,
-        write_buffer_bytes=cap,
-    )
+    rt, data = one_sequence_in_pieces(level, 1, cap)
     made, backward, held = record_sends(rt), rt._backward_layer, []
 
     def counted(*args, **kw):  # type: ignore[no-untyped-def]
@@ -168,19 +171,8 @@ def test_inputs_the_rebuild_has_in_flight_are_not_fetched_again(
     link once. Before, every such input was let go and fetched again on the compute stream:
     with a cap of a layer's inputs (1 GiB, 16 pieces of 128K tokens), all of them, up to
     1 GiB a layer copied with the GPU idle, which no stall counter saw."""
-    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
     x_bytes = saved_bytes(DIMS, fp32_spec(global_batch=1), 0, 1)
-    levels = tuple((level,) * SEQ for _ in range(DIMS.num_layers))
-    rt = make_runtime(
-        ref,
-        micro_batch=1,
-        chunk=1,
-        rounds=1,
-        window=0,
-        levels=levels,
-        seq_chunk=1,
-        write_buffer_bytes=cap_inputs * x_bytes,
-    )
+    rt, data = one_sequence_in_pieces(level, 1, cap_inputs * x_bytes)
     started: list[HostCopy] = []
     start = BackwardPrefetch._start
 
@@ -202,20 +194,7 @@ def test_kept_fp8_inputs_count_decoded_against_the_cap(level: int, cap: int) -> 
     for its backward counts at its decoded bytes, so what the prefetch holds after each
     rebuild stays within the cap. Counted at its bytes on the link, the kept inputs held up
     to twice the cap (1,536 bytes against 768 at level 0)."""
-    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
-    levels = tuple((level,) * (SEQ // 8) for _ in range(DIMS.num_layers))
-    rt = make_runtime(
-        ref,
-        precision="bf16",
-        activation_precision="fp8",
-        micro_batch=1,
-        chunk=1,
-        rounds=1,
-        window=0,
-        levels=levels,
-        seq_chunk=8,
-        write_buffer_bytes=cap,
-    )
+    rt, data = one_sequence_in_pieces(level, 8, cap, precision="bf16", activation_precision="fp8")
     made, rebuild, held, in_fp8 = record_sends(rt), rt._rebuild_window, [], []
 
     def counted(*args, **kw):  # type: ignore[no-untyped-def]
