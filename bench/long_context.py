@@ -1,13 +1,18 @@
-"""Long-context benchmark: Llama-3-8B dimensions, one sequence a step at 32K to 512K tokens,
-under a 24 GiB device budget, planned by the autoconfigurator (which picks the piece length,
-the window and the saved-activation levels) and run by the working-set runtime; beside each
-row, the attention kernel's own fwd+bwd rate at that length, as the runtime calls it (the
-layer's pieces against their prefixes): the ceiling long context converges to; and FA2's
-rate beside it, the kernel the runtime takes where cuDNN's attention is missing.
+"""Long-context benchmark: Llama-3-8B dimensions, one sequence a step (or `--global-batch`
+N) at 32K to 512K tokens under a 24 GiB device budget, planned by the autoconfigurator
+(which picks the piece length, the window and the saved-activation levels) and run by the
+working-set runtime; beside each row, the attention kernel's own fwd+bwd rate at that
+length, as the runtime calls it (the layer's pieces against their prefixes): the ceiling
+long context converges to; and FA2's rate beside it, the kernel the runtime takes where
+cuDNN's attention is missing.
 
     python -m bench.long_context --lengths 32768,65536,131072,262144 \
         --out bench/results/X.json
     python -m bench.long_context --lengths 131072 --document-tokens 8192 --out X.json
+
+`--global-batch N` takes N sequences a step: the step's fixed costs (the first layer's
+weights, the optimizer's wait) are shared by N sequences, as in AdaWS's runs, whose batches
+are chosen for 1-2% optimizer overhead (its §4.1).
 
 `--document-tokens N`: every sequence packs documents of N tokens under document_mask (each
 piece attends within its documents, ops/document_attn.py); such a row's `mfu` counts the
@@ -59,11 +64,13 @@ def plan_row(  # type: ignore[no-untyped-def]
     layers: int | None = None,
     documents: int = 0,
     seq_chunk: int = 0,
+    global_batch: int = 1,
 ):
     """(spec, dims, plan, node) at `layers`, or the 32 layers when they fit the host
     budget and else 16; `documents`: under document_mask, documents of that many tokens
     (the agent reads the span from a token file's index; here every query's is known);
-    `seq_chunk`: the piece length pinned (0: the planner's)."""
+    `seq_chunk`: the piece length pinned (0: the planner's); `global_batch`: sequences a
+    step (the planner picks the micro-batch)."""
     from wstrain.scheduler.contracts.errors import InfeasibleBudget
     from wstrain.scheduler.planning.planner import make_plan
 
@@ -72,7 +79,7 @@ def plan_row(  # type: ignore[no-untyped-def]
     last: Exception | None = None
     for n in [layers] if layers else [32, 16]:
         pinned = {"seq_chunk": seq_chunk} if seq_chunk else {}
-        spec = llama_spec(f"long-{seq}", n, seq, 1, steps, DEVICE_GIB, host_gib, pinned)
+        spec = llama_spec(f"long-{seq}", n, seq, global_batch, steps, DEVICE_GIB, host_gib, pinned)
         spec = spec.model_copy(update={"document_mask": documents > 0})
         dims = _dims(n)
         try:
@@ -121,16 +128,16 @@ def attention_rate(dims, seq: int, seq_chunk: int) -> float:  # type: ignore[no-
 def run_row(args: argparse.Namespace) -> Row:
     import torch
 
-    seq, docs = int(args.row), args.document_tokens
+    seq, docs, batch = int(args.row), args.document_tokens, args.global_batch
     spec, dims, plan, node = plan_row(
-        seq, args.host_gib, args.steps, args.layers, docs, args.seq_chunk
+        seq, args.host_gib, args.steps, args.layers, docs, args.seq_chunk, batch
     )
     log.info("plan: %s", plan.reasons)
     res = run_plan(spec, dims, plan, args.steps, args.profile, node, document_tokens=docs)
     if args.steps == 1:  # one step: timed as it is, warm-up included
         res["times"] = [0.0, *res["times"]]
-    name = f"long-{seq}" + (f"-docs{docs}" if docs else "")
-    row = row_from(name, "working_set", dims, seq, 1, DEVICE_GIB, res)
+    name = f"long-{seq}" + (f"-docs{docs}" if docs else "") + (f"-x{batch}" if batch > 1 else "")
+    row = row_from(name, "working_set", dims, seq, batch, DEVICE_GIB, res)
     if docs:  # the FLOPs its documents cost, and the whole sequence's beside them
         row.plan["mfu_whole_causal"] = row.mfu  # type: ignore[index]
         gpu = torch.cuda.get_device_name(0)
@@ -164,6 +171,12 @@ def main() -> None:
     )
     p.add_argument("--seq-chunk", type=int, default=0, help="pin the piece length (0: planned)")
     p.add_argument(
+        "--global-batch",
+        type=int,
+        default=1,
+        help="sequences a step (AdaWS picks its batches for 1-2%% optimizer overhead)",
+    )
+    p.add_argument(
         "--profile", action="store_true", help="one more step's GPU timeline (bench/timeline.py)"
     )
     args = parse_or_run_row(p, "", run_row)
@@ -171,7 +184,8 @@ def main() -> None:
         return
     common = ["--steps", str(args.steps), "--host-gib", str(args.host_gib)]
     common += ["--layers", str(args.layers), "--document-tokens", str(args.document_tokens)]
-    common += ["--seq-chunk", str(args.seq_chunk)] + (["--profile"] if args.profile else [])
+    common += ["--seq-chunk", str(args.seq_chunk), "--global-batch", str(args.global_batch)]
+    common += ["--profile"] if args.profile else []
     children = [
         (["bench.long_context", "--row", s, *common], {"name": f"long-{s}", "seq_len": int(s)})
         for s in args.lengths.split(",")
