@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from tests.scheduler.planning.test_autoconfig import _spec
@@ -20,6 +21,7 @@ from wstrain.scheduler.contracts.hardware import H100_ADAWS
 from wstrain.scheduler.contracts.model_dims import PRESETS
 from wstrain.scheduler.planning import cost_model as cm
 from wstrain.scheduler.planning import memory_model as mm
+from wstrain.scheduler.planning.levels import LayerCost, cheapest_drops
 from wstrain.scheduler.planning.working_set import make_ws_plan
 
 LLAMA = PRESETS["llama3-8b"]
@@ -171,3 +173,74 @@ def test_documents_in_pieces_are_rated_at_their_calls_length() -> None:
         assert plan.working_set is not None and plan.working_set.seq_chunk == n
         step[n] = plan.predicted
     assert step[4096].step_seconds > step[8192].step_seconds  # fewer, larger calls
+
+
+def test_a_pieces_value_follows_its_prefix_and_averages_out() -> None:
+    """Keeping a piece's attention output (levels 1 and 3) saves recomputing its attention
+    forward, (s1² - s0²) / S² of the sequence's: the last of 8 pieces 15 times the first.
+    Over a sequence the extras sum to 0, so a row at one level costs what it did; whole
+    sequences and packed documents have none."""
+    dims, seq = replace(LLAMA, num_layers=32), 131072
+    lay = mm.Layout(2, seq_chunk=16384, pieces=8)
+    extra = cm.piece_values(dims, _spec(dims, seq, 2, 24, 110), lay, H100)
+    assert len(extra) == lay.units and extra[:8] == extra[8:]  # per sequence alike
+    core_s = 2 * seq * seq * dims.num_heads * dims.head_dim / H100.attention_flops(seq)
+    for p, row in enumerate(extra[:8]):
+        share = ((p + 1) ** 2 - p**2) / 64
+        assert row[1] == row[3] == pytest.approx(core_s * (share - 1 / 8))
+        assert row[0] == row[2] == 0.0  # both recompute the attention forward
+    assert sum(row[1] for row in extra[:8]) == pytest.approx(0.0, abs=1e-12)
+    lc = cm.layer_cost(dims, _spec(dims, seq, 2, 24, 110), lay, H100)
+    rec, _ = lc.row_costs(np.array([[1] * 16, [0] * 8 + [1] * 8, [1] * 8 + [0] * 8]))
+    assert rec[1] == pytest.approx(rec[2])  # a sequence's place in the round does not count
+    first, last = np.array([[0] * 4 + [1] * 4]), np.array([[1] * 4 + [0] * 4])
+    lc8 = cm.layer_cost(dims, _spec(dims, seq, 1, 24, 110), replace(lay, micro_batch=1), H100)
+    assert lc8.row_costs(first)[0][0] < lc8.row_costs(last)[0][0]
+    assert cm.piece_values(dims, _spec(dims, seq, 1, 24, 110), mm.Layout(1), H100) == ()
+    docs = H100.with_documents(8192)
+    assert (
+        cm.piece_values(dims, _spec(dims, seq, 1, 24, 110), replace(lay, micro_batch=1), docs) == ()
+    )
+
+
+def test_over_the_host_budget_the_first_pieces_recompute() -> None:
+    """What the host cannot hold is given up where it costs least: the 128K plan at 110 GiB
+    keeps every home layer's last pieces' attention output and recomputes its first ones
+    (before, the largest sets went first, whole layers of pieces, last ones included: 5.8 s
+    of recomputation planned against 3.2 s now on the lent H100's profile)."""
+    dims, seq = replace(LLAMA, num_layers=32), 131072
+    spec = _spec(dims, seq, 1, 24, 110)
+    plan = make_ws_plan(spec, dims, H100)
+    ws = plan.working_set
+    assert ws is not None and ws.seq_chunk < seq
+    home = ws.levels[: dims.num_layers - plan.window]
+    assert any(0 in row for row in home) and any(1 in row for row in home)  # it had to drop
+    for row in home:  # a sequence's pieces in order: those recomputed come first
+        assert row == sorted(row), row
+    assert plan.predicted.peak_host_bytes <= spec.budget.host_bytes
+    flipped = [row[::-1] for row in home] + ws.levels[len(home) :]
+    lay = mm.Layout(1, seq_chunk=ws.seq_chunk, pieces=seq // ws.seq_chunk)
+    rec = {
+        name: cm.step_time(dims, spec, lay, levels, plan.window, H100, "cuda").recompute_s
+        for name, levels in (("planned", ws.levels), ("flipped", flipped))
+    }
+    assert rec["planned"] < 0.8 * rec["flipped"]
+
+
+def test_cheapest_drops_free_bytes_where_least_recomputation_is_lost() -> None:
+    """Level 3 steps to 1 before 1 steps to 0 where the MLP's set is the cheaper to
+    recompute per byte; among alike steps the chunk worth least goes first; each chunk
+    steps again from where it stands, and every step frees bytes."""
+    lc = LayerCost(
+        chunks=3,
+        compute_s=1.0,
+        transfer_s=(0.1, 0.2, 0.5, 0.6),
+        value_s=(0.0, 0.6, 0.3, 0.9),  # level 1 saves 0.6 s for 10 bytes, 3 adds 0.3 for 40
+        cap_s=1.0,
+        unit_value_s=tuple((0.0, x, 0.0, x) for x in (-0.2, 0.0, 0.2)),
+    )
+    saved = [10, 20, 50, 60]
+    steps = list(cheapest_drops(lc, [[3, 3, 3]], saved))
+    assert [(c, lv) for _, c, lv, _ in steps[:3]] == [(0, 1), (1, 1), (2, 1)]
+    assert [(c, lv) for _, c, lv, _ in steps[3:]] == [(0, 0), (1, 0), (2, 0)]
+    assert all(freed > 0 for *_, freed in steps) and sum(s[3] for s in steps) == 3 * 50

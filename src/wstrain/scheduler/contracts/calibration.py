@@ -55,6 +55,13 @@ CHECKPOINT_SHARD_BYTES: Final = GIB
 # backward expands grouped K/V gradients to every query head (bf16, 2 x keys x H x hd), 4
 # GiB each at 512K for Llama-8B; in blocks of 64K keys that is 1 GiB in all.
 ATTENTION_KEY_BLOCK_TOKENS: Final = 65536
+# A long sequence's pieces add their attention gradients into fp32 sums (the same file):
+# each piece dK and dV of every key up to its end, dQ once per key block's call, as
+# mixed-dtype adds. Measured on an H100, 16 layers at 256K in 16K pieces: 0.675 s of those
+# add kernels a step for 1.29 TB read and written
+# (bench/results/2026-11-27-h100-long-context-profile-32k-256k.json), so finer pieces,
+# which re-add the prefix's gradients more often, cost that much more.
+PIECE_SUMS_BYTES_PER_S: Final = 1.91e12
 # fp8 saved activations (working_set/fp8_saves.py): one fp32 scale per this many elements,
 # so a 16-bit element goes home in 1 + 4/128 bytes.
 FP8_BLOCK_ELEMENTS: Final = 128

@@ -19,12 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from wstrain.scheduler.contracts.calibration import (
+    ATTENTION_KEY_BLOCK_TOKENS,
     ELEMENT_BYTES,
     LEVELS,
     LINK_SHARE,
     MIXED_UPDATE_SLOWDOWN,
     MLP_BACKWARD_SHARE,
     MLP_RECOMPUTED_SHARE,
+    PIECE_SUMS_BYTES_PER_S,
     RUNTIME_OVERHEAD,
     WRITE_BUFFER_BYTES,
 )
@@ -149,6 +151,24 @@ def chunk_times(
     return k * gemm + attn_s, k * 2 * gemm + 2.5 * attn_s  # flash bwd: 5x vs 4x FLOPs
 
 
+def piece_sums_s(dims: ModelDims, seq_len: int, lay: Layout, span: int) -> float:
+    """Seconds one sequence's backward through one layer adds its pieces' attention
+    gradients into fp32 sums (worker/ops/prefix_attn.py): a piece [s0, s1) adds dK and dV of
+    its keys (a bf16 read, an fp32 read and write: 20 bytes a K/V channel of a key) and dQ
+    of each key block's call (10 bytes a query channel); packed documents' pieces add their
+    documents' keys only. 0 for whole sequences."""
+    if lay.pieces == 1:
+        return 0.0
+    kv, q = dims.num_kv_heads * dims.head_dim, dims.num_heads * dims.head_dim
+    total = 0
+    for s0 in range(0, seq_len, lay.seq_chunk):
+        s1 = min(seq_len, s0 + lay.seq_chunk)
+        keys = s1 if span >= seq_len else min(s1, s1 - s0 + span)
+        calls = 1 + -(-(keys - (s1 - s0)) // ATTENTION_KEY_BLOCK_TOKENS)
+        total += 20 * keys * kv + 10 * calls * (s1 - s0) * q
+    return total / PIECE_SUMS_BYTES_PER_S
+
+
 def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -> LayerCost:
     """One home layer as the levels DP sees it (scheduler/planning/levels.py), per round."""
     span, call = attention_span(spec.seq_len, lay, node), attention_call(spec.seq_len, lay, node)
@@ -168,7 +188,27 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
         prefetch_cap_s=WRITE_BUFFER_BYTES / node.h2d_bytes_per_s,
         inbound_s=2 * weights / node.both_bytes_per_s,
         busy_s=lay.micro_batch * bwd_s,
+        unit_value_s=piece_values(dims, spec, lay, node),
     )
+
+
+def piece_values(
+    dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile
+) -> tuple[tuple[float, ...], ...]:
+    """Per (chunk, piece) unit and level, the value beyond a piece's average of keeping its
+    attention output (levels 1 and 3): a piece [s0, s1) of a causal sequence S long costs
+    (s1² - s0²) / S² of its attention forward, not 1/pieces. () for whole sequences, and for
+    packed documents, whose attention stays within each document wherever the piece sits."""
+    S = spec.seq_len
+    if lay.pieces == 1 or attention_span(S, lay, node) < S:
+        return ()
+    core_s = _core_attention_s(dims, S, S, node)
+    rows = []
+    for s0 in range(0, S, lay.seq_chunk):
+        s1 = min(S, s0 + lay.seq_chunk)
+        extra = core_s * ((s1 * s1 - s0 * s0) / (S * S) - 1 / lay.pieces)
+        rows.append(tuple(extra if lv in (1, 3) else 0.0 for lv in range(LEVELS)))
+    return tuple(rows) * lay.micro_batch  # units: a chunk's pieces, chunk after chunk
 
 
 def step_time(
@@ -191,7 +231,8 @@ def step_time(
     # long context: backward first puts each layer's K and V back in the window from the
     # inputs (the norm and the K/V projections again)
     rebuild_s = (lay.pieces > 1) * 4 * S * dims.hidden_size * dims.num_kv_heads * dims.head_dim
-    compute = rounds * X * (L * (fwd_s + bwd_s + rebuild_s / node.matmul_flops) + head_s)
+    sums_s = piece_sums_s(dims, S, lay, attention_span(S, lay, node))
+    compute = rounds * X * (L * (fwd_s + bwd_s + rebuild_s / node.matmul_flops + sums_s) + head_s)
     weights = dims.layer_params * e
     # forward: the next layer's weights must arrive while this one computes
     exposed = L * max(0.0, weights / node.h2d_bytes_per_s - X * fwd_s)

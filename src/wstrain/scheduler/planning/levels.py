@@ -24,7 +24,9 @@ cap. 64 layers x 32 chunks x 4 levels solve in a few milliseconds (tests/schedul
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,10 +55,23 @@ class LayerCost:
     prefetch_cap_s: float = 0.0
     inbound_s: float = 0.0  # weights and accumulated gradients in
     busy_s: float = 0.0  # backward compute of all chunks, recomputation aside
+    # Per chunk, per level: value beyond value_s from the chunk's place in its sequence. A
+    # long sequence's pieces are alike but for causal attention, which grows with a piece's
+    # prefix: at 128K in 16K pieces the last piece's attention forward is 15x the first's,
+    # so which pieces recompute it matters. () where chunks are alike.
+    unit_value_s: tuple[tuple[float, ...], ...] = ()
+
+    def value_of(self, chunk: int, level: int) -> float:
+        """Recomputation one chunk at `level` avoids in backward, against level 0."""
+        extra = self.unit_value_s[chunk][level] if self.unit_value_s else 0.0
+        return self.value_s[level] + extra
 
     def row_costs(self, pats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(recomputation, exposed backward transfer) seconds of each (P, C) pattern."""
         recompute = pats.shape[1] * self.compute_s - np.asarray(self.value_s)[pats].sum(axis=1)
+        if self.unit_value_s:
+            by_chunk = np.asarray(self.unit_value_s)  # (C, LEVELS)
+            recompute -= by_chunk[np.arange(pats.shape[1]), pats].sum(axis=1)
         back_s = np.asarray(self.back_s)
         inline = np.where(back_s > self.prefetch_cap_s, back_s, 0.0)[pats].sum(axis=1)
         prefetched = back_s[pats].sum(axis=1) - inline
@@ -83,8 +98,9 @@ EXHAUSTIVE_PATTERNS = 256
 def patterns(chunks: int) -> np.ndarray:
     """(P, chunks) level patterns: n chunks at level hi and the rest at lo (lo < hi), spread
     evenly three ways (marked chunk last in its stretch, first, or spanning both ends: a
-    large saved set drains best with the most compute between two), plus the uniform ones;
-    for up to four chunks simply every pattern (mixes of three or four levels win there)."""
+    large saved set drains best with the most compute between two) or the last n together
+    (a sequence's last pieces, whose attention costs most), plus the uniform ones; for up to
+    four chunks simply every pattern (mixes of three or four levels win there)."""
     if LEVELS**chunks <= EXHAUSTIVE_PATTERNS:
         return np.array(list(itertools.product(range(LEVELS), repeat=chunks)), dtype=np.int64)
     n = np.arange(1, chunks + 1)[:, None]
@@ -95,7 +111,8 @@ def patterns(chunks: int) -> np.ndarray:
         i = np.arange(k + 1)
         early[k, -(-i * chunks // (k + 1))] = True
         ends[k, (i * (chunks - 1) + k // 2) // max(k, 1)] = True
-    spread = np.concatenate([late, early, ends, np.zeros((1, chunks), dtype=bool)])
+    tail = c >= chunks - n  # (chunks, chunks): the last n
+    spread = np.concatenate([late, early, ends, tail, np.zeros((1, chunks), dtype=bool)])
     rows = [np.where(spread, hi, lo) for lo in range(LEVELS) for hi in range(lo + 1, LEVELS)]
     return np.unique(np.concatenate(rows), axis=0).astype(np.int64)
 
@@ -219,6 +236,38 @@ def write_buffer_stall_s(layers: list[LayerCost], levels: list[list[int]]) -> fl
     """Seconds compute waits on a full write buffer in one round's forward (0 for a plan the
     DP made; hand-made levels may overrun the link)."""
     return _walk(layers, levels)[1]
+
+
+def cheapest_drops(
+    lc: LayerCost, levels: list[list[int]], saved: list[int]
+) -> Iterator[tuple[int, int, int, int]]:
+    """Steps down in level that free saved bytes, the least recomputation added per byte
+    freed first, as (layer, chunk, new level, bytes freed); each (layer, chunk) steps again
+    from its new level. What a plan over the host budget gives up: a sequence's first
+    pieces (short prefixes) before its last, and level 3 to 1 before 1 to 0 where the MLP's
+    set is the cheaper to recompute. `levels` is read once, not changed."""
+    now = [list(row) for row in levels]
+
+    def best_step(k: int, c: int) -> tuple[float, int, int, int, int] | None:
+        lv = now[k][c]
+        steps = [
+            ((lc.value_of(c, lv) - lc.value_of(c, lo)) / (saved[lv] - saved[lo]), lo)
+            for lo in range(lv)
+            if saved[lo] < saved[lv]
+        ]
+        if not steps:
+            return None
+        density, lo = min(steps)
+        return density, k, c, lo, saved[lv] - saved[lo]
+
+    heap = [s for k, row in enumerate(now) for c in range(len(row)) if (s := best_step(k, c))]
+    heapq.heapify(heap)
+    while heap:
+        _, k, c, lo, freed = heapq.heappop(heap)
+        now[k][c] = lo
+        yield k, c, lo, freed
+        if (s := best_step(k, c)) is not None:
+            heapq.heappush(heap, s)
 
 
 def simulate(layers: list[LayerCost], levels: list[list[int]]) -> float:

@@ -43,7 +43,7 @@ from wstrain.scheduler.planning.layouts import (
     micro_batches,
     seq_chunks,
 )
-from wstrain.scheduler.planning.levels import LayerCost, Solution, solve
+from wstrain.scheduler.planning.levels import LayerCost, Solution, cheapest_drops, solve
 from wstrain.scheduler.planning.reasons import ws_reasons
 
 
@@ -161,18 +161,16 @@ def _finish(
     )
     home_saved = sum(saved[lv] for row in home for lv in row)  # one rank's
     host = mm.host_bytes(dims, spec, home_saved, device)
-    # Over the host budget: drop home chunks to level 0, the largest saved sets first; each
-    # drop frees its bytes in every rank's store (host_bytes counts the store per rank)
-    by_size = sorted(
-        ((saved[lv], k, c) for k, row in enumerate(home) for c, lv in enumerate(row) if lv),
-        reverse=True,
-    )
-    for nbytes, k, c in by_size:
-        if host <= spec.budget.host_bytes:
-            break
-        home_saved -= nbytes - saved[0]
-        host = mm.host_bytes(dims, spec, home_saved, device)
-        home[k][c] = 0
+    # Over the host budget: step home chunks down, the least recomputation per byte freed
+    # first; each step frees its bytes in every rank's store (host_bytes counts the store
+    # per rank)
+    if host > spec.budget.host_bytes:
+        for k, c, level, freed in cheapest_drops(cm.layer_cost(dims, spec, lay, node), home, saved):
+            home[k][c] = level
+            home_saved -= freed
+            host = mm.host_bytes(dims, spec, home_saved, device)
+            if host <= spec.budget.host_bytes:
+                break
     levels = home + window_rows
     if lay.lead_rounds > 1:  # the lead pass's extra sets must fit as they are
         extra = mm.lead_pass_saved(lay, home_saved, window * X * saved[1])
