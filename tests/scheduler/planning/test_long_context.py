@@ -205,9 +205,9 @@ def test_a_pieces_value_follows_its_prefix_and_averages_out() -> None:
 
 def test_over_the_host_budget_the_first_pieces_recompute() -> None:
     """What the host cannot hold is given up where it costs least: the 128K plan at 110 GiB
-    keeps every home layer's last pieces' attention output and recomputes its first ones
-    (before, the largest sets went first, whole layers of pieces, last ones included: 5.8 s
-    of recomputation planned against 3.2 s now on the lent H100's profile)."""
+    keeps every home layer's last pieces' attention output and recomputes its first ones.
+    Before, the largest sets went first, which dropped whole layers of pieces, the last
+    ones included (bench/RESULTS.md: 5.8 s of recomputation planned, 3.2 s now)."""
     dims, seq = replace(LLAMA, num_layers=32), 131072
     spec = _spec(dims, seq, 1, 24, 110)
     plan = make_ws_plan(spec, dims, H100)
