@@ -247,27 +247,32 @@ def cheapest_drops(
     pieces (short prefixes) before its last, and level 3 to 1 before 1 to 0 where the MLP's
     set is the cheaper to recompute. `levels` is read once, not changed."""
     now = [list(row) for row in levels]
+    steps: dict[tuple[int, int], tuple[float, int, int] | None] = {}  # alike in every layer
 
-    def best_step(k: int, c: int) -> tuple[float, int, int, int, int] | None:
-        lv = now[k][c]
-        steps = [
-            ((lc.value_of(c, lv) - lc.value_of(c, lo)) / (saved[lv] - saved[lo]), lo)
-            for lo in range(lv)
-            if saved[lo] < saved[lv]
-        ]
-        if not steps:
-            return None
-        density, lo = min(steps)
-        return density, k, c, lo, saved[lv] - saved[lo]
+    def step(c: int, lv: int) -> tuple[float, int, int] | None:
+        if (c, lv) not in steps:
+            down = [
+                ((lc.value_of(c, lv) - lc.value_of(c, lo)) / (saved[lv] - saved[lo]), lo)
+                for lo in range(lv)
+                if saved[lo] < saved[lv]
+            ]
+            density, lo = min(down) if down else (0.0, -1)
+            steps[c, lv] = (density, lo, saved[lv] - saved[lo]) if down else None
+        return steps[c, lv]
 
-    heap = [s for k, row in enumerate(now) for c in range(len(row)) if (s := best_step(k, c))]
+    heap = [
+        (s[0], k, c, s[1], s[2])
+        for k, row in enumerate(now)
+        for c, lv in enumerate(row)
+        if (s := step(c, lv)) is not None
+    ]
     heapq.heapify(heap)
     while heap:
         _, k, c, lo, freed = heapq.heappop(heap)
         now[k][c] = lo
         yield k, c, lo, freed
-        if (s := best_step(k, c)) is not None:
-            heapq.heappush(heap, s)
+        if (s := step(c, lo)) is not None:
+            heapq.heappush(heap, (s[0], k, c, s[1], s[2]))
 
 
 def simulate(layers: list[LayerCost], levels: list[list[int]]) -> float:

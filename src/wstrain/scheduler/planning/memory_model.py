@@ -203,6 +203,19 @@ def stored_bytes(saved: int) -> int:
     return saved + saved // 256 + ACTIVATION_CHUNK_BYTES if saved else 0
 
 
+def home_saved_limit(dims: ModelDims, spec: JobSpec, device: str, most: int) -> int:
+    """The most saved bytes, up to `most`, whose store fits the host budget beside the
+    state (host_bytes grows with them; -1 where even none fit)."""
+    lo, hi = -1, most
+    while lo < hi:  # the largest fitting, by halves: host_bytes is not linear (store chunks)
+        mid = (lo + hi + 1) // 2
+        if host_bytes(dims, spec, max(mid, 0), device) <= spec.budget.host_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
     """Training state + the store of saved sets sent home + the reserve beside the arena;
     with spec.gpus ranks the state is shared, the store and the reserve are each rank's

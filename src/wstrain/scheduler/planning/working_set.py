@@ -165,12 +165,13 @@ def _finish(
     # first; each step frees its bytes in every rank's store (host_bytes counts the store
     # per rank)
     if host > spec.budget.host_bytes:
+        limit = mm.home_saved_limit(dims, spec, device, home_saved)
         for k, c, level, freed in cheapest_drops(cm.layer_cost(dims, spec, lay, node), home, saved):
             home[k][c] = level
             home_saved -= freed
-            host = mm.host_bytes(dims, spec, home_saved, device)
-            if host <= spec.budget.host_bytes:
+            if home_saved <= limit:
                 break
+        host = mm.host_bytes(dims, spec, home_saved, device)
     levels = home + window_rows
     if lay.lead_rounds > 1:  # the lead pass's extra sets must fit as they are
         extra = mm.lead_pass_saved(lay, home_saved, window * X * saved[1])
