@@ -251,7 +251,7 @@ def step_time(
         rec, exp = lc.row_costs(np.asarray(home))
         recompute, exposed = recompute + float(rec.sum()), exposed + float(exp.sum())
     for row in in_window:
-        rec_w = sum(lc.compute_s - lc.value_s[lv] for lv in row)
+        rec_w = sum(lc.compute_s - lc.value_of(c, lv) for c, lv in enumerate(row))
         recompute += rec_w
         exposed += float(lc.inbound_exposed(rec_w))
     # hand-made levels may overrun the link: compute waits on the write buffer

@@ -203,16 +203,23 @@ def stored_bytes(saved: int) -> int:
     return saved + saved // 256 + ACTIVATION_CHUNK_BYTES if saved else 0
 
 
-def home_saved_limit(dims: ModelDims, spec: JobSpec, device: str, most: int) -> int:
-    """The most saved bytes, up to `most`, whose store fits the host budget beside the
-    state (host_bytes grows with them; -1 where even none fit)."""
+def home_saved_limit(
+    dims: ModelDims, spec: JobSpec, device: str, most: int, lay: Layout, window_inputs: int
+) -> int:
+    """The most saved bytes a round sends home, up to `most`, whose store fits the host
+    budget beside the state, with a lead pass's extra sets (lead_pass_saved); -1 where even
+    none fit."""
+
+    def fits(home_saved: int) -> bool:
+        extra = lead_pass_saved(lay, home_saved, window_inputs)
+        return host_bytes(dims, spec, home_saved + extra, device) <= spec.budget.host_bytes
+
+    if fits(most):
+        return most
     lo, hi = -1, most
     while lo < hi:  # the largest fitting, by halves: host_bytes is not linear (store chunks)
         mid = (lo + hi + 1) // 2
-        if host_bytes(dims, spec, max(mid, 0), device) <= spec.budget.host_bytes:
-            lo = mid
-        else:
-            hi = mid - 1
+        lo, hi = (mid, hi) if fits(max(mid, 0)) else (lo, mid - 1)
     return lo
 
 

@@ -69,9 +69,11 @@ def ws_reasons(
             if lay.r_grad > 1
             else ": the deeper rings did not fit or were slower"
         ),
-        "levels": f"level {o.level} everywhere (override)"
+        "levels": f"level {o.level} asked (override): home layers {_count(home)}, window "
+        f"{_count(in_window)}; lower where the host budget cannot hold it"
         if o.level is not None
-        else f"home layers by the write-buffer DP ({_count(home)}); window by spare "
+        else f"home layers by the write-buffer DP, stepped down where the host budget runs "
+        f"out, the least recomputation per byte first ({_count(home)}); window by spare "
         f"device memory ({_count(in_window)}); 0 = recompute the layer, 1 = keep the "
         "attention kernel's set, 2 = keep the MLP's lean set, 3 = keep both",
         "optimizer": {

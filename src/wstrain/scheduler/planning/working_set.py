@@ -60,7 +60,8 @@ class _Candidate:
 @dataclass(frozen=True)
 class _Window:
     """Window levels bought with spare device memory, as counts over the window's chunks in
-    backward order (last layer first): `top` at level 3, then up to `n` at `level`."""
+    backward order (last layer first, a layer's last chunk first: a sequence's last pieces
+    are worth the most): `top` at level 3, then up to `n` at `level`."""
 
     layers: int
     chunks: int
@@ -72,16 +73,16 @@ class _Window:
         flat = [3] * self.top + [self.level] * (self.n - self.top)
         flat += [0] * (self.layers * self.chunks - self.n)
         X = self.chunks
-        return [flat[i * X : (i + 1) * X] for i in range(self.layers)][::-1]
+        return [flat[i * X : (i + 1) * X][::-1] for i in range(self.layers)][::-1]
 
     def cost_s(self, lc: LayerCost) -> float:
         """Per round: recomputation left in the window plus its exposed backward transfer
         (rows wholly at one level are counted in bulk; at most two rows are mixed)."""
         X = self.chunks
-        rec = [lc.compute_s - v for v in lc.value_s]
 
-        def row(n3: int, nl: int) -> float:
-            r = n3 * rec[3] + nl * rec[self.level] + (X - n3 - nl) * rec[0]
+        def row(n3: int, nl: int) -> float:  # as rows() lays it out: level 3 last
+            pattern = [0] * (X - n3 - nl) + [self.level] * nl + [3] * n3
+            r = sum(lc.compute_s - lc.value_of(c, lv) for c, lv in enumerate(pattern))
             return r + float(lc.inbound_exposed(r))
 
         def overlap(r: int, lo: int, hi: int) -> int:
@@ -160,24 +161,22 @@ def _finish(
         else [[spec.overrides.level] * X for _ in range(L - window)]
     )
     home_saved = sum(saved[lv] for row in home for lv in row)  # one rank's
-    host = mm.host_bytes(dims, spec, home_saved, device)
+    window_inputs = window * X * saved[1]  # a lead pass's window chunks go home at level 1
     # Over the host budget: step home chunks down, the least recomputation per byte freed
     # first; each step frees its bytes in every rank's store (host_bytes counts the store
-    # per rank)
-    if host > spec.budget.host_bytes:
-        limit = mm.home_saved_limit(dims, spec, device, home_saved)
+    # per rank), and a lead pass's extra rounds' copies with them
+    limit = mm.home_saved_limit(dims, spec, device, home_saved, lay, window_inputs)
+    if home_saved > limit:
         for k, c, level, freed in cheapest_drops(cm.layer_cost(dims, spec, lay, node), home, saved):
             home[k][c] = level
             home_saved -= freed
             if home_saved <= limit:
                 break
-        host = mm.host_bytes(dims, spec, home_saved, device)
+        if home_saved > limit:
+            return None  # a lead pass's sets do not fit even at level 0
+    extra = mm.lead_pass_saved(lay, home_saved, window_inputs)
+    host = mm.host_bytes(dims, spec, home_saved + extra, device)
     levels = home + window_rows
-    if lay.lead_rounds > 1:  # the lead pass's extra sets must fit as they are
-        extra = mm.lead_pass_saved(lay, home_saved, window * X * saved[1])
-        host = mm.host_bytes(dims, spec, home_saved + extra, device)
-        if host > spec.budget.host_bytes:
-            return None
     if lay.optimizer == "split":  # as many device layers as suit what the layers send home
         sent = cm.first_forward_sent(dims, spec, lay, home)
         lay = replace(lay, device_layers=cm.split_layers(dims, spec, lay, sent, node, device))
