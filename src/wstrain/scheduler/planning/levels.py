@@ -256,8 +256,10 @@ def cheapest_drops(
                 for lo in range(lv)
                 if saved[lo] < saved[lv]
             ]
-            density, lo = min(down) if down else (0.0, -1)
-            steps[c, lv] = (density, lo, saved[lv] - saved[lo]) if down else None
+            steps[c, lv] = None
+            if down:
+                density, lo = min(down)
+                steps[c, lv] = (density, lo, saved[lv] - saved[lo])
         return steps[c, lv]
 
     heap = [
