@@ -95,12 +95,13 @@ EXHAUSTIVE_PATTERNS = 256
 
 
 @functools.lru_cache(maxsize=64)
-def patterns(chunks: int) -> np.ndarray:
+def patterns(chunks: int, tail: bool = False) -> np.ndarray:
     """(P, chunks) level patterns: n chunks at level hi and the rest at lo (lo < hi), spread
     evenly three ways (marked chunk last in its stretch, first, or spanning both ends: a
-    large saved set drains best with the most compute between two) or the last n together
-    (a sequence's last pieces, whose attention costs most), plus the uniform ones; for up to
-    four chunks simply every pattern (mixes of three or four levels win there)."""
+    large saved set drains best with the most compute between two) and, with `tail`, the
+    last n together (a sequence's last pieces, whose attention costs most), plus the uniform
+    ones; for up to four chunks simply every pattern (mixes of three or four levels win
+    there)."""
     if LEVELS**chunks <= EXHAUSTIVE_PATTERNS:
         return np.array(list(itertools.product(range(LEVELS), repeat=chunks)), dtype=np.int64)
     n = np.arange(1, chunks + 1)[:, None]
@@ -111,8 +112,8 @@ def patterns(chunks: int) -> np.ndarray:
         i = np.arange(k + 1)
         early[k, -(-i * chunks // (k + 1))] = True
         ends[k, (i * (chunks - 1) + k // 2) // max(k, 1)] = True
-    tail = c >= chunks - n  # (chunks, chunks): the last n
-    spread = np.concatenate([late, early, ends, tail, np.zeros((1, chunks), dtype=bool)])
+    last = c >= chunks - n if tail else np.zeros((0, chunks), dtype=bool)  # the last n
+    spread = np.concatenate([late, early, ends, last, np.zeros((1, chunks), dtype=bool)])
     rows = [np.where(spread, hi, lo) for lo in range(LEVELS) for hi in range(lo + 1, LEVELS)]
     return np.unique(np.concatenate(rows), axis=0).astype(np.int64)
 
@@ -145,7 +146,7 @@ def _quantum(layers: list[LayerCost]) -> tuple[float, int]:
 
 
 def _table(layer: LayerCost, quantum_s: float, T: int) -> _Table:
-    pats = patterns(layer.chunks)
+    pats = patterns(layer.chunks, tail=bool(layer.unit_value_s))
     tr = np.ceil(np.asarray(layer.transfer_s) / quantum_s - 1e-9).astype(np.int64)
     dt = int(np.floor(layer.compute_s / quantum_s + 1e-9))
     cap = min(int(np.floor(layer.cap_s / quantum_s + 1e-9)), T - 1)

@@ -79,10 +79,13 @@ class _Window:
         """Per round: recomputation left in the window plus its exposed backward transfer
         (rows wholly at one level are counted in bulk; at most two rows are mixed)."""
         X = self.chunks
+        rec = [lc.compute_s - v for v in lc.value_s]
 
         def row(n3: int, nl: int) -> float:  # as rows() lays it out: level 3 last
-            pattern = [0] * (X - n3 - nl) + [self.level] * nl + [3] * n3
-            r = sum(lc.compute_s - lc.value_of(c, lv) for c, lv in enumerate(pattern))
+            r = n3 * rec[3] + nl * rec[self.level] + (X - n3 - nl) * rec[0]
+            if lc.unit_value_s:  # pieces: each by its prefix
+                pattern = [0] * (X - n3 - nl) + [self.level] * nl + [3] * n3
+                r -= sum(lc.unit_value_s[c][lv] for c, lv in enumerate(pattern))
             return r + float(lc.inbound_exposed(r))
 
         def overlap(r: int, lo: int, hi: int) -> int:
