@@ -151,6 +151,12 @@ def chunk_times(
     return k * gemm + attn_s, k * 2 * gemm + 2.5 * attn_s  # flash bwd: 5x vs 4x FLOPs
 
 
+def piece_spans(seq_len: int, seq_chunk: int) -> list[tuple[int, int]]:
+    """Each piece's tokens [s0, s1) of a sequence, as the runtime cuts it (the last may be
+    shorter)."""
+    return [(s0, min(seq_len, s0 + seq_chunk)) for s0 in range(0, seq_len, seq_chunk)]
+
+
 def piece_sums_s(dims: ModelDims, seq_len: int, lay: Layout, span: int) -> float:
     """Seconds one sequence's backward through one layer adds its pieces' attention
     gradients into fp32 sums (worker/ops/prefix_attn.py): a piece [s0, s1) adds dK and dV of
@@ -161,8 +167,7 @@ def piece_sums_s(dims: ModelDims, seq_len: int, lay: Layout, span: int) -> float
         return 0.0
     kv, q = dims.num_kv_heads * dims.head_dim, dims.num_heads * dims.head_dim
     total = 0
-    for s0 in range(0, seq_len, lay.seq_chunk):
-        s1 = min(seq_len, s0 + lay.seq_chunk)
+    for s0, s1 in piece_spans(seq_len, lay.seq_chunk):
         keys = s1 if span >= seq_len else min(s1, s1 - s0 + span)
         calls = 1 + -(-(keys - (s1 - s0)) // ATTENTION_KEY_BLOCK_TOKENS)
         total += 20 * keys * kv + 10 * calls * (s1 - s0) * q
@@ -204,8 +209,7 @@ def piece_values(
         return ()
     core_s = _core_attention_s(dims, S, S, node)
     rows = []
-    for s0 in range(0, S, lay.seq_chunk):
-        s1 = min(S, s0 + lay.seq_chunk)
+    for s0, s1 in piece_spans(S, lay.seq_chunk):
         extra = core_s * ((s1 * s1 - s0 * s0) / (S * S) - 1 / lay.pieces)
         rows.append(tuple(extra if lv in (1, 3) else 0.0 for lv in range(LEVELS)))
     return tuple(rows) * lay.micro_batch  # units: a chunk's pieces, chunk after chunk
