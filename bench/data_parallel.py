@@ -61,7 +61,6 @@ def _write(res: dict, out: str, rank: int) -> None:  # type: ignore[type-arg]
 
 
 def _rank(rank: int, world: int, port: int, job: tuple, steps: int, out: str) -> None:  # type: ignore[type-arg]
-    import torch
 
     from bench.runtime import run_plan
     from wstrain.worker.runtime.distributed import ProcessGroup
@@ -72,7 +71,7 @@ def _rank(rank: int, world: int, port: int, job: tuple, steps: int, out: str) ->
     res = run_plan(spec, dims, plan, steps, False, node, group)
     _write(res, out, rank)
     if group is not None:
-        torch.distributed.destroy_process_group()
+        group.close()
 
 
 def _baseline_rank(

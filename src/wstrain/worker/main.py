@@ -243,7 +243,7 @@ class Worker:
             # every rank stops at the same step when any was asked to
             if group.any(self.cancel_requested) if group else self.cancel_requested:
                 save(step)
-                self._join()
+                self._leave(group)
                 return WorkerExit.cancelled
             res = runtime.train_step(data, step)
             telemetry.add(res)
@@ -277,10 +277,14 @@ class Worker:
             if every and done % every == 0 and done < self.spec.steps:
                 save(done)
         save(self.spec.steps)
-        self._join()
+        self._leave(group)
         return WorkerExit.succeeded
 
-    def _join(self) -> None:
+    def _leave(self, group: ProcessGroup | None) -> None:
+        """Every rank is done (rank 0 with its checkpoint): leave the group together, then
+        rank 0 waits for the others to exit."""
+        if group is not None:
+            group.close()
         if self.gang is not None:
             self.gang.join()
 

@@ -9,6 +9,7 @@ slice of the global batch is the one-rank order cut by rank.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 from pathlib import Path
@@ -94,12 +95,13 @@ def _rank(
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
     )
+    faulthandler.enable()  # a native abort in a rank prints its Python stacks
     torch.set_num_threads(1)
     group = ProcessGroup.from_env("cpu")
     assert group is not None and (group.rank, group.world) == (rank, world)
     result = _train(PRESETS[preset], world, group, steps, resume, save)
     torch.save(result, f"{out}.{rank}")
-    torch.distributed.destroy_process_group()
+    group.close()
 
 
 def _free_port() -> int:

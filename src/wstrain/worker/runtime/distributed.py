@@ -73,6 +73,15 @@ class ProcessGroup:
     def barrier(self) -> None:
         dist.barrier()
 
+    def close(self) -> None:
+        """Leave the group when every rank is done: a barrier first, so no rank closes its
+        connections while a peer still reads from them, then the group's destruction while
+        the interpreter is whole. A group left to the interpreter's exit keeps gloo's
+        threads alive into finalization, where freeing a tensor they hold aborts the
+        process (SIGABRT): a finished job's worker would exit failed."""
+        dist.barrier()
+        dist.destroy_process_group()
+
     def broadcast_token(self, token: str) -> str:
         """Rank 0's `token` on every rank."""
         box = [token]

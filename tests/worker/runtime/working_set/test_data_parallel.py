@@ -10,6 +10,7 @@ memory (PSS summed over its processes, shared pages counted once) on two ranks i
 
 from __future__ import annotations
 
+import faulthandler
 import itertools
 import os
 from pathlib import Path
@@ -86,6 +87,7 @@ def _rank(
         LOCAL_RANK=str(rank % local),  # `local` ranks a node, each node its own host copy
         LOCAL_WORLD_SIZE=str(local),
     )
+    faulthandler.enable()  # a native abort in a rank prints its Python stacks
     torch.set_num_threads(1)
     group = ProcessGroup.from_env("cpu")
     assert group is not None
@@ -108,7 +110,7 @@ def _rank(
         )
     rt.finish()
     torch.save((losses, weights), f"{out}.{rank}")
-    torch.distributed.destroy_process_group()
+    group.close()
 
 
 def _spawn(
