@@ -9,25 +9,29 @@ with --levers, the ceilings of the schedules issue 26 weighs, each the same argu
 term changed (see `bound`): saved activations as fp8 with a scale per block (cost_model's
 bytes: the inputs and the MLP's pair at 1 byte, the attention kernel's set exact), and
 cross-round overlap (the next round's forward beside this round's backward, so the link's
-backward time carries saved sets too, less the gradients it sends home then).
+backward time carries saved sets too, within both directions and a second ring and round on
+the device); each ideal (the whole link, the leanest layout) and as this planner would plan
+it (the link at LINK_SHARE, the row's own layout).
 
 The argument, per round of X sequences. Every (layer, sequence) of the round's forward
 produces a saved set (working_set/schedule.py levels 0-3; level 0, the input, at the least).
-When the round's forward (and its LM-head loss) ends, each byte of those sets has either left
-over the D2H link during it or is still in device memory, so
+When the round's last layer ends, each byte of those sets has either left over the D2H link
+during the layers or is still in device memory, so
 
-    saved bytes <= forward_s * link_bytes_per_s + (device budget - fixed device bytes)
+    saved bytes <= layers_forward_s * link_bytes_per_s + (device budget - fixed device bytes)
 
-and what does not fit is recomputed in backward. The link rate is the profiled one with both
-directions busy (the next layers' weights stream in meanwhile). The fixed bytes are the cost model's
-(scheduler/planning/cost_model.py fixed_device_bytes) for the leanest layout: two weight slots, one
-gradient slot, the optimizer on the host, no copies in flight home. Levels are bought as a
-fractional knapsack (recomputation avoided per byte), so the bound is generous: it assumes a
-perfectly used link, the resident step's own kernel times, no idle, no extra weight-gradient
-GEMMs, and nothing else ever waiting. The same layer rates give the resident step, so the
-bound is the resident step measured on the same machine over itself plus that recomputation.
-(Slowing the forward to send more never pays: a byte takes ~20 ps of a 50 GB/s link, and
-recomputing a GEMM output of K = 4096 ~4096 FLOPs a byte, ~5 ps at 800 TFLOP/s.)
+and what does not fit is recomputed in backward. (The LM head's time adds nothing: a byte
+that leaves during it was on the device when it started.) The link rate is the profiled
+one with both directions busy (the next layers' weights stream in meanwhile). The fixed bytes
+are the cost model's (scheduler/planning/memory_model.py fixed_device_bytes) for the leanest
+layout: two weight slots, one gradient slot, the optimizer on the host, no copies in flight
+home. Levels are bought as a fractional knapsack (recomputation avoided per byte), so the
+bound is generous: it assumes a perfectly used link, the resident step's own kernel times,
+no idle, no extra weight-gradient GEMMs, and nothing else ever waiting. The same layer rates
+give the resident step, so the bound is the resident step measured on the same machine over
+itself plus that recomputation. (Slowing the forward to send more never pays: a byte takes
+~20 ps of a 50 GB/s link, and recomputing a GEMM output of K = 4096 ~4096 FLOPs a byte, ~5 ps
+at 800 TFLOP/s.)
 """
 
 from __future__ import annotations
@@ -35,9 +39,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from wstrain.scheduler.contracts.calibration import LEVELS
+from wstrain.scheduler.contracts.calibration import LEVELS, LINK_SHARE
 from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
 from wstrain.scheduler.planning import cost_model as cm
 from wstrain.scheduler.planning import memory_model as mm
@@ -50,7 +54,8 @@ class Bound:
     micro_batch: int
     saved_bytes: tuple[int, ...]  # one (layer, sequence) per level
     recompute_s: tuple[float, ...]  # its backward recomputation per level
-    capacity_bytes: float  # per round: the forward's D2H bytes plus the spare device bytes
+    capacity_bytes: float  # a round's link bytes for saved sets plus the spare device bytes
+    first_capacity_bytes: float  # the step's first round's (no backward beside it)
     min_recompute_s: float  # per step
     resident_step_s: float
     ceiling: float  # tokens/s over resident, at most
@@ -113,17 +118,49 @@ def _spec_dims(row: dict):  # type: ignore[no-untyped-def,type-arg]
     return spec, dims
 
 
+def _layout(row: dict, X: int, planned: bool, overlap: bool) -> tuple[mm.Layout, int]:  # type: ignore[type-arg]
+    """The device layout a bound charges, and its window: the leanest (two weight slots, one
+    gradient slot, the optimizer on the host, every layer's sets counted as kept, so no
+    copies in flight home), or with `planned` the row's own plan. Cross-round overlap runs a
+    forward beside a backward: a second weight ring of two slots and a second round's
+    transition (two lead rounds' worth)."""
+    L = int(row["layers"])
+    if planned:
+        ws = row["plan"]["working_set"]
+        lay = mm.Layout(
+            X,
+            r_param=ws["r_param"],
+            r_grad=ws["r_grad"],
+            optimizer=ws["optimizer"],
+            loss_tokens=ws["loss_tokens"],
+            lead_rounds=ws["lead_rounds"],
+        )
+        window = int(row["plan"]["window"])
+    else:
+        lay, window = mm.Layout(X, r_param=2, r_grad=1, optimizer="host", loss_tokens=512), L
+    if overlap:
+        lay = replace(lay, r_param=lay.r_param + 2, lead_rounds=max(lay.lead_rounds, 2))
+    return lay, window
+
+
 def bound(
     row: dict,  # type: ignore[type-arg]
     resident_step_s: float,
     X: int,
     fp8: bool = False,
     overlap: bool = False,
+    planned: bool = False,
 ) -> Bound:
-    """The bound for the row's model, budget and node at micro-batch X; `fp8`: saved sets
-    at cost_model's fp8 bytes; `overlap`: a round's backward link time (less its gradients'
-    bytes) adds to the round's capacity, as if the next round's forward ran beside it within
-    the same device memory (generous: it holds no second round's activations)."""
+    """The bound for the row's model, budget and node at micro-batch X.
+
+    `fp8`: saved sets at cost_model's fp8 bytes. `overlap`: every round but the step's first
+    runs its forward beside the previous round's backward (the first has no backward before
+    it: the optimizer step lies between), so the link time of both passes carries saved
+    sets, within both directions: out, the sets less that backward's gradients; in, the
+    returning sets less both passes' weights; the device holds the overlap's second ring and
+    second round (`_layout`). `planned`: the link at the planner's LINK_SHARE and the row's
+    own layout instead of the whole link and the leanest layout: what the same schedule
+    would keep under this planner's margins."""
     spec, dims = _spec_dims(row)
     if fp8:
         spec = spec.model_copy(update={"activation_precision": "fp8"})
@@ -133,29 +170,39 @@ def bound(
             f"row {row['name']!r} carries no layer timed at seq_len "
             f"{spec.seq_len}: use a working-set row from bench/runtime.py"
         )
-    fwd_s = node.layer.forward_s
+    fwd_s, L = node.layer.forward_s, dims.num_layers
     saved = [mm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
     shares = cm.recompute_shares(dims, spec.seq_len, node)
     recompute = [s * fwd_s for s in shares]
-    # the round's forward, layers and LM head (6 S D V FLOPs a sequence, forward and backward)
-    head_s = 6 * spec.seq_len * dims.hidden_size * dims.vocab_size / node.matmul_flops
-    round_fwd_s = X * (dims.num_layers * fwd_s + head_s)
-    lean = mm.Layout(X, r_param=2, r_grad=1, optimizer="host", loss_tokens=512)
-    spare = spec.budget.device_bytes - mm.fixed_device_bytes(dims, spec, lean, dims.num_layers)
+    # the round's layers only: what goes home during the LM head is on the device when the
+    # head starts, so the spare already holds it (at Llama-3-8B dims and 8K tokens counting
+    # the head's 32 ms a sequence credited 6.5 GB a round that no schedule has)
+    round_fwd_s = X * L * fwd_s
+    round_bwd_s = X * L * node.layer.backward_s
+    rate = node.both_bytes_per_s * (LINK_SHARE if planned else 1.0)
+    lay, window = _layout(row, X, planned, overlap)
+    spare = spec.budget.device_bytes - mm.fixed_device_bytes(dims, spec, lay, window)
     # sets kept on the device stay 16-bit under fp8: its spare holds fewer of them
     spare *= saved[3] / mm.saved_bytes(dims, spec, 3, home=False)
-    capacity = round_fwd_s * node.both_bytes_per_s + spare
-    if overlap:  # every layer's gradient slot goes home once a round, in its backward
-        round_bwd_s = X * dims.num_layers * node.layer.backward_s
-        grads = dims.num_layers * dims.layer_params * cm.ELEMENT_BYTES[spec.precision]
-        capacity += max(0.0, round_bwd_s * node.both_bytes_per_s - grads)
-    rounds = spec.global_batch // X
-    rec_s = rounds * min_recompute_s(dims.num_layers * X, saved, recompute, capacity)
+    layer_bytes = dims.layer_params * cm.ELEMENT_BYTES[spec.precision]
+    weights_in = (2 * L - 2) * layer_bytes  # a round's weights, both passes (two reused)
+    # per round: out during the forward; back in during the backward beside its weights
+    alone = min(round_fwd_s * rate, round_bwd_s * rate - (L - 2) * layer_bytes)
+    first = max(0.0, alone) + spare
+    capacity = first
+    if overlap:  # the span of this round's forward and the previous round's backward
+        span_s = round_fwd_s + round_bwd_s
+        out_bytes, in_bytes = span_s * rate - L * layer_bytes, span_s * rate - weights_in
+        capacity = max(0.0, min(out_bytes, in_bytes)) + spare
+    rounds, pairs = spec.global_batch // X, L * X
+    rec_s = min_recompute_s(pairs, saved, recompute, first)
+    rec_s += (rounds - 1) * min_recompute_s(pairs, saved, recompute, capacity)
     return Bound(
         X,
         tuple(saved),
         tuple(recompute),
         capacity,
+        first,
         rec_s,
         resident_step_s,
         resident_step_s / (resident_step_s + rec_s),
@@ -173,29 +220,41 @@ def micro_batches_at_bound(row: dict) -> list[int]:  # type: ignore[type-arg]
 
 
 def levers(row: dict, resident_step_s: float, measured: float) -> None:  # type: ignore[type-arg]
-    """Each lever's ceiling at the micro-batches the planner tries first, and the row's
-    measured gap to it."""
-    for name, kw in (
-        ("per round (today's schedule)", {}),
-        ("fp8 saved sets", {"fp8": True}),
-        ("cross-round overlap", {"overlap": True}),
-        ("both", {"fp8": True, "overlap": True}),
-    ):
-        best = max(
-            (bound(row, resident_step_s, X, **kw) for X in micro_batches_at_bound(row)),
-            key=lambda b: b.ceiling,
-        )
+    """Each lever's ceiling at the micro-batches the planner tries first, on the whole link
+    with the leanest layout and then as this planner would plan it, and the row's measured
+    gap to each."""
+    for planned in (False, True):
         log.info(
-            "%-30s X=%-3d capacity %6.1f GB  recompute %.2f s a step  ceiling %.3fx  "
-            "(the row: %.3fx, %.3f under)",
-            name,
-            best.micro_batch,
-            best.capacity_bytes / 1e9,
-            best.min_recompute_s,
-            best.ceiling,
-            measured,
-            best.ceiling - measured,
+            "%s:",
+            "as planned (the link at %.0f%%, the row's own layout)" % (100 * LINK_SHARE)
+            if planned
+            else "ideal (the whole link, the leanest layout)",
         )
+        for name, kw in (
+            ("per round (today's schedule)", {}),
+            ("fp8 saved sets", {"fp8": True}),
+            ("cross-round overlap", {"overlap": True}),
+            ("both", {"fp8": True, "overlap": True}),
+        ):
+            best = max(
+                (
+                    bound(row, resident_step_s, X, planned=planned, **kw)
+                    for X in micro_batches_at_bound(row)
+                ),
+                key=lambda b: b.ceiling,
+            )
+            log.info(
+                "  %-28s X=%-3d capacity %5.1f GB (first round %5.1f)  recompute %.2f s a "
+                "step  ceiling %.3fx  (the row: %.3fx, %.3f under)",
+                name,
+                best.micro_batch,
+                best.capacity_bytes / 1e9,
+                best.first_capacity_bytes / 1e9,
+                best.min_recompute_s,
+                best.ceiling,
+                measured,
+                best.ceiling - measured,
+            )
 
 
 def main() -> None:

@@ -60,16 +60,50 @@ def test_micro_batches_start_at_adaws_bound() -> None:
     assert xs and all(32 % x == 0 for x in xs) and min(xs) >= 2
 
 
-def test_the_levers_add_capacity_and_never_lower_the_ceiling() -> None:
-    """Cross-round overlap adds the backward's link time less the round's gradients; fp8
-    sets are about half the bytes (the attention kernel's own set stays 16-bit)."""
+def test_a_rounds_capacity_is_its_layers_link_time_and_the_spare() -> None:
+    """The LM head's time adds nothing: what leaves during it sat in the spare when it
+    started. A budget twice as large adds exactly the extra bytes to the spare."""
+    row, big = _row(20), _row(40)
+    base, more = bound(row, 12.5, 4), bound(big, 12.5, 4)
+    link = 4 * 16 * LAYER.forward_s * H200.both_bytes_per_s
+    assert more.capacity_bytes - base.capacity_bytes == pytest.approx(20 * 2**30)
+    assert base.capacity_bytes > link  # the spare is positive at 20 GiB
+    assert base.first_capacity_bytes == base.capacity_bytes  # every round alike
+
+
+def test_overlap_is_bound_by_the_weights_coming_in() -> None:
+    """Beside the previous round's backward a round's sets go out with that backward's
+    gradients (16 layers once) and come back with both passes' weights (30 layers): the
+    inbound side binds. The step's first round has no backward beside it, and the overlap's
+    second weight ring and round leave less spare."""
     row = _row(20)
+    base, overlap = bound(row, 12.5, 4), bound(row, 12.5, 4, overlap=True)
+    layer_bytes = 218_112_000 * 2  # a Llama-3-8B layer in bf16
+    span = 4 * 16 * (LAYER.forward_s + LAYER.backward_s) * H200.both_bytes_per_s
+    spare = overlap.first_capacity_bytes - 4 * 16 * LAYER.forward_s * H200.both_bytes_per_s
+    assert overlap.capacity_bytes == pytest.approx(span - 30 * layer_bytes + spare)
+    assert 0 < base.capacity_bytes - overlap.first_capacity_bytes < 2 * 2**30  # two slots, a round
+    assert base.ceiling < overlap.ceiling <= 1.0
+
+
+def test_the_levers_never_lower_the_ceiling_and_the_planners_margins_never_raise_it() -> None:
+    """fp8 sets are about half the bytes (the attention kernel's own set stays 16-bit); the
+    planner's link share and layout only take capacity away."""
+    row = _row(20)
+    row["plan"].update(
+        window=3,
+        working_set={
+            "r_param": 3,
+            "r_grad": 2,
+            "optimizer": "host",
+            "loss_tokens": 512,
+            "lead_rounds": 2,
+        },
+    )
     base = bound(row, 12.5, 4)
-    overlap = bound(row, 12.5, 4, overlap=True)
-    grads = 16 * 218_112_000 * 2  # Llama-3-8B layers' bf16 gradients, once a round
-    link = 4 * 16 * LAYER.backward_s * H200.both_bytes_per_s
-    assert overlap.capacity_bytes - base.capacity_bytes == pytest.approx(max(0, link - grads))
     fp8 = bound(row, 12.5, 4, fp8=True)
     assert fp8.saved_bytes[0] == pytest.approx(base.saved_bytes[0] * (1 + 4 / 128) / 2, rel=1e-6)
-    for lever in (overlap, fp8, bound(row, 12.5, 4, fp8=True, overlap=True)):
-        assert base.ceiling <= lever.ceiling <= 1.0
+    for kw in ({}, {"fp8": True}, {"overlap": True}, {"fp8": True, "overlap": True}):
+        ideal, planned = bound(row, 12.5, 4, **kw), bound(row, 12.5, 4, planned=True, **kw)
+        assert base.ceiling <= ideal.ceiling <= 1.0
+        assert planned.capacity_bytes < ideal.capacity_bytes and planned.ceiling <= ideal.ceiling
