@@ -18,10 +18,13 @@ produces a saved set (working_set/schedule.py levels 0-3; level 0, the input, at
 When the round's last layer ends, each byte of those sets has either left over the D2H link
 during the layers or is still in device memory, so
 
-    saved bytes <= layers_forward_s * link_bytes_per_s + (device budget - fixed device bytes)
+    saved bytes <= layers_forward_s * link_bytes_per_s + min(head_s * link_bytes_per_s,
+                   a layer's temporaries) + (device budget - fixed device bytes)
 
-and what does not fit is recomputed in backward. (The LM head's time adds nothing: a byte
-that leaves during it was on the device when it started.) The link rate is the profiled
+and what does not fit is recomputed in backward. The LM head's link time adds only what fits
+in the device bytes a layer's pass holds and the head does not (workspace, whole weight
+gradients, copies in flight): a byte that leaves during the head was on the device when it
+started. The link rate is the profiled
 one with both directions busy (the next layers' weights stream in meanwhile). The fixed bytes
 are the cost model's (scheduler/planning/memory_model.py fixed_device_bytes) for the leanest
 layout: two weight slots, one gradient slot, the optimizer on the host, no copies in flight
@@ -41,7 +44,7 @@ import json
 import logging
 from dataclasses import dataclass, replace
 
-from wstrain.scheduler.contracts.calibration import LEVELS, LINK_SHARE
+from wstrain.scheduler.contracts.calibration import ALLOCATOR_SLACK, LEVELS, LINK_SHARE
 from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
 from wstrain.scheduler.planning import cost_model as cm
 from wstrain.scheduler.planning import memory_model as mm
@@ -98,7 +101,7 @@ def min_recompute_s(
     return total
 
 
-def _spec_dims(row: dict):  # type: ignore[no-untyped-def,type-arg]
+def spec_dims_of(row: dict):  # type: ignore[no-untyped-def,type-arg]
     """The row's JobSpec and model dims, as bench/runtime.py planned them."""
     from bench.runtime import _dims, job_activation_precision, job_precision, llama_spec
 
@@ -161,7 +164,7 @@ def bound(
     second round (`_layout`). `planned`: the link at the planner's LINK_SHARE and the row's
     own layout instead of the whole link and the leanest layout: what the same schedule
     would keep under this planner's margins."""
-    spec, dims = _spec_dims(row)
+    spec, dims = spec_dims_of(row)
     if fp8:
         spec = spec.model_copy(update={"activation_precision": "fp8"})
     node = node_from_row(row)
@@ -174,25 +177,33 @@ def bound(
     saved = [mm.saved_bytes(dims, spec, lv) for lv in range(LEVELS)]
     shares = cm.recompute_shares(dims, spec.seq_len, node)
     recompute = [s * fwd_s for s in shares]
-    # the round's layers only: what goes home during the LM head is on the device when the
-    # head starts, so the spare already holds it (at Llama-3-8B dims and 8K tokens counting
-    # the head's 32 ms a sequence credited 6.5 GB a round that no schedule has)
-    round_fwd_s = X * L * fwd_s
+    round_fwd_s = X * L * fwd_s  # the layers'
     round_bwd_s = X * L * node.layer.backward_s
+    # the LM head (6 S D V FLOPs a sequence, forward and backward, between the passes)
+    head_s = X * 6 * spec.seq_len * dims.hidden_size * dims.vocab_size / node.matmul_flops
     rate = node.both_bytes_per_s * (LINK_SHARE if planned else 1.0)
     lay, window = _layout(row, X, planned, overlap)
     spare = spec.budget.device_bytes - mm.fixed_device_bytes(dims, spec, lay, window)
+    # what leaves during the head sat on the device when the head started: beyond the spare
+    # only in what a layer's pass holds and the head does not (at Llama-3-8B dims and 8K
+    # tokens 2.6 GB of the 6.5 GB the head's 0.13 s a round carries at 50 GB/s)
+    idle = mm.layer_temporaries_bytes(dims, spec, lay, window) * ALLOCATOR_SLACK
+    head_out = min(head_s * rate, idle)
     # sets kept on the device stay 16-bit under fp8: its spare holds fewer of them
     spare *= saved[3] / mm.saved_bytes(dims, spec, 3, home=False)
     layer_bytes = dims.layer_params * cm.ELEMENT_BYTES[spec.precision]
     weights_in = (2 * L - 2) * layer_bytes  # a round's weights, both passes (two reused)
-    # per round: out during the forward; back in during the backward beside its weights
-    alone = min(round_fwd_s * rate, round_bwd_s * rate - (L - 2) * layer_bytes)
+    # per round: out during the layers' forward and the head; back in during the head and
+    # the backward, beside the backward's weights
+    alone = min(
+        round_fwd_s * rate + head_out, (head_s + round_bwd_s) * rate - (L - 2) * layer_bytes
+    )
     first = max(0.0, alone) + spare
     capacity = first
     if overlap:  # the span of this round's forward and the previous round's backward
         span_s = round_fwd_s + round_bwd_s
-        out_bytes, in_bytes = span_s * rate - L * layer_bytes, span_s * rate - weights_in
+        out_bytes = span_s * rate + head_out - L * layer_bytes
+        in_bytes = (span_s + head_s) * rate - weights_in
         capacity = max(0.0, min(out_bytes, in_bytes)) + spare
     rounds, pairs = spec.global_batch // X, L * X
     rec_s = min_recompute_s(pairs, saved, recompute, first)
@@ -214,7 +225,7 @@ def micro_batches_at_bound(row: dict) -> list[int]:  # type: ignore[type-arg]
     AdaWS's bound (below it the weights cannot stream in behind a layer's compute)."""
     from wstrain.scheduler.planning.layouts import micro_batches
 
-    spec, dims = _spec_dims(row)
+    spec, dims = spec_dims_of(row)
     tiers, _ = micro_batches(spec, dims, node_from_row(row))
     return tiers[0]
 

@@ -10,8 +10,9 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from bench.bound import bound, micro_batches_at_bound, min_recompute_s
+from bench.bound import bound, micro_batches_at_bound, min_recompute_s, spec_dims_of
 from wstrain.scheduler.contracts.hardware import H200, LayerTimes
+from wstrain.scheduler.planning.memory_model import Layout, fixed_device_bytes
 
 LAYER = LayerTimes(
     8192, forward_s=0.0059, backward_s=0.0122, attention_forward_s=0.002, mlp_forward_s=0.0039
@@ -60,29 +61,47 @@ def test_micro_batches_start_at_adaws_bound() -> None:
     assert xs and all(32 % x == 0 for x in xs) and min(xs) >= 2
 
 
-def test_a_rounds_capacity_is_its_layers_link_time_and_the_spare() -> None:
-    """The LM head's time adds nothing: what leaves during it sat in the spare when it
-    started. A budget twice as large adds exactly the extra bytes to the spare."""
-    row, big = _row(20), _row(40)
-    base, more = bound(row, 12.5, 4), bound(big, 12.5, 4)
-    link = 4 * 16 * LAYER.forward_s * H200.both_bytes_per_s
+def _link_bytes(seconds: float) -> float:
+    return seconds * H200.both_bytes_per_s
+
+
+# the LM head of a round of 4 sequences at Llama-3-8B dims and 8K tokens (6 S D V FLOPs each)
+HEAD_S = 4 * 6 * 8192 * 4096 * 128256 / H200.matmul_flops
+LAYER_BYTES = 218_112_000 * 2  # a Llama-3-8B layer in bf16
+
+
+def test_a_rounds_capacity_is_its_layers_link_time_the_heads_room_and_the_spare() -> None:
+    """What leaves during the LM head sat on the device when the head started: the head adds
+    only the bytes a layer's pass holds and the head does not (workspace 2.1 GB, the
+    attention block's whole weight gradients, with the allocator's slack), not the 6 GB its
+    link time would carry. A budget 20 GiB larger adds exactly that to the spare."""
+    base, more = bound(_row(20), 12.5, 4), bound(_row(40), 12.5, 4)
     assert more.capacity_bytes - base.capacity_bytes == pytest.approx(20 * 2**30)
-    assert base.capacity_bytes > link  # the spare is positive at 20 GiB
+    head_room = base.capacity_bytes - _link_bytes(4 * 16 * LAYER.forward_s) - _spare(20)
+    assert 2.5e9 < head_room < 2.7e9 < _link_bytes(HEAD_S)
     assert base.first_capacity_bytes == base.capacity_bytes  # every round alike
+
+
+def _spare(budget_gib: float, overlap: bool = False) -> float:
+    """The leanest layout's spare, from the memory model."""
+    spec, dims = spec_dims_of(_row(budget_gib))
+    lay = Layout(4, r_param=4 if overlap else 2, r_grad=1, optimizer="host", loss_tokens=512)
+    lay = replace(lay, lead_rounds=2) if overlap else lay
+    return spec.budget.device_bytes - fixed_device_bytes(dims, spec, lay, 16)
 
 
 def test_overlap_is_bound_by_the_weights_coming_in() -> None:
     """Beside the previous round's backward a round's sets go out with that backward's
-    gradients (16 layers once) and come back with both passes' weights (30 layers): the
-    inbound side binds. The step's first round has no backward beside it, and the overlap's
-    second weight ring and round leave less spare."""
+    gradients (16 layers once) and come back with both passes' weights (30 layers), during
+    the span and the head: the inbound side binds. The step's first round has no backward
+    beside it, and the overlap's second weight ring and round leave less spare."""
     row = _row(20)
     base, overlap = bound(row, 12.5, 4), bound(row, 12.5, 4, overlap=True)
-    layer_bytes = 218_112_000 * 2  # a Llama-3-8B layer in bf16
-    span = 4 * 16 * (LAYER.forward_s + LAYER.backward_s) * H200.both_bytes_per_s
-    spare = overlap.first_capacity_bytes - 4 * 16 * LAYER.forward_s * H200.both_bytes_per_s
-    assert overlap.capacity_bytes == pytest.approx(span - 30 * layer_bytes + spare)
-    assert 0 < base.capacity_bytes - overlap.first_capacity_bytes < 2 * 2**30  # two slots, a round
+    span = _link_bytes(4 * 16 * (LAYER.forward_s + LAYER.backward_s) + HEAD_S)
+    spare = _spare(20, overlap=True)
+    assert overlap.capacity_bytes == pytest.approx(span - 30 * LAYER_BYTES + spare)
+    assert 0 < _spare(20) - spare < 2 * 2**30  # two slots and a round
+    assert overlap.first_capacity_bytes == pytest.approx(base.capacity_bytes - _spare(20) + spare)
     assert base.ceiling < overlap.ceiling <= 1.0
 
 

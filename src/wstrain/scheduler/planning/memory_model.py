@@ -141,13 +141,24 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     bench/RESULTS.md.)"""
     e = ELEMENT_BYTES[spec.precision]
     S, D = spec.seq_len, dims.hidden_size
-    piece = min(lay.seq_chunk or S, S)  # tokens a layer holds activations for at once
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
     rings = (lay.r_param + lay.r_grad + 4 * lay.device_optimizer) * dims.layer_params * e
     transition = lay.lead_rounds * lay.micro_batch * S * D * e
     # LM-head block: logits, their fp32 copy and grad (the head's weight gradient
     # accumulates in place: working_set/schedule.py _head_loss)
     loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8)
+    moving = transition + loss + layer_temporaries_bytes(dims, spec, lay, window)
+    moving += document_bytes(dims, spec, lay) + DEVICE_RESERVE_BYTES
+    moving += context_window_bytes(dims, spec, lay)
+    return int(groups + rings + moving * ALLOCATOR_SLACK)
+
+
+def layer_temporaries_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> int:
+    """Fixed device bytes that only a layer's pass holds (before ALLOCATOR_SLACK): its
+    workspace, its weight gradients made whole, and the copies in flight home. Idle while the
+    LM head runs: the sets that leave then may sit in them (bench/bound.py)."""
+    e = ELEMENT_BYTES[spec.precision]
+    piece = min(lay.seq_chunk or spec.seq_len, spec.seq_len)  # tokens a layer holds at once
     workspace = int(
         LAYER_WORKSPACE_FACTOR * activation_bytes_per_token(dims, spec.precision) * piece
     )
@@ -160,12 +171,9 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     # them OLMoE at 12 GiB measured 0.14 GiB over the model); a dense layer's GEMMs
     # accumulate in place (models/blocks.py add_weight_grad), all but the attention block's
     # when levels 0 and 2 recompute it with autograd
-    mlp = 0 if dims.is_moe else 3 * D * dims.intermediate_size
+    mlp = 0 if dims.is_moe else 3 * dims.hidden_size * dims.intermediate_size
     dw = (dims.layer_params - mlp) * e
-    moving = transition + loss + workspace + home + dw + document_bytes(dims, spec, lay)
-    moving += DEVICE_RESERVE_BYTES
-    moving += context_window_bytes(dims, spec, lay)
-    return int(groups + rings + moving * ALLOCATOR_SLACK)
+    return workspace + home + dw
 
 
 def device_bytes(
