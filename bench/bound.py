@@ -185,8 +185,10 @@ def bound(
     lay, window = _layout(row, X, planned, overlap)
     spare = spec.budget.device_bytes - mm.fixed_device_bytes(dims, spec, lay, window)
     # what leaves during the head sat on the device when the head started: beyond the spare
-    # only in what a layer's pass holds and the head does not (at Llama-3-8B dims and 8K
-    # tokens 2.6 GB of the 6.5 GB the head's 0.13 s a round carries at 50 GB/s)
+    # at most in what a layer's pass holds and the head does not (at Llama-3-8B dims and 8K
+    # tokens 2.6 GB of the 6.5 GB the head's 0.13 s a round carries at 50 GB/s). Generous:
+    # the last layer's sets were made while its workspace was live, so a schedule gains
+    # about one set from the head, not the workspace
     idle = mm.layer_temporaries_bytes(dims, spec, lay, window) * ALLOCATOR_SLACK
     head_out = min(head_s * rate, idle)
     # sets kept on the device stay 16-bit under fp8: its spare holds fewer of them
