@@ -21,20 +21,19 @@ during the layers or is still in device memory, so
     saved bytes <= layers_forward_s * link_bytes_per_s + min(head_s * link_bytes_per_s,
                    a layer's temporaries) + (device budget - fixed device bytes)
 
-and what does not fit is recomputed in backward. The LM head's link time adds only what fits
-in the device bytes a layer's pass holds and the head does not (workspace, whole weight
+and what does not fit is recomputed in backward. The LM head's link time adds at most what
+fits in the device bytes a layer's pass holds and the head does not (workspace, whole weight
 gradients, copies in flight): a byte that leaves during the head was on the device when it
-started. The link rate is the profiled
-one with both directions busy (the next layers' weights stream in meanwhile). The fixed bytes
-are the cost model's (scheduler/planning/memory_model.py fixed_device_bytes) for the leanest
-layout: two weight slots, one gradient slot, the optimizer on the host, no copies in flight
-home. Levels are bought as a fractional knapsack (recomputation avoided per byte), so the
-bound is generous: it assumes a perfectly used link, the resident step's own kernel times,
-no idle, no extra weight-gradient GEMMs, and nothing else ever waiting. The same layer rates
-give the resident step, so the bound is the resident step measured on the same machine over
-itself plus that recomputation. (Slowing the forward to send more never pays: a byte takes
-~20 ps of a 50 GB/s link, and recomputing a GEMM output of K = 4096 ~4096 FLOPs a byte, ~5 ps
-at 800 TFLOP/s.)
+started. The link rate is the profiled one with both directions busy (the next layers'
+weights stream in meanwhile). The fixed bytes are the memory model's
+(scheduler/planning/memory_model.py fixed_device_bytes) for the leanest layout: two weight
+slots, one gradient slot, the optimizer on the host, no copies in flight home. Levels are
+bought as a fractional knapsack (recomputation avoided per byte), so the bound is generous:
+it assumes a perfectly used link, the resident step's own kernel times, no idle, no extra
+weight-gradient GEMMs, and nothing else ever waiting. The same layer rates give the resident
+step, so the bound is the resident step measured on the same machine over itself plus that
+recomputation. (Slowing the forward to send more never pays: a byte takes ~20 ps of a 50 GB/s
+link, and recomputing a GEMM output of K = 4096 ~4096 FLOPs a byte, ~5 ps at 800 TFLOP/s.)
 """
 
 from __future__ import annotations

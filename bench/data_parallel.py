@@ -61,7 +61,6 @@ def _write(res: dict, out: str, rank: int) -> None:  # type: ignore[type-arg]
 
 
 def _rank(rank: int, world: int, port: int, job: tuple, steps: int, out: str) -> None:  # type: ignore[type-arg]
-
     from bench.runtime import run_plan
     from wstrain.worker.runtime.distributed import ProcessGroup
 

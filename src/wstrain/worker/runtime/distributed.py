@@ -76,9 +76,9 @@ class ProcessGroup:
     def close(self) -> None:
         """Leave the group when every rank is done: a barrier first, so no rank closes its
         connections while a peer still reads from them, then the group's destruction while
-        the interpreter is whole. A group left to the interpreter's exit keeps gloo's
-        threads alive into finalization, where freeing a tensor they hold aborts the
-        process (SIGABRT): a finished job's worker would exit failed."""
+        the interpreter is whole. A group left to the interpreter's exit can abort it
+        (SIGABRT: gloo's threads outlive the teardown, pytorch/pytorch#179291), and a
+        finished job's worker would then exit failed."""
         dist.barrier()
         dist.destroy_process_group()
 
