@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Wheels the lent GPU machine lacks (it reaches no network), fetched here into .whl/ (ignored
 # by git; carry it with the device tool's `carry: [".whl"]`):
-#   .whl/     pydantic and its needs (bench/ and the runtime's contracts import pydantic)
+#   .whl/     pydantic and its needs (bench/ and the runtime's contracts import pydantic), and
+#             httpx and its needs (tests/conftest.py imports it: `pytest -m gpu` there)
 #   .whl/ds/  DeepSpeed, built here from PyPI's source distribution without its C++ ops (it
 #             JIT-builds CPU Adam on first use), and its needs, for the deepspeed-zero3-offload
 #             row of bench/runtime.py
@@ -19,6 +20,7 @@ fetch() {  # wheels for the GPU machine's CPython 3.12 on x86-64 Linux
 mkdir -p .whl/ds
 fetch .whl pydantic==2.13.4 pydantic_core==2.46.4 annotated_types typing_inspection \
   typing_extensions
+fetch .whl httpx httpcore h11 anyio sniffio idna certifi  # tests/conftest.py, for pytest -m gpu
 fetch .whl/ds einops hjson msgpack ninja psutil py-cpuinfo nvidia-ml-py
 if ! ls .whl/ds/deepspeed-*.whl >/dev/null 2>&1; then
   tmp=$(mktemp -d)
