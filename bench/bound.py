@@ -231,6 +231,16 @@ def micro_batches_at_bound(row: dict) -> list[int]:  # type: ignore[type-arg]
     return tiers[0]
 
 
+def row_ceilings(row: dict, resident_step_s: float) -> tuple[float, float]:  # type: ignore[type-arg]
+    """(ideal, as planned) per-round ceilings of a working-set row over the resident step
+    measured beside it: the ideal at the best micro-batch the planner tries first, the
+    planned one at the row's own micro-batch and layout. What bench/runtime.py's table
+    reports each row's gap against."""
+    ideal = max(bound(row, resident_step_s, X).ceiling for X in micro_batches_at_bound(row))
+    X = int(row["plan"]["micro_batch"])
+    return ideal, bound(row, resident_step_s, X, planned=True).ceiling
+
+
 def levers(row: dict, resident_step_s: float, measured: float) -> None:  # type: ignore[type-arg]
     """Each lever's ceiling at the micro-batches the planner tries first, on the whole link
     with the leanest layout and then as this planner would plan it, and the row's measured

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.chips import compute_precision, peak_flops
@@ -529,10 +529,33 @@ def row_from(
     )  # type: ignore[arg-type]
 
 
+def _against(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """A working-set row's tokens/s over the resident row of its model beside it, and
+    bench.bound's per-round ceilings (ideal; as planned): issue 26's gap to each."""
+    res = next(
+        (
+            r
+            for r in rows
+            if r["name"] == "resident"
+            and "error" not in r
+            and (r["layers"], r["seq_len"]) == (row["layers"], row["seq_len"])
+        ),
+        None,
+    )
+    if res is None or row.get("runtime") != "working_set":
+        return ""
+    from bench.bound import row_ceilings
+
+    ratio = res["measured_step_seconds"] / row["measured_step_seconds"]
+    ideal, planned = row_ceilings(row, res["measured_step_seconds"])
+    return f"{ratio:>7.3f}{ideal:>9.3f}{planned:>9.3f}"
+
+
 def _table(rows: list[dict[str, object]]) -> str:
     head = (
         f"{'row':<14}{'L':>3}{'batch':>6}{'tok/s':>9}{'MFU':>7}{'dev GiB':>9}{'rsv GiB':>9}"
         f"{'pred':>7}{'RSS GiB':>9}{'arena':>7}{'stall':>7}{'step s':>8}{'pred s':>8}"
+        f"{'x res':>7}{'ceiling':>9}{'planned':>9}"
     )
     lines = [head]
     for r in rows:
@@ -549,7 +572,7 @@ def _table(rows: list[dict[str, object]]) -> str:
             f"{label:<14}{r['layers']:>3}{r['global_batch']:>6}"
             f"{r['tokens_per_s']:>9.0f}{mfu:>7}{r['peak_device_gib']:>9.1f}"
             f"{r['peak_reserved_gib']:>9.1f}{pred:>7}{r['peak_rss_gib']:>9.1f}{arena:>7}"
-            f"{stall:>7}{r['measured_step_seconds']:>8.2f}{pred_s:>8}"
+            f"{stall:>7}{r['measured_step_seconds']:>8.2f}{pred_s:>8}{_against(r, rows)}"
         )
     if any(r.get("kernels") == "eager" for r in rows):
         lines.append("* eager PyTorch elementwise ops (--eager-kernels)")

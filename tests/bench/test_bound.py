@@ -6,11 +6,14 @@ bound on the H200 reference profile where the budget holds everything or nothing
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 
-from bench.bound import bound, micro_batches_at_bound, min_recompute_s, spec_dims_of
+from bench.bound import bound, micro_batches_at_bound, min_recompute_s, row_ceilings, spec_dims_of
+from bench.runtime import _table
 from wstrain.scheduler.contracts.hardware import H200, LayerTimes
 from wstrain.scheduler.planning.memory_model import Layout, fixed_device_bytes
 
@@ -126,3 +129,23 @@ def test_the_levers_never_lower_the_ceiling_and_the_planners_margins_never_raise
         ideal, planned = bound(row, 12.5, 4, **kw), bound(row, 12.5, 4, planned=True, **kw)
         assert base.ceiling <= ideal.ceiling <= 1.0
         assert planned.capacity_bytes < ideal.capacity_bytes and planned.ceiling <= ideal.ceiling
+
+
+H200_ROWS = Path(__file__).parents[2] / "bench/results/2026-11-22-h200-runtime-s10.json"
+
+
+def test_each_measured_row_lies_under_its_ceilings_and_the_table_reports_the_gap() -> None:
+    """On rows measured side by side on one H200: a working-set row runs below both of its
+    per-round ceilings (a bound under a measured row would be wrong), the planner's margins
+    only lower the ceiling, and bench.runtime's table prints the ratio and both ceilings on
+    the row's line (a row of another model, here 32 layers, has no resident to stand on)."""
+    rows = json.loads(H200_ROWS.read_text())
+    res = next(r for r in rows if r["name"] == "resident")
+    table = {line.split()[0]: line.split() for line in _table(rows).splitlines()[1:]}
+    for name in ("ws-12", "ws-20", "ws-40"):
+        row = next(r for r in rows if r["name"] == name)
+        ratio = res["measured_step_seconds"] / row["measured_step_seconds"]
+        ideal, planned = row_ceilings(row, res["measured_step_seconds"])
+        assert ratio < planned <= ideal <= 1.0
+        assert table[name][-3:] == [f"{ratio:.3f}", f"{ideal:.3f}", f"{planned:.3f}"]
+    assert len(table["ws-24-32l"]) == len(table["ws-20"]) - 3  # ends at the predicted step
