@@ -11,7 +11,8 @@ bytes: the inputs and the MLP's pair at 1 byte, the attention kernel's set exact
 cross-round overlap (the next round's forward beside this round's backward, so the link's
 backward time carries saved sets too, within both directions and a second ring and round on
 the device); each ideal (the whole link, the leanest layout) and as this planner would plan
-it (the link at LINK_SHARE, the row's own layout).
+it (the link at the row's planned share, LINK_SHARE unless the row set another, and the
+row's own layout).
 
 The argument, per round of X sequences. Every (layer, sequence) of the round's forward
 produces a saved set (working_set/schedule.py levels 0-3; level 0, the input, at the least).
@@ -69,6 +70,12 @@ def node_from_row(row: dict) -> NodeProfile:  # type: ignore[type-arg]
     points = tuple((int(s), float(f)) for s, f in n.pop("attention_points"))
     layer = n.pop("layer")
     return NodeProfile(**n, attention_points=points, layer=LayerTimes(**layer) if layer else None)
+
+
+def link_share_of(row: dict) -> float:  # type: ignore[type-arg]
+    """The share of the link the row's plan gave saved sets (bench.runtime --link-share; a
+    row without one was planned at LINK_SHARE)."""
+    return float(row["plan"].get("link_share") or LINK_SHARE)
 
 
 def min_recompute_s(
@@ -160,8 +167,8 @@ def bound(
     it: the optimizer step lies between), so the link time of both passes carries saved
     sets, within both directions: out, the sets less that backward's gradients; in, the
     returning sets less both passes' weights; the device holds the overlap's second ring and
-    second round (`_layout`). `planned`: the link at the planner's LINK_SHARE and the row's
-    own layout instead of the whole link and the leanest layout: what the same schedule
+    second round (`_layout`). `planned`: the link at the share the row was planned with
+    (`link_share`, else the planner's LINK_SHARE) and the row's own layout instead of the whole link and the leanest layout: what the same schedule
     would keep under this planner's margins."""
     spec, dims = spec_dims_of(row)
     if fp8:
@@ -180,7 +187,7 @@ def bound(
     round_bwd_s = X * L * node.layer.backward_s
     # the LM head (6 S D V FLOPs a sequence, forward and backward, between the passes)
     head_s = X * 6 * spec.seq_len * dims.hidden_size * dims.vocab_size / node.matmul_flops
-    rate = node.both_bytes_per_s * (LINK_SHARE if planned else 1.0)
+    rate = node.both_bytes_per_s * (link_share_of(row) if planned else 1.0)
     lay, window = _layout(row, X, planned, overlap)
     spare = spec.budget.device_bytes - mm.fixed_device_bytes(dims, spec, lay, window)
     # what leaves during the head sat on the device when the head started: beyond the spare
@@ -248,7 +255,7 @@ def levers(row: dict, resident_step_s: float, measured: float) -> None:  # type:
     for planned in (False, True):
         log.info(
             "%s:",
-            "as planned (the link at %.0f%%, the row's own layout)" % (100 * LINK_SHARE)
+            "as planned (the link at %.0f%%, the row's own layout)" % (100 * link_share_of(row))
             if planned
             else "ideal (the whole link, the leanest layout)",
         )
