@@ -168,8 +168,9 @@ def bound(
     sets, within both directions: out, the sets less that backward's gradients; in, the
     returning sets less both passes' weights; the device holds the overlap's second ring and
     second round (`_layout`). `planned`: the link at the share the row was planned with
-    (`link_share`, else the planner's LINK_SHARE) and the row's own layout instead of the whole link and the leanest layout: what the same schedule
-    would keep under this planner's margins."""
+    (`link_share`, else the planner's LINK_SHARE) and the row's own layout instead of the
+    whole link and the leanest layout: what the same schedule would keep under this
+    planner's margins."""
     spec, dims = spec_dims_of(row)
     if fp8:
         spec = spec.model_copy(update={"activation_precision": "fp8"})
