@@ -127,7 +127,7 @@ def spec_dims_of(row: dict):  # type: ignore[no-untyped-def,type-arg]
     return spec, dims
 
 
-def _layout(row: dict, X: int, planned: bool, overlap: bool) -> tuple[mm.Layout, int]:  # type: ignore[type-arg]
+def layout_of(row: dict, X: int, planned: bool, overlap: bool) -> tuple[mm.Layout, int]:  # type: ignore[type-arg]
     """The device layout a bound charges, and its window: the leanest (two weight slots, one
     gradient slot, the optimizer on the host, every layer's sets counted as kept, so no
     copies in flight home), or with `planned` the row's own plan. Cross-round overlap runs a
@@ -167,7 +167,7 @@ def bound(
     it: the optimizer step lies between), so the link time of both passes carries saved
     sets, within both directions: out, the sets less that backward's gradients; in, the
     returning sets less both passes' weights; the device holds the overlap's second ring and
-    second round (`_layout`). `planned`: the link at the share the row was planned with
+    second round (`layout_of`). `planned`: the link at the share the row was planned with
     (`link_share`, else the planner's LINK_SHARE) and the row's own layout instead of the
     whole link and the leanest layout: what the same schedule would keep under this
     planner's margins."""
@@ -189,7 +189,7 @@ def bound(
     # the LM head (6 S D V FLOPs a sequence, forward and backward, between the passes)
     head_s = X * 6 * spec.seq_len * dims.hidden_size * dims.vocab_size / node.matmul_flops
     rate = node.both_bytes_per_s * (link_share_of(row) if planned else 1.0)
-    lay, window = _layout(row, X, planned, overlap)
+    lay, window = layout_of(row, X, planned, overlap)
     spare = spec.budget.device_bytes - mm.fixed_device_bytes(dims, spec, lay, window)
     # what leaves during the head sat on the device when the head started: beyond the spare
     # at most in what a layer's pass holds and the head does not (at Llama-3-8B dims and 8K
@@ -208,15 +208,24 @@ def bound(
         round_fwd_s * rate + head_out, (head_s + round_bwd_s) * rate - (L - 2) * layer_bytes
     )
     first = max(0.0, alone) + spare
-    capacity = first
+    capacity = second = first
     if overlap:  # the span of this round's forward and the previous round's backward
-        span_s = round_fwd_s + round_bwd_s
-        out_bytes = span_s * rate + head_out - L * layer_bytes
-        in_bytes = (span_s + head_s) * rate - weights_in
-        capacity = max(0.0, min(out_bytes, in_bytes)) + spare
+
+        def span_capacity(grads_in: float) -> float:
+            """Out: the sets beside that backward's gradients going home. In: the sets
+            coming back beside both passes' weights and the accumulated gradients that
+            backward adds to (every backward's but the step's first)."""
+            span_s = round_fwd_s + round_bwd_s
+            out_bytes = span_s * rate + head_out - L * layer_bytes
+            in_bytes = (span_s + head_s) * rate - weights_in - grads_in
+            return max(0.0, min(out_bytes, in_bytes)) + spare
+
+        second, capacity = span_capacity(0.0), span_capacity(L * layer_bytes)
     rounds, pairs = spec.global_batch // X, L * X
     rec_s = min_recompute_s(pairs, saved, recompute, first)
-    rec_s += (rounds - 1) * min_recompute_s(pairs, saved, recompute, capacity)
+    if rounds > 1:
+        rec_s += min_recompute_s(pairs, saved, recompute, second)
+    rec_s += max(0, rounds - 2) * min_recompute_s(pairs, saved, recompute, capacity)
     return Bound(
         X,
         tuple(saved),
@@ -285,6 +294,9 @@ def levers(row: dict, resident_step_s: float, measured: float) -> None:  # type:
                 measured,
                 best.ceiling - measured,
             )
+    from bench.overlap_plan import report
+
+    report(row, resident_step_s)
 
 
 def main() -> None:

@@ -93,16 +93,18 @@ def _spare(budget_gib: float, overlap: bool = False) -> float:
     return spec.budget.device_bytes - fixed_device_bytes(dims, spec, lay, 16)
 
 
-def test_overlap_is_bound_by_the_weights_coming_in() -> None:
+def test_overlap_is_bound_by_the_weights_and_gradients_coming_in() -> None:
     """Beside the previous round's backward a round's sets go out with that backward's
-    gradients (16 layers once) and come back with both passes' weights (30 layers), during
-    the span and the head: the inbound side binds. The step's first round has no backward
-    beside it, and the overlap's second weight ring and round leave less spare."""
+    gradients (16 layers once) and come back with both passes' weights (30 layers) and the
+    accumulated gradients that backward adds to (16 layers), during the span and the head:
+    the inbound side binds. The step's first round has no backward beside it, the second's
+    backward (the step's first) reads no gradients, and the overlap's second weight ring and
+    round leave less spare."""
     row = _row(20)
     base, overlap = bound(row, 12.5, 4), bound(row, 12.5, 4, overlap=True)
     span = _link_bytes(4 * 16 * (LAYER.forward_s + LAYER.backward_s) + HEAD_S)
     spare = _spare(20, overlap=True)
-    assert overlap.capacity_bytes == pytest.approx(span - 30 * LAYER_BYTES + spare)
+    assert overlap.capacity_bytes == pytest.approx(span - 46 * LAYER_BYTES + spare)
     assert 0 < _spare(20) - spare < 2 * 2**30  # two slots and a round
     assert overlap.first_capacity_bytes == pytest.approx(base.capacity_bytes - _spare(20) + spare)
     assert base.ceiling < overlap.ceiling <= 1.0

@@ -115,7 +115,7 @@ def _fill_window(window: int, lc: LayerCost, saved: list[int], spare_bytes: floa
     return _Window(window, X, best, n_best, n_top)
 
 
-def _evaluate(
+def window_costs(
     dims: ModelDims, spec: JobSpec, lay: mm.Layout, sol: Solution, lc: LayerCost
 ) -> list[tuple[float, int, _Window]]:
     """(per-round recomputation + exposed backward transfer, window, window levels) for
@@ -203,7 +203,7 @@ def _search(
         sol = solutions.get(key) or solutions.setdefault(key, solve([lc] * dims.num_layers))
         rounds = spec.global_batch // lay.micro_batch
         base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer
-        for cost, w, win in _evaluate(dims, spec, lay, sol, lc):
+        for cost, w, win in window_costs(dims, spec, lay, sol, lc):
             ranked.append((base.total_s + rounds * cost, i, lay, sol, w, win))
     # The fastest estimate first; ties go to the earlier layout (deeper rings, larger loss
     # block). An estimate assumes the DP's levels all fit the host; where _finish must drop
