@@ -41,12 +41,23 @@ class WorkingSetConfig:
     seq_chunk: int = 0
     # "fp8": saved activations go home as block-scaled float8 (working_set/fp8_saves.py)
     activation_precision: str = "bf16"
+    # Cross-round overlap (working_set/pass_order.py): every pass after the step's first runs
+    # its forward layer by layer beside the previous pass's backward, so saved sets travel
+    # during backwards too. The first pass has no backward beside it: `first_levels` are
+    # its levels ([layer][unit]; () = `levels`).
+    overlap: bool = False
+    first_levels: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.pieces > 1 and self.lead_rounds != 1:
             raise ValueError(
                 f"seq_chunk={self.seq_chunk} (long context by pieces) runs one round a pass; "
                 f"lead_rounds={self.lead_rounds}: set lead_rounds=1"
+            )
+        if self.overlap and self.pieces > 1:
+            raise ValueError(
+                f"overlap=True runs whole sequences; seq_chunk={self.seq_chunk} cuts them into "
+                "pieces, whose context windows one pass at a time holds: set overlap=False"
             )
 
     @property
@@ -70,12 +81,15 @@ class WorkingSetConfig:
         step = self.seq_len if self.pieces == 1 else self.seq_chunk
         return [(s0, min(s0 + step, self.seq_len)) for s0 in range(0, self.seq_len, step)]
 
-    def placement(self, layer: int, chunk: int, layers: int) -> tuple[int, bool]:
+    def placement(
+        self, layer: int, chunk: int, layers: int, first: bool = False
+    ) -> tuple[int, bool]:
         """(level, home) of a (layer, unit) (a unit is a chunk, or a piece of one with
-        seq_chunk). A lead pass's chunks past the first round's take their round's levels,
-        but in the window they go home at level 1: the window's device memory is planned for
-        one round."""
-        level = self.levels[layer][chunk % self.units] if self.levels else 0
+        seq_chunk) in the step's `first` pass or a later one. A lead pass's chunks past the
+        first round's take their round's levels, but in the window they go home at level 1:
+        the window's device memory is planned for one round."""
+        levels = self.first_levels if first and self.first_levels else self.levels
+        level = levels[layer][chunk % self.units] if levels else 0
         home = layer < layers - self.window
         if chunk >= self.units and not home:
             return 1, True

@@ -97,6 +97,7 @@ class LayerPasses:
     _aux_grad: torch.Tensor | None  # (sequences, E): d loss / d router probs
     embed: torch.Tensor  # the resident embedding group
     _fwd_order: list[int]
+    _first_pass: bool  # the pass is the step's first (its levels: cfg.first_levels)
 
     def _apply_pending(self) -> None:
         """Any deferred optimizer update applied (WorkingSetRuntime's)."""
@@ -134,7 +135,7 @@ class LayerPasses:
         self, k: int, c: int, x: torch.Tensor, slot: Slot
     ) -> tuple[torch.Tensor, LayerGraph]:
         dims = self.dims
-        level, home = self.cfg.placement(k, c, dims.num_layers)
+        level, home = self.cfg.placement(k, c, dims.num_layers, self._first_pass)
         policy = self._policy(k)
         w = self.host.layout.views(slot.flat)
         if self.pieces is not None:  # c is a (chunk, piece) unit

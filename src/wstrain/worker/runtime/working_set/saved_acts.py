@@ -43,8 +43,11 @@ class HostActivationStore:
         arena: HostArena,
         write_buffer_bytes: int = WRITE_BUFFER_BYTES,
         chunk_bytes: int = ACTIVATION_CHUNK_BYTES,
+        name: str = "acts",
     ) -> None:
-        self.arena, self.chunk_bytes = arena, chunk_bytes
+        """`name`: its arena tiles' prefix (two stores, for two passes in flight, share an
+        arena)."""
+        self.arena, self.chunk_bytes, self.name = arena, chunk_bytes, name
         self.chunks: list[torch.Tensor] = []  # uint8 tiles
         self.used: list[int] = []  # bytes of each chunk taken this round
         self.open: list[int] = []  # chunks with room left this round, in order
@@ -84,7 +87,7 @@ class HostActivationStore:
                     del self.open[pos]
                 return idx, off
         idx, size = len(self.chunks), max(self.chunk_bytes, nbytes)
-        self.chunks.append(self.arena.alloc(f"acts{idx}", size, torch.uint8, "activations"))
+        self.chunks.append(self.arena.alloc(f"{self.name}{idx}", size, torch.uint8, "activations"))
         self.used.append(nbytes)
         if size - nbytes >= self.smallest:
             self.open.append(idx)

@@ -32,8 +32,10 @@ Long context (cfg.seq_chunk, working_set/sequence_chunks.py): each chunk's seque
 into pieces and a (chunk, piece) unit takes the chunk's place above; a layer's pieces run in
 order against a context window of the sequence's K and V, and its backward first puts every
 piece's K and V back from the inputs, then takes the pieces in reverse.
+With cfg.overlap every pass after the step's first runs its forward layer by layer beside the
+previous pass's backward (working_set/pass_order.py, which holds the passes' order).
 What one (layer, unit) computes is working_set/layer_passes.py's; this module holds the
-order, the streams around it and the optimizer. It never touches Redis; on CPU streams are
+state, the streams around the passes and the optimizer. It never touches Redis; on CPU streams are
 no-ops and the same schedule runs.
 """
 
@@ -44,7 +46,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from wstrain.scheduler.contracts.calibration import LEVELS
 from wstrain.scheduler.contracts.model_dims import ModelDims
@@ -59,7 +60,7 @@ from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.data_parallel import RankShards
 from wstrain.worker.runtime.working_set.device_optim import DeviceOptimizer
 from wstrain.worker.runtime.working_set.host_optim import HostOptimizerPipeline
-from wstrain.worker.runtime.working_set.layer_passes import LayerGraph, LayerPasses
+from wstrain.worker.runtime.working_set.pass_order import PassOrder
 from wstrain.worker.runtime.working_set.rings import Streams
 from wstrain.worker.runtime.working_set.saved_acts import (
     BackwardPrefetch,
@@ -67,10 +68,10 @@ from wstrain.worker.runtime.working_set.saved_acts import (
 )
 from wstrain.worker.runtime.working_set.sequence_chunks import PieceLayers, PieceRows
 from wstrain.worker.runtime.working_set.state import DTYPES, HostState
-from wstrain.worker.runtime.working_set.streamer import LazyGradViews, SlotStreamer
+from wstrain.worker.runtime.working_set.streamer import SlotStreamer
 
 
-class WorkingSetRuntime(LayerPasses):
+class WorkingSetRuntime(PassOrder):
     def __init__(
         self,
         dims: ModelDims,
@@ -86,8 +87,9 @@ class WorkingSetRuntime(LayerPasses):
         assert all(0 <= lv < LEVELS for row in cfg.levels for lv in row)
         assert 1 <= cfg.lead_rounds <= cfg.rounds
         assert 0 <= cfg.device_opt_layers <= dims.num_layers
-        # lead passes are planned for dense models only: the MoE path is not tested under one
-        assert cfg.lead_rounds == 1 or not dims.is_moe
+        # lead passes and the overlap are planned for dense models only: the MoE path is not
+        # tested under either
+        assert (cfg.lead_rounds == 1 and not cfg.overlap) or not dims.is_moe
         self.dims, self.cfg, self.opt_spec, self.host = dims, cfg, opt, host
         self.device = torch.device(cfg.device)
         self.streams = Streams(self.device)
@@ -117,7 +119,14 @@ class WorkingSetRuntime(LayerPasses):
         self.head = host.head_w.to(self.device)
         self.embed_grad = torch.zeros_like(self.embed)
         self.head_grad = torch.zeros_like(self.head)
-        self.acts = HostActivationStore(host.arena, cfg.write_buffer_bytes)
+        # a store per pass in flight: with overlap a pass's sets go home while the pass
+        # before it takes its own back
+        self.stores = [
+            HostActivationStore(host.arena, cfg.write_buffer_bytes, name=name)
+            for name in (("acts", "acts-b") if cfg.overlap else ("acts",))
+        ]
+        self.acts = self.stores[0]
+        self._first_pass = True
         self.device_groups, self.host_groups = cfg.optimizer_groups(L)
         self.dopt = (
             DeviceOptimizer(host, opt, self.streams, self.device, self.grads, self.counters)
@@ -218,127 +227,6 @@ class WorkingSetRuntime(LayerPasses):
         self.head.copy_(self.host.head_w)
 
     # ---------------------------------------------------------------- one step
-
-    def _round(
-        self,
-        tokens: torch.Tensor,
-        targets: torch.Tensor,
-        first: bool,
-        last: bool,
-        scale: float,
-        documents: tuple[torch.Tensor, ...] | None = None,
-    ) -> torch.Tensor:
-        """Forward, head and backward of one pass: a round's sequences, or the lead pass's
-        (cfg.lead_rounds rounds'). tokens/targets and documents' parts: (sequences, S)"""
-        cfg, L = self.cfg, self.dims.num_layers
-        self.acts.reset()
-        self._set_where(documents)
-        self._refresh_resident(L)
-        if self.dims.is_moe:
-            self.router = RouterTotals(
-                self.dims.num_experts, self.device, tokens.shape[0], cfg.seq_len
-            )
-        units_in = self._units(tokens)  # (b, c) token ids of each (chunk, piece) unit
-        table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
-        T = [F.embedding(t, table) for t in units_in]  # transition table, (b, c, D) each
-        graphs: list[list[LayerGraph]] = [[] for _ in range(L)]
-        for k in self._fwd_order:
-            slot = self.weights.consume(k, self._fwd_order[k + 1 :] + self._bwd_order)
-            if self.dopt is not None and self.dopt.needs(k):  # last step's update, deferred
-                self.dopt.apply(k, slot, self.weights, self._fwd_order[k + 1 :])
-            for c in range(len(T)):
-                T[c], graph = self._forward_layer(k, c, T[c], slot)
-                graphs[k].append(graph)
-                # backward frees each graph after its unit: no other name may hold one (the
-                # last one held here kept a whole chunk's set on the device through backward)
-                del graph
-            self.weights.release(slot)
-        loss = torch.zeros((), device=self.device, dtype=torch.float32)
-        if not first:  # the first backward layers' accumulated gradients come in beside the head
-            self.grads.prefetch(self._bwd_order)
-        self._refresh_resident(L + 1)
-        for c, tgt in enumerate(self._units(targets)):
-            part, T[c] = self._head_loss(T[c], tgt, scale)
-            loss += part
-        if last:  # the head's gradient is final: home beside the backward, not after it
-            self._send_home(self.head_grad, self.host.head_g, L + 1)
-        coef = self.dims.router_aux_loss_coef
-        if self.router is not None and coef > 0:  # + coef x the mean over the step's sequences
-            sequences = cfg.rounds * cfg.micro_batch * self.shards.world
-            self._aux_grad = self.router.prob_grad(coef / sequences)
-            loss += coef * self.router.loss() / (sequences * scale)  # x scale later
-        # saved sets come back ahead of the chunks that take them
-        # (with seq_chunk, a chunk's inputs first, in order, for rebuilding its K and V)
-        P = cfg.pieces
-        groups = [range(c, c + P) for c in reversed(range(0, len(T), P))]  # backward's order
-        ahead = self._ahead = BackwardPrefetch(self.streams, self.counters, cfg.write_buffer_bytes)
-        for k in self._bwd_order:
-            for units in groups:
-                if self.pieces is not None:
-                    for c in units:
-                        ahead.add(graphs[k][c].x, rebuild=True)
-                for c in reversed(units):
-                    for stashed in graphs[k][c].stashed():
-                        ahead.add(stashed)
-        for i, k in enumerate(self._bwd_order):
-            slot = self.weights.consume(k, self._bwd_order[i + 1 :] + self._fwd_order)
-            dw = LazyGradViews(self.grads, k, self._bwd_order[i + 1 :], first, self.host.layout)
-            for units in groups:
-                if self.pieces is not None:
-                    self._rebuild_window(k, units, graphs[k], slot, ahead)
-                for c in reversed(units):
-                    ahead.top_up()
-                    T[c] = self._backward_layer(k, c, graphs[k][c], T[c], slot, dw)
-                    graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
-            self.weights.release(slot)
-            gslot = dw.take()
-            own = self.shards.reduce(gslot.flat, k)  # (span,) summed over ranks
-            if last:
-                self.sq_norm += sq_norm_fp32(own)
-            self.grads.send_home(gslot)
-        self._ahead = None
-        dtable = self.host.embed_layout.views(self.embed_grad)["model.embed_tokens.weight"]
-        for t, dx in zip(units_in, T):
-            dtable.index_add_(0, t.reshape(-1), dx.reshape(-1, dx.shape[-1]).to(dtable.dtype))
-        if self.dims.pad_token_id is not None:  # as Hugging Face's padding_idx
-            dtable[self.dims.pad_token_id].zero_()
-        return loss
-
-    def _send_home(self, grad: torch.Tensor, tile: torch.Tensor, group: int) -> None:
-        """A resident group's final device gradient, summed over ranks, to its host tile
-        (this rank's span) on the outbound stream (grads.flush() waits)."""
-        own = self.shards.reduce(grad, group)
-        s = self.streams
-        s.wait("outbound", s.record("comp"))
-        with s.on("outbound"):
-            self.shards.own(tile, group).copy_(own, non_blocking=True)
-        self.counters["d2h_bytes"] += own.nbytes
-
-    def forward_backward(self, data: Batches, step: int) -> float:
-        """All rounds of step `step`: the mean loss; gradients end up in the host tiles."""
-        cfg = self.cfg
-        data = self.shards.batches(data, cfg.rounds)
-        self.embed_grad.zero_()
-        self.head_grad.zero_()
-        scale = 1.0 / max(
-            data.target_tokens(step, cfg.rounds * cfg.micro_batch), 1
-        )  # the global batch's mean (base.py)
-        loss = torch.zeros((), device=self.device, dtype=torch.float32)
-        passes = [
-            range(cfg.lead_rounds),
-            *(range(r, r + 1) for r in range(cfg.lead_rounds, cfg.rounds)),
-        ]
-        for i, rounds in enumerate(passes):
-            batches = [data.batch(step, r, cfg.micro_batch) for r in rounds]
-            tokens, targets = (torch.cat(parts).to(self.device) for parts in zip(*batches))
-            docs = None
-            if cfg.document_mask:  # (positions, segments) of the pass's sequences
-                parts = [data.documents(step, r, cfg.micro_batch) for r in rounds]
-                docs = tuple(torch.cat(p) for p in zip(*parts))
-            loss += self._round(tokens, targets, i == 0, i == len(passes) - 1, scale, docs)
-        self._send_home(self.embed_grad, self.host.embed_g, self.dims.num_layers)
-        self.grads.flush()  # the layers' gradients, the head's and the embedding's are home
-        return float(self.shards.total(loss).item()) * scale
 
     def _start_optimizer(self, step: int) -> None:
         """Gradients of `step` are home: clip and schedule once, then the host thread starts

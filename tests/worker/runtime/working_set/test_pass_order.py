@@ -1,0 +1,195 @@
+"""Cross-round overlap (working_set/pass_order.py): every pass after the step's first runs its
+forward beside the previous pass's backward. Against transformers and torch AdamW, and bit for
+bit against the per-round schedule with the same plan (every op and accumulation keeps its
+order per layer), on CPU; with real streams on a GPU.
+
+    pytest tests/worker/runtime/working_set/test_pass_order.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.worker.runtime.working_set.test_schedule import (
+    BIG_VOCAB,
+    DIMS,
+    Batches,
+    check_grads,
+    check_weights_after_steps,
+    make_runtime,
+    reference,
+)
+from tests.worker.runtime.working_set.test_sequence_chunks import DocBatches
+from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+
+
+def _levels(seed: int, units: int) -> tuple[tuple[int, ...], ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(
+        tuple(int(v) for v in torch.randint(0, 4, (units,), generator=g))
+        for _ in range(DIMS.num_layers)
+    )
+
+
+@pytest.mark.parametrize(
+    "device_layers", [0, 4, 2], ids=["host-adamw", "device-adamw", "split-adamw"]
+)
+def test_overlap_trains_as_torch_adamw(device_layers: int) -> None:
+    """Three steps of three rounds, a lead pass of two, the first pass's own levels and a
+    window layer: the weights torch AdamW reaches on transformers (fp32, 1e-5)."""
+    dims = BIG_VOCAB if device_layers else DIMS
+    ref, data = reference(dims), Batches(dims.vocab_size)
+    rt = make_runtime(
+        ref,
+        dims=dims,
+        micro_batch=2,
+        chunk=1,
+        rounds=3,
+        r_param=3,
+        r_grad=2,
+        window=1,
+        levels=_levels(0, 2),
+        first_levels=_levels(1, 2),
+        device_opt_layers=device_layers,
+        lead_rounds=2,
+        overlap=True,
+    )
+    check_weights_after_steps(rt, ref, data, 3, 1e-5)
+
+
+@pytest.mark.parametrize(
+    "documents,device_layers",
+    [(False, 0), (True, 0), (False, 4)],
+    ids=["sequences", "documents", "device-adamw"],
+)
+def test_overlap_is_the_per_round_schedule_bit_for_bit(documents: bool, device_layers: int) -> None:
+    """Same plan, same data, three steps: every loss and every weight equal, not close.
+    With packed documents each pass keeps its own masks and positions."""
+    dims = BIG_VOCAB if device_layers else DIMS
+    data = DocBatches(dims.vocab_size) if documents else Batches(dims.vocab_size)
+    runs = []
+    for overlap in (False, True):
+        rt = make_runtime(
+            reference(dims),
+            dims=dims,
+            micro_batch=4,
+            chunk=2,
+            rounds=3,
+            window=2,
+            levels=_levels(2, 2),
+            first_levels=_levels(3, 2),
+            loss_tokens=7,
+            document_mask=documents,
+            device_opt_layers=device_layers,
+            overlap=overlap,
+        )
+        losses = [rt.train_step(data, step).loss for step in range(3)]
+        runs.append((losses, rt.state_tensors()))
+    (want_losses, want), (got_losses, got) = runs
+    assert got_losses == want_losses
+    for name, w in want.items():
+        assert torch.equal(got[name], w), name
+
+
+def test_the_first_pass_takes_its_own_levels() -> None:
+    """The first pass saves at first_levels (here nothing past the inputs), later passes at
+    levels (everything): the home store holds the bytes of each."""
+    rt = make_runtime(
+        reference(DIMS),
+        micro_batch=2,
+        chunk=1,
+        rounds=2,
+        window=0,
+        levels=tuple((3, 3) for _ in range(DIMS.num_layers)),
+        first_levels=tuple((0, 0) for _ in range(DIMS.num_layers)),
+        overlap=True,
+    )
+    rt.forward_backward(Batches(DIMS.vocab_size), 0)
+    first, later = (sum(store.used) for store in rt.stores)
+    assert 0 < first < later
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    mb_chunk=st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 2)]),
+    rounds=st.integers(2, 4),
+    lead=st.integers(1, 2),
+    r_param=st.integers(2, 5),
+    r_grad=st.integers(1, 3),
+    window=st.integers(0, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_overlap_never_depends_on_the_plan(
+    mb_chunk: tuple[int, int],
+    rounds: int,
+    lead: int,
+    r_param: int,
+    r_grad: int,
+    window: int,
+    seed: int,
+) -> None:
+    mb, chunk = mb_chunk
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size, seed)
+    rt = make_runtime(
+        ref,
+        micro_batch=mb,
+        chunk=chunk,
+        rounds=rounds,
+        r_param=r_param,
+        r_grad=r_grad,
+        window=window,
+        levels=_levels(seed, mb // chunk),
+        first_levels=_levels(seed + 1, mb // chunk),
+        lead_rounds=min(lead, rounds),
+        overlap=True,
+    )
+    check_grads(rt, ref, data)
+
+
+def test_overlap_refuses_pieces_by_name() -> None:
+    with pytest.raises(ValueError, match=r"overlap=True.*seq_chunk=4"):
+        WorkingSetConfig(
+            precision="fp32", device="cpu", micro_batch=1, chunk=1, rounds=2, steps=1,
+            seed=0, seq_len=16, seq_chunk=4, overlap=True,
+        )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("level", [0, 1, 3])
+def test_cuda_overlap_matches_transformers(level: int) -> None:
+    """Two passes in flight on real streams, events and pinned host tiles."""
+    ref = reference(DIMS).cuda()
+    data = Batches(DIMS.vocab_size)
+    data.pool = data.pool.cuda()
+    rt = make_runtime(
+        ref,
+        device="cuda",
+        micro_batch=4,
+        chunk=2,
+        rounds=3,
+        r_param=3,
+        r_grad=2,
+        window=1,
+        levels=tuple((level,) * 2 for _ in range(DIMS.num_layers)),
+        first_levels=tuple((0,) * 2 for _ in range(DIMS.num_layers)),
+        loss_tokens=24,
+        lead_rounds=2,
+        overlap=True,
+    )
+    check_grads(rt, ref, data, tol=1e-4)
+
+
+def test_overlap_config_round_trips() -> None:
+    cfg = WorkingSetConfig(
+        precision="fp32", device="cpu", micro_batch=1, chunk=1, rounds=2, steps=1, seed=0,
+        seq_len=16, overlap=True, first_levels=((0,),), levels=((3,),), window=0,
+    )  # fmt: skip
+    assert cfg.placement(0, 0, 1, first=True) == (0, True)
+    assert cfg.placement(0, 0, 1) == (3, True)
+    assert dataclasses.replace(cfg, first_levels=()).placement(0, 0, 1, first=True) == (3, True)
