@@ -131,8 +131,8 @@ def layout_of(row: dict, X: int, planned: bool, overlap: bool) -> tuple[mm.Layou
     """The device layout a bound charges, and its window: the leanest (two weight slots, one
     gradient slot, the optimizer on the host, every layer's sets counted as kept, so no
     copies in flight home), or with `planned` the row's own plan. Cross-round overlap runs a
-    forward beside a backward: a second weight ring of two slots and a second round's
-    transition (two lead rounds' worth)."""
+    forward beside a backward: two passes' transitions and copies in flight (the memory
+    model's Layout.overlap) and, on the safe side, a second weight ring of two slots."""
     L = int(row["layers"])
     if planned:
         ws = row["plan"]["working_set"]
@@ -148,7 +148,7 @@ def layout_of(row: dict, X: int, planned: bool, overlap: bool) -> tuple[mm.Layou
     else:
         lay, window = mm.Layout(X, r_param=2, r_grad=1, optimizer="host", loss_tokens=512), L
     if overlap:
-        lay = replace(lay, r_param=lay.r_param + 2, lead_rounds=max(lay.lead_rounds, 2))
+        lay = replace(lay, r_param=lay.r_param + 2, overlap=True)
     return lay, window
 
 

@@ -109,6 +109,11 @@ WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     # precision "mixed" (a row named *-mixed): fp32 master and moments on the host
     "ws-20-mixed": (20, None, {}),
     "ws-40-mixed": (40, None, {}),
+    # cross-round overlap (working_set/pass_order.py) pinned on or off, for A/B
+    "ws-20-round": (20, None, {"overlap": False}),
+    "ws-12-round": (12, None, {"overlap": False}),
+    "ws-20-overlap": (20, None, {"overlap": True}),
+    "ws-12-overlap": (12, None, {"overlap": True}),
     # activation_precision "fp8" (a row named *-fp8): saved sets go home at 8 bits (lossy)
     "ws-20-fp8": (20, None, {}),
     "ws-12-fp8": (12, None, {}),

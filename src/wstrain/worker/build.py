@@ -110,6 +110,8 @@ def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
         document_mask=spec.document_mask,
         seq_chunk=ws.seq_chunk,
         activation_precision=spec.activation_precision,
+        overlap=ws.overlap,
+        first_levels=tuple(tuple(row) for row in ws.first_levels),
     )
 
 

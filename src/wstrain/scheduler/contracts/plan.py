@@ -68,6 +68,16 @@ class WorkingSetPlan(BaseModel):
     attention_kernel: str = Field(
         default="", description="with seq_chunk: the kernel a piece's attention runs"
     )
+    overlap: bool = Field(
+        default=False,
+        description="cross-round overlap: every pass after the step's first runs its forward "
+        "layer by layer beside the previous pass's backward",
+    )
+    first_levels: list[list[int]] = Field(
+        default_factory=list,
+        description="the step's first pass's levels per [layer][unit] where they differ from "
+        "levels (with overlap: the first pass has no backward beside it); [] = levels",
+    )
 
 
 class Plan(BaseModel):

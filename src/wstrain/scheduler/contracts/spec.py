@@ -159,6 +159,12 @@ class PlanOverrides(StrictModel):
         "layer runs a sequence a piece at a time against a window of its keys and values); "
         "0 = whole sequences",
     )
+    overlap: bool | None = Field(
+        default=None,
+        description="working set: cross-round overlap, each round's forward beside the "
+        "previous round's backward so saved activations travel during backwards too (dense "
+        "models, whole sequences); None: the planner decides",
+    )
 
 
 class JobSpec(StrictModel):

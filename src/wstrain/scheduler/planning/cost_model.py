@@ -14,7 +14,7 @@ where they outlast the compute they overlap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -181,6 +181,10 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
     fwd_s /= lay.pieces  # a piece's share (causal attention: the same total as whole)
     saved = [saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
     weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
+    # with overlap (a pass after the step's first): each forward chunk runs beside a chunk of
+    # the previous pass's backward, whose sets the link drains in too, less that backward's
+    # weight gradients going home; inbound also brings the forward's weights, during both
+    paired = lay.overlap and lay.pieces == 1
     return LayerCost(
         chunks=lay.units,
         compute_s=fwd_s,
@@ -191,9 +195,10 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
         cap_s=link_seconds(WRITE_BUFFER_BYTES, node),
         back_s=tuple(b / node.h2d_bytes_per_s for b in saved),
         prefetch_cap_s=WRITE_BUFFER_BYTES / node.h2d_bytes_per_s,
-        inbound_s=2 * weights / node.both_bytes_per_s,
-        busy_s=lay.micro_batch * bwd_s,
+        inbound_s=(2 + paired) * weights / node.both_bytes_per_s,
+        busy_s=lay.micro_batch * (bwd_s + paired * fwd_s),
         unit_value_s=piece_values(dims, spec, lay, node),
+        drain_s=paired * max(0.0, bwd_s - link_seconds(weights, node) / lay.units),
     )
 
 
@@ -223,8 +228,10 @@ def step_time(
     window: int,
     node: NodeProfile,
     device: str,
+    first_levels: list[list[int]] | None = None,
 ) -> StepTime:
-    """Step time of a plan; `levels=[]` gives the part that does not depend on levels."""
+    """Step time of a plan; `levels=[]` gives the part that does not depend on levels.
+    `first_levels`: the step's first pass's, where they differ (with overlap)."""
     L, X, S = dims.num_layers, lay.micro_batch, spec.seq_len
     e = ELEMENT_BYTES[spec.precision]
     rounds = spec.global_batch // X
@@ -248,22 +255,38 @@ def step_time(
     if lay.r_grad == 1:
         in_series = weights / node.d2h_bytes_per_s + weights / node.h2d_bytes_per_s
         grads_s += (rounds - 1) * L * max(0.0, in_series - MLP_BACKWARD_SHARE * bwd_s)
-    lc = layer_cost(dims, spec, lay, node)
+    first = first_levels or levels
+    if lay.overlap:  # the first pass alone, the later ones each beside a backward
+        lead = lay.lead_rounds
+        alone = layer_cost(dims, spec, replace(lay, overlap=False), node)
+        rec_f, exp_f = _round_cost(alone, first, window)
+        rec_l, exp_l = _round_cost(layer_cost(dims, spec, lay, node), levels, window)
+        recompute = lead * rec_f + (rounds - lead) * rec_l
+        exposed = rounds * exposed + lead * exp_f + (rounds - lead) * exp_l
+    else:
+        rec, exp = _round_cost(layer_cost(dims, spec, lay, node), levels, window)
+        recompute, exposed = rounds * rec, rounds * (exposed + exp)
+    sent = first_forward_sent(dims, spec, lay, first[: L - window])
+    optimizer = optimizer_s(dims, spec, lay, sent, node, device)
+    return StepTime(compute, recompute, exposed + grads_s, optimizer)
+
+
+def _round_cost(lc: LayerCost, levels: list[list[int]], window: int) -> tuple[float, float]:
+    """(recomputation, exposed transfer) of one round at `levels` ([layer][unit], the last
+    `window` layers on the device)."""
+    L = len(levels)
     home, in_window = levels[: L - window], levels[L - window :]
-    recompute = 0.0
+    recompute = exposed = 0.0
     if home:
         rec, exp = lc.row_costs(np.asarray(home))
-        recompute, exposed = recompute + float(rec.sum()), exposed + float(exp.sum())
+        recompute, exposed = float(rec.sum()), float(exp.sum())
     for row in in_window:
         rec_w = sum(lc.compute_s - lc.value_of(c, lv) for c, lv in enumerate(row))
         recompute += rec_w
         exposed += float(lc.inbound_exposed(rec_w))
     # hand-made levels may overrun the link: compute waits on the write buffer
     exposed += write_buffer_stall_s([lc] * len(home), home)
-    optimizer = optimizer_s(
-        dims, spec, lay, first_forward_sent(dims, spec, lay, home), node, device
-    )
-    return StepTime(compute, rounds * recompute, rounds * exposed + grads_s, optimizer)
+    return recompute, exposed
 
 
 def first_forward_sent(

@@ -77,15 +77,19 @@ def layouts(spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool) -> lis
     )
     # a lead pass of two rounds for dense models (the MoE path is not tested under one)
     leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
+    # cross-round overlap for dense models' whole sequences, where a round follows the
+    # first pass (working_set/pass_order.py)
+    overlaps = [o.overlap] if o.overlap is not None else [False, not dims.is_moe]
     return [
-        mm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p)
+        mm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p, overlap=ov)
         for c, p in seq_chunks(spec, dims, pieces)
         for lead in (leads if p == 1 else [1])  # pieces run one round a pass
+        for ov in sorted(set(overlaps if p == 1 else [False]))
         for m in mbs
         for opt in optimizers
         for rp, rg in rings
         for lt in (2048, 512)
-        if lead <= spec.global_batch // m
+        if lead <= spec.global_batch // m and (not ov or lead < spec.global_batch // m)
     ]
 
 

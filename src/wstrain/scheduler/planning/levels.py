@@ -60,6 +60,10 @@ class LayerCost:
     # prefix: at 128K in 16K pieces the last piece's attention forward is 15x the first's,
     # so which pieces recompute it matters. () where chunks are alike.
     unit_value_s: tuple[tuple[float, ...], ...] = ()
+    # Seconds beyond a chunk's compute_s that the link drains its backlog in: with cross-round
+    # overlap the paired backward chunk of the previous pass runs beside each forward chunk
+    # (less that backward's weight gradients going home). 0 per round.
+    drain_s: float = 0.0
 
     def value_of(self, chunk: int, level: int) -> float:
         """Recomputation one chunk at `level` avoids in backward, against level 0."""
@@ -137,7 +141,7 @@ def _quantum(layers: list[LayerCost]) -> tuple[float, int]:
     exactly, so draining the backlog is not rounded (only transfers are, upwards)."""
     cap_s = max([lc.cap_s for lc in layers] + [1e-12])
     quantum_s = cap_s / (BUCKETS - 1)
-    compute_s = layers[0].compute_s if layers else 0.0
+    compute_s = layers[0].compute_s + layers[0].drain_s if layers else 0.0
     if compute_s > 0:
         exact = compute_s / np.ceil(compute_s / quantum_s - 1e-9)
         if cap_s / exact < MAX_BUCKETS - 1:
@@ -148,7 +152,7 @@ def _quantum(layers: list[LayerCost]) -> tuple[float, int]:
 def _table(layer: LayerCost, quantum_s: float, T: int) -> _Table:
     pats = patterns(layer.chunks, tail=bool(layer.unit_value_s))
     tr = np.ceil(np.asarray(layer.transfer_s) / quantum_s - 1e-9).astype(np.int64)
-    dt = int(np.floor(layer.compute_s / quantum_s + 1e-9))
+    dt = int(np.floor((layer.compute_s + layer.drain_s) / quantum_s + 1e-9))
     cap = min(int(np.floor(layer.cap_s / quantum_s + 1e-9)), T - 1)
     b = np.broadcast_to(np.arange(T), (len(pats), T)).copy()  # (P, T) backlog per start
     peak = b.copy()
@@ -163,7 +167,7 @@ def _table(layer: LayerCost, quantum_s: float, T: int) -> _Table:
     # Inputs always go home (level 0): where even they outrun the link, the compute stream
     # waits on the write buffer for the excess instead of the plan being impossible.
     ok[0] = True  # pats[0] is all level 0 (np.unique sorts it first)
-    value[0] -= layer.chunks * max(0.0, layer.transfer_s[0] - layer.compute_s)
+    value[0] -= layer.chunks * max(0.0, layer.transfer_s[0] - layer.compute_s - layer.drain_s)
     nxt = np.minimum(b, T - 1)
     feasible = np.flatnonzero(ok.ravel())
     order = feasible[np.argsort(nxt.ravel()[feasible], kind="stable")]
@@ -224,10 +228,11 @@ def _walk(layers: list[LayerCost], levels: list[list[int]]) -> tuple[float, floa
     buffer) of an assignment, in continuous time."""
     free = capped = peak = stall = 0.0
     for lc, row in zip(layers, levels):
+        drain_s = lc.compute_s + lc.drain_s
         for lv in row:
-            free = max(0.0, free - lc.compute_s) + lc.transfer_s[lv]
+            free = max(0.0, free - drain_s) + lc.transfer_s[lv]
             peak = max(peak, free)
-            capped = max(0.0, capped - lc.compute_s) + lc.transfer_s[lv]
+            capped = max(0.0, capped - drain_s) + lc.transfer_s[lv]
             if capped > lc.cap_s:
                 stall, capped = stall + capped - lc.cap_s, lc.cap_s
     return peak, stall

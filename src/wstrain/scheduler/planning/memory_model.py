@@ -49,6 +49,15 @@ class Layout:
     # pieces a sequence; 0 and 1: whole sequences
     seq_chunk: int = 0
     pieces: int = 1
+    # cross-round overlap (working_set/pass_order.py): a pass's forward beside the previous
+    # pass's backward, so two passes are in flight
+    overlap: bool = False
+
+    @property
+    def pass_sequences(self) -> int:
+        """Sequences of the passes in flight at once: the first pass's lead rounds, and with
+        overlap the next round's beside them."""
+        return (self.lead_rounds + self.overlap) * self.micro_batch
 
     @property
     def units(self) -> int:
@@ -124,7 +133,7 @@ def document_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
     if not spec.document_mask:
         return 0
     e = ELEMENT_BYTES[spec.precision]
-    sequences, S = lay.lead_rounds * lay.micro_batch, spec.seq_len
+    sequences, S = lay.pass_sequences, spec.seq_len
     tables = 2 * sequences * S * dims.head_dim * e
     if lay.pieces == 1:
         return tables + sequences * S * S * DOCUMENT_MASK_BYTES_PER_PAIR
@@ -143,7 +152,7 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     S, D = spec.seq_len, dims.hidden_size
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
     rings = (lay.r_param + lay.r_grad + 4 * lay.device_optimizer) * dims.layer_params * e
-    transition = lay.lead_rounds * lay.micro_batch * S * D * e
+    transition = lay.pass_sequences * S * D * e
     # LM-head block: logits, their fp32 copy and grad (the head's weight gradient
     # accumulates in place: working_set/schedule.py _head_loss)
     loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8)
@@ -162,9 +171,10 @@ def layer_temporaries_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window:
     workspace = int(
         LAYER_WORKSPACE_FACTOR * activation_bytes_per_token(dims, spec.precision) * piece
     )
-    # copies in flight home: bounded by the write buffer and by all the home layers can send
+    # copies in flight home: bounded by the write buffer and by all the home layers can send;
+    # with overlap the previous pass's sets coming back (as many again) beside them
     home_layers = dims.num_layers - window
-    home = min(
+    home = (1 + lay.overlap) * min(
         WRITE_BUFFER_BYTES, home_layers * lay.units * saved_bytes(dims, spec, 3, lay.seq_chunk)
     )
     # weight gradients whole before they accumulate into the slot: a MoE layer's (without
@@ -211,6 +221,13 @@ def stored_bytes(saved: int) -> int:
     return saved + saved // 256 + ACTIVATION_CHUNK_BYTES if saved else 0
 
 
+def overlap_stored_bytes(first_saved: int, later_saved: int) -> int:
+    """Host bytes of the two stores a cross-round overlap keeps, each holding one pass's
+    sets at a time: one takes the first pass (`first_saved`, its lead rounds' with their
+    extra sets) and every other later pass, the other the rest (`later_saved` each)."""
+    return stored_bytes(max(first_saved, later_saved)) + stored_bytes(later_saved)
+
+
 def home_saved_limit(
     dims: ModelDims, spec: JobSpec, device: str, most: int, lay: Layout, window_inputs: int
 ) -> int:
@@ -231,9 +248,13 @@ def home_saved_limit(
     return lo
 
 
-def host_bytes(dims: ModelDims, spec: JobSpec, home_saved: int, device: str) -> int:
-    """Training state + the store of saved sets sent home + the reserve beside the arena;
-    with spec.gpus ranks the state is shared, the store and the reserve are each rank's
+def host_bytes(
+    dims: ModelDims, spec: JobSpec, home_saved: int, device: str, stored: int | None = None
+) -> int:
+    """Training state + the store of saved sets sent home (`stored` bytes where given, as
+    overlap_stored_bytes counts two stores) + the reserve beside the arena; with spec.gpus
+    ranks the state is shared, the store and the reserve are each rank's
     (planning/ranks.py)."""
-    private = stored_bytes(home_saved) + host_reserve_bytes(dims.params, spec.precision, device)
+    store = stored_bytes(home_saved) if stored is None else stored
+    private = store + host_reserve_bytes(dims.params, spec.precision, device)
     return host_state_bytes(dims, spec.precision) + spec.gpus * private

@@ -55,6 +55,7 @@ class _Candidate:
     levels: list[list[int]]
     device_bytes: int
     host_bytes: int
+    first_levels: list[list[int]] | None = None  # with overlap: the step's first pass's
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,12 @@ def window_costs(
     return out
 
 
+def _home_levels(spec: JobSpec, sol: Solution, home_layers: int, units: int) -> list[list[int]]:
+    if spec.overrides.level is None:
+        return sol.levels(home_layers)
+    return [[spec.overrides.level] * units for _ in range(home_layers)]
+
+
 def _finish(
     dims: ModelDims,
     spec: JobSpec,
@@ -153,18 +160,19 @@ def _finish(
     window: int,
     window_rows: list[list[int]],
     device: str,
+    first_sol: Solution | None = None,
 ) -> _Candidate | None:
+    """The candidate at `window`: home levels from `sol` (with overlap, the later passes';
+    the first pass's from `first_sol`), cut to the host budget, its bytes and its time."""
     L, X = dims.num_layers, lay.units
     saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
     if mm.host_bytes(dims, spec, (L - window) * X * saved[0], device) > spec.budget.host_bytes:
         return None  # even level 0 everywhere does not fit the host
-    home = (
-        sol.levels(L - window)
-        if spec.overrides.level is None
-        else [[spec.overrides.level] * X for _ in range(L - window)]
-    )
+    home = _home_levels(spec, sol, L - window, X)
     home_saved = sum(saved[lv] for row in home for lv in row)  # one rank's
     window_inputs = window * X * saved[1]  # a lead pass's window chunks go home at level 1
+    if first_sol is not None:
+        return _finish_overlap(dims, spec, node, lay, first_sol, window, window_rows, device, home)
     # Over the host budget: step home chunks down, the least recomputation per byte freed
     # first; each step frees its bytes in every rank's store (host_bytes counts the store
     # per rank), and a lead pass's extra rounds' copies with them
@@ -192,28 +200,81 @@ def _finish(
     return _Candidate(lay, window, time, levels, dev, host)
 
 
+def _finish_overlap(
+    dims: ModelDims,
+    spec: JobSpec,
+    node: NodeProfile,
+    lay: mm.Layout,
+    first_sol: Solution,
+    window: int,
+    window_rows: list[list[int]],
+    device: str,
+    home: list[list[int]],
+) -> _Candidate | None:
+    """An overlap candidate: the first pass at its own levels, the later passes at `home`;
+    two host stores (each pass's sets stay until its backward takes them back). Where they
+    do not fit the host budget the per-round candidates stand instead."""
+    L, X = dims.num_layers, lay.units
+    saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
+    first = _home_levels(spec, first_sol, L - window, X)
+    first_saved, later_saved = (sum(saved[lv] for row in h for lv in row) for h in (first, home))
+    first_saved += mm.lead_pass_saved(lay, first_saved, window * X * saved[1])
+    stored = mm.overlap_stored_bytes(first_saved, later_saved)
+    host = mm.host_bytes(dims, spec, 0, device, stored=stored)
+    if host > spec.budget.host_bytes:
+        return None
+    if lay.optimizer == "split":
+        sent = cm.first_forward_sent(dims, spec, lay, first)
+        lay = replace(lay, device_layers=cm.split_layers(dims, spec, lay, sent, node, device))
+    kept = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk, home=False) for lv in range(LEVELS)]
+    dev = mm.device_bytes(dims, spec, lay, window, sum(kept[lv] for r in window_rows for lv in r))
+    if dev > spec.budget.device_bytes:
+        return None
+    levels, first_levels = home + window_rows, first + window_rows
+    time = cm.step_time(dims, spec, lay, levels, window, node, device, first_levels)
+    return _Candidate(lay, window, time, levels, dev, host, first_levels)
+
+
 def _search(
     spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int], pieces: bool
 ) -> _Candidate | None:
-    ranked: list[tuple[float, int, mm.Layout, Solution, int, _Window]] = []
-    solutions: dict[tuple[int, int], Solution] = {}  # the DP depends on the units alone
+    ranked: list[tuple[float, int, mm.Layout, Solution, int, _Window, Solution | None]] = []
+    # the DP depends on the units and whether a backward runs beside the forward alone
+    solutions: dict[tuple[int, int, bool], tuple[cm.LayerCost, Solution]] = {}
+
+    def solved(lay: mm.Layout) -> tuple[cm.LayerCost, Solution]:
+        key = (lay.micro_batch, lay.seq_chunk, lay.overlap)
+        if key not in solutions:
+            lc = cm.layer_cost(dims, spec, lay, node)
+            solutions[key] = (lc, solve([lc] * dims.num_layers))
+        return solutions[key]
+
     for i, lay in enumerate(layouts(spec, dims, mbs, pieces)):
-        lc = cm.layer_cost(dims, spec, lay, node)
-        key = (lay.micro_batch, lay.seq_chunk)
-        sol = solutions.get(key) or solutions.setdefault(key, solve([lc] * dims.num_layers))
+        lc, sol = solved(lay)
         rounds = spec.global_batch // lay.micro_batch
         base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer
+        if not lay.overlap:
+            for cost, w, win in window_costs(dims, spec, lay, sol, lc):
+                ranked.append((base.total_s + rounds * cost, i, lay, sol, w, win, None))
+            continue
+        # overlap: the first pass (its lead rounds) alone, the later rounds beside a backward,
+        # one window for both
+        lc_first, sol_first = solved(replace(lay, overlap=False))
+        first = {w: cost for cost, w, _ in window_costs(dims, spec, lay, sol_first, lc_first)}
+        lead = lay.lead_rounds
         for cost, w, win in window_costs(dims, spec, lay, sol, lc):
-            ranked.append((base.total_s + rounds * cost, i, lay, sol, w, win))
+            if w in first:
+                est = base.total_s + lead * first[w] + (rounds - lead) * cost
+                ranked.append((est, i, lay, sol, w, win, sol_first))
     # The fastest estimate first; ties go to the earlier layout (deeper rings, larger loss
     # block). An estimate assumes the DP's levels all fit the host; where _finish must drop
     # some to level 0 the candidate gets slower, so later ones are tried until no estimate
     # can beat the best finished candidate (the estimate never exceeds the finished time).
     best: _Candidate | None = None
-    for est, _, lay, sol, w, win in sorted(ranked, key=lambda r: (r[0], r[1], -r[4])):
+    for est, _, lay, sol, w, win, first_sol in sorted(ranked, key=lambda r: (r[0], r[1], -r[4])):
         if best is not None and est >= best.time.total_s * (1 - 1e-9):
             break
-        cand = _finish(dims, spec, node, lay, sol, w, win.rows(), device)
+        cand = _finish(dims, spec, node, lay, sol, w, win.rows(), device, first_sol)
         if cand is not None and (best is None or cand.time.total_s < best.time.total_s):
             best = cand
     return best
@@ -250,6 +311,12 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
     if spec.overrides.window is not None and spec.overrides.window > dims.num_layers:
         raise InvalidSpec(
             f"overrides.window={spec.overrides.window} exceeds the model's {dims.num_layers} layers"
+        )
+    if spec.overrides.overlap and (dims.is_moe or spec.global_batch < 2):
+        raise InvalidSpec(
+            "overrides.overlap=true runs a round's forward beside the previous round's "
+            f"backward: it needs a dense model and two rounds (global_batch="
+            f"{spec.global_batch}{', a mixture of experts' if dims.is_moe else ''}); drop it"
         )
     piece = spec.overrides.seq_chunk
     if piece and piece < spec.seq_len and (dims.is_moe or (lead or 1) > 1):
@@ -338,6 +405,8 @@ def _plan(
             attention_kernel=piece_attention_kernel(device, spec.precision, spec.document_mask)
             if lay.pieces > 1
             else "",
+            overlap=lay.overlap,
+            first_levels=c.first_levels or [],
         ),
         reasons=ws_reasons(
             spec,
