@@ -1,6 +1,7 @@
 """Budgets change speed, never the result: one fp32 job built by the worker (build_runtime,
-TokenStream) under four plans — resident and working set, 1 to 8 rounds, micro-batches of 1
-to 8, every saved-activation level, the device or split optimizer — trains the same
+TokenStream) under five plans — resident and working set, 1 to 8 rounds, micro-batches of 1
+to 8, every saved-activation level, the device or split optimizer, the cross-round
+overlap — trains the same
 sequences at each step and computes the same loss at each of 20 steps and the same final
 weights, to 1e-5 relative; in bf16 within the tolerance BF16_REL states; and with targets
 ignored unevenly across the micro-batches, the same again (the loss is a mean over the
@@ -50,6 +51,12 @@ PLANS: dict[str, dict[str, Any]] = {
         "window": 2,
         "level": 3,
         "optimizer": "split",
+    },
+    "working set, 4 rounds of 2, cross-round overlap": {
+        "runtime": "working_set",
+        "micro_batch": 2,
+        "window": 1,
+        "overlap": True,
     },
 }
 

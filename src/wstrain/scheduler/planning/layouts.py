@@ -1,6 +1,7 @@
 """The candidates the working-set autoconfigurator (planning/working_set.py) searches: the
 micro-batch tiers from AdaWS's bound, and per micro-batch the layouts — ring sizes, where
-AdamW runs, the LM-head block, the lead pass and the sequence pieces.
+AdamW runs, the LM-head block, the lead pass, the sequence pieces and (on request) the
+cross-round overlap.
 
     tiers, bound = micro_batches(spec, dims, node)
     for lay in layouts(spec, dims, tiers[0], pieces=True): ...
@@ -77,19 +78,20 @@ def layouts(spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool) -> lis
     )
     # a lead pass of two rounds for dense models (the MoE path is not tested under one)
     leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
-    # cross-round overlap for dense models' whole sequences, where a round follows the
-    # first pass (working_set/pass_order.py)
-    overlaps = [o.overlap] if o.overlap is not None else [False, not dims.is_moe]
+    # cross-round overlap (working_set/pass_order.py) for dense models' whole sequences,
+    # where a round follows the first pass; planned on request only until a GPU row has
+    # measured it against its prediction (bench/RESULTS.md, issue 26)
+    overlap = bool(o.overlap) and not dims.is_moe
     return [
-        mm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p, overlap=ov)
+        mm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p, overlap=overlap)
         for c, p in seq_chunks(spec, dims, pieces)
+        if p == 1 or not overlap  # the overlap runs whole sequences
         for lead in (leads if p == 1 else [1])  # pieces run one round a pass
-        for ov in sorted(set(overlaps if p == 1 else [False]))
         for m in mbs
         for opt in optimizers
         for rp, rg in rings
         for lt in (2048, 512)
-        if lead <= spec.global_batch // m and (not ov or lead < spec.global_batch // m)
+        if lead <= spec.global_batch // m and (not overlap or lead < spec.global_batch // m)
     ]
 
 

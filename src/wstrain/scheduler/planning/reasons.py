@@ -98,6 +98,15 @@ def ws_reasons(
             else "1: every pass is one round"
         )
         + (" (override)" if o.lead_rounds else ""),
+        "overlap": (
+            "on (override): every round after the step's first pass runs its forward beside "
+            "the previous round's backward, so saved sets travel during backwards too; two "
+            "rounds' sets on the host, two rounds' transitions on the device; the first pass "
+            "keeps its own levels"
+            if lay.overlap
+            else "off: rounds one after another (overrides.overlap=true plans the cross-round "
+            "overlap, not yet measured on a GPU)"
+        ),
         "loss_tokens": f"LM-head loss in blocks of {min(lay.loss_tokens, spec.seq_len)} tokens",
         "activation_precision": "fp8: saved activations go home as float8 e4m3 with a scale "
         "per 128 elements (opt-in, lossy): half the host bytes and link traffic"
