@@ -39,7 +39,11 @@ POOL_STEPS = STEPS + 2  # the resumed runs' two more steps
 
 
 def build(
-    dims: ModelDims, world: int, group: ProcessGroup | None, precision: str = "fp32"
+    dims: ModelDims,
+    world: int,
+    group: ProcessGroup | None,
+    precision: str = "fp32",
+    overlap: bool = False,
 ) -> WorkingSetRuntime:
     """A working-set runtime on this rank: rank 0 loads the seed's weights into the shared
     copy, the others wait for it."""
@@ -68,6 +72,7 @@ def build(
         seq_len=SEQ,
         window=1,
         levels=tuple(tuple((k + c) % 4 for c in range(micro_batch)) for k in range(L)),
+        overlap=overlap,
     )
     return WorkingSetRuntime(dims, cfg, OPT, host, group)
 
@@ -91,8 +96,9 @@ def _rank(
     torch.set_num_threads(1)
     group = ProcessGroup.from_env("cpu")
     assert group is not None
-    preset, _, precision = preset.partition(":")  # "micro-llama:mixed"
-    rt = build(PRESETS[preset], world, group, precision or "fp32")
+    preset, _, mode = preset.partition(":")  # "micro-llama:mixed", "micro-llama:overlap"
+    precision = "mixed" if mode == "mixed" else "fp32"
+    rt = build(PRESETS[preset], world, group, precision, overlap=mode == "overlap")
     pool, start = Pool(rt.dims.vocab_size, POOL_STEPS), 0
     if resume:  # every rank loads its span of the moments; rank 0 the weights
         state, extra = checkpoint.load_meta(Path(resume))
@@ -159,6 +165,14 @@ def test_nodes_each_with_their_own_copy_train_the_one_rank_job(local: int, tmp_p
     want = _one_rank("micro-llama", range(STEPS))
     for rank, got in enumerate(_spawn(4, "micro-llama", str(tmp_path / "r"), local=local)):
         _same(got, want, f"rank {rank} of 4, {local} a node")
+
+
+def test_ranks_overlapping_rounds_train_the_one_rank_job(tmp_path: Path) -> None:
+    """Each rank runs its second round's forward beside its first round's backward: the
+    ranks' collectives keep one order, and the job trains as one rank round by round."""
+    want = _one_rank("micro-llama", range(STEPS))
+    for rank, got in enumerate(_spawn(2, "micro-llama:overlap", str(tmp_path / "o"))):
+        _same(got, want, f"rank {rank} of 2, overlap")
 
 
 def test_mixed_precision_ranks_share_one_fp32_master(tmp_path: Path) -> None:
