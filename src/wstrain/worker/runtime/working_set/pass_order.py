@@ -190,6 +190,10 @@ class PassOrder(LayerPasses):
             dtable.index_add_(0, t.reshape(-1), dx.reshape(-1, dx.shape[-1]).to(dtable.dtype))
         if self.dims.pad_token_id is not None:  # as Hugging Face's padding_idx
             dtable[self.dims.pad_token_id].zero_()
+        # the pass is done: its gradient transitions (X x S x D) go now, not when the next
+        # pass's replace them (the memory model counts one pass's, or two with overlap)
+        p.T.clear()
+        p.graphs.clear()
 
     def _interleave(
         self, p: Pass, forward: Iterator[None], q: Pass, backward: Iterator[None]
