@@ -189,7 +189,8 @@ def _finish_overlap(
 ) -> Candidate | None:
     """An overlap candidate: the first pass at its own levels, the later passes at `home`;
     two host stores (each pass's sets stay until its backward takes them back). Where they
-    do not fit the host budget the per-round candidates stand instead."""
+    do not fit the host budget it is dropped, levels not cut, and the search goes on to the
+    next candidate (another window or layout)."""
     L, X = dims.num_layers, lay.units
     saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
     first = _home_levels(spec, first_sol, L - window, X)
