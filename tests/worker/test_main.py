@@ -177,9 +177,11 @@ def test_document_masks_train_the_same_under_every_plan(tmp_path: Path) -> None:
 
 def test_the_moe_load_balancing_term_is_the_same_under_every_plan() -> None:
     """OLMoE-shaped, router_aux_loss_coef 0.01: the term is a mean over the step's
-    sequences of each one's load-balancing loss, so micro-batches do not change it."""
+    sequences of each one's load-balancing loss, so micro-batches do not change it. (The
+    cross-round overlap runs dense models only: the planner refuses it here.)"""
     model = {"preset": "tiny-olmoe"}
-    for plan, (loss_err, weight_err) in _compare(steps=6, model=model).items():
+    plans = {name: p for name, p in PLANS.items() if not p.get("overlap")}
+    for plan, (loss_err, weight_err) in _compare(steps=6, plans=plans, model=model).items():
         assert loss_err <= 1e-5, f"{plan}: a step's loss differs by {loss_err:.2e} relative"
         assert weight_err <= 1e-5, f"{plan}: the weights differ by {weight_err:.2e} relative"
 
