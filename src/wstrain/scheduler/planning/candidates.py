@@ -145,10 +145,10 @@ def finish(
     if mm.host_bytes(dims, spec, (L - window) * X * saved[0], device) > spec.budget.host_bytes:
         return None  # even level 0 everywhere does not fit the host
     home = _home_levels(spec, sol, L - window, X)
-    home_saved = sum(saved[lv] for row in home for lv in row)  # one rank's
-    window_inputs = window * X * saved[1]  # a lead pass's window chunks go home at level 1
     if first_sol is not None:
         return _finish_overlap(dims, spec, node, lay, first_sol, window, window_rows, device, home)
+    home_saved = sum(saved[lv] for row in home for lv in row)  # one rank's
+    window_inputs = window * X * saved[1]  # a lead pass's window chunks go home at level 1
     # Over the host budget: step home chunks down, the least recomputation per byte freed
     # first; each step frees its bytes in every rank's store (host_bytes counts the store
     # per rank), and a lead pass's extra rounds' copies with them

@@ -444,14 +444,15 @@ def test_lead_pass_matches_torch_adamw(device_layers: int) -> None:
     check_weights_after_steps(rt, ref, data, 3, 1e-5)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     mb_chunk=st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 2), (4, 1)]),
-    rounds=st.integers(1, 3),
+    rounds=st.integers(1, 4),
     lead=st.integers(1, 3),
     r_param=st.integers(2, 5),
     r_grad=st.integers(1, 4),
     window=st.integers(0, 4),
+    overlap=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_result_never_depends_on_the_plan(
@@ -461,14 +462,21 @@ def test_result_never_depends_on_the_plan(
     r_param: int,
     r_grad: int,
     window: int,
+    overlap: bool,
     seed: int,
 ) -> None:
+    """Any plan, the cross-round overlap (working_set/pass_order.py) with its first pass's
+    own levels included."""
     mb, chunk = mb_chunk
     g = torch.Generator().manual_seed(seed)
-    levels = tuple(
-        tuple(int(v) for v in torch.randint(0, 4, (mb // chunk,), generator=g))
-        for _ in range(DIMS.num_layers)
-    )
+
+    def random_levels() -> tuple[tuple[int, ...], ...]:
+        return tuple(
+            tuple(int(v) for v in torch.randint(0, 4, (mb // chunk,), generator=g))
+            for _ in range(DIMS.num_layers)
+        )
+
+    levels, first_levels = random_levels(), random_levels() if overlap else ()
     ref, data = reference(DIMS), Batches(DIMS.vocab_size, seed)
     rt = make_runtime(
         ref,
@@ -481,6 +489,8 @@ def test_result_never_depends_on_the_plan(
         levels=levels,
         loss_tokens=int(torch.randint(5, 40, (1,), generator=g)),
         lead_rounds=min(lead, rounds),
+        overlap=overlap,
+        first_levels=first_levels,
     )
     check_grads(rt, ref, data)
 
