@@ -117,6 +117,8 @@ WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     # activation_precision "fp8" (a row named *-fp8): saved sets go home at 8 bits (lossy)
     "ws-20-fp8": (20, None, {}),
     "ws-12-fp8": (12, None, {}),
+    "ws-20-overlap-fp8": (20, None, {"overlap": True}),
+    "ws-12-overlap-fp8": (12, None, {"overlap": True}),
 }
 HOST_BUDGET_GIB = 100
 
