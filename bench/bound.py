@@ -147,8 +147,9 @@ def layout_of(row: dict, X: int, planned: bool, overlap: bool) -> tuple[mm.Layou
         window = int(row["plan"]["window"])
     else:
         lay, window = mm.Layout(X, r_param=2, r_grad=1, optimizer="host", loss_tokens=512), L
-    if overlap:
-        lay = replace(lay, r_param=lay.r_param + 2, overlap=True)
+    if overlap:  # a row planned with the overlap has its ring already
+        own = planned and row["plan"]["working_set"].get("overlap", False)
+        lay = replace(lay, r_param=lay.r_param + 2 * (not own), overlap=True)
     return lay, window
 
 
@@ -249,13 +250,18 @@ def micro_batches_at_bound(row: dict) -> list[int]:  # type: ignore[type-arg]
 
 
 def row_ceilings(row: dict, resident_step_s: float) -> tuple[float, float]:  # type: ignore[type-arg]
-    """(ideal, as planned) per-round ceilings of a working-set row over the resident step
-    measured beside it: the ideal at the best micro-batch the planner tries first, the
-    planned one at the row's own micro-batch and layout. What bench/runtime.py's table
-    reports each row's gap against."""
-    ideal = max(bound(row, resident_step_s, X).ceiling for X in micro_batches_at_bound(row))
+    """(ideal, as planned) ceilings of a working-set row's schedule (per round, or with the
+    cross-round overlap where its plan overlaps) over the resident step measured beside
+    it: the ideal at the best micro-batch the planner tries first, the planned one at the
+    row's own micro-batch and layout. What bench/runtime.py's table reports each row's gap
+    against."""
+    overlap = bool(row["plan"]["working_set"].get("overlap", False))
+    ideal = max(
+        bound(row, resident_step_s, X, overlap=overlap).ceiling
+        for X in micro_batches_at_bound(row)
+    )
     X = int(row["plan"]["micro_batch"])
-    return ideal, bound(row, resident_step_s, X, planned=True).ceiling
+    return ideal, bound(row, resident_step_s, X, overlap=overlap, planned=True).ceiling
 
 
 def levers(row: dict, resident_step_s: float, measured: float) -> None:  # type: ignore[type-arg]

@@ -369,6 +369,7 @@ def test_lead_pass_hides_the_host_adamw_and_is_validated() -> None:
                 100,
                 optimizer="host",
                 micro_batch=4,
+                overlap=False,  # per round (the overlap plans a lead of one: test_overlap.py)
                 **({"lead_rounds": lead} if lead else {}),
             ),
             dims,

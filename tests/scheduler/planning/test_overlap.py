@@ -58,18 +58,25 @@ def test_the_overlap_keeps_more_saved_sets_within_the_same_budgets(device_gib: i
 
 def test_two_rounds_in_flight_are_charged() -> None:
     """A second round's transition and a second write buffer's copies (the previous round's
-    sets coming back) on the device, with the allocator's slack; two host stores, the first
-    holding the larger of the first pass and a later one."""
+    sets coming back) on the device, with the allocator's slack; one host store that holds
+    the most two passes keep at once: a pass's layer i beside the previous pass's layers
+    0..L-1-i."""
     spec = _spec(DIMS, 8192, 32, 20, 100)
     lay = mm.Layout(4, lead_rounds=2)
     extra = mm.fixed_device_bytes(DIMS, spec, replace(lay, overlap=True), 3)
     extra -= mm.fixed_device_bytes(DIMS, spec, lay, 3)
     transition = 4 * 8192 * DIMS.hidden_size * 2
     assert extra == pytest.approx((transition + WRITE_BUFFER_BYTES) * ALLOCATOR_SLACK, abs=2)
-    assert mm.overlap_stored_bytes(5 * GIB, 3 * GIB) == (
-        mm.stored_bytes(5 * GIB) + mm.stored_bytes(3 * GIB)
-    )
-    assert mm.overlap_stored_bytes(1 * GIB, 3 * GIB) == 2 * mm.stored_bytes(3 * GIB)
+    # equal passes: one pass and one layer more
+    assert mm.overlap_live_bytes([3] * 4, [3] * 4) == 15
+    # a lead pass twice a later one's: the lead pass and the next pass's layer 0
+    assert mm.overlap_live_bytes([6] * 4, [3] * 4) == 27
+    # a window on top sends nothing home, so its backward frees nothing while the next
+    # pass's bottom layers go home: both passes' bottom layers at once
+    assert mm.overlap_live_bytes([5, 5, 0, 0], [5, 5, 0, 0]) == 20
+    # a first pass saving little: two later passes beside each other are the most
+    assert mm.overlap_live_bytes([1] * 4, [3] * 4) == 15
+    assert mm.overlap_stored_bytes([GIB] * 4, [GIB] * 4) == mm.stored_bytes(5 * GIB)
 
 
 def test_the_levels_dp_drains_beside_the_paired_backward() -> None:

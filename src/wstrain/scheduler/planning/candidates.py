@@ -188,15 +188,18 @@ def _finish_overlap(
     home: list[list[int]],
 ) -> Candidate | None:
     """An overlap candidate: the first pass at its own levels, the later passes at `home`;
-    two host stores (each pass's sets stay until its backward takes them back). Where they
+    one host store, each layer's sets released as its backward ends. Where they
     do not fit the host budget it is dropped, levels not cut, and the search goes on to the
     next candidate (another window or layout)."""
     L, X = dims.num_layers, lay.units
     saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
     first = _home_levels(spec, first_sol, L - window, X)
-    first_saved, later_saved = (sum(saved[lv] for row in h for lv in row) for h in (first, home))
-    first_saved += mm.lead_pass_saved(lay, first_saved, window * X * saved[1])
-    stored = mm.overlap_stored_bytes(first_saved, later_saved)
+    # each layer's home bytes: the first pass's with its lead rounds' (a lead pass's window
+    # chunks past the first round's go home at level 1: memory_model.lead_pass_saved)
+    first_sent = [lay.lead_rounds * sum(saved[lv] for lv in row) for row in first]
+    first_sent += [(lay.lead_rounds - 1) * X * saved[1]] * window
+    later_sent = [sum(saved[lv] for lv in row) for row in home] + [0] * window
+    stored = mm.overlap_stored_bytes(first_sent, later_sent)
     host = mm.host_bytes(dims, spec, 0, device, stored=stored)
     if host > spec.budget.host_bytes:
         return None

@@ -183,8 +183,12 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
     weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
     # with overlap (a pass after the step's first): each forward chunk runs beside a chunk of
     # the previous pass's backward, whose sets the link drains in too, less that backward's
-    # weight gradients going home; inbound also brings the forward's weights, during both
+    # weight gradients going home; inbound also brings the forward's weights, during both,
+    # and the sets coming back share the link with the forward's going out: they come in at
+    # the two-way rate (at the one-way rate ws-12's overlap row stalled 1.9 s where 0.32 s
+    # was planned, bench/RESULTS.md)
     paired = lay.overlap and lay.pieces == 1
+    inbound_bytes_per_s = node.both_bytes_per_s if paired else node.h2d_bytes_per_s
     return LayerCost(
         chunks=lay.units,
         compute_s=fwd_s,
@@ -193,8 +197,8 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
             fwd_s * (1.0 - r) for r in recompute_shares(dims, spec.seq_len, node, span, call)
         ),
         cap_s=link_seconds(WRITE_BUFFER_BYTES, node),
-        back_s=tuple(b / node.h2d_bytes_per_s for b in saved),
-        prefetch_cap_s=WRITE_BUFFER_BYTES / node.h2d_bytes_per_s,
+        back_s=tuple(b / inbound_bytes_per_s for b in saved),
+        prefetch_cap_s=WRITE_BUFFER_BYTES / inbound_bytes_per_s,
         inbound_s=(2 + paired) * weights / node.both_bytes_per_s,
         busy_s=lay.micro_batch * (bwd_s + paired * fwd_s),
         unit_value_s=piece_values(dims, spec, lay, node),

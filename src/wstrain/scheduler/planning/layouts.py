@@ -1,7 +1,6 @@
 """The candidates the working-set autoconfigurator (planning/working_set.py) searches: the
 micro-batch tiers from AdaWS's bound, and per micro-batch the layouts — ring sizes, where
-AdamW runs, the LM-head block, the lead pass, the sequence pieces and (on request) the
-cross-round overlap.
+AdamW runs, the LM-head block, the lead pass, the sequence pieces and the cross-round overlap.
 
     tiers, bound = micro_batches(spec, dims, node)
     for lay in layouts(spec, dims, tiers[0], pieces=True): ...
@@ -59,7 +58,9 @@ def micro_batches(
     return [tier for tier in (above, below) if tier], bound
 
 
-def layouts(spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool) -> list[mm.Layout]:
+def layouts(
+    spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool, device: str = "cuda"
+) -> list[mm.Layout]:
     o = spec.overrides
     rings = (
         [(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad) else [(3, 2), (2, 2), (2, 1)]
@@ -79,11 +80,15 @@ def layouts(spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool) -> lis
     # a lead pass of two rounds for dense models (the MoE path is not tested under one)
     leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
     # cross-round overlap (working_set/pass_order.py) for dense models' whole sequences,
-    # where a round follows the first pass; planned on request only until a GPU row has
-    # measured it against its prediction (bench/RESULTS.md, issue 26)
-    overlap = bool(o.overlap) and not dims.is_moe
+    # where a round follows the first pass: beside per round unless the job pins it. Left
+    # to the planner on one CUDA GPU, where rows measured it (bench/RESULTS.md, issue 26);
+    # on several it runs when asked (tested with gloo, not yet measured on GPUs)
+    alone = spec.gpus * spec.nodes == 1 and device == "cuda"
+    overlaps = [o.overlap] if o.overlap is not None else [False, True] if alone else [False]
+    overlaps = [v for v in overlaps if not (v and dims.is_moe)]
     return [
         mm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p, overlap=overlap)
+        for overlap in overlaps
         for c, p in seq_chunks(spec, dims, pieces)
         if p == 1 or not overlap  # the overlap runs whole sequences
         for lead in (leads if p == 1 else [1])  # pieces run one round a pass

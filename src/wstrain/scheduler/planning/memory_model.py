@@ -221,11 +221,26 @@ def stored_bytes(saved: int) -> int:
     return saved + saved // 256 + ACTIVATION_CHUNK_BYTES if saved else 0
 
 
-def overlap_stored_bytes(first_saved: int, later_saved: int) -> int:
-    """Host bytes of the two stores a cross-round overlap keeps, each holding one pass's
-    sets at a time: one takes the first pass (`first_saved`, its lead rounds' with their
-    extra sets) and every other later pass, the other the rest (`later_saved` each)."""
-    return stored_bytes(max(first_saved, later_saved)) + stored_bytes(later_saved)
+def overlap_live_bytes(first: list[int], later: list[int]) -> int:
+    """The most saved bytes the host store holds at once with the cross-round overlap
+    (working_set/pass_order.py, host_store.py): `first[k]`, `later[k]`: the bytes layer k of
+    the step's first pass and of each later pass sends home. A pass's layer i goes home
+    while the pass before it still holds its layers 0..L-1-i; each layer's sets are released
+    as its backward ends. With equal passes: one pass's sets and a layer's more."""
+    L = len(first)
+
+    def beside(behind: list[int], ahead: list[int]) -> int:
+        return max(sum(ahead[: i + 1]) + sum(behind[: L - i]) for i in range(L))
+
+    return max(sum(first), beside(first, later), beside(later, later))
+
+
+def overlap_stored_bytes(first: list[int], later: list[int]) -> int:
+    """Host store bytes with the cross-round overlap (overlap_live_bytes's sets, chunked):
+    one store shared by the two passes in flight, whose freed chunks the next pass reuses
+    by size (tests/worker/runtime/working_set/test_host_store.py: one pass and a layer, plus
+    less than a chunk)."""
+    return stored_bytes(overlap_live_bytes(first, later))
 
 
 def home_saved_limit(
@@ -252,7 +267,7 @@ def host_bytes(
     dims: ModelDims, spec: JobSpec, home_saved: int, device: str, stored: int | None = None
 ) -> int:
     """Training state + the store of saved sets sent home (`stored` bytes where given, as
-    overlap_stored_bytes counts two stores) + the reserve beside the arena; with spec.gpus
+    overlap_stored_bytes counts them) + the reserve beside the arena; with spec.gpus
     ranks the state is shared, the store and the reserve are each rank's
     (planning/ranks.py)."""
     store = stored_bytes(home_saved) if stored is None else stored

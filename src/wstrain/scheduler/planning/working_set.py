@@ -60,7 +60,7 @@ def _search(
             solutions[key] = (lc, solve([lc] * dims.num_layers))
         return solutions[key]
 
-    for i, lay in enumerate(layouts(spec, dims, mbs, pieces)):
+    for i, lay in enumerate(layouts(spec, dims, mbs, pieces, device)):
         lc, sol = solved(lay)
         rounds = spec.global_batch // lay.micro_batch
         base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer

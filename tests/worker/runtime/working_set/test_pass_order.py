@@ -20,10 +20,12 @@ from tests.worker.runtime.working_set.test_schedule import (
     Batches,
     check_grads,
     check_weights_after_steps,
+    fp32_spec,
     make_runtime,
     reference,
 )
 from tests.worker.runtime.working_set.test_sequence_chunks import DocBatches
+from wstrain.scheduler.planning.memory_model import overlap_live_bytes, saved_bytes
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 
 
@@ -95,22 +97,29 @@ def test_overlap_is_the_per_round_schedule_bit_for_bit(documents: bool, device_l
         assert torch.equal(got[name], w), name
 
 
-def test_the_first_pass_takes_its_own_levels() -> None:
+def test_the_first_pass_takes_its_own_levels_and_the_next_fills_what_it_frees() -> None:
     """The first pass saves at first_levels (here nothing past the inputs), later passes at
-    levels (everything): the home store holds the bytes of each."""
+    levels (everything). One store holds both passes: the second pass's layer i goes home
+    while the first still holds its layers 0..L-1-i, so the most it holds is the second
+    pass's sets and the first pass's layer 0 (planning/memory_model.py
+    overlap_live_bytes)."""
+    L = DIMS.num_layers
     rt = make_runtime(
         reference(DIMS),
         micro_batch=2,
         chunk=1,
         rounds=2,
         window=0,
-        levels=tuple((3, 3) for _ in range(DIMS.num_layers)),
-        first_levels=tuple((0, 0) for _ in range(DIMS.num_layers)),
+        levels=tuple((3, 3) for _ in range(L)),
+        first_levels=tuple((0, 0) for _ in range(L)),
         overlap=True,
     )
     rt.forward_backward(Batches(DIMS.vocab_size), 0)
-    first, later = (sum(store.used) for store in rt.stores)
-    assert 0 < first < later
+    set0, set3 = (2 * saved_bytes(DIMS, fp32_spec(global_batch=4), lv) for lv in (0, 3))
+    assert rt.acts.peak_bytes == L * set3 + set0
+    # the planner's count takes two later passes beside each other too (here there is one)
+    assert overlap_live_bytes([set0] * L, [set3] * L) == (L + 1) * set3
+    assert rt.acts.live_bytes == 0  # every set released by its backward
 
 
 def test_overlap_refuses_pieces_by_name() -> None:

@@ -8,8 +8,6 @@ takes is the host copy's contents.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -101,27 +99,12 @@ def test_a_set_taken_early_or_for_a_rebuild_leaves_the_prefetch() -> None:
     assert counters["h2d_bytes"] == 11 * 1024  # inputs twice but the kept one, others once
 
 
-def test_host_copy_keeps_a_transposed_layout() -> None:
-    """SDPA's q/k/v and output are transposed views: their host room has the same strides,
-    so the copy home is one plain copy and the copy back has the kernel's layout."""
-    from wstrain.worker.runtime.working_set.arena import HostArena
-    from wstrain.worker.runtime.working_set.saved_acts import HostActivationStore
-
-    store = HostActivationStore(HostArena(pin=False))
-    t = torch.randn(2, 5, 4, 3).transpose(1, 2)  # (B, H, S, hd) view of (B, S, H, hd)
-    host = store.take(t)
-    assert host.shape == t.shape and host.stride() == t.stride()
-    assert store.take(torch.randn(4, 6)).is_contiguous()
-    odd = torch.randn(6, 8)[:, ::2]  # not dense: contiguous room
-    assert store.take(odd).is_contiguous()
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_hooks_send_cuda_activations_home() -> None:
     """A runtime on "cuda" packs tensors on "cuda:0": they go home, scalars stay."""
     from wstrain.worker.runtime.working_set.arena import HostArena
-    from wstrain.worker.runtime.working_set.saved_acts import HostActivationStore
+    from wstrain.worker.runtime.working_set.host_store import HostActivationStore
 
     streams = Streams(torch.device("cuda"))
     policy = SavedTensorPolicy(
@@ -138,33 +121,3 @@ def test_hooks_send_cuda_activations_home() -> None:
     assert len(packed) == 1 and next(iter(packed.values())).host.device.type == "cpu"
     y.backward()
     assert torch.allclose(x.grad, 2 * x)
-
-
-# A saved set's tensors in the order the runtime takes them, in KiB: the shapes of one
-# Llama-3-8B (layer, 8K sequence) at 1/1024 scale: input, k, q, v, log-sum-exp, output
-# (level 1), then gate and up (level 3).
-LEVEL1_KIB = (64, 16, 64, 16, 1, 64)
-LEVEL3_KIB = (*LEVEL1_KIB, 224, 224)
-
-
-def test_store_packs_a_rounds_sets_and_reuses_them() -> None:
-    """The host activation store holds a round's sets in their own bytes plus at most a
-    chunk (a bump cursor over 64-unit chunks took 35% more on the H200 plans),
-    and the next round's identical sets fit the same chunks."""
-    from wstrain.worker.runtime.working_set.arena import HostArena
-    from wstrain.worker.runtime.working_set.saved_acts import HostActivationStore
-
-    kib = 1024
-    store = HostActivationStore(HostArena(pin=False), chunk_bytes=64 * kib)
-    sets = [LEVEL3_KIB if i % 9 == 4 else LEVEL1_KIB for i in range(60)]
-    for _ in range(2):  # two rounds
-        store.reset()
-        taken = []
-        for sizes in sets:
-            for n in sizes:
-                host = store.take(torch.empty(n * kib, dtype=torch.uint8))
-                taken.append((host.data_ptr(), host.nbytes))
-        wanted = sum(map(sum, sets)) * kib
-        assert wanted <= store.arena.total_bytes <= wanted + 64 * kib
-    taken.sort()  # no two tensors of a round overlap
-    assert all(a + n <= b for (a, n), (b, _) in itertools.pairwise(taken))

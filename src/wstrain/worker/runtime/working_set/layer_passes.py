@@ -38,10 +38,10 @@ from wstrain.worker.ops.lean_attn import CoreGraph, lean_attn_backward, lean_att
 from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
 from wstrain.worker.ops.lean_moe import lean_moe_backward, lean_moe_forward, lean_moe_saved
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+from wstrain.worker.runtime.working_set.host_store import HostActivationStore
 from wstrain.worker.runtime.working_set.rings import Slot, Streams
 from wstrain.worker.runtime.working_set.saved_acts import (
     BackwardPrefetch,
-    HostActivationStore,
     HostCopy,
     SavedTensorPolicy,
     tensor_key,

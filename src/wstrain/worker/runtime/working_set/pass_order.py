@@ -16,10 +16,12 @@ them (bench/bound.py, bench/overlap_plan.py).
 
     loss = rt.forward_backward(data, step)
 
-Interleaved, each pass keeps what the layer passes read of it (its host activation store,
-attention tables, backward prefetch, MoE routing, whether it is the step's first) in a Pass,
-entered before each of its layers. Every op and every accumulation keeps its order per layer
-and per resident group, so the math is the per-round schedule's, bit for bit
+Interleaved, each pass keeps what the layer passes read of it (attention tables, backward
+prefetch, MoE routing, whether it is the step's first) in a Pass, entered before each of its
+layers. The passes share one host activation store (host_store.py): each layer's sets are
+released as its backward ends, so the forward beside it fills what that backward frees.
+Every op and every accumulation keeps its order per layer and per resident group, so the
+math is the per-round schedule's, bit for bit
 (tests/worker/runtime/working_set/test_pass_order.py).
 """
 
@@ -37,7 +39,7 @@ from wstrain.worker.runtime.optim import sq_norm_fp32
 from wstrain.worker.runtime.working_set.data_parallel import RankShards
 from wstrain.worker.runtime.working_set.device_optim import DeviceOptimizer
 from wstrain.worker.runtime.working_set.layer_passes import LayerGraph, LayerPasses
-from wstrain.worker.runtime.working_set.saved_acts import BackwardPrefetch, HostActivationStore
+from wstrain.worker.runtime.working_set.saved_acts import BackwardPrefetch, HostCopy
 from wstrain.worker.runtime.working_set.sequence_chunks import PieceRows
 from wstrain.worker.runtime.working_set.streamer import LazyGradViews, SlotStreamer
 
@@ -46,12 +48,12 @@ from wstrain.worker.runtime.working_set.streamer import LazyGradViews, SlotStrea
 class Pass:
     """One pass in flight: what its layers read and what its forward leaves its backward."""
 
+    index: int  # of the step's passes: its sets' tags in the store are (index, layer)
     first: bool  # the step's first pass: zeroed gradient slots, cfg.first_levels
     last: bool  # the step's last: final gradients (norm, head home)
     scale: float  # 1 / the global batch's target tokens
     units_in: list[torch.Tensor]  # (b, c) token ids of each unit
     targets: torch.Tensor  # (sequences, S)
-    acts: HostActivationStore
     where: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
     at: list[PieceRows]
     router: RouterTotals | None
@@ -66,7 +68,6 @@ class Pass:
 class PassOrder(LayerPasses):
     """The step's passes, in order (WorkingSetRuntime sets what LayerPasses declares)."""
 
-    stores: list[HostActivationStore]  # one per pass in flight
     grads: SlotStreamer
     dopt: DeviceOptimizer | None
     shards: RankShards
@@ -80,7 +81,7 @@ class PassOrder(LayerPasses):
 
     def _enter(self, p: Pass) -> None:
         """Make `p` the pass the layer passes read."""
-        self.acts, self._where, self._at = p.acts, p.where, p.at
+        self._where, self._at = p.where, p.at
         self.router, self._aux_grad, self._ahead = p.router, p.aux_grad, p.ahead
         self._first_pass = p.first
 
@@ -96,8 +97,6 @@ class PassOrder(LayerPasses):
         """Pass `index` of the step: its store, tables and embedded inputs. tokens/targets
         and documents' parts: (sequences, S)"""
         cfg, L = self.cfg, self.dims.num_layers
-        acts = self.stores[index % len(self.stores)]  # the pass before last's is done
-        acts.reset()
         self._set_where(documents)
         self._refresh_resident(L)
         router = None
@@ -107,7 +106,7 @@ class PassOrder(LayerPasses):
         table = self.host.embed_layout.views(self.embed)["model.embed_tokens.weight"]  # (V, D)
         T = [F.embedding(t, table) for t in units_in]  # (b, c, D) each
         return Pass(
-            index == 0, last, scale, units_in, targets, acts, self._where, self._at, router, T
+            index, index == 0, last, scale, units_in, targets, self._where, self._at, router, T
         )
 
     def _forward(self, p: Pass) -> Iterator[None]:
@@ -115,6 +114,7 @@ class PassOrder(LayerPasses):
         p.graphs = [[] for _ in self._fwd_order]
         for k in self._fwd_order:
             self._enter(p)
+            self.acts.tag = (p.index, k)
             upcoming = self._fwd_order[k + 1 :] + self._bwd_order
             slot = self.weights.consume(k, p.upcoming if p.upcoming is not None else upcoming)
             if self.dopt is not None and self.dopt.needs(k):  # last step's update, deferred
@@ -170,13 +170,20 @@ class PassOrder(LayerPasses):
             upcoming = self._bwd_order[i + 1 :] + self._fwd_order
             slot = self.weights.consume(k, p.upcoming if p.upcoming is not None else upcoming)
             dw = LazyGradViews(self.grads, k, self._bwd_order[i + 1 :], p.first, self.host.layout)
+            unread = []  # prefetched sets backward did not take: their host room is still read
             for units in groups:
                 if self.pieces is not None:
                     self._rebuild_window(k, units, graphs[k], slot, ahead)
                 for c in reversed(units):
                     ahead.top_up()
                     T[c] = self._backward_layer(k, c, graphs[k][c], T[c], slot, dw)
+                    unread += [
+                        s.arrived
+                        for s in graphs[k][c].stashed()
+                        if isinstance(s, HostCopy) and s.arrived is not None
+                    ]
                     graphs[k][c] = None  # type: ignore[call-overload]  # free its saved tensors
+            self.acts.release((p.index, k), unread)  # the forward beside it may fill them
             self.weights.release(slot)
             gslot = dw.take()
             own = self.shards.reduce(gslot.flat, k)  # (span,) summed over ranks
@@ -229,6 +236,7 @@ class PassOrder(LayerPasses):
         data = self.shards.batches(data, cfg.rounds)
         self.embed_grad.zero_()
         self.head_grad.zero_()
+        self.acts.reset()  # no pass in flight
         scale = 1.0 / max(
             data.target_tokens(step, cfg.rounds * cfg.micro_batch), 1
         )  # the global batch's mean (base.py)

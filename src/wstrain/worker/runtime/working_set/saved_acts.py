@@ -8,7 +8,7 @@ every tensor autograd saves is either
 - an activation: kept on the device (the window of last layers) or sent home into the host
   activation store and fetched back when backward unpacks it.
 
-    store = HostActivationStore(arena); hooks = SavedTensorPolicy(...).hooks(home=True)
+    hooks = SavedTensorPolicy(streams, store, ...).hooks(home=True)   # store: host_store.py
 """
 
 from __future__ import annotations
@@ -19,91 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from wstrain.scheduler.contracts.calibration import ACTIVATION_CHUNK_BYTES, WRITE_BUFFER_BYTES
 from wstrain.worker.runtime.working_set import fp8_saves
-from wstrain.worker.runtime.working_set.arena import HostArena
 from wstrain.worker.runtime.working_set.fp8_saves import Fp8Home
+from wstrain.worker.runtime.working_set.host_store import HostActivationStore
 from wstrain.worker.runtime.working_set.rings import Streams
-
-
-class HostActivationStore:
-    """First-fit allocator over arena chunks, reset every round: host activation memory grows
-    to the largest round's need and is then reused (and accounted in the arena). First fit,
-    not a bump cursor: a level-1 set is 64+64+16+16+64+1 MiB at 8K tokens, and a cursor that
-    only moves on left ~95 MiB of every set's chunk tails unused (the arena measured 10-12 GiB
-    over the planner's count on the H200); first fit puts the small tensors in those tails.
-
-    It also bounds the write buffer: device tensors on their way home stay allocated until
-    their copy finishes, so when more than `write_buffer_bytes` are in flight the host waits
-    for the oldest copy instead of letting the forward run ahead of the link and the device
-    budget (a `write_buffer` stall as far as the GPU runs dry meanwhile)."""
-
-    def __init__(
-        self,
-        arena: HostArena,
-        write_buffer_bytes: int = WRITE_BUFFER_BYTES,
-        chunk_bytes: int = ACTIVATION_CHUNK_BYTES,
-        name: str = "acts",
-    ) -> None:
-        """`name`: its arena tiles' prefix (two stores, for two passes in flight, share an
-        arena)."""
-        self.arena, self.chunk_bytes, self.name = arena, chunk_bytes, name
-        self.chunks: list[torch.Tensor] = []  # uint8 tiles
-        self.used: list[int] = []  # bytes of each chunk taken this round
-        self.open: list[int] = []  # chunks with room left this round, in order
-        self.smallest = chunk_bytes  # the smallest request seen: a chunk with less room is full
-        self.write_buffer_bytes = write_buffer_bytes
-        self.in_flight: deque[tuple[torch.cuda.Event, int]] = deque()
-        self.in_flight_bytes = 0
-
-    def admit(self, nbytes: int, streams: Streams) -> None:
-        """Make room for a copy of `nbytes` in the write buffer (CUDA only)."""
-        while self.in_flight:
-            event, size = self.in_flight[0]
-            if not event.query():  # the oldest copy is still going: wait only if full
-                if self.in_flight_bytes + nbytes <= self.write_buffer_bytes:
-                    return
-                with streams.host_waits("write_buffer"):
-                    event.synchronize()
-            self.in_flight.popleft()
-            self.in_flight_bytes -= size
-
-    def track(self, event: torch.cuda.Event, nbytes: int) -> None:
-        self.in_flight.append((event, nbytes))
-        self.in_flight_bytes += nbytes
-
-    def reset(self) -> None:
-        self.used = [0] * len(self.chunks)
-        self.open = list(range(len(self.chunks)))
-
-    def _place(self, nbytes: int) -> tuple[int, int]:
-        """(chunk, byte offset) for `nbytes`: the first chunk with room, else a new one."""
-        self.smallest = min(self.smallest, nbytes)
-        for pos, idx in enumerate(self.open):
-            off = self.used[idx]
-            if off + nbytes <= self.chunks[idx].numel():
-                self.used[idx] = off + nbytes
-                if self.chunks[idx].numel() - self.used[idx] < self.smallest:
-                    del self.open[pos]
-                return idx, off
-        idx, size = len(self.chunks), max(self.chunk_bytes, nbytes)
-        self.chunks.append(self.arena.alloc(f"{self.name}{idx}", size, torch.uint8, "activations"))
-        self.used.append(nbytes)
-        if size - nbytes >= self.smallest:
-            self.open.append(idx)
-        return idx, 0
-
-    def take(self, like: torch.Tensor) -> torch.Tensor:
-        """Host room for `like`, laid out with its strides when it is a permuted contiguous
-        tensor (SDPA's transposed q/k/v and output), so the copy home is one plain DMA."""
-        nbytes = -(-like.numel() * like.element_size() // 256) * 256
-        idx, off = self._place(nbytes)
-        raw = self.chunks[idx][off : off + like.numel() * like.element_size()].view(like.dtype)
-        order = sorted(range(like.dim()), key=lambda d: -like.stride()[d])  # outermost first
-        if not like.permute(order).is_contiguous():
-            return raw.view(like.shape)
-        inverse = sorted(range(like.dim()), key=lambda i: order[i])
-        return raw.view([like.shape[d] for d in order]).permute(inverse)
 
 
 def tensor_key(t: torch.Tensor) -> tuple[object, ...]:
@@ -207,6 +126,8 @@ class SavedTensorPolicy:
             self.store.admit(nbytes, s)
         ready = s.record("comp")
         s.wait("saves", ready)
+        for read in self.store.pop_waits():  # its room's last reader, where compute took none
+            s.wait("saves", read)
         with s.on("saves"):
             for host, p in zip(hosts, parts):
                 host.copy_(p, non_blocking=True)

@@ -60,12 +60,10 @@ from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.data_parallel import RankShards
 from wstrain.worker.runtime.working_set.device_optim import DeviceOptimizer
 from wstrain.worker.runtime.working_set.host_optim import HostOptimizerPipeline
+from wstrain.worker.runtime.working_set.host_store import HostActivationStore
 from wstrain.worker.runtime.working_set.pass_order import PassOrder
 from wstrain.worker.runtime.working_set.rings import Streams
-from wstrain.worker.runtime.working_set.saved_acts import (
-    BackwardPrefetch,
-    HostActivationStore,
-)
+from wstrain.worker.runtime.working_set.saved_acts import BackwardPrefetch
 from wstrain.worker.runtime.working_set.sequence_chunks import PieceLayers, PieceRows
 from wstrain.worker.runtime.working_set.state import DTYPES, HostState
 from wstrain.worker.runtime.working_set.streamer import SlotStreamer
@@ -119,13 +117,7 @@ class WorkingSetRuntime(PassOrder):
         self.head = host.head_w.to(self.device)
         self.embed_grad = torch.zeros_like(self.embed)
         self.head_grad = torch.zeros_like(self.head)
-        # a store per pass in flight: with overlap a pass's sets go home while the pass
-        # before it takes its own back
-        self.stores = [
-            HostActivationStore(host.arena, cfg.write_buffer_bytes, name=name)
-            for name in (("acts", "acts-b") if cfg.overlap else ("acts",))
-        ]
-        self.acts = self.stores[0]
+        self.acts = HostActivationStore(host.arena, cfg.write_buffer_bytes)
         self._first_pass = True
         self.device_groups, self.host_groups = cfg.optimizer_groups(L)
         self.dopt = (
