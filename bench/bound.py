@@ -257,8 +257,7 @@ def row_ceilings(row: dict, resident_step_s: float) -> tuple[float, float]:  # t
     against."""
     overlap = bool(row["plan"]["working_set"].get("overlap", False))
     ideal = max(
-        bound(row, resident_step_s, X, overlap=overlap).ceiling
-        for X in micro_batches_at_bound(row)
+        bound(row, resident_step_s, X, overlap=overlap).ceiling for X in micro_batches_at_bound(row)
     )
     X = int(row["plan"]["micro_batch"])
     return ideal, bound(row, resident_step_s, X, overlap=overlap, planned=True).ceiling

@@ -85,6 +85,11 @@ RUNTIME_OVERHEAD: Final = 1.22
 # share the rest. With the rolling backward prefetch 80% ran 18.0 s a step against 17.7 s
 # predicted (H200, 20 GiB budget).
 LINK_SHARE: Final = 0.8
+# Share of the two-way rate each direction gets while a forward runs beside a backward
+# (cross-round overlap: sets and gradients out, weights, accumulated gradients and sets in,
+# at once). Fitted on the H200's overlap rows (2026-11-27, 20 GiB: 15.22 s measured, 15.04
+# predicted at 0.75, 14.37 at 0.8; the fp8 rows -1.0% and -3.2%).
+PAIRED_LINK_SHARE: Final = 0.75
 # The SwiGLU GEMMs a backward recomputes when the MLP's lean set was not saved: gate and
 # up, two of three (the down projection's output is never needed).
 MLP_RECOMPUTED_SHARE: Final = 2 / 3

@@ -26,6 +26,7 @@ from wstrain.scheduler.contracts.calibration import (
     MIXED_UPDATE_SLOWDOWN,
     MLP_BACKWARD_SHARE,
     MLP_RECOMPUTED_SHARE,
+    PAIRED_LINK_SHARE,
     PIECE_SUMS_BYTES_PER_S,
     RUNTIME_OVERHEAD,
     WRITE_BUFFER_BYTES,
@@ -183,23 +184,26 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
     weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
     # with overlap (a pass after the step's first): each forward chunk runs beside a chunk of
     # the previous pass's backward, whose sets the link drains in too, less that backward's
-    # weight gradients going home; inbound also brings the forward's weights, during both,
-    # and the sets coming back share the link with the forward's going out: they come in at
-    # the two-way rate (at the one-way rate ws-12's overlap row stalled 1.9 s where 0.32 s
-    # was planned, bench/RESULTS.md)
+    # weight gradients going home; inbound also brings the forward's weights, during both.
+    # Everything coming in then shares the link with the forward's sets going out: it
+    # comes in at the planned share of the two-way rate, as they go out (at the one-way
+    # rate the H200's overlap rows stalled 0.9-2.7 s a step where 0.13-0.65 s was planned,
+    # bench/RESULTS.md)
     paired = lay.overlap and lay.pieces == 1
-    inbound_bytes_per_s = node.both_bytes_per_s if paired else node.h2d_bytes_per_s
+    two_way_bytes_per_s = (PAIRED_LINK_SHARE if paired else LINK_SHARE) * node.both_bytes_per_s
+    inbound_bytes_per_s = two_way_bytes_per_s if paired else node.h2d_bytes_per_s
+    weights_in_bytes_per_s = two_way_bytes_per_s if paired else node.both_bytes_per_s
     return LayerCost(
         chunks=lay.units,
         compute_s=fwd_s,
-        transfer_s=tuple(link_seconds(b, node) for b in saved),
+        transfer_s=tuple(b / two_way_bytes_per_s for b in saved),
         value_s=tuple(
             fwd_s * (1.0 - r) for r in recompute_shares(dims, spec.seq_len, node, span, call)
         ),
         cap_s=link_seconds(WRITE_BUFFER_BYTES, node),
         back_s=tuple(b / inbound_bytes_per_s for b in saved),
         prefetch_cap_s=WRITE_BUFFER_BYTES / inbound_bytes_per_s,
-        inbound_s=(2 + paired) * weights / node.both_bytes_per_s,
+        inbound_s=(2 + paired) * weights / weights_in_bytes_per_s,
         busy_s=lay.micro_batch * (bwd_s + paired * fwd_s),
         unit_value_s=piece_values(dims, spec, lay, node),
         drain_s=paired * max(0.0, bwd_s - link_seconds(weights, node) / lay.units),

@@ -96,7 +96,12 @@ def layouts(
         for opt in optimizers
         for rp, rg in rings
         for lt in (2048, 512)
-        if lead <= spec.global_batch // m and (not overlap or lead < spec.global_batch // m)
+        if lead <= spec.global_batch // m
+        and (not overlap or lead < spec.global_batch // m)
+        # one gradient slot sends a layer's gradients home and fetches the next one's in
+        # series: beside a forward's sets on the link the H200's 12 GiB overlap row
+        # stalled 2.7 s a step on them
+        and not (overlap and rg == 1 and o.r_grad is None)
     ]
 
 
