@@ -151,3 +151,22 @@ def test_each_measured_row_lies_under_its_ceilings_and_the_table_reports_the_gap
         assert ratio < planned <= ideal <= 1.0
         assert table[name][-3:] == [f"{ratio:.3f}", f"{ideal:.3f}", f"{planned:.3f}"]
     assert len(table["ws-24-32l"]) == len(table["ws-20"]) - 3  # ends at the predicted step
+
+
+def test_an_overlap_row_reports_its_gap_to_the_overlaps_ceiling() -> None:
+    """A row the planner ran with the cross-round overlap (fp8 sets, H200 `h200-s43b`) is
+    measured against the overlap's ceilings, not the per-round ones it beat: it lies under
+    both, and they are the overlap bound at its own layout (no second ring added to a plan
+    that has its ring)."""
+    path = H200_ROWS.with_name("2026-11-27-h200-overlap-s43b.json")
+    rows = json.loads(path.read_text())
+    res = next(r for r in rows if r["name"] == "resident")["measured_step_seconds"]
+    row = next(r for r in rows if r["name"] == "ws-20-fp8")
+    assert row["plan"]["working_set"]["overlap"]
+    ideal, planned = row_ceilings(row, res)
+    assert res / row["measured_step_seconds"] < planned <= ideal <= 1.0
+    X = row["plan"]["micro_batch"]
+    own = bound(row, res, X, fp8=True, overlap=True, planned=True)
+    assert planned == own.ceiling
+    per_round = bound(row, res, X, fp8=True, planned=True).ceiling
+    assert planned != per_round

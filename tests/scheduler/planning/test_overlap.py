@@ -111,3 +111,20 @@ def test_an_overlap_that_does_not_fit_says_so() -> None:
     assert make_ws_plan(spec, DIMS, H200).predicted.peak_device_bytes <= 12 * GIB
     with pytest.raises(InfeasibleBudget, match=r"with overrides.overlap=true.*drop overlap"):
         make_ws_plan(_spec(DIMS, 8192, 32, 12, 100, micro_batch=4, overlap=True), DIMS, H200)
+
+
+def test_unasked_the_planner_weighs_the_overlap_for_fp8_saved_sets() -> None:
+    """Llama-3-8B (16 layers) at 20 GiB on the H200 profile, overrides.overlap unset: with
+    fp8 saved sets the overlap predicts the shorter step and is planned, and its reason says
+    the planner chose it; pinned off, the same job runs per round, predicted slower.
+    Lossless sets stay per round (their overlap rows ran slower on an H200)."""
+    fp8 = _spec(DIMS, 8192, 32, 20, 100).model_copy(update={"activation_precision": "fp8"})
+    chosen = make_ws_plan(fp8, DIMS, H200)
+    assert chosen.working_set is not None and chosen.working_set.overlap
+    assert chosen.reasons["overlap"].startswith("on (fastest for fp8 saved sets)")
+    off = fp8.model_copy(update={"overrides": fp8.overrides.model_copy(update={"overlap": False})})
+    per_round = make_ws_plan(off, DIMS, H200)
+    assert per_round.working_set is not None and not per_round.working_set.overlap
+    assert per_round.predicted.step_seconds > chosen.predicted.step_seconds
+    lossless = make_ws_plan(_spec(DIMS, 8192, 32, 20, 100), DIMS, H200)
+    assert lossless.working_set is not None and not lossless.working_set.overlap

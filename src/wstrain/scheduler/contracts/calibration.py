@@ -87,9 +87,9 @@ RUNTIME_OVERHEAD: Final = 1.22
 LINK_SHARE: Final = 0.8
 # Share of the two-way rate each direction gets while a forward runs beside a backward
 # (cross-round overlap: sets and gradients out, weights, accumulated gradients and sets in,
-# at once). Fitted on the H200's overlap rows (2026-11-27, 20 GiB: 15.22 s measured, 15.04
-# predicted at 0.75, 14.37 at 0.8; the fp8 rows -1.0% and -3.2%).
-PAIRED_LINK_SHARE: Final = 0.75
+# at once). Fitted on the H200's four overlap rows of 2026-11-27 (bench/RESULTS.md): at 0.7
+# they predict -3.5% to +3.9% of the measured step; at 0.8 (LINK_SHARE) -5.2% to -15%.
+PAIRED_LINK_SHARE: Final = 0.7
 # The SwiGLU GEMMs a backward recomputes when the MLP's lean set was not saved: gate and
 # up, two of three (the down projection's output is never needed).
 MLP_RECOMPUTED_SHARE: Final = 2 / 3

@@ -80,11 +80,13 @@ def layouts(
     # a lead pass of two rounds for dense models (the MoE path is not tested under one)
     leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
     # cross-round overlap (working_set/pass_order.py) for dense models' whole sequences,
-    # where a round follows the first pass: beside per round unless the job pins it. Left
-    # to the planner on one CUDA GPU, where rows measured it (bench/RESULTS.md, issue 26);
-    # on several it runs when asked (tested with gloo, not yet measured on GPUs)
-    alone = spec.gpus * spec.nodes == 1 and device == "cuda"
-    overlaps = [o.overlap] if o.overlap is not None else [False, True] if alone else [False]
+    # where a round follows the first pass. Unless the job pins it, planned beside per round
+    # for fp8 saved sets on one CUDA GPU: there the H200 rows ran it faster (0.926x resident
+    # at 20 GiB, 0.890x per round). Lossless sets fill the link both ways and ran slower
+    # (0.824x and 0.857x against 0.875x) than the cost model's 0.5-6% gain: on request only,
+    # as on several GPUs (tested with gloo, not measured) (bench/RESULTS.md, issue 26)
+    chosen = spec.gpus * spec.nodes == 1 and device == "cuda" and spec.activation_precision == "fp8"
+    overlaps = [o.overlap] if o.overlap is not None else [False, True] if chosen else [False]
     overlaps = [v for v in overlaps if not (v and dims.is_moe)]
     return [
         mm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p, overlap=overlap)
