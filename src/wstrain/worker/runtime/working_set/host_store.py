@@ -45,10 +45,8 @@ class HostActivationStore:
         arena: HostArena,
         write_buffer_bytes: int = WRITE_BUFFER_BYTES,
         chunk_bytes: int = ACTIVATION_CHUNK_BYTES,
-        name: str = "acts",
     ) -> None:
-        """`name`: its arena tiles' prefix."""
-        self.arena, self.chunk_bytes, self.name = arena, chunk_bytes, name
+        self.arena, self.chunk_bytes = arena, chunk_bytes
         self.chunks: list[torch.Tensor] = []  # uint8 tiles
         self.used: list[int] = []  # each chunk's write cursor, bytes
         self.live: list[int] = []  # each chunk's bytes not yet released
@@ -138,7 +136,7 @@ class HostActivationStore:
             reused = self._reuse(nbytes)
             if reused is None:
                 reused, size = len(self.chunks), max(self.chunk_bytes, nbytes)
-                tile = self.arena.alloc(f"{self.name}{reused}", size, torch.uint8, "activations")
+                tile = self.arena.alloc(f"acts{reused}", size, torch.uint8, "activations")
                 self.chunks.append(tile)
                 self.used.append(0)
                 self.live.append(0)
