@@ -44,7 +44,12 @@ import json
 import logging
 from dataclasses import dataclass, replace
 
-from wstrain.scheduler.contracts.calibration import ALLOCATOR_SLACK, LEVELS, LINK_SHARE
+from wstrain.scheduler.contracts.calibration import (
+    ALLOCATOR_SLACK,
+    LEVELS,
+    LINK_SHARE,
+    PAIRED_LINK_SHARE,
+)
 from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
 from wstrain.scheduler.planning import cost_model as cm
 from wstrain.scheduler.planning import memory_model as mm
@@ -211,14 +216,17 @@ def bound(
     first = max(0.0, alone) + spare
     capacity = second = first
     if overlap:  # the span of this round's forward and the previous round's backward
+        # as planned, both directions busy at once get the planner's PAIRED_LINK_SHARE
+        # (the H200's overlap rows moved about 76 GB/s both ways together, not 100)
+        span_rate = node.both_bytes_per_s * PAIRED_LINK_SHARE if planned else rate
 
         def span_capacity(grads_in: float) -> float:
             """Out: the sets beside that backward's gradients going home. In: the sets
             coming back beside both passes' weights and the accumulated gradients that
             backward adds to (every backward's but the step's first)."""
             span_s = round_fwd_s + round_bwd_s
-            out_bytes = span_s * rate + head_out - L * layer_bytes
-            in_bytes = (span_s + head_s) * rate - weights_in - grads_in
+            out_bytes = span_s * span_rate + head_out - L * layer_bytes
+            in_bytes = (span_s + head_s) * span_rate - weights_in - grads_in
             return max(0.0, min(out_bytes, in_bytes)) + spare
 
         second, capacity = span_capacity(0.0), span_capacity(L * layer_bytes)
