@@ -11,7 +11,10 @@ from __future__ import annotations
 import itertools
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from wstrain.scheduler.planning.memory_model import overlap_live_bytes, overlap_stored_bytes
 from wstrain.worker.runtime.working_set.arena import HostArena
 from wstrain.worker.runtime.working_set.host_store import HostActivationStore
 
@@ -20,19 +23,20 @@ from wstrain.worker.runtime.working_set.host_store import HostActivationStore
 # (level 1), then gate and up (level 3).
 LEVEL1_KIB = (64, 16, 64, 16, 1, 64)
 LEVEL3_KIB = (*LEVEL1_KIB, 224, 224)
+SETS_KIB = ((64,), LEVEL1_KIB, (64, 224, 224), LEVEL3_KIB)  # levels 0-3
 KIB = 1024
 
 
-def _store() -> HostActivationStore:
-    return HostActivationStore(HostArena(pin=False), chunk_bytes=64 * KIB)
+def _store(split: bool = False) -> HostActivationStore:
+    return HostActivationStore(HostArena(pin=False), chunk_bytes=64 * KIB, split=split)
 
 
 def _place(store: HostActivationStore, tag: tuple[int, int], sizes: tuple[int, ...]) -> list:
     store.tag = tag
     out = []
     for n in sizes:
-        host = store.take(torch.empty(n * KIB, dtype=torch.uint8))
-        out.append((host.data_ptr(), host.nbytes))
+        room = store.take(torch.empty(n * KIB, dtype=torch.uint8))
+        out += [(part.data_ptr(), part.nbytes) for part in room.parts]
     return out
 
 
@@ -46,11 +50,25 @@ def test_host_copy_keeps_a_transposed_layout() -> None:
     so the copy home is one plain copy and the copy back has the kernel's layout."""
     store = HostActivationStore(HostArena(pin=False))
     t = torch.randn(2, 5, 4, 3).transpose(1, 2)  # (B, H, S, hd) view of (B, S, H, hd)
-    host = store.take(t)
+    (host,) = store.take(t).parts
     assert host.shape == t.shape and host.stride() == t.stride()
-    assert store.take(torch.randn(4, 6)).is_contiguous()
+    assert store.take(torch.randn(4, 6)).parts[0].is_contiguous()
     odd = torch.randn(6, 8)[:, ::2]  # not dense: contiguous room
-    assert store.take(odd).is_contiguous()
+    assert store.take(odd).parts[0].is_contiguous()
+
+
+def test_a_split_room_copies_a_transposed_tensor_both_ways() -> None:
+    """With the overlap a dense tensor larger than a chunk goes home in chunk-sized parts
+    of its memory order; copied in and back out it is the same tensor, strides and all."""
+    store = HostActivationStore(HostArena(pin=False), chunk_bytes=1024, split=True)
+    t = torch.randn(2, 50, 4, 8).transpose(1, 2)  # 12.8 KB: 13 parts of 1 KiB or less
+    room = store.take(t)
+    assert len(room.parts) == 13 and room.nbytes == t.nbytes
+    room.copy_from(t)
+    back = room.empty_on(torch.device("cpu"))
+    room.copy_to(back)
+    assert torch.equal(back, t) and back.stride() == t.stride()
+    assert torch.equal(room.cpu(), t)
 
 
 def test_store_packs_a_rounds_sets_and_reuses_them() -> None:
@@ -77,7 +95,7 @@ def test_overlapped_passes_share_one_passs_room() -> None:
     The first pass carries two rounds (a lead pass) and the next ones a round each."""
     L = 16
     layer = tuple(n for _ in range(4) for n in LEVEL3_KIB)  # 4 units a round
-    store = _store()
+    store = _store(split=True)
     live: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for k in range(L):  # pass 0, two rounds
         live[(0, k)] = _place(store, (0, k), layer + layer)
@@ -99,3 +117,62 @@ def test_overlapped_passes_share_one_passs_room() -> None:
     for k in range(L):
         _place(store, (0, k), layer + layer)
     assert store.arena.total_bytes == grown
+
+
+@given(
+    layers=st.integers(2, 16),
+    units=st.integers(1, 6),
+    lead=st.integers(1, 2),
+    window=st.integers(0, 2),
+    passes=st.integers(2, 5),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=60, deadline=None)
+def test_the_planners_count_holds_what_the_overlap_places(
+    layers: int, units: int, lead: int, window: int, passes: int, seed: int
+) -> None:
+    """Random levels per (layer, unit), a first pass of `lead` rounds with its own levels,
+    the top `window` layers on the device: through steps of the overlap's order, live sets
+    never share a byte and the arena never grows past the planner's count
+    (memory_model.overlap_stored_bytes), so a plan that fits its host budget does not run
+    out of arena. (Without parts the chunks of 224-unit gate and up projections could not
+    take the others' sets: a lead pass of two rounds grew the arena 15% past the sets.)"""
+    gen = torch.Generator().manual_seed(seed)
+    home = layers - min(window, layers - 1)
+
+    def draw() -> list[list[int]]:
+        return torch.randint(0, 4, (home, units), generator=gen).tolist()
+
+    first, later = draw(), draw()
+    sets = {
+        0: [[SETS_KIB[lv] for lv in row] * lead for row in first],
+        **{p: [[SETS_KIB[lv] for lv in row] for row in later] for p in range(1, passes)},
+    }
+    for p in sets:  # the window's layers send nothing home
+        sets[p] += [[] for _ in range(layers - home)]
+
+    def layer_bytes(p: int) -> list[int]:
+        return [sum(map(sum, sets[p][k])) * KIB for k in range(layers)]
+
+    planned = overlap_live_bytes(layer_bytes(0), layer_bytes(min(1, passes - 1)))
+    counted = overlap_stored_bytes(layer_bytes(0), layer_bytes(min(1, passes - 1)), 64 * KIB)
+    store, live = _store(split=True), {}
+
+    def place(p: int, k: int) -> None:
+        live[(p, k)] = [s for unit in sets[p][k] for s in _place(store, (p, k), unit)]
+        assert _disjoint([s for spans in live.values() for s in spans])
+
+    for _ in range(2):  # two steps: the second reuses the first's chunks
+        store.reset()
+        live.clear()
+        for k in range(layers):
+            place(0, k)
+        for p in range(1, passes):
+            for i in range(layers):
+                place(p, i)
+                store.release((p - 1, layers - 1 - i), [])
+                del live[(p - 1, layers - 1 - i)]
+        for k in reversed(range(layers)):
+            store.release((passes - 1, k), [])
+        assert store.live_bytes == 0 and store.peak_bytes <= planned
+        assert store.arena.total_bytes <= counted

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from wstrain.worker.runtime.working_set.host_store import HostRoom
 from wstrain.worker.runtime.working_set.rings import Streams
 from wstrain.worker.runtime.working_set.saved_acts import (
     BackwardPrefetch,
@@ -20,7 +21,7 @@ from wstrain.worker.runtime.working_set.saved_acts import (
 
 
 def _copies(n: int, numel: int) -> list[HostCopy]:
-    return [HostCopy(torch.full((numel,), float(i)), done=None) for i in range(n)]
+    return [HostCopy(HostRoom.whole(torch.full((numel,), float(i))), done=None) for i in range(n)]
 
 
 def test_prefetch_keeps_the_cap_and_follows_what_backward_takes() -> None:
@@ -38,16 +39,16 @@ def test_prefetch_keeps_the_cap_and_follows_what_backward_takes() -> None:
     assert counters["h2d_bytes"] == 3 * 1024
 
     got = policy.fetch(copies[0])  # backward takes the first: its bytes free up
-    assert torch.equal(got, copies[0].host) and copies[0].used
+    assert torch.equal(got, copies[0].host.cpu()) and copies[0].used
     assert policy.fetch(copies[0]) is got  # taken again (by the kernel's backward): the same
     late = policy.fetch(copies[4])  # taken before its turn: copied in on the spot
-    assert torch.equal(late, copies[4].host)
+    assert torch.equal(late, copies[4].host.cpu())
     ahead.top_up()
     assert copies[3].device is not None and policy.fetch(copies[4]) is late
     assert counters["h2d_bytes"] == 5 * 1024  # 4 prefetched, 1 copied in on the spot
     assert counters["h2d_on_demand_bytes"] == 1024
     for c in copies[1:4]:
-        assert torch.equal(policy.fetch(c), c.host)
+        assert torch.equal(policy.fetch(c), c.host.cpu())
     ahead.top_up()
     assert not ahead.queue and not ahead.started
 
@@ -74,14 +75,14 @@ def test_a_set_taken_early_or_for_a_rebuild_leaves_the_prefetch() -> None:
 
     for i, x in enumerate(inputs):  # the rebuild takes each input in order, topping up first
         ahead.top_up()
-        assert torch.equal(policy.fetch_transient(x), x.host)
+        assert torch.equal(policy.fetch_transient(x), x.host.cpu())
         assert (x.device is None) == (i < 3)  # the last stays for its backward
     ahead.top_up()  # what the rebuild let go is not ahead; the input it kept is
     assert inputs[3].device is not None and others[3].device is None
     assert all(c.device is None for c in (*inputs[:3], *others))
 
     def take(c: HostCopy, top_up: bool = True) -> None:
-        assert torch.equal(policy.fetch(c), c.host)
+        assert torch.equal(policy.fetch(c), c.host.cpu())
         if top_up:
             ahead.top_up()
         assert all(not q.used for q, _ in ahead.queue)  # nothing taken stays queued
@@ -118,6 +119,6 @@ def test_hooks_send_cuda_activations_home() -> None:
     x = torch.randn(64, 64, device="cuda", requires_grad=True)
     with policy.hooks(True, packed):
         y = (x * x).sum()
-    assert len(packed) == 1 and next(iter(packed.values())).host.device.type == "cpu"
+    assert len(packed) == 1 and next(iter(packed.values())).host.parts[0].device.type == "cpu"
     y.backward()
     assert torch.allclose(x.grad, 2 * x)

@@ -21,6 +21,7 @@ import torch
 from wstrain.scheduler.contracts.calibration import FP8_BLOCK_ELEMENTS
 from wstrain.worker.kernels import fp8_blocks
 from wstrain.worker.kernels.fused import available
+from wstrain.worker.runtime.working_set.host_store import HostRoom
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # e4m3fn's largest finite value
@@ -87,6 +88,6 @@ def decode(data: torch.Tensor, scales: torch.Tensor, layout: Fp8Layout) -> torch
 class Fp8Home:
     """A HostCopy's scales and layout when its data went home in fp8."""
 
-    scales: torch.Tensor  # on the host, fp32 (N/128,)
+    scales: HostRoom  # on the host, fp32 (N/128,)
     layout: Fp8Layout
     scales_device: torch.Tensor | None = None  # prefetched beside the data

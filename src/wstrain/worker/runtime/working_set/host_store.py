@@ -15,6 +15,8 @@ overlap_stored_bytes).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -25,10 +27,79 @@ from wstrain.worker.runtime.working_set.rings import Streams
 Tag = tuple[int, int]  # (pass of the step, layer)
 
 
+def memory_order(t: torch.Tensor) -> torch.Tensor | None:
+    """A dense tensor's elements as one flat view in the order they lie in memory (a
+    permuted contiguous tensor too: SDPA's transposed q/k/v and output); None if not dense."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride()[d])  # outermost first
+    inner = t.permute(order)
+    return inner.view(-1) if inner.is_contiguous() else None
+
+
+@dataclass(frozen=True)
+class HostRoom:
+    """Host bytes for one saved tensor: one view with its layout, or, with the overlap, a
+    dense tensor larger than a chunk as flat parts of its memory order, a chunk each, so
+    that any chunk a backward frees can take any part of the next forward's sets."""
+
+    parts: tuple[torch.Tensor, ...]
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @classmethod
+    def whole(cls, view: torch.Tensor) -> HostRoom:
+        return cls((view,), tuple(view.shape), tuple(view.stride()))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.parts)
+
+    def empty_on(self, device: torch.device) -> torch.Tensor:
+        """A tensor of the saved one's shape and strides on `device`, for its copy back."""
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
+
+    def copy_from(self, t: torch.Tensor) -> None:
+        """Copy `t` (the saved tensor) in, asynchronously on the current stream."""
+        if len(self.parts) == 1:
+            self.parts[0].copy_(t, non_blocking=True)
+            return
+        self._each(t, lambda part, flat: part.copy_(flat, non_blocking=True))
+
+    def copy_to(self, out: torch.Tensor) -> None:
+        """Copy the saved tensor into `out` (from empty_on), asynchronously."""
+        if len(self.parts) == 1:
+            out.copy_(self.parts[0], non_blocking=True)
+            return
+        self._each(out, lambda part, flat: flat.copy_(part, non_blocking=True))
+
+    def cpu(self) -> torch.Tensor:
+        """The contents as one host tensor (a view when in one part)."""
+        if len(self.parts) == 1:
+            return self.parts[0]
+        out = self.empty_on(torch.device("cpu"))
+        self.copy_to(out)
+        return out
+
+    def _each(self, t: torch.Tensor, fn: Callable[[torch.Tensor, torch.Tensor], object]) -> None:
+        """fn(part, its elements of t in memory order) for each part."""
+        flat = memory_order(t)
+        assert flat is not None, "a split room holds a dense tensor"
+        offset = 0
+        for part in self.parts:
+            fn(part, flat[offset : offset + part.numel()])
+            offset += part.numel()
+
+
 class HostActivationStore:
-    """Best-fit allocator over arena chunks. A chunk is written front to back and taken back
-    whole when every set placed in it is released. Best fit, not a bump cursor over the
-    whole store: a level-1 set is 64+64+16+16+64+1 MiB at 8K tokens, and a cursor that only
+    """Best-fit allocator over arena chunks. A chunk is written front to back by one pass and
+    taken back whole when every set placed in it is released. Best fit, not a bump cursor
+    over the whole store: a level-1 set is 64+64+16+16+64+1 MiB at 8K tokens, and a cursor that only
     moves on left ~95 MiB of every set's chunk tails unused (the arena measured 10-12 GiB
     over the planner's count on the H200); the small tensors go into the tails instead.
     Whole free chunks are reused by size, smallest first, so a 224 MiB chunk freed by one
@@ -45,8 +116,11 @@ class HostActivationStore:
         arena: HostArena,
         write_buffer_bytes: int = WRITE_BUFFER_BYTES,
         chunk_bytes: int = ACTIVATION_CHUNK_BYTES,
+        split: bool = False,
     ) -> None:
-        self.arena, self.chunk_bytes = arena, chunk_bytes
+        """`split`: a dense tensor larger than a chunk goes home in chunk-sized parts (the
+        overlap's store; per round a tensor takes a chunk of its own size)."""
+        self.arena, self.chunk_bytes, self.split = arena, chunk_bytes, split
         self.chunks: list[torch.Tensor] = []  # uint8 tiles
         self.used: list[int] = []  # each chunk's write cursor, bytes
         self.live: list[int] = []  # each chunk's bytes not yet released
@@ -56,6 +130,9 @@ class HostActivationStore:
         # per chunk: inbound copies still reading it when it was released (prefetched and
         # never taken); a copy home into it waits for them (pop_waits)
         self.readers: list[list[torch.cuda.Event]] = []
+        # the pass each chunk was taken for: only its own pass fills its tail, so a chunk the
+        # backward frees is not held by the forward's small sets beside it
+        self.taker: list[int] = []
         self.waits: list[torch.cuda.Event] = []
         self.tag: Tag = (0, 0)  # what take() places now
         self.live_bytes = 0  # placed and not yet released
@@ -129,7 +206,11 @@ class HostActivationStore:
         """(chunk, byte offset) for `nbytes`: the tail with the least room that holds it,
         else a free chunk, else a new one."""
         self.smallest = min(self.smallest, nbytes)
-        fits = [i for i in self.open if self.chunks[i].numel() - self.used[i] >= nbytes]
+        fits = [
+            i
+            for i in self.open
+            if self.taker[i] == self.tag[0] and self.chunks[i].numel() - self.used[i] >= nbytes
+        ]
         if fits:
             idx = min(fits, key=lambda i: self.chunks[i].numel() - self.used[i])
         else:
@@ -141,7 +222,9 @@ class HostActivationStore:
                 self.used.append(0)
                 self.live.append(0)
                 self.readers.append([])
+                self.taker.append(self.tag[0])
             idx = reused
+            self.taker[idx] = self.tag[0]
             self.open.append(idx)
         off = self.used[idx]
         self.used[idx] = off + nbytes
@@ -153,15 +236,24 @@ class HostActivationStore:
             self.open.remove(idx)
         return idx, off
 
-    def take(self, like: torch.Tensor) -> torch.Tensor:
+    def take(self, like: torch.Tensor) -> HostRoom:
         """Host room for `like` under the current tag, laid out with its strides when it is a
         permuted contiguous tensor (SDPA's transposed q/k/v and output), so the copy home is
-        one plain DMA."""
-        nbytes = -(-like.numel() * like.element_size() // 256) * 256
-        idx, off = self._place(nbytes)
-        raw = self.chunks[idx][off : off + like.numel() * like.element_size()].view(like.dtype)
-        order = sorted(range(like.dim()), key=lambda d: -like.stride()[d])  # outermost first
-        if not like.permute(order).is_contiguous():
-            return raw.view(like.shape)
-        inverse = sorted(range(like.dim()), key=lambda i: order[i])
-        return raw.view([like.shape[d] for d in order]).permute(inverse)
+        one plain DMA; split in chunk-sized parts where the store splits."""
+        size = like.element_size()
+        if memory_order(like) is None:  # not dense: contiguous room, and copy_ gathers it
+            return HostRoom.whole(self._raw(like.numel(), like.dtype).view(like.shape))
+        step = self.chunk_bytes // size if self.split else like.numel()
+        parts = tuple(
+            self._raw(min(step, like.numel() - start), like.dtype)
+            for start in range(0, max(like.numel(), 1), max(step, 1))
+        )
+        if len(parts) > 1:
+            return HostRoom(parts, tuple(like.shape), tuple(like.stride()))
+        return HostRoom.whole(parts[0].as_strided(like.shape, like.stride()))
+
+    def _raw(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """(numel,) of `dtype` in the store, its bytes rounded up to 256."""
+        nbytes = numel * dtype.itemsize
+        idx, off = self._place(max(256, -(-nbytes // 256) * 256))
+        return self.chunks[idx][off : off + nbytes].view(dtype)

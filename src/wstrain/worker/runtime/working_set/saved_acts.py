@@ -21,7 +21,7 @@ import torch
 
 from wstrain.worker.runtime.working_set import fp8_saves
 from wstrain.worker.runtime.working_set.fp8_saves import Fp8Home
-from wstrain.worker.runtime.working_set.host_store import HostActivationStore
+from wstrain.worker.runtime.working_set.host_store import HostActivationStore, HostRoom
 from wstrain.worker.runtime.working_set.rings import Streams
 
 
@@ -39,7 +39,7 @@ class _WeightRef:
 
 @dataclass
 class HostCopy:
-    host: torch.Tensor
+    host: HostRoom
     done: torch.cuda.Event | None  # its copy home finished
     device: torch.Tensor | None = None  # back on the device for backward (kept until freed)
     arrived: torch.cuda.Event | None = None  # its prefetch finished
@@ -130,7 +130,7 @@ class SavedTensorPolicy:
             s.wait("saves", read)
         with s.on("saves"):
             for host, p in zip(hosts, parts):
-                host.copy_(p, non_blocking=True)
+                host.copy_from(p)
                 # the device tensor must outlive the copy: keep the caching allocator from
                 # reusing its memory until the saves stream is past it
                 if s.cuda:
@@ -151,13 +151,14 @@ class SavedTensorPolicy:
         copy.used = True
         if copy.device is None:
             s.compute_waits("activations", copy.done)
-            copy.device = torch.empty_like(copy.host, device=s.device)
-            copy.device.copy_(copy.host, non_blocking=True)
+            copy.device = copy.host.empty_on(s.device)
+            copy.host.copy_to(copy.device)
             self.counters["h2d_bytes"] += copy.host.nbytes
             # backward found it not prefetched: the compute stream waits for the whole copy
             self.counters["h2d_on_demand_bytes"] += copy.host.nbytes
             if copy.fp8 is not None:
-                copy.fp8.scales_device = copy.fp8.scales.to(s.device, non_blocking=True)
+                copy.fp8.scales_device = copy.fp8.scales.empty_on(s.device)
+                copy.fp8.scales.copy_to(copy.fp8.scales_device)
                 self.counters["h2d_bytes"] += copy.fp8.scales.nbytes
         elif copy.arrived is not None:  # prefetched
             s.compute_waits("activations", copy.arrived)
@@ -248,14 +249,14 @@ class BackwardPrefetch:
         s = self.streams
         # allocated in the compute stream's pool: the inbound copy must not start before
         # compute queued so far is past whatever used this memory before
-        out = torch.empty_like(copy.host, device=s.device)
+        out = copy.host.empty_on(s.device)
         s.wait("inbound", s.record("comp"))
         s.wait("inbound", copy.done)
         with s.on("inbound"):
-            out.copy_(copy.host, non_blocking=True)
+            copy.host.copy_to(out)
             if copy.fp8 is not None:  # its scales beside it (1/128 of its elements)
-                scales = torch.empty_like(copy.fp8.scales, device=s.device)
-                scales.copy_(copy.fp8.scales, non_blocking=True)
+                scales = copy.fp8.scales.empty_on(s.device)
+                copy.fp8.scales.copy_to(scales)
                 copy.fp8.scales_device = scales
                 self.counters["h2d_bytes"] += scales.nbytes
         copy.device, copy.arrived = out, s.record("inbound")

@@ -117,7 +117,9 @@ class WorkingSetRuntime(PassOrder):
         self.head = host.head_w.to(self.device)
         self.embed_grad = torch.zeros_like(self.embed)
         self.head_grad = torch.zeros_like(self.head)
-        self.acts = HostActivationStore(host.arena, cfg.write_buffer_bytes)
+        # with overlap a forward fills what the backward beside it frees: its sets go home in
+        # chunk-sized parts, so that any freed chunk takes any part (host_store.py)
+        self.acts = HostActivationStore(host.arena, cfg.write_buffer_bytes, split=cfg.overlap)
         self._first_pass = True
         self.device_groups, self.host_groups = cfg.optimizer_groups(L)
         self.dopt = (
