@@ -99,12 +99,12 @@ class HostRoom:
 class HostActivationStore:
     """Best-fit allocator over arena chunks. A chunk is written front to back by one pass and
     taken back whole when every set placed in it is released. Best fit, not a bump cursor
-    over the whole store: a level-1 set is 64+64+16+16+64+1 MiB at 8K tokens, and a cursor that only
-    moves on left ~95 MiB of every set's chunk tails unused (the arena measured 10-12 GiB
-    over the planner's count on the H200); the small tensors go into the tails instead.
-    Whole free chunks are reused by size, smallest first, so a 224 MiB chunk freed by one
-    pass's gate projection waits for the next pass's, not for 64 MiB pieces that would make
-    the arena grow a chunk for it.
+    over the whole store: a level-1 set is 64+64+16+16+64+1 MiB at 8K tokens, and a cursor
+    that only moves on left ~95 MiB of every set's chunk tails unused (the arena measured
+    10-12 GiB over the planner's count on the H200); the small tensors go into the tails
+    instead. Free chunks are reused smallest first; per round a tensor larger than a chunk
+    (the 224 MiB gate and up projections) gets a chunk of its own size, with the overlap
+    it is split (HostRoom), so that every freed chunk fits the next forward's parts.
 
     It also bounds the write buffer: device tensors on their way home stay allocated until
     their copy finishes, so when more than `write_buffer_bytes` are in flight the host waits
