@@ -119,6 +119,8 @@ WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     "ws-12-fp8": (12, None, {}),
     "ws-20-overlap-fp8": (20, None, {"overlap": True}),
     "ws-12-overlap-fp8": (12, None, {"overlap": True}),
+    "ws-20-round-fp8": (20, None, {"overlap": False}),
+    "ws-12-round-fp8": (12, None, {"overlap": False}),
 }
 HOST_BUDGET_GIB = 100
 
