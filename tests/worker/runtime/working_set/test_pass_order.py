@@ -27,6 +27,8 @@ from tests.worker.runtime.working_set.test_schedule import (
 from tests.worker.runtime.working_set.test_sequence_chunks import DocBatches
 from wstrain.scheduler.planning.memory_model import overlap_live_bytes, saved_bytes
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
+from wstrain.worker.runtime.working_set.host_store import HostActivationStore
+from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 
 
 def _levels(seed: int, units: int) -> tuple[tuple[int, ...], ...]:
@@ -35,6 +37,12 @@ def _levels(seed: int, units: int) -> tuple[tuple[int, ...], ...]:
         tuple(int(v) for v in torch.randint(0, 4, (units,), generator=g))
         for _ in range(DIMS.num_layers)
     )
+
+
+def _in_small_parts(rt: WorkingSetRuntime) -> None:
+    """The overlap's store with 1 KiB chunks: the tiny model's sets go home in many parts
+    (host_store.HostRoom), as Llama's gate and up projections do in 64 MiB chunks."""
+    rt.acts = HostActivationStore(rt.host.arena, chunk_bytes=1024, split=True)
 
 
 @pytest.mark.parametrize(
@@ -60,6 +68,7 @@ def test_overlap_trains_as_torch_adamw(device_layers: int) -> None:
         lead_rounds=2,
         overlap=True,
     )
+    _in_small_parts(rt)
     check_weights_after_steps(rt, ref, data, 3, 1e-5)
 
 
@@ -70,7 +79,8 @@ def test_overlap_trains_as_torch_adamw(device_layers: int) -> None:
 )
 def test_overlap_is_the_per_round_schedule_bit_for_bit(documents: bool, device_layers: int) -> None:
     """Same plan, same data, three steps: every loss and every weight equal, not close.
-    With packed documents each pass keeps its own masks and positions."""
+    With packed documents each pass keeps its own masks and positions. The overlap's sets
+    go home in parts of 1 KiB."""
     dims = BIG_VOCAB if device_layers else DIMS
     data = DocBatches(dims.vocab_size) if documents else Batches(dims.vocab_size)
     runs = []
@@ -89,6 +99,8 @@ def test_overlap_is_the_per_round_schedule_bit_for_bit(documents: bool, device_l
             device_opt_layers=device_layers,
             overlap=overlap,
         )
+        if overlap:
+            _in_small_parts(rt)
         losses = [rt.train_step(data, step).loss for step in range(3)]
         runs.append((losses, rt.state_tensors()))
     (want_losses, want), (got_losses, got) = runs
