@@ -81,10 +81,10 @@ def test_two_rounds_in_flight_are_charged() -> None:
     assert mm.overlap_live_bytes([5, 5, 0, 0], [5, 5, 0, 0]) == 20
     # a first pass saving little: two later passes beside each other are the most
     assert mm.overlap_live_bytes([1] * 4, [3] * 4) == 15
-    # in chunk-sized parts, each rounded to 256 bytes, and a chunk a layer for tails
-    assert mm.overlap_stored_bytes([GIB] * 4, [GIB] * 4) == 5 * GIB + 5 * GIB // 256 + 4 * (
-        ACTIVATION_CHUNK_BYTES
-    )
+    # each layer's sets in whole pages: 1 GiB and one byte takes 17 of 64 MiB
+    C = ACTIVATION_CHUNK_BYTES
+    # the next pass's layer 0 beside the whole first pass
+    assert mm.overlap_stored_bytes([GIB + 1] * 4, [GIB] * 4) == C * (17 * 4 + 16)
 
 
 def test_the_levels_dp_drains_beside_the_paired_backward() -> None:

@@ -238,14 +238,16 @@ def overlap_live_bytes(first: list[int], later: list[int]) -> int:
 def overlap_stored_bytes(
     first: list[int], later: list[int], chunk_bytes: int = ACTIVATION_CHUNK_BYTES
 ) -> int:
-    """Host store bytes with the cross-round overlap: overlap_live_bytes's sets in one store
-    shared by the two passes in flight, in chunk-sized parts that any freed chunk takes,
-    each rounded to 256 bytes, and a chunk a layer for the tails of chunks a live set still
-    holds (over 2,500 random levels, lead passes, windows and layer counts the arena held at
-    most 1.94 chunks, 0.97 a layer, more than the sets: host_store.py, and its property test
-    in tests/worker/runtime/working_set/test_host_store.py)."""
-    live = overlap_live_bytes(first, later)
-    return live + live // 256 + len(first) * chunk_bytes
+    """Host store bytes with the cross-round overlap: one store shared by the two passes in
+    flight, each layer's sets in pages of their own (whole chunks, host_store.py
+    _take_paged), so it holds exactly overlap_live_bytes's pages: layer k's bytes rounded
+    up to whole chunks (checked against the store by a property test,
+    tests/worker/runtime/working_set/test_host_store.py)."""
+
+    def pages(sent: list[int]) -> list[int]:
+        return [-(-b // chunk_bytes) for b in sent]
+
+    return chunk_bytes * overlap_live_bytes(pages(first), pages(later))
 
 
 def home_saved_limit(

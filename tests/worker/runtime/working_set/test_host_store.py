@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wstrain.scheduler.planning.memory_model import overlap_live_bytes, overlap_stored_bytes
+from wstrain.scheduler.planning.memory_model import overlap_stored_bytes
 from wstrain.worker.runtime.working_set.arena import HostArena
 from wstrain.worker.runtime.working_set.host_store import HostActivationStore
 
@@ -125,44 +125,65 @@ def test_overlapped_passes_share_one_passs_room() -> None:
     lead=st.integers(1, 2),
     window=st.integers(0, 2),
     passes=st.integers(2, 5),
+    scale=st.sampled_from([0.125, 0.5, 0.75, 1.0, 1.5, 3.0]),
+    fp8=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-@settings(max_examples=60, deadline=None)
-def test_the_planners_count_holds_what_the_overlap_places(
-    layers: int, units: int, lead: int, window: int, passes: int, seed: int
+@settings(max_examples=80, deadline=None)
+def test_the_planners_count_is_what_the_overlap_holds(
+    layers: int,
+    units: int,
+    lead: int,
+    window: int,
+    passes: int,
+    scale: float,
+    fp8: bool,
+    seed: int,
 ) -> None:
     """Random levels per (layer, unit), a first pass of `lead` rounds with its own levels,
-    the top `window` layers on the device: through steps of the overlap's order, live sets
-    never share a byte and the arena never grows past the planner's count
-    (memory_model.overlap_stored_bytes), so a plan that fits its host budget does not run
-    out of arena. (Without parts the chunks of 224-unit gate and up projections could not
-    take the others' sets: a lead pass of two rounds grew the arena 15% past the sets.)"""
+    the top `window` layers on the device, sets of other lengths than 8K (`scale`), fp8
+    data with its scales: through two steps of the overlap's order, live sets never share a
+    byte and the arena holds exactly the planner's count (memory_model.overlap_stored_bytes),
+    so a plan that fits its host budget does not run out of arena. (With mixed chunk sizes
+    and shared tails the arena had grown up to 15% past the sets; the count held only for
+    8K shapes.)"""
     gen = torch.Generator().manual_seed(seed)
     home = layers - min(window, layers - 1)
+
+    def tensor(kib: int) -> list[int]:  # bytes of its parts: fp8 data and scales, or one
+        n = max(256, int(kib * scale * KIB) // 256 * 256)
+        return [n // 2, max(256, n // 2 // 128 * 4)] if fp8 else [n]
+
+    menu = [[b for kib in sizes for b in tensor(kib)] for sizes in SETS_KIB]
 
     def draw() -> list[list[int]]:
         return torch.randint(0, 4, (home, units), generator=gen).tolist()
 
     first, later = draw(), draw()
     sets = {
-        0: [[SETS_KIB[lv] for lv in row] * lead for row in first],
-        **{p: [[SETS_KIB[lv] for lv in row] for row in later] for p in range(1, passes)},
+        0: [[menu[lv] for lv in row] * lead for row in first],
+        **{p: [[menu[lv] for lv in row] for row in later] for p in range(1, passes)},
     }
     for p in sets:  # the window's layers send nothing home
         sets[p] += [[] for _ in range(layers - home)]
 
     def layer_bytes(p: int) -> list[int]:
-        return [sum(map(sum, sets[p][k])) * KIB for k in range(layers)]
+        return [sum(-(-n // 256) * 256 for unit in sets[p][k] for n in unit) for k in range(layers)]
 
-    planned = overlap_live_bytes(layer_bytes(0), layer_bytes(min(1, passes - 1)))
     counted = overlap_stored_bytes(layer_bytes(0), layer_bytes(min(1, passes - 1)), 64 * KIB)
     store, live = _store(split=True), {}
 
     def place(p: int, k: int) -> None:
-        live[(p, k)] = [s for unit in sets[p][k] for s in _place(store, (p, k), unit)]
+        store.tag = (p, k)
+        live[(p, k)] = [
+            (part.data_ptr(), part.nbytes)
+            for unit in sets[p][k]
+            for n in unit
+            for part in store.take(torch.empty(n, dtype=torch.uint8)).parts
+        ]
         assert _disjoint([s for spans in live.values() for s in spans])
 
-    for _ in range(2):  # two steps: the second reuses the first's chunks
+    for _ in range(2):  # two steps: the second reuses the first's pages
         store.reset()
         live.clear()
         for k in range(layers):
@@ -174,5 +195,7 @@ def test_the_planners_count_holds_what_the_overlap_places(
                 del live[(p - 1, layers - 1 - i)]
         for k in reversed(range(layers)):
             store.release((passes - 1, k), [])
-        assert store.live_bytes == 0 and store.peak_bytes <= planned
+        assert store.live_bytes == 0
         assert store.arena.total_bytes <= counted
+    if passes > 2:  # two later passes side by side reach the count the planner takes
+        assert store.arena.total_bytes == counted
