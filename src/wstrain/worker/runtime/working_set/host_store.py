@@ -98,8 +98,8 @@ class HostRoom:
 
 
 class HostActivationStore:
-    """Best-fit allocator over arena chunks. A chunk is written front to back by one pass and
-    taken back whole when every set placed in it is released. Best fit, not a bump cursor
+    """Best-fit allocator over arena chunks. A chunk is written front to back and taken back
+    whole when every set placed in it is released. Best fit, not a bump cursor
     over the whole store: a level-1 set is 64+64+16+16+64+1 MiB at 8K tokens, and a cursor
     that only moves on left ~95 MiB of every set's chunk tails unused (the arena measured
     10-12 GiB over the planner's count on the H200); the small tensors go into the tails
@@ -135,9 +135,6 @@ class HostActivationStore:
         # per chunk: inbound copies still reading it when it was released (prefetched and
         # never taken); a copy home into it waits for them (pop_waits)
         self.readers: list[list[torch.cuda.Event]] = []
-        # the pass each chunk was taken for: only its own pass fills its tail, so a chunk the
-        # backward frees is not held by the forward's small sets beside it
-        self.taker: list[int] = []
         self.waits: list[torch.cuda.Event] = []
         self.tag: Tag = (0, 0)  # what take() places now
         self.cursor: dict[Tag, tuple[int, int]] = {}  # split: each tag's last page, offset
@@ -213,25 +210,12 @@ class HostActivationStore:
         """(chunk, byte offset) for `nbytes`: the tail with the least room that holds it,
         else a free chunk, else a new one."""
         self.smallest = min(self.smallest, nbytes)
-        fits = [
-            i
-            for i in self.open
-            if self.taker[i] == self.tag[0] and self.chunks[i].numel() - self.used[i] >= nbytes
-        ]
+        fits = [i for i in self.open if self.chunks[i].numel() - self.used[i] >= nbytes]
         if fits:
             idx = min(fits, key=lambda i: self.chunks[i].numel() - self.used[i])
         else:
             reused = self._reuse(nbytes)
-            if reused is None:
-                reused, size = len(self.chunks), max(self.chunk_bytes, nbytes)
-                tile = self.arena.alloc(f"acts{reused}", size, torch.uint8, "activations")
-                self.chunks.append(tile)
-                self.used.append(0)
-                self.live.append(0)
-                self.readers.append([])
-                self.taker.append(self.tag[0])
-            idx = reused
-            self.taker[idx] = self.tag[0]
+            idx = self._new_chunk(max(self.chunk_bytes, nbytes)) if reused is None else reused
             self.open.append(idx)
         off = self.used[idx]
         self.used[idx] = off + nbytes
@@ -288,16 +272,15 @@ class HostActivationStore:
     def _page(self) -> int:
         """A whole chunk for the current tag: a free one, else a new one."""
         reused = self._reuse(self.chunk_bytes)
-        if reused is not None:
-            return reused
+        return self._new_chunk(self.chunk_bytes) if reused is None else reused
+
+    def _new_chunk(self, nbytes: int) -> int:
+        """A new arena tile of `nbytes` (the arena refuses one past the host budget)."""
         idx = len(self.chunks)
-        self.chunks.append(
-            self.arena.alloc(f"acts{idx}", self.chunk_bytes, torch.uint8, "activations")
-        )
+        self.chunks.append(self.arena.alloc(f"acts{idx}", nbytes, torch.uint8, "activations"))
         self.used.append(0)
         self.live.append(0)
         self.readers.append([])
-        self.taker.append(self.tag[0])
         return idx
 
     def _count(self, idx: int, nbytes: int) -> None:
