@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from bench.bound import link_share_of, node_from_row, spec_dims_of
+from bench.bound import layout_of, link_share_of, node_from_row, spec_dims_of
 from wstrain.scheduler.contracts.calibration import LEVELS
 from wstrain.scheduler.planning import cost_model as cm
 from wstrain.scheduler.planning import memory_model as mm
@@ -32,20 +32,6 @@ from wstrain.scheduler.planning.candidates import fill_window
 from wstrain.scheduler.planning.levels import _quantum, solve
 
 log = logging.getLogger("bench.window_buffer")
-
-
-def layout_of(row: dict) -> mm.Layout:  # type: ignore[type-arg]
-    """The row's planned layout (a per-round plan)."""
-    ws = row["plan"]["working_set"]
-    return mm.Layout(
-        micro_batch=row["plan"]["micro_batch"],
-        r_param=ws["r_param"],
-        r_grad=ws["r_grad"],
-        optimizer=ws["optimizer"],
-        loss_tokens=ws["loss_tokens"],
-        lead_rounds=ws["lead_rounds"],
-        device_layers=ws["device_layers"],
-    )
 
 
 def window_costs(row: dict) -> list[tuple[int, float, float]]:  # type: ignore[type-arg]
@@ -60,7 +46,10 @@ def window_costs(row: dict) -> list[tuple[int, float, float]]:  # type: ignore[t
 
 def _window_costs(row: dict) -> list[tuple[int, float, float]]:  # type: ignore[type-arg]
     spec, dims = spec_dims_of(row)
-    node, lay = node_from_row(row), layout_of(row)
+    node = node_from_row(row)
+    # the row's own layout, with the split optimizer's device layers as planned
+    planned, _ = layout_of(row, row["plan"]["micro_batch"], planned=True, overlap=False)
+    lay = replace(planned, device_layers=row["plan"]["working_set"]["device_layers"])
     L, X = dims.num_layers, lay.units
     lc = cm.layer_cost(dims, spec, lay, node)
     plain = solve([lc] * L)
