@@ -56,6 +56,13 @@ class Unauthorized(WstrainError):
     status = 401
 
 
+class Forbidden(WstrainError):
+    """The caller is known but may not do this: a priority class above its owner's grant,
+    over the grant's quota, or an admin-only route (scheduler/contracts/grants.py)."""
+
+    status = 403
+
+
 class BudgetExceeded(WstrainError):
     """A running job was about to take memory past its budget (a planner bug: the plan said
     it fits); the worker fails the job with this instead of overrunning the budget."""
