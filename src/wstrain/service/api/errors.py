@@ -31,7 +31,12 @@ async def wstrain_error_response(_: Request, exc: Exception) -> JSONResponse:
     """The status and body a WstrainError answers with."""
     if not isinstance(exc, WstrainError):  # registered for WstrainError only
         raise exc
-    return JSONResponse(status_code=exc.status, content={"detail": exc.message, **exc.detail})
+    retry_s = exc.detail.get("retry_after_s")  # TooManyRequests: when to come back
+    return JSONResponse(
+        status_code=exc.status,
+        content={"detail": exc.message, **exc.detail},
+        headers=None if retry_s is None else {"Retry-After": str(retry_s)},
+    )
 
 
 log = logging.getLogger(__name__)
