@@ -22,6 +22,7 @@ from wstrain.scheduler.contracts.errors import Conflict, InvalidSpec, NotFound
 from wstrain.scheduler.contracts.jobs import TERMINAL_STATES, Event, Job, JobList, JobState
 from wstrain.scheduler.contracts.plan import Plan
 from wstrain.scheduler.contracts.spec import JobSpec
+from wstrain.scheduler.contracts.stream_ids import LAST_ID, STREAM_ID_SCHEMA, StreamId
 from wstrain.service.api.deps import CallerDep, PlannerDep, Store, VisibleJob
 
 log = logging.getLogger(__name__)
@@ -98,10 +99,12 @@ async def get_plan(job: VisibleJob) -> Plan:
 async def get_events(
     job: VisibleJob,
     st: Store,
-    # a Redis stream id, as the events carry it: "<ms>-<seq>" (or "<ms>")
-    after: Annotated[str | None, Query(pattern=r"^[0-9]{1,20}(-[0-9]{1,20})?$")] = None,
+    # a Redis stream id, as the events carry it: "<ms>-<seq>" (or "<ms>"), parts <= 2^64-1
+    after: Annotated[StreamId | None, Query(json_schema_extra=STREAM_ID_SCHEMA)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[Event]:
+    if after == LAST_ID:  # nothing follows it, and Redis refuses to read after it
+        return []
     return await st.events(job.id, after, limit)
 
 

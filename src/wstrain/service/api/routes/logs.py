@@ -33,15 +33,15 @@ from pydantic import BaseModel, Field
 from starlette.types import Receive, Scope, Send
 
 from wstrain.scheduler.contracts.jobs import TERMINAL_STATES
+from wstrain.scheduler.contracts.stream_ids import LAST_ID, STREAM_ID_SCHEMA, StreamId
 from wstrain.scheduler.store import JobStore
-from wstrain.scheduler.store.logs import JobLogs, LogEntry
+from wstrain.scheduler.store.logs import JobLogs, LogEntry, LogRead
 from wstrain.service.api.deps import Settings, Store, VisibleJob
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/jobs")
 
-STREAM_ID = r"^[0-9]{1,20}(-[0-9]{1,20})?$"  # a Redis stream id, "<ms>-<seq>" or "<ms>"
 PAGE_MAX_LINES = 1000  # a line is at most 8 KiB, so a page is at most 8 MiB
 FOLLOW_BLOCK_MS = 1000  # a follower checks its job's state (and its client) once a second
 FOLLOW_BATCH = 500  # entries per XREAD: one chunk of the response
@@ -211,14 +211,17 @@ async def get_logs(
     st: Store,
     settings: Settings,
     request: Request,
-    after: Annotated[str | None, Query(pattern=STREAM_ID)] = None,
+    after: Annotated[StreamId | None, Query(json_schema_extra=STREAM_ID_SCHEMA)] = None,
     limit: Annotated[int, Query(ge=1, le=PAGE_MAX_LINES)] = PAGE_MAX_LINES,
     follow: bool = False,
-    last_event_id: Annotated[str | None, Header(pattern=STREAM_ID)] = None,
+    last_event_id: Annotated[StreamId | None, Header(json_schema_extra=STREAM_ID_SCHEMA)] = None,
 ) -> Response:
     """The job's worker log: a page of lines after `after`, or with follow=true a stream."""
     if not follow:
-        read = await JobLogs.of(st).read(job.id, after, limit)
+        if after == LAST_ID:  # nothing follows it, and Redis refuses to read after it
+            read = LogRead([], after, False)
+        else:
+            read = await JobLogs.of(st).read(job.id, after, limit)
         page = LogPage(
             lines=[LogLine(id=e.id, line=e.line or "") for e in read.lines],
             next=read.next,
