@@ -9,11 +9,12 @@ Prometheus sends from a credentials file (deploy/prometheus/prometheus.yml)."""
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from wstrain.service.api.deps import Metrics, OptionalCaller, Store
+from wstrain.service.api.responses import error_responses
 
 router = APIRouter()
 
@@ -22,7 +23,11 @@ class Health(BaseModel):
     status: str
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,  # the Prometheus text format
+    responses=error_responses(422, 503),
+)
 async def prometheus(st: Store, metrics: Metrics, caller: OptionalCaller) -> Response:
     body = await metrics.render(st, detailed=caller is not None and caller.admin)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
@@ -33,7 +38,11 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Health)
+@router.get(
+    "/readyz",
+    response_model=Health,
+    responses={503: {"model": Health, "description": "not ready; `status` says why"}},
+)
 async def readyz(st: Store) -> Response:
     """Ready when Redis answers and at least one agent heartbeats (a node's record expires
     WSTRAIN_NODE_TTL_S after its agent's last heartbeat): with no agent, jobs would only

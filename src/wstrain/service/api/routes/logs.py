@@ -37,10 +37,11 @@ from wstrain.scheduler.contracts.stream_ids import LAST_ID, STREAM_ID_SCHEMA, St
 from wstrain.scheduler.store import JobStore
 from wstrain.scheduler.store.logs import JobLogs, LogEntry, LogRead
 from wstrain.service.api.deps import Settings, Store, VisibleJob
+from wstrain.service.api.responses import CALLER, JOB, error_responses
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/jobs")
+router = APIRouter(prefix="/v1/jobs", responses=CALLER)
 
 PAGE_MAX_LINES = 1000  # a line is at most 8 KiB, so a page is at most 8 MiB
 FOLLOW_BLOCK_MS = 1000  # a follower checks its job's state (and its client) once a second
@@ -203,7 +204,11 @@ async def _follow(
             "description": "a page, or with "
             "follow=true a stream of `id:`/`data:` events ending with `event: end`",
         },
-        429: {"description": "WSTRAIN_LOG_FOLLOWERS_MAX streams already served"},
+        **JOB,
+        429: {
+            **error_responses(429)[429],
+            "description": "WSTRAIN_LOG_FOLLOWERS_MAX streams already served",
+        },
     },
 )
 async def get_logs(

@@ -19,8 +19,9 @@ from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.policy import PendingJob, Usage, fair_share_factors, order_key
 from wstrain.scheduler.store.scheduling import SchedulingView
 from wstrain.service.api.deps import CallerDep, Settings, Store
+from wstrain.service.api.responses import CALLER
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=CALLER)
 
 QUEUE_HEAD = 500  # as many as an agent's round considers (scheduler/agent/scheduling.py)
 
