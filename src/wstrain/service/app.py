@@ -30,6 +30,7 @@ from wstrain.scheduler.store import JobStore
 from wstrain.service.api.errors import install_error_handlers
 from wstrain.service.api.limits import BodyLimit
 from wstrain.service.api.planning import Planner
+from wstrain.service.api.responses import EVERY_REQUEST
 from wstrain.service.api.routes import ROUTERS, docs
 from wstrain.service.metrics import ApiMetrics
 from wstrain.service.settings import ServiceSettings
@@ -75,6 +76,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         docs_url=None if protected else "/docs",
         redoc_url=None,
         openapi_url=None if protected else "/openapi.json",
+        responses=EVERY_REQUEST,  # each router adds its own (api/responses.py)
     )
     app.state.settings = settings
     app.state.metrics = metrics

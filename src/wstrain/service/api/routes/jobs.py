@@ -24,16 +24,18 @@ from wstrain.scheduler.contracts.plan import Plan
 from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.contracts.stream_ids import LAST_ID, STREAM_ID_SCHEMA, StreamId
 from wstrain.service.api.deps import CallerDep, PlannerDep, Store, VisibleJob
+from wstrain.service.api.responses import BODY, CALLER, JOB, error_responses
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/jobs")
+router = APIRouter(prefix="/v1/jobs", responses=CALLER)
+_FINISHED = {**JOB, **error_responses(409)}  # cancel or resume in the wrong state
 
 _BEFORE_RUNNING = frozenset({JobState.queued, JobState.planning})
 _RESUMABLE = frozenset({JobState.cancelled, JobState.failed, JobState.timeout})
 
 
-@router.post("", status_code=201, response_model=Job)
+@router.post("", status_code=201, response_model=Job, responses=BODY)
 async def submit(spec: JobSpec, st: Store, planner: PlannerDep, caller: CallerDep) -> Job:
     for i, dep in enumerate(spec.after):  # a dependency the caller may not see is unknown
         try:
@@ -80,7 +82,7 @@ async def list_jobs(
     return Response(body, media_type="application/json")
 
 
-@router.get("/{job_id}", response_model=Job)
+@router.get("/{job_id}", response_model=Job, responses=JOB)
 async def get_job(job_id: str, st: Store, caller: CallerDep) -> Response:
     # the store's JSON of this revision of the job: no parse, no dump (bench/api_load.py)
     owner, body = await st.get_json(job_id)
@@ -89,13 +91,13 @@ async def get_job(job_id: str, st: Store, caller: CallerDep) -> Response:
     return Response(body, media_type="application/json")
 
 
-@router.get("/{job_id}/plan", response_model=Plan)
+@router.get("/{job_id}/plan", response_model=Plan, responses=JOB)
 async def get_plan(job: VisibleJob) -> Plan:
     assert job.plan is not None, "every stored job carries the plan it was admitted with"
     return job.plan
 
 
-@router.get("/{job_id}/events", response_model=list[Event])
+@router.get("/{job_id}/events", response_model=list[Event], responses=JOB)
 async def get_events(
     job: VisibleJob,
     st: Store,
@@ -108,7 +110,7 @@ async def get_events(
     return await st.events(job.id, after, limit)
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=Job)
+@router.post("/{job_id}/cancel", status_code=202, response_model=Job, responses=_FINISHED)
 async def cancel(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
     job_id, who = job.id, caller.owner
     if job.state in TERMINAL_STATES:
@@ -135,7 +137,7 @@ async def cancel(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
     return await st.get(job_id)
 
 
-@router.post("/{job_id}/resume", status_code=202, response_model=Job)
+@router.post("/{job_id}/resume", status_code=202, response_model=Job, responses=_FINISHED)
 async def resume(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
     job_id, who = job.id, caller.owner
     if job.state not in _RESUMABLE:

@@ -10,8 +10,9 @@ from pydantic import BaseModel
 from wstrain.scheduler.contracts.jobs import Node, PresetList
 from wstrain.scheduler.contracts.model_dims import preset_list
 from wstrain.service.api.deps import CallerDep, Store
+from wstrain.service.api.responses import CALLER
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=CALLER)
 
 
 class NodeList(BaseModel):
