@@ -3,7 +3,9 @@ process's own settings class extends it and is built once in its main().
 
     WSTRAIN_REDIS_URL (or REDIS_URL)  redis://127.0.0.1:6379/0
     WSTRAIN_KEY_PREFIX                wstrain (namespace of every Redis key)
-    WSTRAIN_STATE_DIR                 wstrain-state (job dirs: specs, plans, checkpoints, logs)
+    WSTRAIN_STATE_DIR                 wstrain-state (job dirs: specs, plans, checkpoints, logs);
+                                      `wstrain serve --state-dir X` sets it for the API, the
+                                      agent and its workers alike
     WSTRAIN_DATA_ROOTS                JSON list of directories jobs may read data and models
                                       from (["."]); the state dir is never readable by jobs,
                                       and a root inside it is refused at start
@@ -15,6 +17,7 @@ process's own settings class extends it and is built once in its main().
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -75,3 +78,13 @@ class SharedSettings(BaseSettings):
     def access(self) -> DataAccess:
         """What jobs may read: the data roots, less the state dir."""
         return DataAccess.of(self.data_roots, self.state_dir)
+
+    def child_env(self) -> dict[str, str]:
+        """These shared settings as the WSTRAIN_* variables of a child process (`wstrain
+        serve`'s agent, which hands the state dir and roots on to its workers), so every
+        process reads the same state dir and data roots as the one that built them."""
+        dumped = self.model_dump(mode="json", include=set(SharedSettings.model_fields))
+        return {
+            f"WSTRAIN_{name.upper()}": v if isinstance(v, str) else json.dumps(v)
+            for name, v in dumped.items()
+        }

@@ -216,7 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = cmd("serve", "run the API, one scheduler agent and (if needed) Redis")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--state-dir", type=Path, default=Path("wstrain-state"))
+    s.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="job dirs, checkpoints, logs and the private Redis (else $WSTRAIN_STATE_DIR, "
+        "else ./wstrain-state); the API, the agent and its workers all guard this one",
+    )
     s.add_argument(
         "--metrics-port",
         type=int,

@@ -1,5 +1,7 @@
 """`wstrain serve`: the API in this process, one scheduler agent as a child process, and a
 private `redis-server` child (persisting to STATE_DIR/redis with AOF) when REDIS_URL is unset.
+One settings object (WSTRAIN_*, --state-dir over WSTRAIN_STATE_DIR) serves all of them: the
+API here guards the state dir and data roots the agent and its workers use.
 Stopping it (Ctrl-C / SIGTERM) stops the agent first, which checkpoints and requeues running
 jobs, then Redis.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import redis
 import uvicorn
+from pydantic import ValidationError
 
 from wstrain.service.app import create_app
 from wstrain.service.settings import ServiceSettings
@@ -132,20 +135,32 @@ def _stop(proc: subprocess.Popen[bytes], name: str, timeout_s: float) -> None:
         proc.kill()
 
 
-def serve(host: str, port: int, state_dir: Path, metrics_port: int) -> int:
-    state_dir = state_dir.resolve()
-    state_dir.mkdir(parents=True, exist_ok=True)
+def settings_for(state_dir: Path | None) -> ServiceSettings:
+    """The one settings object of `wstrain serve`, from WSTRAIN_* with --state-dir over
+    WSTRAIN_STATE_DIR; the state dir and data roots made absolute, so the API here and the
+    agent and workers it starts (from settings.child_env()) guard the same directories."""
+    try:
+        settings = ServiceSettings() if state_dir is None else ServiceSettings(state_dir=state_dir)
+    except ValidationError as exc:  # a root inside the state dir, a malformed WSTRAIN_*
+        raise SystemExit(f"wstrain serve: the settings cannot be used: {exc}") from exc
+    roots = [str(r) for r in settings.access().roots]  # real paths, as the API checks them
+    real_state = Path(os.path.realpath(settings.state_dir))
+    return settings.model_copy(update={"state_dir": real_state, "data_roots": roots})
+
+
+def serve(host: str, port: int, state_dir: Path | None, metrics_port: int) -> int:
+    """state_dir: --state-dir, None for WSTRAIN_STATE_DIR (./wstrain-state)."""
+    settings = settings_for(state_dir)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     redis_proc = None
-    redis_url = env.get("WSTRAIN_REDIS_URL") or env.get("REDIS_URL")
-    if not redis_url:
+    if not (env.get("WSTRAIN_REDIS_URL") or env.get("REDIS_URL")):
         rport = free_port()
-        redis_proc = start_redis(state_dir / "redis", rport)
-        redis_url = f"redis://127.0.0.1:{rport}/0"
-        log.info("started private redis-server on %s", redis_url)
+        redis_proc = start_redis(settings.state_dir / "redis", rport)
+        settings = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{rport}/0"})
+        log.info("started private redis-server on %s", settings.redis_url)
     env.update(
-        WSTRAIN_REDIS_URL=redis_url,
-        WSTRAIN_STATE_DIR=str(state_dir),
+        settings.child_env(),  # the agent's state dir, roots and Redis are the API's
         WSTRAIN_METRICS_HOST=host,
         WSTRAIN_METRICS_PORT=str(metrics_port),
     )
@@ -156,7 +171,6 @@ def serve(host: str, port: int, state_dir: Path, metrics_port: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     try:
-        settings = ServiceSettings(redis_url=redis_url)
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
     finally:
         # the API has stopped taking work; now the agent checkpoints and requeues, then Redis

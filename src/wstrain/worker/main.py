@@ -12,7 +12,9 @@ a node (NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT from its agent): each is its
 local rank 0, and only node 0's reports and writes checkpoints (to the shared job dir).
 SIGTERM asks it to stop at the next step boundary with a checkpoint, and so does a closed
 report pipe (its agent died).
-The exit code is contracts.WorkerExit: 0 succeeded, 3 cancelled, 1 failed.
+The exit code is contracts.WorkerExit: 0 succeeded, 3 cancelled, 1 failed (a crash: the
+agent retries it), 4 refused (an InvalidSpec before the first step, such as a data path that
+resolves outside the data roots or into the state dir: the agent fails the job at once).
 Step reports carry MFU against the chip table's dense peak (contracts/chips.py), a measured
 GEMM rate on a GPU the table does not know, and on CPU only a peak the agent configures.
 The runtime and that peak come from worker/build.py; this module drives them.
@@ -38,6 +40,7 @@ import torch
 
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.chips import ComputePrecision, compute_precision
+from wstrain.scheduler.contracts.errors import InvalidSpec
 from wstrain.scheduler.contracts.jobs import WorkerExit, WorkerMessage
 from wstrain.scheduler.contracts.model_dims import resolve_dims
 from wstrain.scheduler.contracts.model_refs import PathModel
@@ -79,6 +82,7 @@ class Worker:
         self.job_id = job_dir.name
         self.cancel_requested = False
         self.orphaned = False  # the agent's end of the report pipe is closed
+        self.training = False  # past its checks: an InvalidSpec now is no refusal
 
     def emit(self, msg: WorkerMessage) -> None:
         if self.rank > 0:  # rank 0 reports for the gang
@@ -238,6 +242,7 @@ class Worker:
 
         last_report = 0.0
         telemetry = Telemetry()
+        self.training = True
         nodes = self.node.nodes if self.node else 1
         for step in range(start, self.spec.steps):
             # every rank stops at the same step when any was asked to
@@ -339,8 +344,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv,
         args.shm_dir,
     )
+    code = WorkerExit.failed
     try:
         return int(worker.run())
+    except InvalidSpec as exc:
+        # a policy refusal (data roots, state dir) or a file that does not fit, found before
+        # training: every retry would be refused alike, so it ends the job at once
+        msg = f"InvalidSpec: {exc.message}"
+        if not worker.training:
+            msg = f"{exc.message} (refused by the worker before training; not retried)"
+            code = WorkerExit.refused
     except torch.cuda.OutOfMemoryError as exc:
         msg = (
             f"device memory budget {worker.spec.budget.device_gib} GiB exceeded: {exc}; "
@@ -356,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.gang.kill()
     log.error("job %s: failed: %s\n%s", worker.job_id, msg, traceback.format_exc())
     worker.emit(WorkerMessage(kind="error", message=msg))
-    return int(WorkerExit.failed)
+    return int(code)
 
 
 if __name__ == "__main__":

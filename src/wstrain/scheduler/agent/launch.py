@@ -172,6 +172,7 @@ class Launcher:
                 plan=plan.model_dump(mode="json"),
                 runtime=plan.runtime or "",
                 state_reason=None,
+                error=None,  # a retry's earlier cause is in its events; this attempt has none
             )
         except LeaseLost:
             raise

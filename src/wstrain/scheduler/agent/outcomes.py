@@ -1,7 +1,9 @@
 """What becomes of a job once its worker has exited: succeeded; cancelled; `timeout` at its
-time limit; requeued when the agent shut down or the job was preempted (it wrote a
-checkpoint, the next attempt resumes there); and when the worker died (killed, OOM, a CUDA
-error, a lost node) requeued again as an automatic retry, with back-off, until the spec's
+time limit; failed at once when the worker refused the spec before training
+(WorkerExit.refused: a path into the state dir or outside the data roots, which no retry
+changes); requeued when the agent shut down or the job was preempted (it wrote a checkpoint,
+the next attempt resumes there); and when the worker died (killed, OOM, a CUDA error, a lost
+node) requeued again as an automatic retry, with back-off, until the spec's
 `max_retries` are spent, then failed with the cause. Every write is fenced by the agent's
 lease on the job.
 
@@ -46,8 +48,15 @@ async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit
     stopped = code == WorkerExit.cancelled and not ex.cancel_sent  # by us, at a checkpoint
     try:
         if code == WorkerExit.succeeded:
+            # error=None: a retried job's earlier cause ("worker killed by SIGKILL") stays in
+            # its events, not on a job that succeeded
             await store.transition(
-                jid, JobState.succeeded, "training finished", sources=_LIVE, fence=fence
+                jid, JobState.succeeded, "training finished", sources=_LIVE, fence=fence, error=None
+            )
+        elif code == WorkerExit.refused:  # the spec itself: a retry would be refused alike
+            cause = ex.error or "the worker refused the spec before training; see worker.log"
+            await store.transition(
+                jid, JobState.failed, f"failed: {cause}", sources=_LIVE, fence=fence, error=cause
             )
         elif stopped and ex.timed_out:
             limit = job.spec.time_limit_s

@@ -223,8 +223,12 @@ class WorkerMessage(BaseModel):
 
 class WorkerExit(int, enum.Enum):
     succeeded = 0
-    failed = 1
+    failed = 1  # a crash: retried per the spec's max_retries
     cancelled = 3
+    # the spec was refused before training (InvalidSpec: a path outside the data roots or
+    # inside the state dir, a file that does not fit the model): another attempt would be
+    # refused the same way, so the job fails at once
+    refused = 4
 
 
 # ---------------------------------------------------------------- redis keys
