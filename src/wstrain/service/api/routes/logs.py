@@ -29,11 +29,16 @@ from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 from starlette.types import Receive, Scope, Send
 
 from wstrain.scheduler.contracts.jobs import TERMINAL_STATES
-from wstrain.scheduler.contracts.stream_ids import LAST_ID, STREAM_ID_SCHEMA, StreamId
+from wstrain.scheduler.contracts.stream_ids import (
+    LAST_ID,
+    STREAM_ID_PATTERN,
+    STREAM_ID_SCHEMA,
+    StreamId,
+)
 from wstrain.scheduler.store import JobStore
 from wstrain.scheduler.store.logs import JobLogs, LogEntry, LogRead
 from wstrain.service.api.deps import Settings, Store, VisibleJob
@@ -53,6 +58,19 @@ END_GRACE_S = 5.0
 SSE_RETRY_MS = 2000  # an EventSource reconnects after 2 s, with Last-Event-ID
 FOLLOWERS_RETRY_AFTER_S = 5
 _NEWLINES = re.compile(r"\r\n|\r|\n")
+
+
+def _absent_if_null(value: object) -> object:
+    # A header cannot carry JSON's null: an EventSource polyfill or an OpenAPI client with no
+    # id yet sends the text "null" or an empty value. Both mean "no id": read from `after`.
+    return None if value in ("", "null") else value
+
+
+LastEventId = Annotated[StreamId | None, BeforeValidator(_absent_if_null)]
+LAST_EVENT_ID_SCHEMA: dict[str, object] = {
+    "pattern": f"^(null)?$|{STREAM_ID_PATTERN}",
+    "description": "the last stream id this client saw; empty or `null` for none",
+}
 
 
 class LogLine(BaseModel):
@@ -219,7 +237,7 @@ async def get_logs(
     after: Annotated[StreamId | None, Query(json_schema_extra=STREAM_ID_SCHEMA)] = None,
     limit: Annotated[int, Query(ge=1, le=PAGE_MAX_LINES)] = PAGE_MAX_LINES,
     follow: bool = False,
-    last_event_id: Annotated[StreamId | None, Header(json_schema_extra=STREAM_ID_SCHEMA)] = None,
+    last_event_id: Annotated[LastEventId, Header(json_schema_extra=LAST_EVENT_ID_SCHEMA)] = None,
 ) -> Response:
     """The job's worker log: a page of lines after `after`, or with follow=true a stream."""
     if not follow:
