@@ -6,6 +6,7 @@
     wstrain ls [--state S] [--json]    wstrain status ID [--json]    wstrain queue
     wstrain watch ID     wstrain logs [-f] ID     wstrain cancel ID     wstrain resume ID
     wstrain presets      wstrain report ID [-o report-ID.html]     wstrain prepare IN OUT
+    wstrain grant OWNER --max-priority N --max-jobs M    wstrain revoke OWNER    wstrain grants
 
 Client commands talk to the server named by --server, else $WSTRAIN_URL, else `server =`
 in the config file ($WSTRAIN_CONFIG or ~/.config/wstrain/config.toml), else
@@ -16,7 +17,7 @@ cannot be used exits 2; Ctrl-C exits 130, but 0 in `watch`, `submit --follow` (t
 running) and `logs -f`.
 
 The commands live beside this module: cli_spec.py (spec files, paths, sweeps), cli_watch.py
-(watch, logs), cli_tables.py (ls, status, queue).
+(watch, logs), cli_tables.py (ls, status, queue), cli_grants.py (grant, revoke, grants).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import httpx
 
 from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.jobs import JobState
-from wstrain.service import cli_tables, cli_watch
+from wstrain.service import cli_grants, cli_tables, cli_watch
 from wstrain.service.cli_client import CliError, call, client, resolve
 from wstrain.service.cli_spec import (
     MAX_SWEEP_POINTS,
@@ -153,6 +154,8 @@ def _run_client(args: argparse.Namespace) -> int:
             return cli_tables.status(c, args.id, args.json)
         if args.cmd == "queue":
             return cli_tables.queue(c, args.json)
+        if args.cmd in cli_grants.GRANT_COMMANDS:
+            return cli_grants.run(c, args)
         if args.cmd == "plan":
             spec = with_nodes(with_gpus(load_spec(args.spec), args.gpus), args.nodes)
             _print_plan(call(c, "POST", "/v1/plans", json=spec))
@@ -270,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd("cancel", "cancel a job (checkpoint, then stop)").add_argument("id")
     cmd("resume", "resume a cancelled/failed job").add_argument("id")
     cmd("presets", "list model presets: sizes, experts, training state")
+    cli_grants.add_parsers(cmd)
     s = cmd("report", "write one self-contained HTML page of a job's plots")
     s.add_argument("id")
     s.add_argument("-o", "--out", help="the HTML file to write (default: report-ID.html)")

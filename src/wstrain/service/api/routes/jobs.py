@@ -2,7 +2,8 @@
 their plans and events, cancel and resume them. Every bit of state is in Redis (JobStore);
 the store's Lua script applies each state transition atomically.
 
-    POST /v1/jobs                     201 queued job; 422 with the fix; nothing left behind
+    POST /v1/jobs                     201 queued job; 422 with the fix; nothing left behind;
+                                      403 for a priority above the owner's grant (grants.py)
     GET  /v1/jobs?state=&owner=&offset=&limit=
     GET  /v1/jobs/{id}, /plan, /events?after=&limit=        404 for an unknown job
     POST /v1/jobs/{id}/cancel         202; 409 once finished
@@ -25,6 +26,7 @@ from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.contracts.stream_ids import LAST_ID, STREAM_ID_SCHEMA, StreamId
 from wstrain.service.api.deps import CallerDep, PlannerDep, Store, VisibleJob
 from wstrain.service.api.responses import BODY, CALLER, JOB, error_responses
+from wstrain.service.api.routes.grants import Grants, admit_class, class_place
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +37,12 @@ _BEFORE_RUNNING = frozenset({JobState.queued, JobState.planning})
 _RESUMABLE = frozenset({JobState.cancelled, JobState.failed, JobState.timeout})
 
 
-@router.post("", status_code=201, response_model=Job, responses=BODY)
-async def submit(spec: JobSpec, st: Store, planner: PlannerDep, caller: CallerDep) -> Job:
+@router.post("", status_code=201, response_model=Job, responses={**BODY, **error_responses(403)})
+async def submit(
+    spec: JobSpec, st: Store, planner: PlannerDep, caller: CallerDep, grants: Grants
+) -> Job:
+    # a class above the owner's grant is refused before planning spends a thread on it
+    grant = await admit_class(grants, caller, spec.priority)
     for i, dep in enumerate(spec.after):  # a dependency the caller may not see is unknown
         try:
             owner, _ = await st.get_json(dep)
@@ -49,7 +55,9 @@ async def submit(spec: JobSpec, st: Store, planner: PlannerDep, caller: CallerDe
                 field=f"after[{i}]",
             )
     plan = await planner.plan(spec, await st.nodes())
-    job = await st.create(spec, caller.owner, plan)
+    async with class_place(grants, grant, spec.priority) as bind:  # 403 over the quota
+        job = await st.create(spec, caller.owner, plan)
+        await bind(job.id)
     log.info("job %s: submitted by %s (%s)", job.id, caller.owner, spec.name)
     return job
 
@@ -137,8 +145,13 @@ async def cancel(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
     return await st.get(job_id)
 
 
-@router.post("/{job_id}/resume", status_code=202, response_model=Job, responses=_FINISHED)
-async def resume(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
+@router.post(
+    "/{job_id}/resume",
+    status_code=202,
+    response_model=Job,
+    responses={**_FINISHED, **error_responses(403)},
+)
+async def resume(job: VisibleJob, st: Store, caller: CallerDep, grants: Grants) -> Job:
     job_id, who = job.id, caller.owner
     if job.state not in _RESUMABLE:
         raise Conflict(
@@ -147,14 +160,17 @@ async def resume(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
             state=job.state.value,
         )
     where = job.last_checkpoint or "the start (no checkpoint yet)"
-    await st.transition(
-        job_id,
-        JobState.queued,
-        f"resumed by {who} from {where}",
-        sources=_RESUMABLE,
-        attempt=job.attempt + 1,
-        error=None,
-        node=None,
-        worker_pid=None,
-    )
+    grant = await admit_class(grants, caller, job.spec.priority)  # the grant may be revoked
+    async with class_place(grants, grant, job.spec.priority) as bind:
+        await st.transition(
+            job_id,
+            JobState.queued,
+            f"resumed by {who} from {where}",
+            sources=_RESUMABLE,
+            attempt=job.attempt + 1,
+            error=None,
+            node=None,
+            worker_pid=None,
+        )
+        await bind(job_id)
     return await st.get(job_id)
