@@ -1,7 +1,9 @@
 """One scheduling round of an agent: read the queue's head, every placed job, the owners'
 usage and the dependencies from the store; ask the pure policy (scheduler/policy/) what to
 start on this node's GPUs and what to preempt; claim the chosen jobs; write why the others
-wait; charge this node's running jobs to their owners' fair-share usage.
+wait; charge this node's running jobs to their owners' fair-share usage. A job admitted
+under a priority grant is decided at min(its class, its owner's grant now) (store/grants.py):
+a revoked grant neither preempts nor shields from preemption from the next round on.
 
 A job on several nodes is not claimed but joined (store/node_gangs.py): this agent holds its
 share and becomes the next member of the job's gang; the last member to join claims the job
@@ -19,7 +21,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from wstrain.scheduler.agent.members import Hold
 from wstrain.scheduler.contracts.jobs import JobState, gpu_indices, gpu_text
@@ -35,6 +37,7 @@ from wstrain.scheduler.policy import (
     running_weight,
 )
 from wstrain.scheduler.store import JobStore
+from wstrain.scheduler.store.grants import GrantStore
 from wstrain.scheduler.store.node_gangs import Member, NodeGangs
 from wstrain.scheduler.store.scheduling import PendingRow, PlacedRow, SchedulingView
 
@@ -81,6 +84,7 @@ class Rounds:
     ) -> None:
         self.view = SchedulingView(store)
         self.gangs = NodeGangs(store)
+        self.grants = GrantStore(store)
         self.gang = gang or GangSettings()
         self.node, self.agent_id, self.config, self.lease_s = node, agent_id, config, lease_s
         self._charged_s = time.time()
@@ -174,11 +178,16 @@ class Rounds:
             o: Usage(u, now)
             for o, u in (await self.view.usage(now, self.config.half_life_s)).items()
         }
+        caps = await self.grants.caps(
+            [(r.id, r.owner, r.priority) for r in rows]
+            + [(j.id, j.owner, j.priority) for j in (*running, *elsewhere)]
+        )
+        running, elsewhere = _capped(running, caps), _capped(elsewhere, caps)
         pending = [
             PendingJob(
                 r.id,
                 r.owner,
-                r.priority,
+                caps.get(r.id, r.priority),
                 r.queued_at,
                 r.device_bytes,
                 r.host_bytes,
@@ -243,6 +252,10 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def _capped(jobs: list[RunningJob], caps: dict[str, int]) -> list[RunningJob]:
+    return [replace(j, priority=caps[j.id]) if j.id in caps else j for j in jobs]
 
 
 def _running(p: PlacedRow) -> RunningJob:
