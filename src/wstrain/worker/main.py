@@ -43,7 +43,6 @@ from wstrain.scheduler.contracts.chips import ComputePrecision, compute_precisio
 from wstrain.scheduler.contracts.errors import InvalidSpec
 from wstrain.scheduler.contracts.jobs import WorkerExit, WorkerMessage
 from wstrain.scheduler.contracts.model_dims import resolve_dims
-from wstrain.scheduler.contracts.model_refs import PathModel
 from wstrain.scheduler.contracts.plan import Plan
 from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.worker.build import build_runtime, mfu_peak
@@ -186,9 +185,7 @@ class Worker:
         torch.manual_seed(self.spec.seed)
         group = self._start_gang()
         self._enforce_device_budget()
-        if isinstance(self.spec.model, PathModel):  # its config.json: the dims read next
-            self.access.check(str(Path(self.spec.model.path) / "config.json"), "model.path")
-        dims = resolve_dims(self.spec.model)
+        dims = resolve_dims(self.spec.model, self.access)  # config.json by descriptor, capped
         runtime = build_runtime(self.spec, self.plan, self.access, group, self.shm_dir)
         evals = self.spec.eval
         data = TokenStream.open(
