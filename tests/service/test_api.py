@@ -136,7 +136,7 @@ def test_token_files_are_checked_before_anything_is_queued(api_only: Stack) -> N
     cases = {
         "good.bin": ("uint16", None),
         "good.npy": ("uint32", None),
-        "big-id.bin": ("uint16", "token id 300 (at position 1000"),
+        "big-id.bin": ("uint16", "vocab_size 256 (the first at position 1000)"),
         "float.npy": ("uint32", "holds float32 tokens"),
         "good.npy#": ("uint16", "set data.dtype to match"),
         "short.bin": ("uint16", "fewer than one sequence"),
@@ -175,7 +175,7 @@ def test_prepared_token_files_are_checked_by_their_header(api_only: Stack) -> No
         headers = {
             "complete: false": ({"complete": False}, "run the same `wstrain prepare` again"),
             "tokens": ({"tokens": header.tokens + 1}, "as its header says"),
-            "vocab": ({"vocab_size": 50_000}, "tokenizer of 50000 tokens"),
+            "vocab": ({"vocab_size": 50_000}, "larger than the model's vocab_size 256"),
         }
         for name, (change, needle) in headers.items():
             (root / "docs.json").write_text(header.model_copy(update=change).model_dump_json())

@@ -7,13 +7,13 @@ with the fix.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
-from pathlib import Path
 
 import numpy as np
 
-from wstrain.scheduler.contracts.access import DataAccess
+from wstrain.scheduler.contracts.access import TOKENIZER_MAX_BYTES, DataAccess
 from wstrain.scheduler.contracts.calibration import GIB
 from wstrain.scheduler.contracts.documents import END_OF_TEXT_TOKENS, documents
 from wstrain.scheduler.contracts.errors import InvalidSpec
@@ -27,8 +27,6 @@ from wstrain.scheduler.contracts.token_file import (
     RAW_TEXT_MAX_BYTES,
     TokenFileHeader,
     document_span,
-    header_path,
-    index_path,
     prepare_command,
     token_dtype,
 )
@@ -45,49 +43,64 @@ SUBMIT_SPAN_DOCUMENTS = 1 << 16
 
 
 def _check_tokens(
-    data: TokenData, path: Path, vocab_size: int, seq_len: int
+    data: TokenData, path: str, vocab_size: int, seq_len: int, access: DataAccess
 ) -> tuple[int, TokenFileHeader | None]:
-    """dtype, length and the head's token ids of a .bin (raw or prepared) or .npy token file;
-    its length and its header (None for a bare file). Only the first HEAD_TOKENS ids are read
-    here, so a submission costs the same for a 2 GiB file as for a small one; the worker
-    checks every id before it trains (worker/io/data.py)."""
+    """dtype, length and the head's token ids of a .bin (raw or prepared) or .npy token file
+    (`path`: the one data.path opened, /proc/self/fd/N); its length and its header (None
+    for a bare file). Only the first HEAD_TOKENS ids are read here, so a submission costs
+    the same for a 2 GiB file as for a small one; the worker checks every id before it
+    trains (worker/io/data.py). Errors name positions and bounds, never ids or header values."""
     header = None
-    if path.suffix == ".npy":
+    if data.path.endswith(".npy"):
         try:
-            tokens = np.load(path, mmap_mode="r")
-        except ValueError as exc:
+            tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError):  # numpy's messages quote the header: not shown
             raise InvalidSpec(
-                f"data.path={data.path!r} is not a readable .npy file: {exc}"
-            ) from exc
+                f"data.path={data.path!r} is not a readable .npy file (its header or size "
+                "does not parse); save it with numpy.save"
+            ) from None
+        # a plain numeric dtype's name ("float32") is from a closed set; a structured one's
+        # field names are the file's own text
+        plain = tokens.dtype.names is None and tokens.dtype.kind in "biuf"
         if data.dtype is not None and tokens.dtype != np.dtype(data.dtype):
             raise InvalidSpec(
-                f"data.path={data.path!r} holds {tokens.dtype} tokens but "
-                f"data.dtype={data.dtype!r}; set data.dtype to match (uint16 or "
+                f"data.path={data.path!r} holds "
+                + (f"{tokens.dtype} tokens" if plain else "tokens of a non-numeric dtype")
+                + f" but data.dtype={data.dtype!r}; set data.dtype to match (uint16 or "
                 "uint32) or convert the file"
+            )
+        if not plain:
+            raise InvalidSpec(
+                f"data.path={data.path!r} holds tokens of a non-numeric dtype; save uint16 "
+                "or uint32 token ids"
             )
         tokens = tokens.reshape(-1)
     else:
         try:
-            dtype, header = token_dtype(path, data.dtype)
+            dtype, header = token_dtype(data.path, data.dtype, access)
         except ValueError as exc:
             raise InvalidSpec(f"data.path: {exc}") from exc
-        size, width = path.stat().st_size, _TOKEN_BYTES[dtype]
+        size, width = os.stat(path).st_size, _TOKEN_BYTES[dtype]
         if size % width or (header is not None and size != header.tokens * width):
             raise InvalidSpec(
-                f"data.path={data.path!r} has {size} bytes, not a multiple of "
-                f"{width}"
+                f"data.path={data.path!r} has {size} bytes, not "
                 + (
-                    ""
+                    f"a multiple of {width}"
                     if header is None
-                    else f" x {header.tokens} tokens as its header says; prepare it again"
+                    else f"{width} for each of the tokens as its header says; prepare it again"
                 )
                 + f"; is the dtype {dtype!r} right?"
             )
         if header is not None and header.vocab_size > vocab_size:
             raise InvalidSpec(
-                f"data.path={data.path!r} was made with a tokenizer of {header.vocab_size} "
-                f"tokens ({header.tokenizer}) but the model's vocab_size is {vocab_size}; "
-                "use a model with a larger vocabulary or prepare the data with its tokenizer"
+                f"data.path={data.path!r} was made with a tokenizer larger than the model's "
+                f"vocab_size {vocab_size} (its header says so); use a model with a larger "
+                "vocabulary or prepare the data with its tokenizer"
+            )
+        if size < (seq_len + 1) * width:  # and numpy cannot map an empty file
+            raise InvalidSpec(
+                f"data.path={data.path!r} holds {size // width} tokens, fewer than "
+                f"one sequence of seq_len+1={seq_len + 1}"
             )
         tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
     if len(tokens) < seq_len + 1:
@@ -96,39 +109,59 @@ def _check_tokens(
             f"one sequence of seq_len+1={seq_len + 1}"
         )
     head = tokens[:HEAD_TOKENS]
-    top = int(head.max())
-    if top >= vocab_size:
+    if int(head.max()) >= vocab_size:
         at = int(np.argmax(head >= vocab_size))
         raise InvalidSpec(
-            f"data.path={data.path!r} holds token id {head[at]} (at position {at}, max "
-            f"{top}) but the model's vocab_size is {vocab_size}; use a model with a larger "
+            f"data.path={data.path!r} holds a token id at or above the model's vocab_size "
+            f"{vocab_size} (the first at position {at}); use a model with a larger "
             "vocabulary or the tokenizer the file was made with"
         )
     return len(tokens), header
 
 
-def _check_jsonl(data: TextData) -> None:
-    """Every line a JSON object whose `text_field` is a string."""
+def _check_jsonl(data: TextData, path: str) -> None:
+    """Every line a JSON object whose `text_field` is a string (`path`: data.path opened)."""
     try:
-        for _ in documents(data.path, data.text_field):
+        for _ in documents(path, data.text_field, name=data.path):
             pass
     except ValueError as exc:
         raise InvalidSpec(f"data.path: {exc}; fix the line or set data.text_field") from exc
+
+
+def _tokenizer_vocab(data: TextData, access: DataAccess) -> tuple[int, set[str]]:
+    """The size and the special tokens of data.tokenizer (a tokenizers tokenizer.json), read
+    whole under TOKENIZER_MAX_BYTES; errors name what is missing, never the file's text."""
+    raw = access.read_bytes(
+        data.tokenizer,
+        "data.tokenizer",
+        TOKENIZER_MAX_BYTES,
+        fix='give the tokenizer.json the data was made with, or "byte"',
+    )
+    bad = f"data.tokenizer={data.tokenizer!r} is not a tokenizers tokenizer.json"
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:  # its msg is a fixed phrase, with no input in it
+        raise InvalidSpec(f"{bad} ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except (ValueError, RecursionError):  # not UTF-8, huge numbers, deep nesting
+        raise InvalidSpec(f"{bad} (not UTF-8 JSON Python can read)") from None
+    try:
+        vocab = len(parsed["model"]["vocab"])
+        specials = {t["content"] for t in parsed.get("added_tokens", [])}
+    except (KeyError, TypeError, AttributeError):
+        raise InvalidSpec(
+            f"{bad} (it needs model.vocab and added_tokens[].content); save it with "
+            "tokenizer.save()"
+        ) from None
+    return vocab, {t for t in specials if isinstance(t, str)}
 
 
 def _check_data(spec: JobSpec, dims: ModelDims, access: DataAccess) -> None:
     data = spec.data
     if spec.document_mask and isinstance(data, SyntheticData):
         raise InvalidSpec("document_mask: synthetic data has no documents; set it false")
-    if isinstance(data, (TokenData, TextData)):
-        path = access.check(data.path, "data.path")
-        if not path.is_file():
-            raise InvalidSpec(f"data.path={data.path!r} does not exist or is not a file")
     if isinstance(data, TokenData):
-        header_file = header_path(path)  # a .bin's header is read below: under a root too
-        if path.suffix == ".bin" and header_file.exists():
-            access.check(str(header_file), "data.path's header")
-        count, header = _check_tokens(data, path, dims.vocab_size, spec.seq_len)
+        with access.open(data.path, "data.path") as path:  # by descriptor, checked
+            count, header = _check_tokens(data, path, dims.vocab_size, spec.seq_len, access)
         if spec.document_mask and (header is None or not header.documents):
             raise InvalidSpec(
                 f"document_mask: data.path={data.path!r} has no document index (NAME.idx "
@@ -143,33 +176,21 @@ def _check_data(spec: JobSpec, dims: ModelDims, access: DataAccess) -> None:
                 f"seq_len+1={spec.seq_len + 1}; raise the fraction or use more data"
             )
     if isinstance(data, TextData):
-        size = path.stat().st_size
-        if size > RAW_TEXT_MAX_BYTES:
-            command = prepare_command(data.path, data.tokenizer, data.text_field)
-            raise InvalidSpec(
-                f"data.path={data.path!r} is {size / 2**20:.0f} MiB of raw text, over the "
-                f"{RAW_TEXT_MAX_BYTES >> 20} MiB a job tokenizes at its start; make a token "
-                f"file once, on all cores: `{command}`, and submit data: "
-                "{kind: tokens, path: ...bin}"
-            )
-        vocab, specials = 256, set()
-        if data.path.endswith(".jsonl"):
-            _check_jsonl(data)
-        if data.tokenizer != "byte":
-            tok = access.check(data.tokenizer, "data.tokenizer")
-            if not tok.is_file():
+        with access.open(data.path, "data.path") as path:  # by descriptor, checked
+            size = os.stat(path).st_size
+            if size > RAW_TEXT_MAX_BYTES:
+                command = prepare_command(data.path, data.tokenizer, data.text_field)
                 raise InvalidSpec(
-                    f"data.tokenizer={data.tokenizer!r} does not exist; give a "
-                    'tokenizer.json or "byte"'
+                    f"data.path={data.path!r} is {size / 2**20:.0f} MiB of raw text, over the "
+                    f"{RAW_TEXT_MAX_BYTES >> 20} MiB a job tokenizes at its start; make a "
+                    f"token file once, on all cores: `{command}`, and submit data: "
+                    "{kind: tokens, path: ...bin}"
                 )
-            try:
-                parsed = json.loads(tok.read_text())
-                vocab = len(parsed["model"]["vocab"])
-                specials = {t["content"] for t in parsed.get("added_tokens", [])}
-            except (ValueError, KeyError, TypeError) as exc:
-                raise InvalidSpec(
-                    f"data.tokenizer={data.tokenizer!r} is not a tokenizers tokenizer.json: {exc}"
-                ) from exc
+            if data.path.endswith(".jsonl"):
+                _check_jsonl(data, path)
+        vocab, specials = 256, set[str]()
+        if data.tokenizer != "byte":
+            vocab, specials = _tokenizer_vocab(data, access)
             if data.path.endswith(".jsonl") and not specials & set(END_OF_TEXT_TOKENS):
                 raise InvalidSpec(
                     f"data.tokenizer={data.tokenizer!r} has none of the "
@@ -214,24 +235,25 @@ def pick_node(spec: JobSpec, nodes: list[Node]) -> NodeProfile:
 
 
 def validate_and_plan(spec: JobSpec, nodes: list[Node], access: DataAccess) -> Plan:
-    if isinstance(spec.model, PathModel):
-        model_dir = access.check(spec.model.path, "model.path")
-        if model_dir.is_dir() and not any(model_dir.glob("*.safetensors")):
+    if isinstance(spec.model, PathModel):  # the directory opened and checked, then listed
+        with access.descriptor(spec.model.path, "model.path", directory=True) as fd:
+            weights = any(name.endswith(".safetensors") for name in os.listdir(fd))
+        if not weights:
             raise InvalidSpec(
                 f"model.path={spec.model.path!r} holds no *.safetensors weights "
                 "to fine-tune; save the model with save_pretrained (safetensors), "
                 'or name {"hf_config": ...} to train from scratch'
             )
-    dims = resolve_dims(spec.model)
+    dims = resolve_dims(spec.model, access)  # config.json by descriptor, capped
     _check_data(spec, dims, access)
     node = pick_node(spec, nodes)
     if spec.document_mask and isinstance(spec.data, TokenData):  # _check_data: it has an index
-        access.check(str(index_path(spec.data.path)), "data.path's index")  # under a root too
-        try:
-            span = document_span(spec.data.path, spec.seq_len, SUBMIT_SPAN_DOCUMENTS)
+        try:  # the index by descriptor, under a root too
+            span = document_span(spec.data.path, spec.seq_len, SUBMIT_SPAN_DOCUMENTS, access)
         except OSError as exc:
             raise InvalidSpec(
-                f"data.path={spec.data.path!r}: its document index cannot be read ({exc}); "
+                f"data.path={spec.data.path!r}: its document index cannot be read "
+                f"({exc.strerror}); "
                 "prepare the file again with `wstrain prepare`, or set document_mask: false"
             ) from exc
         node = node.with_documents(span)  # long sequences' pieces cost their documents

@@ -39,7 +39,7 @@ def build_runtime(
     the Hugging Face directory the spec's model names (read through `access`). With
     `group`, this rank's: a working set shares one host copy through `shm_dir` (tmpfs),
     which rank 0 fills while the others wait."""
-    dims = resolve_dims(spec.model)
+    dims = resolve_dims(spec.model, access)  # config.json by descriptor, capped
     pretrained = Path(spec.model.path) if isinstance(spec.model, PathModel) else None
     if plan.runtime == "resident":
         cfg = RuntimeConfig(

@@ -13,20 +13,26 @@ from collections.abc import Iterator
 END_OF_TEXT_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>")
 
 
-def documents(path: str, field: str) -> Iterator[str]:
+def documents(path: str, field: str, name: str | None = None) -> Iterator[str]:
     """The `field` string of each JSON object of a .jsonl file, blank lines skipped;
-    ValueError names the first bad line."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    ValueError names the first bad line by its number in the file `name` (default `path`:
+    pass the user's path when reading /proc/self/fd/N), never by its content."""
+    shown = name if name is not None else path
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{shown} line {number} is not UTF-8; save it as UTF-8") from None
             if not line.strip():
                 continue
             try:
                 doc = json.loads(line)[field]
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, IndexError, RecursionError):
                 doc = None
             if not isinstance(doc, str):
                 raise ValueError(
-                    f"{path} line {number} is not a JSON object with a {field!r} string"
+                    f"{shown} line {number} is not a JSON object with a {field!r} string"
                 )
             yield doc
 

@@ -7,10 +7,9 @@ disagree about a model's shape.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
+from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import InvalidSpec
 from wstrain.scheduler.contracts.jobs import PresetInfo
 from wstrain.scheduler.contracts.model_refs import (
@@ -19,6 +18,7 @@ from wstrain.scheduler.contracts.model_refs import (
     ModelRef,
     PathModel,
     PresetModel,
+    read_config,
 )
 
 # Bytes of training state per parameter: weights + grads + two AdamW moments (+ fp32 master).
@@ -363,8 +363,11 @@ def dims_from_hf(cfg: HFModelConfig) -> ModelDims:
     )
 
 
-def resolve_dims(model: ModelRef) -> ModelDims:
-    """The dimensions a JobSpec's `model` names; InvalidSpec says what to change."""
+def resolve_dims(model: ModelRef, access: DataAccess | None = None) -> ModelDims:
+    """The dimensions a JobSpec's `model` names; InvalidSpec says what to change. A model
+    directory's config.json is read through `access` (by descriptor, under the data roots,
+    at most CONFIG_MAX_BYTES; default: any path, still capped), and its errors name fields
+    and problems, never the file's values."""
     if isinstance(model, PresetModel):
         if model.preset not in PRESETS:
             raise InvalidSpec(
@@ -374,16 +377,4 @@ def resolve_dims(model: ModelRef) -> ModelDims:
     if isinstance(model, HFConfigModel):
         return dims_from_hf(model.hf_config)
     assert isinstance(model, PathModel)
-    cfg_path = Path(model.path) / "config.json"
-    if not cfg_path.is_file():
-        raise InvalidSpec(
-            f"model.path={model.path!r} has no config.json; point it at a "
-            "Hugging Face model directory"
-        )
-    try:
-        cfg = HFModelConfig.model_validate(json.loads(cfg_path.read_text()))
-    except ValueError as exc:
-        raise InvalidSpec(
-            f"{cfg_path} is not a usable Llama, Qwen3, OLMoE or Qwen3-MoE config: {exc}"
-        ) from exc
-    return dims_from_hf(cfg)
+    return dims_from_hf(read_config(str(model.path), access or DataAccess.of(["/"], None)))

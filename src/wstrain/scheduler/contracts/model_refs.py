@@ -4,19 +4,36 @@ and the short label listings show for each."""
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+import json
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import (
     AliasChoices,
     ConfigDict,
     Field,
+    ValidationError,
     model_validator,
 )
 
+from wstrain.scheduler.contracts.access import CONFIG_MAX_BYTES, DataAccess, file_problems
+from wstrain.scheduler.contracts.errors import InvalidSpec
 from wstrain.scheduler.contracts.spec_fields import Path_, StrictModel
 
 # ---------------------------------------------------------------- model / data specs
+
+_LLAMA3_ROPE = ["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"]
+
+
+class ConfigProblem(ValueError):
+    """What is wrong with a config: `str()` shows the fields' values (an inline hf_config's
+    are the user's own request), `safe` says the same without them, for a config.json read
+    from a file, whose contents never go into an answer (model_dims.resolve_dims)."""
+
+    def __init__(self, problem: str, **values: object) -> None:
+        shown = ", ".join(f"{name}={value!r}"[:120] for name, value in values.items())
+        super().__init__(f"{problem} (given {shown})" if values else problem)
+        self.safe = problem
 
 
 class HFModelConfig(StrictModel):
@@ -79,70 +96,78 @@ class HFModelConfig(StrictModel):
     def _heads_divide(self) -> HFModelConfig:
         kv = self.num_key_value_heads or self.num_attention_heads
         if self.num_attention_heads % kv:
-            raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                f"num_key_value_heads={kv}"
+            raise ConfigProblem(
+                "num_attention_heads must be a multiple of num_key_value_heads",
+                num_attention_heads=self.num_attention_heads,
+                num_key_value_heads=kv,
             )
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
-                f"{self.num_attention_heads}; set head_dim explicitly"
+            raise ConfigProblem(
+                "hidden_size is not divisible by num_attention_heads; set head_dim explicitly",
+                hidden_size=self.hidden_size,
+                num_attention_heads=self.num_attention_heads,
             )
         if self.tie_word_embeddings:
-            raise ValueError(
+            raise ConfigProblem(
                 "tie_word_embeddings=true is not supported: wstrain trains an untied LM head"
             )
         if self.attention_bias:
-            raise ValueError(
+            raise ConfigProblem(
                 "attention_bias=true is not supported: wstrain's attention has no bias terms"
             )
         if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
-            raise ValueError(
-                f"pad_token_id={self.pad_token_id} is outside the vocabulary "
-                f"(vocab_size={self.vocab_size})"
+            raise ConfigProblem(
+                "pad_token_id is outside the vocabulary (at or above vocab_size)",
+                pad_token_id=self.pad_token_id,
+                vocab_size=self.vocab_size,
             )
         self._check_moe()
+        self._check_rope()
+        return self
+
+    def _check_rope(self) -> None:
         rope = self.rope
         if rope["rope_type"] not in ("default", "llama3"):
-            raise ValueError(
-                f"rope_type={rope['rope_type']!r} is not supported; wstrain "
-                'understands "default" and "llama3" RoPE'
+            raise ConfigProblem(
+                'rope_type is not supported; wstrain understands "default" and "llama3" RoPE',
+                rope_type=rope["rope_type"],
             )
+        numbers = ["rope_theta"]
         if rope["rope_type"] == "llama3":
-            missing = {
-                "factor",
-                "low_freq_factor",
-                "high_freq_factor",
-                "original_max_position_embeddings",
-            } - set(rope)
+            numbers += _LLAMA3_ROPE
+            missing = set(_LLAMA3_ROPE) - set(rope)
             if missing:
-                raise ValueError(f"llama3 RoPE scaling lacks {sorted(missing)}")
-        return self
+                raise ConfigProblem(f"llama3 RoPE scaling lacks {sorted(missing)}")
+        for name in numbers:  # dims_from_hf reads them as numbers
+            value = rope[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigProblem(f"RoPE's {name} must be a positive number", **{name: value})
 
     def _check_moe(self) -> None:
         moe_type = self.model_type in ("olmoe", "qwen3_moe", "qwen2_moe")
         if moe_type != (self.num_experts > 0):
-            raise ValueError(
-                f"model_type={self.model_type!r} with num_experts="
-                f"{self.num_experts}: olmoe, qwen3_moe and qwen2_moe need "
-                "num_experts > 0, llama and qwen3 have none"
+            raise ConfigProblem(
+                "olmoe, qwen3_moe and qwen2_moe need num_experts > 0, llama and qwen3 have none",
+                model_type=self.model_type,
+                num_experts=self.num_experts,
             )
         if moe_type and not 0 < self.num_experts_per_tok <= self.num_experts:
-            raise ValueError(
-                f"num_experts_per_tok={self.num_experts_per_tok} must be between 1 "
-                f"and num_experts={self.num_experts}"
+            raise ConfigProblem(
+                "num_experts_per_tok must be between 1 and num_experts",
+                num_experts_per_tok=self.num_experts_per_tok,
+                num_experts=self.num_experts,
             )
         if self.decoder_sparse_step != 1 or self.mlp_only_layers:
-            raise ValueError(
-                "dense layers among MoE layers (decoder_sparse_step="
-                f"{self.decoder_sparse_step}, mlp_only_layers="
-                f"{self.mlp_only_layers}) are not supported: use "
-                "decoder_sparse_step=1 and mlp_only_layers=[]"
+            raise ConfigProblem(
+                "dense layers among MoE layers are not supported: use "
+                "decoder_sparse_step=1 and mlp_only_layers=[]",
+                decoder_sparse_step=self.decoder_sparse_step,
+                mlp_only_layers=self.mlp_only_layers,
             )
         if self.clip_qkv is not None:
-            raise ValueError(f"clip_qkv={self.clip_qkv} is not supported: set it to null")
+            raise ConfigProblem("clip_qkv is not supported: set it to null", clip_qkv=self.clip_qkv)
         if self.use_sliding_window:
-            raise ValueError(
+            raise ConfigProblem(
                 "use_sliding_window=true is not supported: wstrain's attention "
                 "is full causal attention"
             )
@@ -175,3 +200,38 @@ def model_label(model: ModelRef) -> str:
     if isinstance(model, PathModel):
         return PurePosixPath(str(model.path)).name
     return model.hf_config.model_type
+
+
+def read_config(model_dir: str, access: DataAccess) -> HFModelConfig:
+    """The config.json of the model directory `model_dir`, opened and checked by `access`;
+    InvalidSpec names the field, the problem and the fix, with no content of the file."""
+    where = f"model.path={model_dir!r}: its config.json"
+    raw = access.read_bytes(
+        Path(model_dir) / "config.json",
+        "model.path's config.json",
+        CONFIG_MAX_BYTES,
+        shown=str(Path(model_dir) / "config.json"),
+        fix="a Hugging Face config.json is a few KB; point model.path at a model directory",
+    )
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:  # its msg is a fixed phrase, with no input in it
+        raise InvalidSpec(
+            f"{where} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+            "save it again with save_pretrained"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise InvalidSpec(f"{where} is not UTF-8 (at byte {exc.start}); save it as UTF-8") from None
+    except (ValueError, RecursionError):  # digits past int's limit; nesting past the stack
+        raise InvalidSpec(
+            f"{where} is not JSON Python can read (a number of thousands of digits, or "
+            "nesting thousands deep); save it again with save_pretrained"
+        ) from None
+    try:
+        return HFModelConfig.model_validate(parsed)
+    except ValidationError as exc:
+        problems = file_problems(exc)
+        raise InvalidSpec(
+            f"{where} is not a usable Llama, Qwen3, OLMoE, Qwen3-MoE or Qwen2-MoE config: "
+            f"{problems}; fix these fields"
+        ) from None

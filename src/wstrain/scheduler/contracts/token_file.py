@@ -15,16 +15,18 @@ minutes at job start, in one process's memory; the API asks for `wstrain prepare
 
 from __future__ import annotations
 
+import os
 from array import array
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from wstrain.scheduler.contracts.access import TOKEN_HEADER_MAX_BYTES, DataAccess, file_problems
 
 # Raw text or JSONL a job may name directly: 64 MiB tokenizes in ~10 s on one core with a
 # BPE tokenizer; larger inputs go through `wstrain prepare`, once, on all cores.
 RAW_TEXT_MAX_BYTES = 64 << 20
-HEADER_MAX_BYTES = 64 << 10
 # Documents document_span reads from the front of an index: 8 MiB, about a second of Python
 SPAN_SAMPLE_DOCUMENTS = 1 << 20
 
@@ -60,33 +62,49 @@ def index_path(bin_path: str | Path) -> Path:
     return Path(bin_path).with_suffix(".idx")
 
 
-def read_header(bin_path: str | Path) -> TokenFileHeader | None:
-    """The header beside `bin_path`, None if there is none (a bare token file); ValueError
-    names the file if it is there but unreadable."""
+def _anywhere() -> DataAccess:
+    return DataAccess.of(["/"], None)  # callers that name no roots: `wstrain prepare`, tests
+
+
+def read_header(bin_path: str | Path, access: DataAccess | None = None) -> TokenFileHeader | None:
+    """The header beside `bin_path`, None if there is none (a bare token file), read through
+    `access` (by descriptor, checked, at most TOKEN_HEADER_MAX_BYTES). ValueError names the
+    file and the fields at fault, never its values, if it is there but unreadable."""
     path = header_path(bin_path)
-    if Path(bin_path).suffix != ".bin" or not path.is_file():
+    if Path(bin_path).suffix != ".bin" or not os.path.lexists(path):
         return None
-    if path.stat().st_size > HEADER_MAX_BYTES:  # a header is ~0.5 KB; never read a huge one
-        raise ValueError(f"{path} is {path.stat().st_size} bytes, not a token-file header")
+    raw = (access or _anywhere()).read_bytes(
+        path,
+        "data.path's header",
+        TOKEN_HEADER_MAX_BYTES,
+        fix="a token file's header is ~0.5 KB; run `wstrain prepare` again to rewrite it",
+    )
     try:
-        return TokenFileHeader.model_validate_json(path.read_bytes())
-    except ValueError as exc:
-        raise ValueError(f"{path} is not a wstrain token-file header: {exc}") from exc
+        return TokenFileHeader.model_validate_json(raw)
+    except ValidationError as exc:
+        raise ValueError(
+            f"{path} is not a wstrain token-file header ({file_problems(exc, 3)}); run "
+            "`wstrain prepare` again to rewrite it"
+        ) from None
 
 
 def document_span(
-    bin_path: str | Path, seq_len: int, documents: int = SPAN_SAMPLE_DOCUMENTS
+    bin_path: str | Path,
+    seq_len: int,
+    documents: int = SPAN_SAMPLE_DOCUMENTS,
+    access: DataAccess | None = None,
 ) -> int:
     """The tokens a query's document holds within its sequence, token-weighted: over the
     index's documents cut where sequences start (every seq_len tokens, as the data stream
     cuts them), the sum of squared lengths over the tokens. A long sequence's attention
     within documents costs this span a query instead of the sequence's (the planner's
-    NodeProfile.document_span). 0 without an index. Reads the first `documents`."""
+    NodeProfile.document_span). 0 without an index. Reads the first `documents`, through
+    `access` (by descriptor, checked)."""
     path = index_path(bin_path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return 0
-    with open(path, "rb") as f:
-        raw = f.read(8 * documents)
+    with (access or _anywhere()).descriptor(path, "data.path's index") as fd:
+        raw = os.pread(fd, 8 * documents, 0)
     ends = array("Q")
     ends.frombytes(raw[: len(raw) // 8 * 8])  # uint64, native order as prepare writes it
     squares = start = 0
@@ -107,11 +125,13 @@ def prepare_command(path: str, tokenizer: str, text_field: str) -> str:
     return f"wstrain prepare {path} {stem}.bin --tokenizer {tokenizer}{extra}"
 
 
-def token_dtype(bin_path: str | Path, dtype: str | None) -> tuple[str, TokenFileHeader | None]:
+def token_dtype(
+    bin_path: str | Path, dtype: str | None, access: DataAccess | None = None
+) -> tuple[str, TokenFileHeader | None]:
     """The ids' width of a job's token file and its header: the header's for a prepared
     file (a complete one: an interrupted preparation is refused), else `dtype` or uint32.
-    ValueError says what is wrong and the fix."""
-    header = read_header(bin_path)
+    ValueError says what is wrong and the fix; the header is read through `access`."""
+    header = read_header(bin_path, access)
     if header is None:
         return dtype or "uint32", None
     if not header.complete:

@@ -47,10 +47,11 @@ def _load_tokens(
             if data.path.endswith(".npy"):
                 tokens = np.load(path, mmap_mode="r").reshape(-1)
             else:  # a prepared file's header names its dtype (the worker never tokenizes it)
-                dtype, header = token_dtype(data.path, data.dtype)
+                dtype, header = token_dtype(data.path, data.dtype, access)
                 tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
                 if header is not None and header.documents:
-                    ends = np.fromfile(index_path(data.path), np.uint64).astype(np.int64)
+                    with access.open(index_path(data.path), "data.path's index") as index:
+                        ends = np.fromfile(index, np.uint64).astype(np.int64)
         _check_ids(tokens, vocab_size, data.path)
         return tokens, ends
     assert isinstance(data, TextData)
@@ -61,20 +62,34 @@ def _load_tokens(
                 with open(path, "rb") as f:
                     raw = np.frombuffer(f.read(), dtype=np.uint8)
                 return raw, np.asarray([len(raw)])  # plain text: one document
-            packed = b"".join(doc.encode() + b"\0" for doc in documents(path, data.text_field))
+            docs = documents(path, data.text_field, name=data.path)
+            packed = b"".join(doc.encode() + b"\0" for doc in docs)
             tokens = np.frombuffer(packed, dtype=np.uint8)
             return tokens, np.flatnonzero(tokens == 0) + 1
         from tokenizers import Tokenizer  # only text jobs with a tokenizer.json need it
 
         with access.open(data.tokenizer, "data.tokenizer") as tok_path:
-            tok = Tokenizer.from_file(tok_path)
+            try:
+                tok = Tokenizer.from_file(tok_path)
+            except Exception:  # tokenizers' parse errors quote the file ("unknown variant ...")
+                raise ValueError(
+                    f"data.tokenizer={data.tokenizer!r} is not a tokenizer.json the tokenizers "
+                    "library can load; save it with tokenizer.save()"
+                ) from None
         if not jsonl:
-            with open(path, encoding="utf-8") as f:
-                ids = np.asarray(tok.encode(f.read()).ids, dtype=np.int64)
+            with open(path, "rb") as f:
+                try:
+                    text = f.read().decode("utf-8")
+                except UnicodeDecodeError as exc:  # its message quotes the byte: not shown
+                    raise ValueError(
+                        f"data.path={data.path!r} is not UTF-8 (at byte {exc.start}); save it "
+                        'as UTF-8, or use tokenizer: "byte"'
+                    ) from None
+            ids = np.asarray(tok.encode(text).ids, dtype=np.int64)
             return ids, np.asarray([len(ids)])
         eos = end_of_text_id(tok)
         lengths, parts = [], []
-        for doc in documents(path, data.text_field):
+        for doc in documents(path, data.text_field, name=data.path):
             parts.append([*tok.encode(doc).ids, eos])
             lengths.append(len(parts[-1]))
         return np.concatenate(parts).astype(np.int64), np.cumsum(lengths)
@@ -85,12 +100,11 @@ def _check_ids(tokens: np.ndarray, vocab_size: int, path: str) -> None:
     past the vocabulary would fail deep in a step, or on a GPU corrupt memory."""
     for start in range(0, len(tokens), SCAN_TOKENS):
         block = tokens[start : start + SCAN_TOKENS]
-        top = int(block.max())
-        if top >= vocab_size:
+        if int(block.max()) >= vocab_size:  # the id itself is the file's: not shown
             at = start + int(np.argmax(block >= vocab_size))
             raise ValueError(
-                f"data.path={path!r} holds token id {top} (first bad one at position {at}) "
-                f"but the model's vocab_size is {vocab_size}; use a model with a larger "
+                f"data.path={path!r} holds a token id at or above the model's vocab_size "
+                f"{vocab_size} (the first at position {at}); use a model with a larger "
                 "vocabulary or the tokenizer the file was made with"
             )
 

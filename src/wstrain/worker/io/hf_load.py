@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from wstrain.scheduler.contracts.access import DataAccess
+from wstrain.scheduler.contracts.access import SAFETENSORS_HEADER_MAX_BYTES, DataAccess
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,27 @@ CONVERT_BYTES = 64 * 1024**2  # conversion buffer when the file's dtype is not t
 
 
 def read_header(f: BinaryIO | io.RawIOBase) -> tuple[dict[str, dict[str, Any]], int]:
-    """(tensor entries by name, byte offset of the data section) of a safetensors file."""
-    (length,) = struct.unpack("<Q", f.read(8))
-    header = json.loads(f.read(length))
-    header.pop("__metadata__", None)
+    """(tensor entries by name, byte offset of the data section) of a safetensors file; a
+    header over SAFETENSORS_HEADER_MAX_BYTES or not a safetensors header is a ValueError
+    that says so without quoting it."""
+    name = getattr(f, "name", "a .safetensors file")
+    raw = f.read(8)
+    (length,) = struct.unpack("<Q", raw) if len(raw) == 8 else (-1,)
+    if not 0 < length <= SAFETENSORS_HEADER_MAX_BYTES:  # never allocate what a file claims
+        raise ValueError(
+            f"{name}: its header length is not between 1 and {SAFETENSORS_HEADER_MAX_BYTES} "
+            "bytes; is it a .safetensors file? save the model with save_pretrained"
+        )
+    try:
+        header = json.loads(f.read(length))
+        header.pop("__metadata__", None)
+        for entry in header.values():
+            _ = (entry["dtype"], tuple(entry["shape"]), *entry["data_offsets"])
+    except (ValueError, RecursionError, TypeError, KeyError, AttributeError):
+        raise ValueError(  # json's and Python's messages would quote the header: not shown
+            f"{name}: its header is not a safetensors header (JSON of dtype, shape and "
+            "data_offsets by tensor); save the model with save_pretrained"
+        ) from None
     return header, 8 + length
 
 
@@ -81,22 +98,22 @@ def stream_into(
                 header, data_start = read_header(f)
                 # in file order: the reads run sequentially through the shard
                 for name, entry in sorted(header.items(), key=lambda e: e[1]["data_offsets"]):
-                    if name not in views:
+                    if name not in views:  # a tensor's name, not its data: named, cut short
                         raise ValueError(
-                            f"{path.name} holds {name!r}, which a model of this "
+                            f"{path.name} holds {name[:100]!r}, which a model of this "
                             "config.json does not have; is config.json the one "
                             "these weights were saved with?"
                         )
                     shape = tuple(entry["shape"])
                     if shape != tuple(views[name].shape):
                         raise ValueError(
-                            f"{path.name}: {name!r} has shape {shape}, the "
-                            f"config implies {tuple(views[name].shape)}"
+                            f"{path.name}: {name!r} has another shape than the "
+                            f"{tuple(views[name].shape)} the config implies"
                         )
                     if entry["dtype"] not in DTYPES:
                         raise ValueError(
-                            f"{path.name}: {name!r} has dtype {entry['dtype']}; "
-                            f"wstrain reads {sorted(DTYPES)}"
+                            f"{path.name}: {name!r} has a dtype wstrain does not read; "
+                            f"it reads {sorted(DTYPES)}"
                         )
                     begin, end = entry["data_offsets"]
                     f.seek(data_start + begin)
