@@ -16,13 +16,16 @@ Routes and dependencies just raise; service/app.py installs the mappers with
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException
 
 from wstrain.scheduler.contracts.errors import WstrainError
 
@@ -79,7 +82,36 @@ async def validation_error_response(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": errors})
 
 
+def _documented_methods(app: FastAPI, path: str) -> list[str]:
+    """The methods the OpenAPI document lists for the path template `path` matches."""
+    for template, operations in app.openapi()["paths"].items():
+        parts = re.split(r"(\{[^}]+\})", template)
+        pattern = "".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts)
+        if re.fullmatch(pattern, path):
+            return sorted(method.upper() for method in operations)
+    return []
+
+
+async def method_not_allowed_response(request: Request, exc: Exception) -> Response:
+    """405 with `Allow` naming every method the path answers, as its OpenAPI document lists
+    them. Starlette names only those of the first route whose path matched: `Allow: POST`
+    for PATCH /v1/jobs, which GET answers too. Any other HTTPException (404 for an unknown
+    path) answers as FastAPI's own handler would."""
+    if not isinstance(exc, HTTPException):  # registered for HTTPException only
+        raise exc
+    methods = _documented_methods(request.app, request.url.path) if exc.status_code == 405 else []
+    if not methods:  # another status, or a path the document leaves out (/docs): as FastAPI
+        return await http_exception_handler(request, exc)
+    allow = ", ".join(methods)
+    return JSONResponse(
+        status_code=405,
+        headers={"Allow": allow},
+        content={"detail": f"{request.method} is not allowed on {request.url.path}; use {allow}"},
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(HTTPException, method_not_allowed_response)
     app.add_exception_handler(WstrainError, wstrain_error_response)
     app.add_exception_handler(RequestValidationError, validation_error_response)
     for unavailable in (RedisConnectionError, RedisTimeoutError, BusyLoadingError):
