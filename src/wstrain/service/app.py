@@ -7,8 +7,8 @@ Run it with `wstrain serve` (API + agent + Redis), or alone with its settings fr
 
 The routes are thin routers per resource in api/routes/, their dependencies in api/deps.py,
 the one WstrainError -> HTTP mapper in api/errors.py and the off-loop, deadline-bound planner
-in api/planning.py. This module assembles them with the lifespan (Redis client, planning
-threads) and the request-timing middleware behind /metrics' latency histogram.
+in api/planning.py. This module assembles them with the lifespan (Redis client, planner
+processes) and the request-timing middleware behind /metrics' latency histogram.
 """
 
 from __future__ import annotations
@@ -55,7 +55,14 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             await app.state.store.ensure_indexes()
         except RedisError as exc:  # Redis away: routes answer 503 until it is back
             log.warning("job indexes not checked, Redis unavailable: %s", exc)
-        app.state.planner = Planner(settings.plan_timeout_s, settings.access())
+        app.state.planner = Planner(
+            settings.plan_timeout_s,
+            settings.access(),
+            processes=settings.plan_processes,
+            queue_per_owner=settings.plan_queue_per_owner,
+            refusal_ttl_s=settings.plan_refusal_ttl_s,
+        )
+        await app.state.planner.start()  # its processes, ready before the first request
         # what start-up built (modules, the app, its schemas) lives as long as the process:
         # out of the collector's generations, a full collection walks only what requests
         # made, 20-60 ms less a pause under bench/api_load.py

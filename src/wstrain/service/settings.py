@@ -8,7 +8,13 @@
     WSTRAIN_ACCESS_LOG                a log line per request (false)
     WSTRAIN_WORKERS                   API processes sharing the port (1)
     WSTRAIN_LISTEN_HOST, _PORT        where `wstrain-api` listens (127.0.0.1, 8000)
-    WSTRAIN_PLAN_TIMEOUT_S            deadline of a submission's checks and planning (2.0)
+    WSTRAIN_PLAN_TIMEOUT_S            deadline of a submission's checks and planning; a
+                                      planner process past it is killed (2.0, at most 600)
+    WSTRAIN_PLAN_PROCESSES            planner processes (2, 1-64)
+    WSTRAIN_PLAN_QUEUE_PER_OWNER      an owner's plans waiting behind its one in planning;
+                                      more: 429 with Retry-After (8, 0-1024)
+    WSTRAIN_PLAN_REFUSAL_TTL_S        a spec that overran the deadline is refused at once
+                                      this long (600, 0-86400; 0: never)
     WSTRAIN_METRICS_LEASE_S           how long one replica stays the store-wide exporter (30)
     WSTRAIN_METRICS_ENDED_WINDOW_S    how long an ended job stays in wstrain_job_info (86400)
     WSTRAIN_METRICS_MAX_JOBS          most jobs in wstrain_job_info, newest first (10000)
@@ -54,7 +60,18 @@ class ServiceSettings(SharedSettings):
     # The presets plan in 10-75 ms on one core, but a token file's check reads it whole: 45 ms
     # a GiB from the page cache, 2 s a GiB from a 500 MB/s disk. So 2 s passes every preset
     # and small corpora; where jobs train on many-GiB token files, raise it.
-    plan_timeout_s: float = Field(default=2.0, gt=0)
+    # Bounded: a planner process holds a core for up to this long per request.
+    plan_timeout_s: float = Field(default=2.0, gt=0, le=600)
+    # Planner processes (api/planning.py). An owner plans one spec at a time, so with 2 one
+    # owner's deadline-long plan never holds the only process: another owner's plan starts
+    # at once. Each is ~60 MiB (numpy, pydantic, the planner; no torch).
+    plan_processes: int = Field(default=2, ge=1, le=64)
+    # an owner's plans waiting behind its one being planned; more: 429 with Retry-After.
+    # 8 lets a sweep script submit 8 at once; it drains at one plan per 10-75 ms for presets
+    plan_queue_per_owner: int = Field(default=8, ge=0, le=1024)
+    # how long a spec that overran plan_timeout_s is refused at once without planning again
+    # (0: never); 10 min outlasts a retry loop, and a changed data file is planned anew then
+    plan_refusal_ttl_s: float = Field(default=600.0, ge=0, le=86400)
     # /metrics: the replica holding the exporter lease exports the store-wide series; another
     # takes over this long after the holder's last scrape (3 scrapes at Prometheus's 10 s)
     metrics_lease_s: float = Field(default=30.0, ge=1, le=3600)

@@ -63,6 +63,14 @@ class Forbidden(WstrainError):
     status = 403
 
 
+class TooManyRequests(WstrainError):
+    """The caller already has as many requests of this kind waiting as it may (its plans
+    beyond WSTRAIN_PLAN_QUEUE_PER_OWNER); `detail['retry_after_s']` says when to try again,
+    and the API sends it as the Retry-After header too."""
+
+    status = 429
+
+
 class BudgetExceeded(WstrainError):
     """A running job was about to take memory past its budget (a planner bug: the plan said
     it fits); the worker fails the job with this instead of overrunning the budget."""

@@ -54,7 +54,7 @@ async def submit(
                 "(GET /v1/jobs lists them)",
                 field=f"after[{i}]",
             )
-    plan = await planner.plan(spec, await st.nodes())
+    plan = await planner.plan(spec, await st.nodes(), caller.owner)  # behind its own plans
     async with class_place(grants, grant, spec.priority) as bind:  # 403 over the quota
         job = await st.create(spec, caller.owner, plan)
         await bind(job.id)

@@ -20,4 +20,4 @@ async def dry_run(
     spec: JobSpec, st: Store, planner: PlannerDep, caller: CallerDep, grants: Grants
 ) -> Plan:
     await check_quota(grants, await admit_class(grants, caller, spec.priority), spec.priority)
-    return await planner.plan(spec, await st.nodes())
+    return await planner.plan(spec, await st.nodes(), caller.owner)  # behind its own plans
