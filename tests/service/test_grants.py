@@ -187,6 +187,8 @@ def test_with_auth_off_every_caller_is_an_admin(api_only: Stack) -> None:
     with api_only.client() as c:
         r = c.post("/v1/jobs", json=tiny_spec("open", priority=100))
         assert r.status_code == 201, r.text
+        # api_only's queue is shared by the session: leave no class-100 job at its head
+        assert c.post(f"/v1/jobs/{r.json()['id']}/cancel").json()["state"] == "cancelled"
         body = {"max_priority": 7, "max_jobs": 3}
         assert c.put("/v1/grants/frank", json=body).status_code == 200
         assert c.get("/v1/grants").json()["grants"][0]["owner"] == "frank"
@@ -203,3 +205,35 @@ def test_the_effective_class_is_capped_by_the_grant_held_now() -> None:
     check_class("a", 0, None)
     with pytest.raises(Forbidden, match="a's grant allows priority <= 10"):
         check_class("a", 11, grant)
+
+
+def test_the_cli_grants_lists_and_revokes(
+    secured: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wstrain.service.cli import main
+
+    for var in ("WSTRAIN_URL", "WSTRAIN_TOKEN", "WSTRAIN_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent")
+
+    def cli(token: str, *args: str) -> tuple[int, str, str]:
+        code = main(["--server", secured.url, "--token", token, *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, _, err = cli("tok-alice", "grant", "gina", "--max-priority", "9", "--max-jobs", "1")
+    assert code == 1 and "403" in err and "admin token" in err
+    code, out, _ = cli("tok-root", "grant", "gina", "--max-priority", "9", "--max-jobs", "1")
+    assert code == 0 and "gina may submit at priority <= 9, 1 unfinished jobs" in out
+    code, out, _ = cli("tok-root", "grants")
+    row = next(line for line in out.splitlines() if line.startswith("gina"))
+    assert row.split()[:4] == ["gina", "9", "0/1", "ops"]
+    code, out, _ = cli("tok-root", "grants", "--json")
+    assert {"owner": "gina", "max_priority": 9}.items() <= next(
+        g for g in json.loads(out) if g["owner"] == "gina"
+    ).items()
+    assert cli("tok-root", "revoke", "gina")[0] == 0
+    code, _, err = cli("tok-root", "revoke", "gina")
+    assert code == 1 and "404" in err and "gina holds no priority grant" in err
+    with pytest.raises(SystemExit):  # out of bounds: refused before any request
+        main(["grant", "gina", "--max-priority", "101", "--max-jobs", "1"])
