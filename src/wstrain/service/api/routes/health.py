@@ -9,7 +9,7 @@ Prometheus sends from a credentials file (deploy/prometheus/prometheus.yml)."""
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
@@ -25,8 +25,15 @@ class Health(BaseModel):
 
 @router.get(
     "/metrics",
-    response_class=PlainTextResponse,  # the Prometheus text format
-    responses=error_responses(422, 503),
+    # a plain Response: its errors are still documented as JSON, its 200 as text only
+    response_class=Response,
+    responses={
+        200: {
+            "description": "the Prometheus text format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
+        **error_responses(422, 503),
+    },
 )
 async def prometheus(st: Store, metrics: Metrics, caller: OptionalCaller) -> Response:
     body = await metrics.render(st, detailed=caller is not None and caller.admin)
