@@ -8,7 +8,10 @@ deadline, and afterwards a writer's non-blocking open finds a reader still waiti
 means none). And the regular files planted in X hold marker strings that no response may
 carry.
 
-    pytest -m slow tests/service/test_state_dir.py
+The settings `wstrain serve` builds, and the environment it hands its agent, are checked
+alone too (fast).
+
+    pytest tests/service/test_state_dir.py     # -m slow: the one on a real `wstrain serve`
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import pytest
 
 from tests.conftest import CORPUS, REPO, _wait_http, tiny_spec, wait_terminal
 from wstrain.prepare.pipeline import PrepareRequest, prepare
-
-pytestmark = pytest.mark.slow
+from wstrain.scheduler.settings import SharedSettings
+from wstrain.service.serve import settings_for
 
 MARKER = "WSTRAIN-STATE-MARKER-7f3a"
 ALICE = {"Authorization": "Bearer tok-alice"}
@@ -115,6 +118,41 @@ def _no_reader(fifo: Path) -> bool:
     return False
 
 
+def test_serve_builds_one_settings_object_that_its_children_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "data")  # a root given through a symlink
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WSTRAIN_STATE_DIR", "from-env")
+    monkeypatch.setenv("WSTRAIN_DATA_ROOTS", json.dumps(["link"]))
+    assert settings_for(None).state_dir == tmp_path / "from-env"  # absolute, from the env
+    ours = settings_for(Path("from-flag"))  # --state-dir wins over WSTRAIN_STATE_DIR
+    assert ours.state_dir == tmp_path / "from-flag"
+    assert ours.data_roots == [str(tmp_path / "data")]  # resolved once, for every process
+    # the agent child sees only the environment it is given: the same state dir and roots,
+    # whatever its own working directory
+    env = ours.child_env()
+    for name in env:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.chdir("/")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    child = SharedSettings()
+    assert child.access() == ours.access()
+    assert child.model_dump() == SharedSettings.model_validate(ours.model_dump()).model_dump()
+
+
+def test_serve_refuses_a_data_root_inside_its_state_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WSTRAIN_DATA_ROOTS", json.dumps([str(tmp_path / "state" / "jobs")]))
+    with pytest.raises(SystemExit, match="inside it"):
+        settings_for(tmp_path / "state")
+
+
+@pytest.mark.slow
 def test_serve_guards_its_state_dir_in_the_api_agent_and_workers(
     served: dict[str, Any],
 ) -> None:
