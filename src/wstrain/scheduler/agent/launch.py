@@ -196,6 +196,7 @@ class Launcher:
             self.exporter,
             self.agent_id,
             retry_backoff_s=self.settings.retry_backoff_s,
+            hang=self.settings.hang_window(),
         )
         self.exporter.job_started(job.model_copy(update={"plan": plan}))
         self.workers[job_id] = handle

@@ -39,7 +39,7 @@ class Exit:
     cancel_sent: bool  # the user cancelled: SIGTERM forwarded
     shutting_down: bool  # the agent stops: its workers checkpoint and go back to the queue
     timed_out: bool  # SIGTERM at the job's time limit
-    preempted_by: str | None  # SIGTERM to make room for this job
+    preempted_by: str | None  # SIGTERM to make room for this job ("job ID", or no id)
     retry_backoff_s: float
 
 
@@ -70,7 +70,7 @@ async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit
                 state_reason=f"time limit {limit:.0f} s",
             )
         elif ex.preempted_by and not ex.cancel_sent:  # a SIGKILL past the grace too
-            why = f"preempted by job {ex.preempted_by}"
+            why = f"preempted by {ex.preempted_by}"  # scheduling.py's preemptor_text
             await requeue(store, job, fence, why, f"{why} at step {ex.last_step}")
         elif stopped and ex.shutting_down:
             await requeue(store, job, fence, "agent shut down")

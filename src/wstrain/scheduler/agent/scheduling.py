@@ -241,9 +241,24 @@ class Rounds:
             if decision.kinds.get(jid) is WaitKind.preemption
         }
         gpu_of = {j.id: j.gpu_index for j in running}
-        preempt = {v: for_gpu.get(gpu_of.get(v), "a higher-priority job") for v in decision.preempt}
+        owner_of = {j.id: j.owner for j in running}
+        preempt = {
+            v: preemptor_text(owner_of.get(v, ""), by_id.get(for_gpu.get(gpu_of.get(v), "")))
+            for v in decision.preempt
+        }
         await self.view.set_reasons(reasons)
         return Outcome(claimed, preempt, decision, holds)
+
+
+def preemptor_text(victim_owner: str, preemptor: PendingRow | None) -> str:
+    """The job a preempted job makes room for, as the victim's owner reads it in its events:
+    by id when it is the same owner's, else by priority only (another owner's job ids are
+    not theirs to see)."""
+    if preemptor is None:
+        return "a higher-priority job"
+    if preemptor.owner == victim_owner:
+        return f"job {preemptor.id}"
+    return f"another owner's job of priority {preemptor.priority}"
 
 
 def free_port() -> int:

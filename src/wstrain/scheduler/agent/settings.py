@@ -2,7 +2,8 @@
 
 WSTRAIN_NODE_NAME, _CPU_SLOTS, _WORKER_THREADS, _HEARTBEAT_S, _NODE_TTL_S, _LEASE_S,
 _SHUTDOWN_GRACE_S, _PROFILE_CACHE, _METRICS_HOST, _METRICS_PORT, _REDIS_RETRY_S,
-_CPU_PEAK_FLOPS, _ADVERTISE_ADDR, _GANG_ASSEMBLY_S; and the shared ones of
+_CPU_PEAK_FLOPS, _ADVERTISE_ADDR, _GANG_ASSEMBLY_S, _HANG_STEP_FACTOR, _HANG_FLOOR_S,
+_HANG_STARTUP_S; and the shared ones of
 scheduler/settings.py (README lists them all)
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from wstrain.scheduler.agent.hang import HangWindow
 from wstrain.scheduler.settings import SharedSettings
 
 
@@ -102,8 +104,41 @@ class AgentSettings(SharedSettings):
         description="how long a multi-node job's members hold their share while the rest "
         "join; past it every hold is released and the job waits again",
     )
+    # A worker that reports nothing (no step, evaluation or checkpoint) for its window is
+    # hung (SIGSTOPped, deadlocked, wedged in a driver): SIGKILLed, no checkpoint (a frozen
+    # process cannot write one), the job retried per max_retries. The window is
+    # max(hang_step_factor x its last step's wall time, hang_floor_s) once it reported a step,
+    # hang_startup_s before (model load, data index, first compile). 20x and 1800 s: twice
+    # the Prometheus alerts' 10x and 900 s (deploy/prometheus/rules.yml), so a person is
+    # warned first; 600 s: a 1 TB checkpoint (a 70B model with AdamW) written at 2 GB/s
+    # takes ~500 s and reports only when it is done.
+    hang_step_factor: float = Field(
+        default=20.0,
+        ge=2,
+        le=10000,
+        description="a worker silent for this many times its last step's wall time (at "
+        "least hang_floor_s) is hung: SIGKILLed and its job retried",
+    )
+    hang_floor_s: float = Field(
+        default=600.0,
+        ge=1,
+        le=86400,
+        description="the shortest no-progress window once a step was reported: it must "
+        "cover a checkpoint write or an evaluation, which report only when they end",
+    )
+    hang_startup_s: float = Field(
+        default=1800.0,
+        ge=1,
+        le=86400,
+        description="the no-progress window before a worker's first step report: loading "
+        "the model and data, resuming a checkpoint, the first step's compile",
+    )
     shm_dir: Path = Field(
         default=Path("/dev/shm"),
         description="a tmpfs where the ranks of a working-set job on several GPUs of this "
         "node keep their one shared copy of the training state (its size bounds that state)",
     )
+
+    def hang_window(self) -> HangWindow:
+        """When a worker that reports nothing is hung (scheduler/agent/hang.py)."""
+        return HangWindow(self.hang_step_factor, self.hang_floor_s, self.hang_startup_s)

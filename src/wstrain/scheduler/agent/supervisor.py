@@ -1,5 +1,7 @@
 """Supervision of one worker process: spawn it, turn its JSON-line reports into job-store
-updates and events, forward cancel as SIGTERM, and map its exit to the job's final state.
+updates and events, forward cancel as SIGTERM, SIGKILL it once it has reported nothing for
+its no-progress window (hung: scheduler/agent/hang.py), and map its exit to the job's final
+state.
 Every write is fenced by the agent's lease on the job: once another agent has taken the job
 over (this one was presumed dead), writes change nothing and the worker is stopped.
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wstrain.scheduler.agent.exporter import AgentExporter
+from wstrain.scheduler.agent.hang import HangWindow
 from wstrain.scheduler.agent.outcomes import Exit, settle_exit
 from wstrain.scheduler.agent.processes import kill_group, session_pss_bytes
 from wstrain.scheduler.contracts.access import DataAccess
@@ -30,6 +33,7 @@ from wstrain.scheduler.store import JobStore
 log = logging.getLogger(__name__)
 
 PSS_EVERY_S = 2.0  # a gang's memory read: the host-budget alert looks over minutes
+HANG_CHECK_S = 1.0  # a hung worker is killed at most this long past its window
 
 
 @dataclass
@@ -48,13 +52,17 @@ class WorkerHandle:
     last_step: int = 0
     lease_lost: bool = False  # another agent holds the job now: write nothing more
     timed_out: bool = False  # stopped at its time limit: ends `timeout`
-    preempted_by: str | None = None  # stopped for this job: requeued, not failed
+    preempted_by: str | None = None  # stopped for this job (its words): requeued, not failed
     retry_backoff_s: float = 30.0  # first retry's wait after a worker died; doubles
     started_s: float = field(default_factory=time.time)  # unix s: when the worker was spawned
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None  # the agent's supervision of this worker
     pss_read_s: float = float("-inf")  # monotonic s of the last read of a gang's memory
     pss_bytes: int | None = None  # a gang's ranks' summed PSS at that read
+    hang: HangWindow = field(default_factory=HangWindow)  # when silence means hung
+    reported_s: float = field(default_factory=time.monotonic)  # monotonic s of its last report
+    step_s: float | None = None  # its last reported step's wall time; None before the first
+    hung: str | None = None  # SIGKILLed for reporting nothing: why (the job's cause)
 
     @property
     def gang(self) -> bool:
@@ -145,6 +153,9 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
     if h.gang and msg.kind == "step":
         await _gang_memory(h, msg)
     h.exporter.job_message(jid, msg)  # every report is progress for the no-progress alert
+    h.reported_s = time.monotonic()  # and for watch_hang
+    if msg.kind == "step" and msg.step_seconds:
+        h.step_s = msg.step_seconds
     if msg.kind == "step" and msg.step is not None:
         h.last_step = msg.step
         remaining = h.job.steps - msg.step
@@ -224,19 +235,26 @@ def lose_lease(h: WorkerHandle) -> None:
 async def pump(store: JobStore, h: WorkerHandle) -> None:
     """Read the worker's reports until it exits, then settle the job's state."""
     assert h.proc.stdout is not None
-    async for line in h.proc.stdout:
-        if h.lease_lost:
-            continue  # drain: a worker blocked on a full pipe would never exit
-        try:
-            msg = WorkerMessage.model_validate_json(line)
-        except ValueError:
-            log.warning("job %s: unparseable worker line %r", h.job.id, line[:200])
-            continue
-        try:
-            await _handle_message(store, h, msg)
-        except LeaseLost:
-            lose_lease(h)
-    code = await h.proc.wait()
+    watch = asyncio.create_task(watch_hang(store, h))
+    try:
+        async for line in h.proc.stdout:
+            if h.lease_lost:
+                continue  # drain: a worker blocked on a full pipe would never exit
+            try:
+                msg = WorkerMessage.model_validate_json(line)
+            except ValueError:
+                log.warning("job %s: unparseable worker line %r", h.job.id, line[:200])
+                continue
+            try:
+                await _handle_message(store, h, msg)
+            except LeaseLost:
+                lose_lease(h)
+        code = await h.proc.wait()
+        if h.hung is None:
+            watch.cancel()
+        await asyncio.wait([watch])  # a hung worker's event comes before its job is settled
+    finally:
+        watch.cancel()
     if h.gang:  # a rank the worker left behind would keep its GPU past the job
         kill_group(h.proc.pid)
     h.exporter.job_ended(h.job.id)
@@ -253,7 +271,7 @@ async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
         h.fence,
         code,
         Exit(
-            error=h.error,
+            error=h.hung or h.error,
             last_step=h.last_step,
             cancel_sent=h.cancel_sent,
             shutting_down=h.shutting_down,
@@ -262,6 +280,33 @@ async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
             retry_backoff_s=h.retry_backoff_s,
         ),
     )
+
+
+async def watch_hang(store: JobStore, h: WorkerHandle) -> None:
+    """SIGKILL the worker once it has reported nothing for its window (h.hang): a frozen
+    (SIGSTOPped), deadlocked or wedged process writes no checkpoint, so none is asked for.
+    Its job's event says so, and it is retried per max_retries as a crash is (h.hung is the
+    cause). A worker stopping for preemption or an agent shutdown is left to their own
+    SIGKILL and grace; one stopping for a cancel or its time limit is still watched."""
+    while h.proc.returncode is None and not h.lease_lost:
+        if h.preempted_by or h.shutting_down:
+            return
+        window_s = h.hang.window_s(h.step_s)
+        silent_s = time.monotonic() - h.reported_s
+        if silent_s < window_s:
+            # the window shrinks once the first step reports: look again within HANG_CHECK_S
+            await asyncio.sleep(min(window_s - silent_s + 0.05, HANG_CHECK_S))
+            continue
+        h.hung = h.hang.describe(silent_s, h.step_s)
+        log.warning("job %s: pid %d %s", h.job.id, h.proc.pid, h.hung)
+        with contextlib.suppress(ProcessLookupError):
+            h.proc.kill()  # a stopped process dies of SIGKILL without being continued
+        if h.gang:  # its ranks as well: the worker leads their process group
+            kill_group(h.proc.pid)
+        data = {"silent_s": round(silent_s, 1), "window_s": h.hang.window_s(h.step_s)}
+        with contextlib.suppress(LeaseLost):
+            await store.report(h.job.id, h.fence, ("hung", h.hung, {**data, "pid": h.proc.pid}))
+        return
 
 
 async def enforce_time_limit(store: JobStore, h: WorkerHandle, grace_s: float) -> None:
@@ -296,13 +341,14 @@ async def enforce_time_limit(store: JobStore, h: WorkerHandle, grace_s: float) -
 
 
 def preempt(h: WorkerHandle, for_job: str, grace_s: float) -> None:
-    """Stop the worker to make room for `for_job`: SIGTERM (it checkpoints at its next step
+    """Stop the worker to make room for `for_job` (its owner's words for it: "job ID" or
+    "another owner's job of priority P"): SIGTERM (it checkpoints at its next step
     boundary and exits; its job is requeued, not failed), SIGKILL if it has not exited
     `grace_s` later (requeued all the same, from its last checkpoint)."""
     if h.preempted_by or h.proc.returncode is not None:
         return
     h.preempted_by = for_job
-    log.info("job %s: preempted for job %s; stopping pid %d", h.job.id, for_job, h.proc.pid)
+    log.info("job %s: preempted for %s; stopping pid %d", h.job.id, for_job, h.proc.pid)
     h.proc.send_signal(signal.SIGTERM)
 
     def kill() -> None:
