@@ -10,9 +10,15 @@ out (its process alive, its heartbeat back once space is freed).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
-from tests.conftest import Stack, tiny_spec
+from tests.conftest import Stack, make_stack, tiny_spec, wait_job, wait_terminal
 
 U64_MAX = 2**64 - 1
 
@@ -88,3 +94,115 @@ def test_largest_stream_ids_read_an_empty_page(
         # and a small id reads what is there: the job's `queued` event
         if route == "events":
             assert c.get(f"/v1/jobs/{queued_job}/events", params={"after": "0"}).json()
+
+
+def _mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(
+            f"cannot mount a {size} tmpfs at {path} ({done.stderr.strip() or done.returncode}):"
+            " the full-disk tests need root (or CAP_SYS_ADMIN)"
+        )
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB file system of its own, so a test can fill it without filling the host's."""
+    disk = tmp_path / "small-disk"
+    _mount_tmpfs(disk, "4m")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Take every free byte of `disk` with one file; deleting it frees them again."""
+    ballast = disk / "ballast"
+    with open(ballast, "wb", buffering=0) as out:
+        for chunk in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    out.write(b"\0" * chunk)
+            except OSError:
+                pass
+    assert os.statvfs(disk).f_bavail == 0
+    return ballast
+
+
+def test_a_full_disk_under_redis_is_503_and_the_agent_rides_it_out(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    import redis
+
+    from wstrain.service.serve import free_port, start_redis
+
+    port = free_port()
+    redis_proc = start_redis(small_disk, port)  # --dir on the small disk, AOF on
+    stack = make_stack(f"redis://127.0.0.1:{port}/0", tmp_path, "fulldisk", with_agent=True)
+    probe = redis.Redis(port=port)
+    try:
+        assert stack.agent is not None
+        with stack.client() as c:
+            r = c.post("/v1/jobs", json=tiny_spec("through-the-fault", steps=150))
+            assert r.status_code == 201, r.text
+            job_id = r.json()["id"]
+            wait_job(c, job_id, lambda j: j["state"] == "running", 120)
+
+            ballast = fill(small_disk)
+            deadline = time.monotonic() + 30
+            while True:  # Redis' next AOF write fails; from then on it refuses writes
+                try:
+                    probe.set("probe", "1")
+                except redis.ResponseError as exc:
+                    assert str(exc).startswith("MISCONF"), exc
+                    break
+                assert time.monotonic() < deadline, "Redis still takes writes on a full disk"
+                time.sleep(0.1)
+
+            for method, path, body in (
+                ("POST", "/v1/jobs", tiny_spec("refused")),
+                ("POST", f"/v1/jobs/{job_id}/cancel", None),
+            ):
+                r = c.request(method, path, json=body)
+                assert r.status_code == 503, (method, path, r.status_code, r.text)
+                assert r.headers["Retry-After"] == "10"
+                assert r.json()["fault"] == "MISCONF"
+                assert "disk is full" in r.json()["detail"]
+            for path in (
+                "/v1/jobs",
+                f"/v1/jobs/{job_id}",
+                f"/v1/jobs/{job_id}/events",
+                f"/v1/jobs/{job_id}/logs",
+                "/v1/nodes",
+                "/v1/queue",
+                "/healthz",
+            ):
+                r = c.get(path)
+                assert r.status_code in (200, 503), (path, r.status_code, r.text)
+
+            time.sleep(3)  # six heartbeats' worth of refused writes
+            assert stack.agent.poll() is None, "the agent exited on a full disk under Redis"
+            assert c.get(f"/v1/jobs/{job_id}").json()["state"] == "running"
+
+            ballast.unlink()
+            freed_at = time.time()
+            deadline = time.monotonic() + 30
+            while True:  # the agent's heartbeat lands again
+                nodes = c.get("/v1/nodes").json()["nodes"]
+                if nodes and nodes[0]["heartbeat_at"] > freed_at:
+                    break
+                assert time.monotonic() < deadline, f"no heartbeat since space was freed: {nodes}"
+                time.sleep(0.2)
+            assert stack.agent.poll() is None
+            assert wait_terminal(c, job_id)["state"] == "succeeded"
+            assert c.post("/v1/jobs", json=tiny_spec("after-the-fault")).status_code == 201
+    finally:
+        stack.stop()
+        probe.close()
+        redis_proc.terminate()
+        redis_proc.wait(10)

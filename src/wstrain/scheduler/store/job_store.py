@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio as aioredis
-from redis import exceptions as redis_errors
-from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from wstrain.scheduler.contracts.errors import Conflict, LeaseLost, NotFound
@@ -46,6 +44,7 @@ from wstrain.scheduler.contracts.plan import Plan
 from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.store import lua
 from wstrain.scheduler.store.cache import ParsedJobs
+from wstrain.scheduler.store.faults import StoreRetry
 from wstrain.scheduler.store.job_reads import JobReads
 
 RETRY_CAP_S = 2.0  # the longest pause between two tries of a command
@@ -88,24 +87,17 @@ class JobStore(JobReads):
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "wstrain", retry_s: float = 0.0) -> JobStore:
-        """A store on the Redis at `url`. A command that meets a connection error, a timeout
-        or a Redis still loading its AOF is retried with exponential back-off for about
-        `retry_s` seconds before the error is raised: the agent waits out a Redis restart
-        (its workers train on meanwhile), the API answers 503 after a short try."""
+        """A store on the Redis at `url`. A command that meets a connection error, a timeout,
+        a Redis still loading its AOF or one refusing writes (a full disk: store/faults.py) is
+        retried with exponential back-off for about `retry_s` seconds before the error is
+        raised: the agent waits out a Redis restart or a full disk (its workers train on
+        meanwhile), the API answers 503 after a short try."""
         retries = 0
         waited = 0.0
         while waited < retry_s:  # back-off 0.05, 0.1, 0.2 ... capped at 2 s
             waited += min(RETRY_CAP_S, 0.05 * 2**retries)
             retries += 1
-        retry = Retry(
-            ExponentialBackoff(cap=RETRY_CAP_S, base=0.05),
-            retries,
-            supported_errors=(
-                redis_errors.ConnectionError,
-                redis_errors.TimeoutError,
-                redis_errors.BusyLoadingError,
-            ),
-        )
+        retry = StoreRetry(ExponentialBackoff(cap=RETRY_CAP_S, base=0.05), retries, retry_s)
         client = aioredis.from_url(url, decode_responses=True, retry=retry)
         return cls(client, prefix)
 

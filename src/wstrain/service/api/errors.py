@@ -3,7 +3,10 @@ scheduler/contracts/errors.py) becomes a JSON response with the error's HTTP sta
 `{"detail": message, **detail}` (e.g. 422 with `min_budget`, 409 with `state`).
 
 Redis unreachable (connection refused, timed out, loading its AOF after a restart) is not
-the client's fault and not a bug: 503 with Retry-After, so clients and proxies retry.
+the client's fault and not a bug: 503 with Retry-After, so clients and proxies retry. So is
+Redis refusing writes (a storage fault, scheduler/store/faults.py: MISCONF from a full disk
+under its --dir, OOM, READONLY, NOREPLICAS, MASTERDOWN): 503 with a longer Retry-After, and
+the reply's code in `fault`. Any other Redis reply error is a bug and stays a 500.
 
 A request that fails validation answers 422 with one entry per error: where (`loc`), what
 (`msg`) and an excerpt of the offending value of at most 80 characters — never the input
@@ -22,12 +25,13 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from redis.exceptions import BusyLoadingError
+from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
 
 from wstrain.scheduler.contracts.errors import WstrainError
+from wstrain.scheduler.store.faults import storage_fault
 
 
 async def wstrain_error_response(_: Request, exc: Exception) -> JSONResponse:
@@ -55,6 +59,30 @@ async def redis_down_response(request: Request, exc: Exception) -> JSONResponse:
         status_code=503,
         headers={"Retry-After": str(REDIS_RETRY_AFTER_S)},
         content={"detail": "the job store (Redis) is unavailable; retry shortly"},
+    )
+
+
+# Seconds to wait while Redis refuses writes: space has to be freed by someone, and Redis
+# takes writes again within 1 s of it (it retries its AOF write every second).
+STORAGE_RETRY_AFTER_S = 10
+
+
+async def storage_fault_response(request: Request, exc: Exception) -> JSONResponse:
+    """503 for a Redis storage fault; any other reply error is re-raised: a 500, a bug."""
+    code = storage_fault(exc)
+    if code is None:
+        raise exc
+    log.warning("%s %s: Redis refuses writes: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        status_code=503,
+        headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)},
+        content={
+            "detail": f"the job store (Redis) refuses writes ({code}: "
+            + ("its disk is full or failing" if code == "MISCONF" else "see its log")
+            + f"); retry in {STORAGE_RETRY_AFTER_S} s, or ask the operator to free space "
+            "under Redis' directory",
+            "fault": code,
+        },
     )
 
 
@@ -116,3 +144,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error_response)
     for unavailable in (RedisConnectionError, RedisTimeoutError, BusyLoadingError):
         app.add_exception_handler(unavailable, redis_down_response)
+    app.add_exception_handler(ResponseError, storage_fault_response)
