@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections import OrderedDict
 
@@ -27,6 +28,7 @@ from wstrain.scheduler.contracts.token_file import (
     RAW_TEXT_MAX_BYTES,
     TokenFileHeader,
     document_span,
+    index_path,
     prepare_command,
     token_dtype,
 )
@@ -54,7 +56,7 @@ def _check_tokens(
     if data.path.endswith(".npy"):
         try:
             tokens = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError, EOFError):  # numpy's messages quote the header: not shown
+        except (ValueError, TypeError, OSError, EOFError):  # numpy's quote the header
             raise InvalidSpec(
                 f"data.path={data.path!r} is not a readable .npy file (its header or size "
                 "does not parse); save it with numpy.save"
@@ -119,6 +121,21 @@ def _check_tokens(
     return len(tokens), header
 
 
+def _check_index(data: TokenData, header: TokenFileHeader, access: DataAccess) -> None:
+    """The document index beside a prepared token file matches its header: one uint64 end a
+    document, the last one the token count (as `wstrain prepare` writes it). Two reads of
+    8 bytes, whatever the index's size; the index's own values are never shown."""
+    with access.descriptor(index_path(data.path), "data.path's index") as fd:
+        size = os.fstat(fd).st_size
+        last = os.pread(fd, 8, size - 8) if size >= 8 else b""
+    if size != 8 * header.documents or int.from_bytes(last, sys.byteorder) != header.tokens:
+        raise InvalidSpec(
+            f"data.path={data.path!r}: its index (NAME.idx) does not match its header (one "
+            "end offset a document, the last the token count); prepare the file again with "
+            "`wstrain prepare`, or set document_mask: false"
+        )
+
+
 def _check_jsonl(data: TextData, path: str) -> None:
     """Every line a JSON object whose `text_field` is a string (`path`: data.path opened)."""
     try:
@@ -168,6 +185,8 @@ def _check_data(spec: JobSpec, dims: ModelDims, access: DataAccess) -> None:
                 "with its NAME.json header); make the file with `wstrain prepare`, or set "
                 "document_mask: false"
             )
+        if spec.document_mask and header is not None:
+            _check_index(data, header, access)
         held_out = int(count * spec.eval.heldout_fraction) if spec.eval else None
         if held_out is not None and held_out < spec.seq_len + 1:
             raise InvalidSpec(
