@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         proc.wait(120)
 
 
-def _plant(state: Path, tmp: Path) -> dict[str, Path]:
+def _plant(state: Path, tmp: Path, ckpt: Path) -> dict[str, Path]:
     """FIFOs and marker files in the state dir, and files outside it that lead into it."""
     planted = state / "planted"
     planted.mkdir()
@@ -93,6 +94,10 @@ def _plant(state: Path, tmp: Path) -> dict[str, Path]:
     outside.mkdir()
     (outside / "text.txt").symlink_to(planted / "secret.txt")
     (outside / "model").symlink_to(model)
+    # a model dir of its own, real weights, but its config.json a link into the state dir
+    (outside / "model-cfg").mkdir()
+    shutil.copy(ckpt / "model.safetensors", outside / "model-cfg")
+    (outside / "model-cfg" / "config.json").symlink_to(model / "config.json")
     src = outside / "docs.jsonl"
     src.write_text("".join(json.dumps({"text": "z" * 99}) + "\n" for _ in range(40)))
     prepare(PrepareRequest(str(src), str(outside / "docs.bin")))
@@ -166,13 +171,14 @@ def test_serve_guards_its_state_dir_in_the_api_agent_and_workers(
         ckpt = Path(done["last_checkpoint"])
         assert state.resolve() in ckpt.parents, ckpt
         assert not (served["cwd"] / "wstrain-state").exists()  # nobody used the old default
-        p = _plant(state, served["tmp"])
+        p = _plant(state, served["tmp"], ckpt)
         text = {"kind": "text", "path": str(CORPUS), "tokenizer": "byte"}
         cases: list[tuple[str, dict[str, Any]]] = [
             ("model.path", {"model": {"path": str(ckpt)}}),  # another owner's checkpoint
             ("model.path", {"model": {"path": str(state)}}),  # X itself
             ("model.path", {"model": {"path": str(p["planted"] / "model")}}),
             ("model.path", {"model": {"path": str(p["outside"] / "model")}}),  # symlink in
+            ("model.path", {"model": {"path": str(p["outside"] / "model-cfg")}}),
             ("data.path", {"data": {"kind": "tokens", "path": str(ckpt / "model.safetensors")}}),
             ("data.path", {"data": {"kind": "text", "path": str(state)}}),
             ("data.path", {"data": {"kind": "text", "path": str(p["pipe.txt"])}}),
