@@ -25,6 +25,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import Stack, tiny_spec
+from wstrain.scheduler.contracts.access import (
+    CONFIG_MAX_BYTES,
+    TOKEN_HEADER_MAX_BYTES,
+    TOKENIZER_MAX_BYTES,
+)
 
 _SERIAL = itertools.count()
 GOOD_CONFIG = {
@@ -228,7 +233,7 @@ def _specs(f: dict[str, Path]) -> list[tuple[str, dict[str, Any], int, str]]:
     model("cfg-link-good", 422, "outside the data roots")
     model("cfg-link-bad", 422, "outside the data roots")
     model("dir-link", 422, "outside the data roots")
-    model("cfg-sparse", 422, f"cap ({1 << 20} bytes)")
+    model("cfg-sparse", 422, f"cap ({CONFIG_MAX_BYTES} bytes)")
     model("cfg-fifo", 422, "not a regular file")
     model("cfg-keys-good", 200, "")
     model("cfg-good", 200, "")
@@ -242,7 +247,7 @@ def _specs(f: dict[str, Path]) -> list[tuple[str, dict[str, Any], int, str]]:
     tokenizer("tok-no-eos", "good.jsonl", 422, "none of the end-of-text tokens")
     tokenizer("tok-too-big", "good.txt", 422, "the tokenizer has 300 tokens")
     tokenizer("tok-link", "good.txt", 422, "outside the data roots")
-    tokenizer("tok-sparse", "good.txt", 422, f"cap ({64 << 20} bytes)")
+    tokenizer("tok-sparse", "good.txt", 422, f"cap ({TOKENIZER_MAX_BYTES} bytes)")
     tokenizer("tok-good", "good.jsonl", 200, "")
     tokenizer("tok-good", "good.txt", 200, "")
 
@@ -265,7 +270,7 @@ def _specs(f: dict[str, Path]) -> list[tuple[str, dict[str, Any], int, str]]:
     data("hdr-vocab", 422, "larger than the model's vocab_size 256")
     data("hdr-count", 422, "as its header says")
     data("hdr-incomplete", 422, "run the same `wstrain prepare` again")
-    data("hdr-sparse", 422, f"cap ({64 << 10} bytes)")
+    data("hdr-sparse", 422, f"cap ({TOKEN_HEADER_MAX_BYTES} bytes)")
     data("hdr-link", 422, "outside the data roots")
     data("idx-link", 422, "outside the data roots", document_mask=True)
     data("hdr-good", 422, "does not match its header", document_mask=True)  # index: nonsense

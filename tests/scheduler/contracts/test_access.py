@@ -7,9 +7,11 @@ and in the worker on the file actually opened, so a symlink swapped in later lea
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import InvalidSpec
@@ -81,3 +83,53 @@ def test_links_that_stay_inside_the_root_are_followed(tree: dict[str, Path]) -> 
         with open(path, "rb") as f:
             assert f.read() == b"weights"
     assert os.path.islink(snap / "model.safetensors")
+
+
+def test_a_file_over_its_cap_is_refused_from_its_size_alone(tree: dict[str, Path]) -> None:
+    """read_bytes fstat()s the descriptor: a 2 GiB sparse file is refused at once, naming
+    the field and the cap; a file at the cap is read whole."""
+    access = DataAccess.of([tree["root"]], tree["state"])
+    big = tree["root"] / "config.json"
+    with open(big, "wb") as f:
+        f.truncate(2 << 30)
+    start = time.monotonic()
+    with pytest.raises(InvalidSpec, match=r"model.path's config.json=.* 2.0 GiB, over the "):
+        access.read_bytes(big, "model.path's config.json", 1 << 20)
+    assert time.monotonic() - start < 0.5  # nothing of the 2 GiB was read
+    (tree["root"] / "small.json").write_bytes(b"x" * 100)
+    assert access.read_bytes(tree["root"] / "small.json", "f", 100) == b"x" * 100
+    with pytest.raises(InvalidSpec, match=r"cap \(99 bytes\)") as refused:
+        access.read_bytes(tree["root"] / "small.json", "f", 99)
+    assert refused.value.detail == {"max_bytes": 99}
+
+
+def test_fifos_devices_and_directories_are_not_read(tree: dict[str, Path]) -> None:
+    """A FIFO under a root would block a reader until some writer came: refused at once."""
+    access = DataAccess.of([tree["root"]], tree["state"])
+    os.mkfifo(tree["root"] / "pipe")
+    with pytest.raises(InvalidSpec, match="not a regular file"):
+        access.read_bytes(tree["root"] / "pipe", "data.tokenizer", 1 << 20)
+    with pytest.raises(InvalidSpec, match="not a regular file"), access.open(tree["root"], "d"):
+        pytest.fail("opened a directory as a file")
+    with access.descriptor(tree["root"], "model.path", directory=True) as fd:
+        assert "corpus.txt" in os.listdir(fd)
+    (tree["root"] / "out").symlink_to(tree["outside"])
+    linked_out = access.descriptor(tree["root"] / "out", "model.path", directory=True)
+    with pytest.raises(InvalidSpec, match="outside the data roots"), linked_out:
+        pytest.fail("opened a directory outside the roots")
+    with pytest.raises(InvalidSpec, match=r"data.path='/nope' does not exist"):
+        access.read_bytes("/nope", "data.path", 10)
+
+
+def test_validation_errors_of_a_file_never_show_its_values() -> None:
+    """file_problems names fields and rules: no input values, no keys of the file's own."""
+    from wstrain.scheduler.contracts.access import file_problems
+    from wstrain.scheduler.contracts.token_file import TokenFileHeader
+
+    raw = {"dtype": "MARKER-1", "complete": "MARKER-2", "MARKER-3": 1, "tokens": -1}
+    with pytest.raises(ValidationError) as caught:
+        TokenFileHeader.model_validate(raw)
+    text = file_problems(caught.value, 20)
+    assert "MARKER" not in text, text
+    assert "dtype: Input should be 'uint16' or 'uint32'" in text
+    assert "a field the format does not have" in text and "vocab_size: Field required" in text

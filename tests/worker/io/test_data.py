@@ -183,3 +183,23 @@ def test_documents_give_positions_within_documents_and_their_indices(tmp_path: P
     # to it, so that document's positions restart at 0 there
     assert pos.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3], [0, 1, 2, 0, 1, 2, 3, 4]]
     assert seg.tolist() == [[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1]]
+
+
+def test_the_workers_errors_never_quote_its_files(tmp_path: Path) -> None:
+    """A tokenizer.json the tokenizers library refuses and a JSONL line that is no object
+    are named by field and line, never by their contents (the worker's error becomes the
+    job's `error`, which the API shows)."""
+    access = DataAccess.of([tmp_path], None)
+    (tmp_path / "tok.json").write_text('{"model": {"type": "MARKER-tok-1"}}')
+    (tmp_path / "d.jsonl").write_text('{"text": "fine"}\n["MARKER-doc-1"]\n')
+    (tmp_path / "d.txt").write_text("fine")
+    cases = [
+        (TextData(kind="text", path=str(tmp_path / "d.txt"), tokenizer=str(tmp_path / "tok.json")),
+         "is not a tokenizer.json the tokenizers library can load"),
+        (TextData(kind="text", path=str(tmp_path / "d.jsonl")),
+         "line 2 is not a JSON object with a 'text' string"),
+    ]  # fmt: skip
+    for data, needle in cases:
+        with pytest.raises(ValueError, match=needle) as caught:
+            TokenStream.open(data, 256, 4, seed=0, access=access)
+        assert "MARKER" not in str(caught.value), str(caught.value)

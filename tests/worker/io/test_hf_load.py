@@ -130,3 +130,21 @@ def test_other_file_dtypes_convert_in_bounded_pieces(
     hf_load.stream_into(views, tmp_path)
     for n, t in tensors.items():
         assert torch.equal(views[n], t.to(state_dtype)), n
+
+
+def test_a_safetensors_header_is_capped_and_never_quoted(tmp_path: Path) -> None:
+    """The header length a file claims is checked before anything is allocated, and a
+    header that does not parse is named without quoting it."""
+    import struct
+
+    from wstrain.worker.io.hf_load import stream_into
+
+    views = {"a": torch.zeros(2)}
+    (tmp_path / "m.safetensors").write_bytes(struct.pack("<Q", 1 << 62) + b"MARKER-st-1")
+    with pytest.raises(ValueError, match="header length is not between 1 and 100000000"):
+        stream_into(views, tmp_path)
+    header = b'{"a": {"dtype": "MARKER-st-2", "shape": [2]}}'
+    (tmp_path / "m.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    with pytest.raises(ValueError, match="is not a safetensors header") as caught:
+        stream_into(views, tmp_path)
+    assert "MARKER" not in str(caught.value)
