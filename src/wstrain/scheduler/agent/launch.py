@@ -150,8 +150,11 @@ class Launcher:
             layer = await self._layer_times(job.spec, jdir, gpus[0]) if gpus else None
             # packed beside other jobs, it plans with its share of the GPU and its link
             node = self.node_profile().with_layer(layer).shared_by(link_share)
-            node = node.with_documents(await _document_span(job_id, job.spec))
-            plan = make_plan(job.spec, resolve_dims(job.spec.model), node, resumed_runtime(jdir))
+            node = node.with_documents(await _document_span(job_id, job.spec, self.access))
+            # config.json by descriptor under the roots: a model dir's config swapped for a
+            # link into the state dir since submission fails the job here, unread
+            dims = resolve_dims(job.spec.model, self.access)
+            plan = make_plan(job.spec, dims, node, resumed_runtime(jdir))
         except WstrainError as exc:
             await self.store.transition(
                 job_id,
@@ -223,14 +226,16 @@ class Launcher:
             self.workers.pop(handle.job.id, None)
 
 
-async def _document_span(job_id: str, spec: JobSpec) -> int:
+async def _document_span(job_id: str, spec: JobSpec, access: DataAccess) -> int:
     """The job's documents' attention span from its token file's index, read off the event
     loop (~1 s for a million documents); 0 (plan whole sequences' attention, the worst
-    case) without document_mask, for text data, or when the index cannot be read."""
+    case) without document_mask, for text data, or when the index cannot be read. The index
+    is read by descriptor through `access`: one swapped for a link out of the data roots or
+    into the state dir since submission raises InvalidSpec, which fails the job at once."""
     if not (spec.document_mask and isinstance(spec.data, TokenData)):
         return 0
     try:
-        return await asyncio.to_thread(document_span, spec.data.path, spec.seq_len)
+        return await asyncio.to_thread(document_span, spec.data.path, spec.seq_len, access=access)
     except OSError as exc:
         log.warning("job %s: the document index of %s: %s", job_id, spec.data.path, exc)
         return 0
