@@ -10,8 +10,6 @@ out (its process alive, its heartbeat back once space is freed).
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Stack, make_stack, tiny_spec, wait_job, wait_terminal
+from tests.tmpfs import fill, small_fs
 
 U64_MAX = 2**64 - 1
 
@@ -96,42 +95,11 @@ def test_largest_stream_ids_read_an_empty_page(
             assert c.get(f"/v1/jobs/{queued_job}/events", params={"after": "0"}).json()
 
 
-def _mount_tmpfs(path: Path, size: str) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(
-            f"cannot mount a {size} tmpfs at {path} ({done.stderr.strip() or done.returncode}):"
-            " the full-disk tests need root (or CAP_SYS_ADMIN)"
-        )
-
-
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB file system of its own, so a test can fill it without filling the host's."""
-    disk = tmp_path / "small-disk"
-    _mount_tmpfs(disk, "4m")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Take every free byte of `disk` with one file; deleting it frees them again."""
-    ballast = disk / "ballast"
-    with open(ballast, "wb", buffering=0) as out:
-        for chunk in (1 << 16, 1 << 12, 1):
-            try:
-                while True:
-                    out.write(b"\0" * chunk)
-            except OSError:
-                pass
-    assert os.statvfs(disk).f_bavail == 0
-    return ballast
+    """A 4 MiB file system of its own, for Redis' --dir."""
+    with small_fs(tmp_path / "small-disk", "4m") as disk:
+        yield disk
 
 
 def test_a_full_disk_under_redis_is_503_and_the_agent_rides_it_out(

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,36 +58,93 @@ def save(
     keep: int = 2,
 ) -> Path:
     """tensors: weights under Hugging Face names; extra: the runtime's optimizer state. Keeps
-    the newest `keep` checkpoints. A write that fails (a full disk) removes its temporary
-    directory and raises OSError naming the path; the previous checkpoint stays valid."""
+    the newest `keep` checkpoints. A write that fails (a full disk) removes what it wrote
+    and raises OSError naming the path and, for a full disk, the bytes free on it; the
+    previous checkpoint stays valid."""
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # left by a process killed mid-write
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step-{state.step:08d}"
+    pointer = root / f".{LATEST}.tmp"
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
         _write(tmp, state, tensors, extra, hf_config)
         if final.exists():  # a re-run of the same step after a crash: replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
-        pointer = root / f".{LATEST}.tmp"
         pointer.write_text(final.name)
         os.replace(pointer, root / LATEST)
         _fsync_dir(root)
-    except (OSError, SafetensorError) as exc:  # safetensors reports I/O errors as its own
-        shutil.rmtree(tmp, ignore_errors=True)
-        previous = latest(root)
-        kept = f"{previous} stays valid" if previous else "there is no earlier checkpoint"
+    # safetensors reports I/O errors as its own; torch.save's writer as a RuntimeError
+    # ("unexpected pos 669760 vs 669652" for a full disk)
+    except (OSError, SafetensorError, RuntimeError) as exc:
+        free_bytes = _free_bytes(root)  # before the clean-up frees what this write took
         code = _errno(exc)
-        what = f"no space left on {root}" if code == errno.ENOSPC else f"{exc}"
+        if code is None and free_bytes < FULL_DISK_BYTES:
+            code = errno.ENOSPC
+        shutil.rmtree(tmp, ignore_errors=True)
+        pointer.unlink(missing_ok=True)
+        previous = latest(root)
+        if final.exists() and previous != final:  # renamed, but `latest` not moved to it
+            shutil.rmtree(final, ignore_errors=True)
+        if isinstance(exc, RuntimeError) and code != errno.ENOSPC:
+            raise  # not the disk: a bug, as it was
+        # torch's writer leaves its file open in the failed call's frames, which the error
+        # keeps: the deleted file would hold its blocks until the error is gone
+        chained: BaseException | None = exc
+        while chained is not None:
+            traceback.clear_frames(chained.__traceback__)
+            chained = chained.__cause__ or chained.__context__
+        kept = f"{previous} stays valid" if previous else "there is no earlier checkpoint"
+        if code == errno.ENOSPC:
+            what = (
+                f"no space left on device ({root}: {free_bytes} of {_total_bytes(root)} bytes "
+                f"free; this checkpoint takes about {_checkpoint_bytes(tensors, extra)} bytes)"
+            )
+            fix = (
+                "Free space on that file system (or give the state dir a larger one), or "
+                "lower keep_checkpoints, then resume the job"
+            )
+        else:
+            what, fix = f"{exc}", "fix the state dir, then resume the job"
         raise OSError(
-            code,
-            f"checkpoint of step {state.step} not written: {what}; {kept}. Free space "
-            "under the state dir, then resume the job",
+            code, f"checkpoint of step {state.step} not written: {what}; {kept}. {fix}"
         ) from exc
     _prune(root, keep)
     log.info("checkpoint written: %s", final)
     return final
+
+
+# A write that fails with less than this free on its file system met a full disk: torch's
+# writer does not say ENOSPC, and a failed write leaves less than one write's worth free
+# (the kernel fills the disk to its last block first).
+FULL_DISK_BYTES = 1 << 20
+
+
+def _free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still take on `path`'s file system."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _total_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize
+
+
+def _checkpoint_bytes(tensors: dict[str, torch.Tensor], extra: object) -> int:
+    """The weights' and the optimizer state's tensor bytes: about a checkpoint's size."""
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    todo = [extra]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, torch.Tensor):
+            total += item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+    return total
 
 
 def _errno(exc: BaseException) -> int | None:
