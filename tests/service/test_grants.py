@@ -169,7 +169,7 @@ def test_the_quota_holds_under_concurrent_submissions(secured: Stack) -> None:
         {"max_priority": 101, "max_jobs": 1},
         {"max_priority": 0, "max_jobs": 1},
         {"max_priority": 5, "max_jobs": 0},
-        {"max_priority": 5, "max_jobs": 1001},
+        {"max_priority": 5, "max_jobs": 101},
         {"max_priority": 5},
         {"max_priority": 5, "max_jobs": 1, "owner": "ops"},
     ],

@@ -20,9 +20,10 @@ from wstrain.scheduler.contracts.errors import Forbidden
 
 # JobSpec.priority's bounds (spec.py): a grant above 100 would grant nothing more.
 MAX_CLASS = 100
-# Unfinished jobs above class 0 one grant may hold at once: a lab queue's head is 500 jobs
-# (agent/scheduling.py QUEUE_HEAD), 1,000 is past any sane quota.
-MAX_CLASS_JOBS = 1000
+# Unfinished jobs above class 0 one grant may hold at once. Rounds consider the queue's first
+# 500 jobs (agent/scheduling.py QUEUE_HEAD), ordered by their own class: one owner's class
+# jobs, even after a revocation, then fill at most a fifth of it.
+MAX_CLASS_JOBS = 100
 # An owner's name, as WSTRAIN_API_TOKENS spells it (service/settings.py TokenGrant).
 OWNER_PATTERN = r"^[A-Za-z0-9._@-]{1,64}$"
 
