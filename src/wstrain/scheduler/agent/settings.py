@@ -80,8 +80,8 @@ class AgentSettings(SharedSettings):
         default=300.0,
         ge=0,
         le=86400,
-        description="how long a Redis command is retried before the agent gives up; its "
-        "workers train on meanwhile",
+        description="how long a Redis command is retried before the agent gives up (Redis "
+        "unreachable, or refusing writes: a full disk, MISCONF); its workers train on meanwhile",
     )
     cpu_peak_flops: float | None = Field(
         default=None,
