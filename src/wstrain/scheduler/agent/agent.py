@@ -12,6 +12,11 @@ predecessor left (by pid and start time: SIGTERM, so they checkpoint) and requeu
 jobs to resume from that checkpoint; it never adopts them, since their report pipe died
 with the old agent, and it claims nothing before they are gone.
 
+Redis away (a restart) or refusing writes (a full disk under it: MISCONF, OOM, READONLY;
+scheduler/store/faults.py) stops no part of it: each store command is retried with back-off
+for WSTRAIN_REDIS_RETRY_S (300 s), logged once when the refusals start and once when they
+end, while its workers train on; only past that does the agent exit, to be restarted.
+
     wstrain-agent        # settings from WSTRAIN_* env vars (AgentSettings)
 """
 
