@@ -45,7 +45,13 @@ def _load_tokens(
         ends = None
         with access.open(data.path, "data.path") as path:
             if data.path.endswith(".npy"):
-                tokens = np.load(path, mmap_mode="r").reshape(-1)
+                try:
+                    tokens = np.load(path, mmap_mode="r", allow_pickle=False).reshape(-1)
+                except (ValueError, TypeError, OSError, EOFError):  # numpy's quote the header
+                    raise ValueError(
+                        f"data.path={data.path!r} is not a readable .npy file (its header or "
+                        "size does not parse); save it with numpy.save"
+                    ) from None
             else:  # a prepared file's header names its dtype (the worker never tokenizes it)
                 dtype, header = token_dtype(data.path, data.dtype, access)
                 tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
