@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, Stack, make_stack, register_node, tiny_spec
+from tests.service.test_planning_deadline import _slow_spec
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec, TooManyRequests
 from wstrain.scheduler.contracts.spec import JobSpec
@@ -81,22 +82,20 @@ def expensive_spec(seed: int) -> dict[str, Any]:
     )
 
 
-def _planner_pids(api_pid: int) -> set[int]:
-    """The API's planner processes: the children of its forkserver (a child of the API)."""
+def _planners(api_pid: int) -> tuple[int, set[int]]:
+    """The API's zygote (its child running wstrain.service.api.plan_pool) and the planner
+    processes the zygote forked."""
     parent: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
+        try:
+            if b"plan_pool" in (entry / "cmdline").read_bytes():
                 stat = (entry / "stat").read_text()
-            except OSError:  # exited meanwhile
-                continue
-            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    servers = {
-        pid
-        for pid, ppid in parent.items()
-        if ppid == api_pid and b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    }
-    return {pid for pid, ppid in parent.items() if ppid in servers}
+                parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):  # not a process, or it exited meanwhile
+            continue
+    zygotes = [pid for pid, ppid in parent.items() if ppid == api_pid]
+    assert len(zygotes) == 1, parent
+    return zygotes[0], {pid for pid, ppid in parent.items() if ppid == zygotes[0]}
 
 
 def test_a_flood_by_one_owner_never_delays_another(guarded: Stack) -> None:
@@ -181,19 +180,25 @@ def test_a_spec_that_overran_is_refused_at_once(guarded: Stack) -> None:
 def test_a_killed_planner_process_is_replaced(guarded: Stack) -> None:
     with httpx.Client(base_url=guarded.url, timeout=60, headers=_as("tok-bob")) as c:
         assert c.post("/v1/plans", json=tiny_spec("before")).status_code == 200
-        before = _planner_pids(guarded.api.pid)
+        zygote, before = _planners(guarded.api.pid)
         assert len(before) == 2, before  # WSTRAIN_PLAN_PROCESSES
         for pid in before:
             os.kill(pid, signal.SIGKILL)
         # idle or mid-request, a dead planner is noticed and replaced; no request fails
-        for i in range(4):
+        for i in range(3):
             r = c.post("/v1/plans", json=tiny_spec(f"after-{i}", seed=200 + i))
             assert r.status_code == 200, r.text
-        deadline = time.monotonic() + 10
-        while len(after := _planner_pids(guarded.api.pid)) < 2:
-            assert time.monotonic() < deadline, after
-            time.sleep(0.1)
-        assert not after & before, (before, after)
+        _, after = _planners(guarded.api.pid)
+        assert len(after) == 2 and not after & before, (before, after)
+        # the zygote that forks them, killed too: started again, and planning goes on
+        os.kill(zygote, signal.SIGKILL)
+        for pid in after:
+            os.kill(pid, signal.SIGKILL)
+        for i in range(3):
+            r = c.post("/v1/plans", json=tiny_spec(f"reborn-{i}", seed=300 + i))
+            assert r.status_code == 200, r.text
+        new_zygote, last = _planners(guarded.api.pid)
+        assert new_zygote != zygote and len(last) == 2 and not last & after, (after, last)
         assert c.get("/healthz").json() == {"status": "ok"}
 
 
@@ -228,6 +233,28 @@ def test_refusals_cross_the_process_boundary_whole() -> None:
     missing = tiny_spec("missing", data={"kind": "tokens", "path": str(REPO / "no-such.bin")})
     refused = asyncio.run(plan(missing))
     assert isinstance(refused, InvalidSpec) and "no-such.bin" in refused.message, refused
+
+
+def test_a_sweep_plans_once_in_the_pool() -> None:
+    """validation.py's plan cache lives in each planner process; one owner's sweep (specs
+    that differ in name only) stays on the process that planned it first, so it plans once."""
+
+    async def sweep() -> list[float]:
+        planner = Planner(60.0, DataAccess.of([REPO], None), processes=2)
+        await planner.start()
+        took = []
+        try:
+            for i in range(3):
+                spec = JobSpec.model_validate({**_slow_spec(), "name": f"sweep-{i}"})
+                start = time.perf_counter()
+                await planner.plan(spec, [], owner="alice")
+                took.append(time.perf_counter() - start)
+        finally:
+            planner.close()
+        return took
+
+    first, *again = asyncio.run(sweep())  # 0.7 s of planning, then the cached plan
+    assert max(again) < first / 4, (first, again)
 
 
 def test_planning_settings_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

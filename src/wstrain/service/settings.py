@@ -64,7 +64,8 @@ class ServiceSettings(SharedSettings):
     plan_timeout_s: float = Field(default=2.0, gt=0, le=600)
     # Planner processes (api/planning.py). An owner plans one spec at a time, so with 2 one
     # owner's deadline-long plan never holds the only process: another owner's plan starts
-    # at once. Each is ~60 MiB (numpy, pydantic, the planner; no torch).
+    # at once. Each is ~35 MiB, forked from one ~50 MiB zygote that imported numpy,
+    # pydantic and the planner (no torch).
     plan_processes: int = Field(default=2, ge=1, le=64)
     # an owner's plans waiting behind its one being planned; more: 429 with Retry-After.
     # 8 lets a sweep script submit 8 at once; it drains at one plan per 10-75 ms for presets

@@ -281,10 +281,12 @@ def validate_and_plan(spec: JobSpec, nodes: list[Node], access: DataAccess) -> P
 
 # Plans already made, by (spec less its name, node profile): a sweep of jobs that differ in
 # name only plans once. Planning is 10-75 ms of CPU a spec; under bench/api_load.py's mix it
-# was a quarter of the API's CPU, for a tenth of the requests.
+# was a quarter of the API's CPU, for a tenth of the requests. In the API each planner
+# process (api/planning.py) keeps its own: the last process to finish plans next, so one
+# owner's sweep, which plans one spec at a time, stays on the process that holds its plan.
 _PLANS: OrderedDict[tuple[str, NodeProfile], Plan] = OrderedDict()
 _PLANS_MAX = 256
-_PLANS_LOCK = threading.Lock()  # planning runs in a pool of threads
+_PLANS_LOCK = threading.Lock()  # callers outside the API (tests, bench/) plan in threads
 
 
 def _plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:

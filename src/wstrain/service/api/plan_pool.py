@@ -3,26 +3,36 @@ for one request at a time, and one past its deadline is killed (SIGKILL) and rep
 the CPU it was burning is free at once. A thread could not be stopped: eight 51 s plans
 (tiny-llama at seq_len 1048576) once held the API's four planning threads for 8 minutes.
 
-    slot = await PlannerProcess.start(access)         # forked, ready to plan
+    zygote = await Zygote.start(access)                # python -m ...plan_pool: ~0.5 s
+    slot = await zygote.fork()                         # a planner, ready in ~10 ms
     outcome = await slot.run(spec, nodes, timeout_s)   # Planned, Refused, Overran, ...
-    slot.kill()                                        # after Overran: SIGKILL, then reap
+    slot.kill()                                        # after Overran: SIGKILL
 
-Processes come from multiprocessing's 'forkserver', which imports validation.py once (numpy,
-pydantic, the planner; never torch, never the API's event loop): a replacement forks from it
-ready to plan, in 10-30 ms instead of the ~1 s a fresh interpreter takes to import them.
-The API's event loop only ever waits on a pipe's readability (loop.add_reader): it never
-blocks on a planner.
+The zygote is `python -m wstrain.service.api.plan_pool FD`: a fresh interpreter, single
+threaded, that imports validation.py once (numpy, pydantic, the planner; never torch, never
+FastAPI) and forks a planner for each socket the API sends it (SCM_RIGHTS over FD). A
+replacement so costs a fork, not the ~1 s of CPU a new interpreter spends importing: under
+a flood of specs that each run out their deadline, imports would otherwise take a core.
+Not multiprocessing's forkserver or spawn: both import the API's `__main__` again in every
+child (all of FastAPI under `wstrain serve`); and a fork of the API itself would copy its
+event loop's threads and locks. The API only ever waits on its sockets' readability
+(loop.add_reader, loop.sock_recv): its event loop never blocks on a planner.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
+import contextlib
+import ctypes
+import os
+import pickle
+import select
 import signal
+import socket
+import subprocess
+import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.context import ForkServerContext
-from multiprocessing.process import BaseProcess
 
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import WstrainError
@@ -31,23 +41,16 @@ from wstrain.scheduler.contracts.plan import Plan
 from wstrain.scheduler.contracts.spec import JobSpec
 
 _READY = b"ready"
-# what the forkserver imports once, so each planner forks with them loaded
-_PRELOAD = ["wstrain.service.api.plan_pool", "wstrain.service.validation"]
+_PID_BYTES = 8
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# one thread each for numpy's BLAS: the planner does no large linear algebra, and a zygote
+# with no threads forks cleanly
+_ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def _context() -> ForkServerContext:
-    ctx = multiprocessing.get_context("forkserver")
-    # effective only before the forkserver first starts (the API's lifespan starts it)
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
-
-
-def _serve(conn: Connection, access: DataAccess) -> None:
-    """A planner process: answer each (spec, nodes) with ("ok", plan), ("refused", error)
-    or ("bug", text) until the API closes the pipe."""
-    # Ctrl-C on `wstrain serve` reaches the whole process group: the API stops its planners
-    # itself, so a KeyboardInterrupt traceback here would only be noise
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _plan_forever(conn: Connection, access: DataAccess) -> None:
+    """A planner: answer each (spec, nodes) with ("ok", plan), ("refused", error) or
+    ("bug", text) until the API closes its end."""
     from wstrain.service.validation import validate_and_plan
 
     conn.send_bytes(_READY)
@@ -62,6 +65,48 @@ def _serve(conn: Connection, access: DataAccess) -> None:
             conn.send(("refused", exc))
         except Exception as exc:  # a bug: the API answers 500 and logs it
             conn.send(("bug", f"{type(exc).__name__}: {exc}"))
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this planner when the zygote exits, which it does when the API does: no
+    plan runs on for minutes after an API was killed."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: planners exit at their next request
+        return
+    if os.getppid() == 1:  # the zygote died before prctl took effect
+        os._exit(1)
+
+
+def _zygote(control: socket.socket) -> None:
+    """Read the DataAccess, then fork a planner for each socket received on `control`
+    and answer its pid, until the API closes `control`."""
+    # Ctrl-C on `wstrain serve` reaches the whole process group: the API stops the zygote
+    # and planners itself, so a KeyboardInterrupt traceback would only be noise
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps exited planners
+    import wstrain.service.validation  # noqa: F401  # once, here, for every planner
+
+    access: DataAccess = pickle.loads(control.recv(1 << 20))
+    control.sendall(_READY)
+    while True:
+        _, fds, _, _ = socket.recv_fds(control, 16, 1)
+        if not fds:  # the API closed its end or exited
+            return
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                control.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _die_with_parent()
+                _plan_forever(Connection(fds[0]), access)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)  # never back into the zygote's loop
+        os.close(fds[0])
+        control.sendall(pid.to_bytes(_PID_BYTES, "little"))
 
 
 @dataclass(frozen=True)
@@ -117,49 +162,30 @@ async def _readable(conn: Connection, timeout_s: float) -> bool:
 
 
 class PlannerProcess:
-    """One planner process and the API's end of its pipe."""
+    """One planner (a child of the zygote) and the API's end of its socket."""
 
-    # a fork from the forkserver is ready in 10-30 ms; 60 s covers the forkserver's own
-    # first start (importing numpy, pydantic and the planner) on a loaded 2-core host
-    START_TIMEOUT_S = 60.0
-
-    def __init__(self, proc: BaseProcess, conn: Connection) -> None:
-        self.proc = proc
+    def __init__(self, pid: int, conn: Connection) -> None:
+        self.pid = pid
         self.conn = conn
 
-    @classmethod
-    async def start(cls, access: DataAccess) -> PlannerProcess:
-        """A new planner process, once it has said it is ready."""
-        ctx = _context()
-        ours, theirs = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=_serve, args=(theirs, access), daemon=True, name="wstrain-plan")
-        # start() talks to the forkserver (starting it the first time): off the event loop
-        await asyncio.get_running_loop().run_in_executor(None, proc.start)
-        theirs.close()
-        slot = cls(proc, ours)
-        if not await _readable(ours, cls.START_TIMEOUT_S) or ours.recv_bytes() != _READY:
-            slot.kill()
-            raise RuntimeError(f"a planner process did not start in {cls.START_TIMEOUT_S} s")
-        return slot
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid
-
     def alive(self) -> bool:
-        return self.proc.is_alive()
+        """An idle planner never writes: a readable socket is its EOF, its exit."""
+        if self.conn.closed:
+            return False
+        readable, _, _ = select.select([self.conn.fileno()], [], [], 0)
+        return not readable
 
     async def run(self, spec: JobSpec, nodes: list[Node], timeout_s: float) -> Outcome:
         """validate_and_plan(spec, nodes) in this process, waited for at most `timeout_s`."""
         try:
             # a spec is at most WSTRAIN_MAX_BODY_BYTES (1 MiB) and this process is idle,
-            # reading: the write does not wait on it
+            # reading: the write does not wait on it for long
             self.conn.send((spec, nodes))
             if not await _readable(self.conn, timeout_s):
                 return Overran()
             kind, value = self.conn.recv()
-        except (OSError, EOFError) as exc:  # the process is gone: BrokenPipe, EOF
-            return Died(f"its process exited ({self.proc.exitcode=}; {type(exc).__name__})")
+        except (OSError, EOFError, pickle.UnpicklingError) as exc:  # the process is gone
+            return Died(f"planner {self.pid} exited ({type(exc).__name__})")
         if kind == "ok":
             return Planned(value)
         if kind == "refused":
@@ -167,11 +193,86 @@ class PlannerProcess:
         return Bug(str(value))
 
     def kill(self) -> None:
-        """SIGKILL now (its CPU is free at once); close the pipe. Reap with `reap`."""
-        if self.proc.is_alive():
-            self.proc.kill()
+        """SIGKILL now, so its CPU is free at once; the zygote reaps it."""
+        if self.alive():  # not after its exit: the pid may be another process's by then
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
         self.conn.close()
 
-    async def reap(self) -> None:
-        """Wait, off the event loop, for a killed process's exit to be collected."""
-        await asyncio.get_running_loop().run_in_executor(None, self.proc.join, 5.0)
+
+class Zygote:
+    """The process that forks planners, and the API's end of its control socket."""
+
+    # imports take ~0.5 s on an idle core; 60 s covers a loaded 2-core host
+    START_TIMEOUT_S = 60.0
+
+    def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket) -> None:
+        self.proc = proc
+        self.control = control
+        self._lock = asyncio.Lock()  # one fork request and its pid answer at a time
+
+    @classmethod
+    async def start(cls, access: DataAccess) -> Zygote:
+        """A zygote that has imported the planner and holds `access`."""
+        ours, theirs = socket.socketpair()
+        loop = asyncio.get_running_loop()
+        # fork+exec: a few ms, off the event loop all the same
+        proc = await loop.run_in_executor(
+            None,
+            lambda: subprocess.Popen(
+                [sys.executable, "-m", __name__, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **_ONE_THREAD},
+            ),
+        )
+        theirs.close()
+        ours.setblocking(False)
+        zygote = cls(proc, ours)
+        try:
+            await loop.sock_sendall(ours, pickle.dumps(access))  # a few paths
+            ready = await asyncio.wait_for(loop.sock_recv(ours, len(_READY)), cls.START_TIMEOUT_S)
+            if ready != _READY:
+                raise EOFError("it exited during start-up")
+        except (OSError, EOFError, TimeoutError) as exc:
+            zygote.close()
+            raise RuntimeError(f"the planner zygote did not start: {exc!r}") from exc
+        return zygote
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    async def fork(self) -> PlannerProcess:
+        """A new planner, once it has said it is ready; OSError/EOFError if the zygote is
+        gone (start another)."""
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        try:
+            async with self._lock:
+                # 16 bytes and a descriptor into an idle socket's buffer: does not block
+                socket.send_fds(self.control, [b"fork"], [theirs.fileno()])
+                answer = await asyncio.wait_for(
+                    loop.sock_recv(self.control, _PID_BYTES), self.START_TIMEOUT_S
+                )
+            if len(answer) != _PID_BYTES:
+                raise EOFError("the planner zygote exited")
+        finally:
+            theirs.close()
+        slot = PlannerProcess(int.from_bytes(answer, "little"), Connection(ours.detach()))
+        if not await _readable(slot.conn, self.START_TIMEOUT_S) or (
+            slot.conn.recv_bytes() != _READY
+        ):
+            slot.kill()
+            raise EOFError(f"planner {slot.pid} did not start")
+        return slot
+
+    def close(self) -> None:
+        """Stop the zygote (its planners are killed by their owner, the Planner)."""
+        self.control.close()  # it reads EOF and exits
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)  # a SIGKILLed process is reaped in milliseconds
+
+
+if __name__ == "__main__":  # python -m wstrain.service.api.plan_pool FD: the zygote
+    _zygote(socket.socket(fileno=int(sys.argv[1])))

@@ -11,14 +11,18 @@ validate_and_plan (service/validation.py) is CPU-bound: 10-75 ms for the presets
 schema admits specs (seq_len 2^20, 1024 layers) that plan for minutes. So that no user can
 stall another:
 - each plan runs in a planner process (api/plan_pool.py); one still planning at the deadline
-  is killed (SIGKILL, its CPU free at once), replaced, and its caller answered 422;
+  is killed (SIGKILL, its CPU free at once), replaced by a fork of the zygote (~10 ms), and
+  its caller answered 422; one that dies (the OOM killer, a stray kill) is replaced too,
+  and the request it held runs once more;
 - an owner has at most one plan in a process; its further requests wait behind it, FIFO, at
   most WSTRAIN_PLAN_QUEUE_PER_OWNER of them (beyond: 429 with Retry-After), and free
   processes go to the owners with waiting requests in turn (round robin), so one owner's
   flood delays another owner's plan by at most one plan's time, the deadline;
 - a spec that overran (its JSON less `name`, with the node profile it plans against) is
   refused at once for WSTRAIN_PLAN_REFUSAL_TTL_S, without planning it again.
-The event loop only waits: on futures, and on the planners' pipes (loop.add_reader).
+The event loop only waits: on futures, and on the planners' sockets (loop.add_reader).
+One process of the API (WSTRAIN_WORKERS > 1 runs several) keeps its own planners, queues
+and refusals.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from wstrain.service.api.plan_pool import (
     Planned,
     PlannerProcess,
     Refused,
+    Zygote,
 )
 from wstrain.service.validation import pick_node
 
@@ -164,20 +169,16 @@ class Planner:
         self.queue_per_owner = queue_per_owner
         self.refusals = RefusalCache(refusal_ttl_s)
         self._idle: list[PlannerProcess] = []
+        self._zygote: Zygote | None = None  # forks the planners (api/plan_pool.py)
+        self._zygote_lock = asyncio.Lock()
         self._busy: set[PlannerProcess] = set()
         self._owners = _Owners()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
     async def start(self) -> None:
-        """Start the planner processes (the first also starts the forkserver: ~1 s)."""
-        self._idle += await asyncio.gather(
-            *(PlannerProcess.start(self.access) for _ in range(self.processes))
-        )
-
-    def pids(self) -> list[int]:
-        """The planner processes' pids (tests kill them)."""
-        return [p.pid for p in (*self._idle, *self._busy) if p.pid is not None]
+        """Start the zygote (~0.5 s of imports) and fork the planner processes from it."""
+        await asyncio.gather(*(self._start_one() for _ in range(self.processes)))
 
     async def plan(self, spec: JobSpec, nodes: list[Node], owner: str) -> Plan:
         """The plan validate_and_plan makes, or its InvalidSpec / InfeasibleBudget;
@@ -224,6 +225,8 @@ class Planner:
     def _dispatch(self) -> None:
         """Give idle processes to waiting owners, in turn."""
         while self._idle and not self._closed:
+            # last in, first out: the process that just finished, whose plan cache
+            # (validation.py's _PLANS) holds what its owner's sweep plans next
             slot = self._idle.pop()
             if not slot.alive():  # died while idle: replace it, try the next
                 self._replace(slot)
@@ -284,32 +287,40 @@ class Planner:
         self._dispatch()
 
     def _replace(self, old: PlannerProcess) -> None:
-        """Kill `old` now and start its replacement in the background."""
+        """Kill `old` now and fork its replacement (~10 ms) in the background."""
         old.kill()
+        self._spawn(self._start_one())
 
-        async def replace() -> None:
-            await old.reap()
-            while not self._closed:
-                try:
-                    new = await PlannerProcess.start(self.access)
-                except Exception:
-                    log.exception("a planner process did not start; retrying in 1 s")
-                    await asyncio.sleep(1.0)
-                    continue
-                if self._closed:
-                    new.kill()
-                    return
+    async def _start_one(self) -> None:
+        """One more planner among the idle ones; the zygote started again if it died."""
+        while not self._closed:
+            try:
+                async with self._zygote_lock:
+                    if self._zygote is None or not self._zygote.alive():
+                        if self._zygote is not None:
+                            log.warning("the planner zygote exited; starting another")
+                            self._zygote.close()
+                        self._zygote = await Zygote.start(self.access)
+                zygote = self._zygote
+                new = await zygote.fork()
+            except (OSError, EOFError, RuntimeError, TimeoutError) as exc:
+                log.warning("a planner process did not start (%r); retrying in 1 s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            if self._closed:
+                new.kill()
+            else:
                 self._idle.append(new)
                 self._dispatch()
-                return
-
-        self._spawn(replace())
+            return
 
     def close(self) -> None:
         """Kill every planner process and fail the requests still waiting."""
         self._closed = True
         for slot in (*self._idle, *self._busy):
             slot.kill()
+        if self._zygote is not None:
+            self._zygote.close()
         self._idle.clear()
         self._busy.clear()
         for queue in self._owners.waiting.values():
