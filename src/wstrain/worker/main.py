@@ -56,6 +56,16 @@ from wstrain.worker.runtime.stats import StepStats, Telemetry
 log = logging.getLogger("worker")
 # Step reports are throttled so a fast CPU job does not flood its agent.
 REPORT_INTERVAL_S = 0.2
+# A rank that refused the spec: rank 0 opens the same files at the same point and refuses
+# too, naming the field; 10 s bounds that wait before the gang ends on the rank's exit alone
+REFUSAL_WAIT_S = 10.0
+
+
+def _refused_rank(reason: str) -> str:
+    return (
+        f"data-parallel gang stopped: {reason}: it refused the spec before training (a file "
+        "out of the data roots or in the state dir; not retried)"
+    )
 
 
 class Worker:
@@ -150,9 +160,23 @@ class Worker:
             )
         return precision, peak
 
+    def peer_refused(self) -> bool:
+        """Before training, another rank of the gang exited refused: it opened the files
+        rank 0 opens, so the spec is refused, not crashed."""
+        gang = None if self.training else self.gang
+        return gang is not None and any(c.poll() == WorkerExit.refused for c in gang.children)
+
     def _gang_died(self, reason: str) -> None:
-        """A rank died (worker/ranks.py's watcher thread): the gang stops, failed."""
+        """A rank died (worker/ranks.py's watcher thread): the gang stops, failed; refused
+        when that rank refused the spec before training."""
         log.error("job %s: %s; stopping every rank", self.job_id, reason)
+        if self.peer_refused():
+            # rank 0 opens the same files and is refused alike moments later, with the field
+            # in its own error (its main thread then ends the process); this ends it only if
+            # that has not happened in REFUSAL_WAIT_S
+            time.sleep(REFUSAL_WAIT_S)
+            self.emit(WorkerMessage(kind="error", message=_refused_rank(reason)))
+            os._exit(int(WorkerExit.refused))
         self.emit(WorkerMessage(kind="error", message=f"data-parallel gang stopped: {reason}"))
         os._exit(int(WorkerExit.failed))
 
@@ -362,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         if gang is not None and (dead := gang.dead(wait_s=2 * WATCH_INTERVAL_S)) is not None:
             # a peer's death fails rank 0's next collective: name the death, not the symptom
             msg = f"data-parallel gang stopped: {dead}; rank 0 then failed: {msg[:300]}"
+            if worker.peer_refused():
+                msg, code = _refused_rank(dead), WorkerExit.refused
     if worker.gang is not None:  # the other ranks would wait in a collective for rank 0
         worker.gang.kill()
     log.error("job %s: failed: %s\n%s", worker.job_id, msg, traceback.format_exc())
