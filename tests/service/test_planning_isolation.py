@@ -235,6 +235,36 @@ def test_refusals_cross_the_process_boundary_whole() -> None:
     assert isinstance(refused, InvalidSpec) and "no-such.bin" in refused.message, refused
 
 
+def test_a_plan_past_the_memory_cap_is_refused_and_its_process_replaced() -> None:
+    """WSTRAIN_PLAN_MEMORY_BYTES at its floor, 256 MiB: the expensive spec passes it in
+    ~4 s, long before a 120 s deadline; the answer is a 422 naming the cap, and the next
+    spec plans on a fresh process."""
+    cap = 256 << 20
+
+    async def plan_both() -> tuple[BaseException | None, float, str]:
+        planner = Planner(120.0, DataAccess.of([REPO], None), processes=1, memory_bytes=cap)
+        await planner.start()
+        try:
+            start = time.perf_counter()
+            try:
+                await planner.plan(JobSpec.model_validate(expensive_spec(5 << 32)), [], "alice")
+                refused = None
+            except InvalidSpec as exc:
+                refused = exc
+            took = time.perf_counter() - start
+            plan = await planner.plan(JobSpec.model_validate(tiny_spec("next")), [], "bob")
+            return refused, took, plan.runtime
+        finally:
+            planner.close()
+
+    refused, took, runtime = asyncio.run(plan_both())
+    assert isinstance(refused, InvalidSpec), refused
+    assert f"WSTRAIN_PLAN_MEMORY_BYTES={cap}" in refused.message, refused.message
+    assert refused.detail == {"memory_bytes": cap}
+    assert took < 60, took  # the cap stopped it, not the deadline
+    assert runtime
+
+
 def test_a_sweep_plans_once_in_the_pool() -> None:
     """validation.py's plan cache lives in each planner process; one owner's sweep (specs
     that differ in name only) stays on the process that planned it first, so it plans once."""
@@ -262,15 +292,18 @@ def test_planning_settings_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         "WSTRAIN_PLAN_PROCESSES",
         "WSTRAIN_PLAN_QUEUE_PER_OWNER",
         "WSTRAIN_PLAN_REFUSAL_TTL_S",
+        "WSTRAIN_PLAN_MEMORY_BYTES",
     ):
         monkeypatch.delenv(name, raising=False)
     s = ServiceSettings()
     assert (s.plan_processes, s.plan_queue_per_owner, s.plan_refusal_ttl_s) == (2, 8, 600.0)
+    assert s.plan_memory_bytes == 4 << 30
     for name, bad in (
         ("WSTRAIN_PLAN_PROCESSES", "0"),
         ("WSTRAIN_PLAN_QUEUE_PER_OWNER", "-1"),
         ("WSTRAIN_PLAN_REFUSAL_TTL_S", "1e9"),
         ("WSTRAIN_PLAN_TIMEOUT_S", "3601"),
+        ("WSTRAIN_PLAN_MEMORY_BYTES", str(255 << 20)),
     ):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name.removeprefix("WSTRAIN_").lower()):

@@ -61,6 +61,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             processes=settings.plan_processes,
             queue_per_owner=settings.plan_queue_per_owner,
             refusal_ttl_s=settings.plan_refusal_ttl_s,
+            memory_bytes=settings.plan_memory_bytes,
         )
         await app.state.planner.start()  # its processes, ready before the first request
         # what start-up built (modules, the app, its schemas) lives as long as the process:

@@ -15,6 +15,8 @@
                                       more: 429 with Retry-After (8, 0-1024)
     WSTRAIN_PLAN_REFUSAL_TTL_S        a spec that overran the deadline is refused at once
                                       this long (600, 0-86400; 0: never)
+    WSTRAIN_PLAN_MEMORY_BYTES         heap of one planner process; past it 422 (4 GiB,
+                                      256 MiB-1 TiB)
     WSTRAIN_METRICS_LEASE_S           how long one replica stays the store-wide exporter (30)
     WSTRAIN_METRICS_ENDED_WINDOW_S    how long an ended job stays in wstrain_job_info (86400)
     WSTRAIN_METRICS_MAX_JOBS          most jobs in wstrain_job_info, newest first (10000)
@@ -73,6 +75,11 @@ class ServiceSettings(SharedSettings):
     # how long a spec that overran plan_timeout_s is refused at once without planning again
     # (0: never); 10 min outlasts a retry loop, and a changed data file is planned anew then
     plan_refusal_ttl_s: float = Field(default=600.0, ge=0, le=86400)
+    # heap of one planner process (RLIMIT_DATA; token files are mapped outside it): every
+    # preset plans in under 80 MiB of it (64 MiB is the imports), while seq_len 2^20 on
+    # tiny-llama passes 256 MiB in 4 s and grows on, so a raised deadline cannot turn into
+    # an API host out of memory
+    plan_memory_bytes: int = Field(default=4 << 30, ge=256 << 20, le=1 << 40)
     # /metrics: the replica holding the exporter lease exports the store-wide series; another
     # takes over this long after the holder's last scrape (3 scrapes at Prometheus's 10 s)
     metrics_lease_s: float = Field(default=30.0, ge=1, le=3600)

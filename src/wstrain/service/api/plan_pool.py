@@ -3,7 +3,7 @@ for one request at a time, and one past its deadline is killed (SIGKILL) and rep
 the CPU it was burning is free at once. A thread could not be stopped: eight 51 s plans
 (tiny-llama at seq_len 1048576) once held the API's four planning threads for 8 minutes.
 
-    zygote = await Zygote.start(access)                # python -m ...plan_pool: ~0.5 s
+    zygote = await Zygote.start(access, 4 << 30)       # python -m ...plan_pool: ~0.5 s
     slot = await zygote.fork()                         # a planner, ready in ~10 ms
     outcome = await slot.run(spec, nodes, timeout_s)   # Planned, Refused, Overran, ...
     slot.kill()                                        # after Overran: SIGKILL
@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import os
 import pickle
+import resource
 import select
 import signal
 import socket
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from wstrain.scheduler.contracts.access import DataAccess
-from wstrain.scheduler.contracts.errors import WstrainError
+from wstrain.scheduler.contracts.errors import InvalidSpec, WstrainError
 from wstrain.scheduler.contracts.jobs import Node
 from wstrain.scheduler.contracts.plan import Plan
 from wstrain.scheduler.contracts.spec import JobSpec
@@ -48,11 +49,15 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def _plan_forever(conn: Connection, access: DataAccess) -> None:
+def _plan_forever(conn: Connection, access: DataAccess, memory_bytes: int) -> None:
     """A planner: answer each (spec, nodes) with ("ok", plan), ("refused", error) or
-    ("bug", text) until the API closes its end."""
+    ("bug", text) until the API closes its end; ("spent", error) and exit when a plan
+    needed more than `memory_bytes`."""
     from wstrain.service.validation import validate_and_plan
 
+    # RLIMIT_DATA counts the heap and private mappings, not the read-only maps of token
+    # files (np.memmap), so a 100 GiB corpus is checked under a 4 GiB cap all the same
+    resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
     conn.send_bytes(_READY)
     while True:
         try:
@@ -63,8 +68,24 @@ def _plan_forever(conn: Connection, access: DataAccess) -> None:
             conn.send(("ok", validate_and_plan(spec, nodes, access)))
         except WstrainError as exc:  # InvalidSpec / InfeasibleBudget: pickled with detail
             conn.send(("refused", exc))
+        except MemoryError:
+            conn.send(("spent", over_memory(memory_bytes)))
+            return  # its heap may be fragmented past use: the API forks a fresh one
         except Exception as exc:  # a bug: the API answers 500 and logs it
             conn.send(("bug", f"{type(exc).__name__}: {exc}"))
+
+
+def over_memory(memory_bytes: int) -> InvalidSpec:
+    """The refusal of a spec whose planning took more than the planners' memory cap, or
+    killed two planners in a row (the OOM killer, or native code that aborts when an
+    allocation fails)."""
+    return InvalidSpec(
+        f"planning this spec needed more than WSTRAIN_PLAN_MEMORY_BYTES={memory_bytes} "
+        f"({memory_bytes / 2**30:g} GiB) of memory; use a shorter seq_len, fewer layers or "
+        "a smaller global_batch, set overrides.runtime to plan one runtime, or raise "
+        "WSTRAIN_PLAN_MEMORY_BYTES on the API",
+        memory_bytes=memory_bytes,
+    )
 
 
 def _die_with_parent() -> None:
@@ -87,7 +108,7 @@ def _zygote(control: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps exited planners
     import wstrain.service.validation  # noqa: F401  # once, here, for every planner
 
-    access: DataAccess = pickle.loads(control.recv(1 << 20))
+    access, memory_bytes = pickle.loads(control.recv(1 << 20))
     control.sendall(_READY)
     while True:
         _, fds, _, _ = socket.recv_fds(control, 16, 1)
@@ -100,7 +121,7 @@ def _zygote(control: socket.socket) -> None:
                 control.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 _die_with_parent()
-                _plan_forever(Connection(fds[0]), access)
+                _plan_forever(Connection(fds[0]), access, memory_bytes)
             except BaseException:
                 code = 1
             finally:
@@ -117,6 +138,7 @@ class Planned:
 @dataclass(frozen=True)
 class Refused:
     error: WstrainError
+    spent: bool = False  # the process exited after it (out of memory): replace it
 
 
 @dataclass(frozen=True)
@@ -188,8 +210,8 @@ class PlannerProcess:
             return Died(f"planner {self.pid} exited ({type(exc).__name__})")
         if kind == "ok":
             return Planned(value)
-        if kind == "refused":
-            return Refused(value)
+        if kind in ("refused", "spent"):
+            return Refused(value, spent=kind == "spent")
         return Bug(str(value))
 
     def kill(self) -> None:
@@ -212,8 +234,9 @@ class Zygote:
         self._lock = asyncio.Lock()  # one fork request and its pid answer at a time
 
     @classmethod
-    async def start(cls, access: DataAccess) -> Zygote:
-        """A zygote that has imported the planner and holds `access`."""
+    async def start(cls, access: DataAccess, memory_bytes: int) -> Zygote:
+        """A zygote that has imported the planner and holds `access`; its planners may
+        take `memory_bytes` of heap each."""
         ours, theirs = socket.socketpair()
         loop = asyncio.get_running_loop()
         # fork+exec: a few ms, off the event loop all the same
@@ -230,7 +253,7 @@ class Zygote:
         ours.setblocking(False)
         zygote = cls(proc, ours)
         try:
-            await loop.sock_sendall(ours, pickle.dumps(access))  # a few paths
+            await loop.sock_sendall(ours, pickle.dumps((access, memory_bytes)))  # < 1 KiB
             ready = await asyncio.wait_for(loop.sock_recv(ours, len(_READY)), cls.START_TIMEOUT_S)
             if ready != _READY:
                 raise EOFError("it exited during start-up")

@@ -18,6 +18,7 @@ stall another:
   most WSTRAIN_PLAN_QUEUE_PER_OWNER of them (beyond: 429 with Retry-After), and free
   processes go to the owners with waiting requests in turn (round robin), so one owner's
   flood delays another owner's plan by at most one plan's time, the deadline;
+- a planner's heap is capped at WSTRAIN_PLAN_MEMORY_BYTES: a plan past it answers 422;
 - a spec that overran (its JSON less `name`, with the node profile it plans against) is
   refused at once for WSTRAIN_PLAN_REFUSAL_TTL_S, without planning it again.
 The event loop only waits: on futures, and on the planners' sockets (loop.add_reader).
@@ -50,6 +51,7 @@ from wstrain.service.api.plan_pool import (
     PlannerProcess,
     Refused,
     Zygote,
+    over_memory,
 )
 from wstrain.service.validation import pick_node
 
@@ -152,8 +154,9 @@ class _Owners:
 
 
 class Planner:
-    """validate_and_plan in `processes` planner processes, each plan within `timeout_s`,
-    one plan per owner at a time, `queue_per_owner` more waiting."""
+    """validate_and_plan in `processes` planner processes, each plan within `timeout_s`
+    and `memory_bytes` of heap, one plan per owner at a time, `queue_per_owner` more
+    waiting."""
 
     def __init__(
         self,
@@ -162,11 +165,13 @@ class Planner:
         processes: int = 2,
         queue_per_owner: int = 8,
         refusal_ttl_s: float = 600.0,
+        memory_bytes: int = 4 << 30,
     ) -> None:
         self.timeout_s = timeout_s
         self.access = access
         self.processes = processes
         self.queue_per_owner = queue_per_owner
+        self.memory_bytes = memory_bytes
         self.refusals = RefusalCache(refusal_ttl_s)
         self._idle: list[PlannerProcess] = []
         self._zygote: Zygote | None = None  # forks the planners (api/plan_pool.py)
@@ -259,7 +264,10 @@ class Planner:
             self._idle.append(slot)
             _settle(done, outcome.plan)
         elif isinstance(outcome, Refused):
-            self._idle.append(slot)
+            if outcome.spent:  # it ran out of memory and exited
+                self._replace(slot)
+            else:
+                self._idle.append(slot)
             _settle(done, outcome.error)
         elif isinstance(outcome, Overran):
             self._replace(slot)
@@ -280,7 +288,11 @@ class Planner:
             )
             self._replace(slot)
             self._owners.requeue_first(owner, request)
-        else:  # died again, or a bug: not the client's fault, but not retried either
+        elif isinstance(outcome, Died):  # a second planner died on it: the OOM killer
+            self._replace(slot)
+            log.warning("spec %s: a second planner died on it (%s)", request.spec.name, outcome)
+            _settle(done, over_memory(self.memory_bytes))
+        else:  # a bug: not the client's fault, and not retried
             self._replace(slot)
             log.error("spec %s: planner %s failed: %s", request.spec.name, slot.pid, outcome)
             _settle(done, RuntimeError(f"planning spec {request.spec.name!r} failed: {outcome}"))
@@ -300,7 +312,7 @@ class Planner:
                         if self._zygote is not None:
                             log.warning("the planner zygote exited; starting another")
                             self._zygote.close()
-                        self._zygote = await Zygote.start(self.access)
+                        self._zygote = await Zygote.start(self.access, self.memory_bytes)
                 zygote = self._zygote
                 new = await zygote.fork()
             except (OSError, EOFError, RuntimeError, TimeoutError) as exc:
