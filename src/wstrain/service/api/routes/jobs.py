@@ -37,7 +37,10 @@ _BEFORE_RUNNING = frozenset({JobState.queued, JobState.planning})
 _RESUMABLE = frozenset({JobState.cancelled, JobState.failed, JobState.timeout})
 
 
-@router.post("", status_code=201, response_model=Job, responses={**BODY, **error_responses(403)})
+# 429: the owner's plans already fill WSTRAIN_PLAN_QUEUE_PER_OWNER (api/planning.py)
+@router.post(
+    "", status_code=201, response_model=Job, responses={**BODY, **error_responses(403, 429)}
+)
 async def submit(
     spec: JobSpec, st: Store, planner: PlannerDep, caller: CallerDep, grants: Grants
 ) -> Job:

@@ -15,7 +15,8 @@ from wstrain.service.api.routes.grants import Grants, admit_class, check_quota
 router = APIRouter(prefix="/v1/plans", responses=CALLER)
 
 
-@router.post("", response_model=Plan, responses={**BODY, **error_responses(403)})
+# 429: the owner's plans already fill WSTRAIN_PLAN_QUEUE_PER_OWNER (api/planning.py)
+@router.post("", response_model=Plan, responses={**BODY, **error_responses(403, 429)})
 async def dry_run(
     spec: JobSpec, st: Store, planner: PlannerDep, caller: CallerDep, grants: Grants
 ) -> Plan:
