@@ -23,6 +23,7 @@ def test_the_window_is_startup_before_a_step_then_the_larger_of_factor_and_floor
     assert w.window_s(None) == 1800  # model load and the first compile report nothing
     assert w.window_s(0.5) == 600  # 20 x 0.5 s = 10 s: the floor covers a checkpoint write
     assert w.window_s(45.0) == 900  # 20 x 45 s past the floor
+    assert HangWindow(20, 600, 60).window_s(None) == 600  # the floor holds before a step too
 
 
 def test_the_cause_says_how_long_the_window_and_the_fix() -> None:

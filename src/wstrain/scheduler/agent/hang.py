@@ -7,7 +7,7 @@ the agent SIGKILLs it (scheduler/agent/supervisor.py's watch_hang: a frozen proc
 checkpoint) and retries the job per its `max_retries`. The window is
 
     max(step_factor x the last step's wall time, floor_s)   once it reported a step,
-    startup_s                                               before its first step report:
+    max(startup_s, floor_s)                                 before its first step report:
 
 loading the model and the data index, resuming a checkpoint and the first step's compile
 report nothing for minutes on a large model. Checkpoint writes and evaluations report only
@@ -34,9 +34,9 @@ class HangWindow:
 
     def window_s(self, step_s: float | None) -> float:
         """The no-progress window of a worker whose last reported step took `step_s`
-        (None: it has reported no step yet)."""
+        (None: it has reported no step yet; the floor holds then too)."""
         if step_s is None:
-            return self.startup_s
+            return max(self.startup_s, self.floor_s)
         return max(self.step_factor * step_s, self.floor_s)
 
     def describe(self, silent_s: float, step_s: float | None) -> str:

@@ -130,8 +130,9 @@ class AgentSettings(SharedSettings):
         default=1800.0,
         ge=1,
         le=86400,
-        description="the no-progress window before a worker's first step report: loading "
-        "the model and data, resuming a checkpoint, the first step's compile",
+        description="the no-progress window before a worker's first step report (at least "
+        "hang_floor_s): loading the model and data, resuming a checkpoint, the first "
+        "step's compile",
     )
     shm_dir: Path = Field(
         default=Path("/dev/shm"),
