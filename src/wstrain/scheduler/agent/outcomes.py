@@ -2,10 +2,10 @@
 time limit; failed at once when the worker refused the spec before training
 (WorkerExit.refused: a path into the state dir or outside the data roots, which no retry
 changes); requeued when the agent shut down or the job was preempted (it wrote a checkpoint,
-the next attempt resumes there); and when the worker died (killed, OOM, a CUDA error, a lost
-node) requeued again as an automatic retry, with back-off, until the spec's
-`max_retries` are spent, then failed with the cause. Every write is fenced by the agent's
-lease on the job.
+the next attempt resumes there); and when the worker died (killed, OOM, a CUDA error, hung:
+SIGKILLed by the agent after its no-progress window, agent/hang.py; a lost node) requeued
+again as an automatic retry, with back-off, until the spec's `max_retries` are spent, then
+failed with the cause. Every write is fenced by the agent's lease on the job.
 
 Used by scheduler/agent/supervisor.py (a worker's exit) and recovery.py (a dead node's jobs).
 """
