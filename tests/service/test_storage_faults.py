@@ -1,9 +1,11 @@
-"""No 500s from what a client sends or from a full disk under Redis.
+"""No 500s from what a client sends or from a full disk, under Redis or the state dir.
 
 Stream ids past 2^64-1 (`after=`, `Last-Event-ID`) are a 422 naming the parameter, not a
 Redis error. A Redis whose AOF directory is a full tmpfs refuses writes with MISCONF: every
 write route answers 503 with Retry-After, reads keep working, and a running agent rides it
-out (its process alive, its heartbeat back once space is freed).
+out (its process alive, its job training on, its heartbeat back once space is freed). A
+full state dir fails a real job's checkpoint with the documented message. The tmpfs tests
+mount file systems (tests/tmpfs.py): they skip, saying why, where mount is refused.
 
     pytest tests/service/test_storage_faults.py
 """
