@@ -212,3 +212,20 @@ def test_a_full_state_dir_fails_the_checkpoint_naming_what_filled_up(
         finally:
             if stack is not None:
                 stack.stop()
+
+
+def test_a_redis_error_that_is_no_storage_fault_stays_a_500(api_only: Stack) -> None:
+    """Only the storage faults are 503: a reply that says the store is wrong (a key of the
+    wrong type, planted here) is a bug, and answers as one."""
+    import redis
+
+    r = redis.Redis.from_url(api_only.env["WSTRAIN_REDIS_URL"])
+    key = "apionly:job:wrongtype0001"  # no index names it: no other test lists it
+    r.set(key, "not a hash")
+    try:
+        with api_only.client() as c:
+            got = c.get("/v1/jobs/wrongtype0001")
+        assert got.status_code == 500, got.text
+    finally:
+        r.delete(key)
+        r.close()
