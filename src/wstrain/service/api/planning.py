@@ -189,10 +189,12 @@ class Planner:
         """The plan validate_and_plan makes, or its InvalidSpec / InfeasibleBudget;
         InvalidSpec naming the fix when it overruns `timeout_s` (or overran lately);
         TooManyRequests when `owner` already has `queue_per_owner` plans waiting."""
+        if self._closed:  # the API is shutting down: its planners are gone
+            raise RuntimeError("the planner is closed; no plan is made while the API stops")
         key = RefusalCache.key(spec, nodes)
         at = self.refusals.refused_at(key, time.monotonic())
         if at is not None:
-            raise self._overran(spec, time.monotonic() - at)
+            raise self._overran(time.monotonic() - at)
         queue = self._owners.waiting.get(owner, ())
         if len(queue) + (owner in self._owners.planning) > self.queue_per_owner:
             retry_s = max(1, math.ceil(self.timeout_s))  # the queue moves one per deadline
@@ -211,7 +213,7 @@ class Planner:
         finally:  # the client went away while it waited: it never starts
             self._owners.drop(owner, request)
 
-    def _overran(self, spec: JobSpec, ago_s: float | None) -> InvalidSpec:
+    def _overran(self, ago_s: float | None) -> InvalidSpec:
         when = (
             f"this spec (its name aside) overran {ago_s:.0f} s ago and is refused without "
             f"planning again for WSTRAIN_PLAN_REFUSAL_TTL_S={self.refusals.ttl_s:g} s"
@@ -278,20 +280,14 @@ class Planner:
                 self.timeout_s,
                 slot.pid,
             )
-            _settle(done, self._overran(request.spec, None))
-        elif isinstance(outcome, Died) and request.attempts < ATTEMPTS and not done.done():
-            log.warning(
-                "spec %s: planner %s died (%s); retrying",
-                request.spec.name,
-                slot.pid,
-                outcome.reason,
-            )
+            _settle(done, self._overran(None))
+        elif isinstance(outcome, Died):
             self._replace(slot)
-            self._owners.requeue_first(owner, request)
-        elif isinstance(outcome, Died):  # a second planner died on it: the OOM killer
-            self._replace(slot)
-            log.warning("spec %s: a second planner died on it (%s)", request.spec.name, outcome)
-            _settle(done, over_memory(self.memory_bytes))
+            log.warning("spec %s: planner %s died: %s", request.spec.name, slot.pid, outcome)
+            if request.attempts < ATTEMPTS and not done.done():
+                self._owners.requeue_first(owner, request)  # first in line, on a new one
+            else:  # a second planner died on it: the OOM killer, most likely
+                _settle(done, over_memory(self.memory_bytes))
         else:  # a bug: not the client's fault, and not retried
             self._replace(slot)
             log.error("spec %s: planner %s failed: %s", request.spec.name, slot.pid, outcome)
