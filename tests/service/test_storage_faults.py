@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import Stack, make_stack, tiny_spec, wait_job, wait_terminal
@@ -229,3 +230,40 @@ def test_a_redis_error_that_is_no_storage_fault_stays_a_500(api_only: Stack) -> 
     finally:
         r.delete(key)
         r.close()
+
+
+def test_a_disk_that_refuses_a_write_is_503_and_other_os_errors_stay_500(
+    small_disk: Path,
+) -> None:
+    """The API writes no file today; the mapper still answers a write that a full disk
+    refuses (a real ENOSPC, on a full tmpfs) with 503 + Retry-After, and any other OSError
+    (a missing file: a bug) with 500. A bare app with the API's own handlers, in process."""
+    import asyncio
+
+    from fastapi import FastAPI
+
+    from wstrain.service.api.errors import install_error_handlers
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/write")
+    def write() -> dict[str, str]:
+        (small_disk / "note").write_bytes(b"x" * 65536)
+        return {}
+
+    @app.get("/missing")
+    def missing() -> dict[str, str]:
+        return {"text": (small_disk / "no-such-file").read_text()}
+
+    async def go() -> tuple[httpx.Response, httpx.Response]:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+            return await c.post("/write"), await c.get("/missing")
+
+    fill(small_disk)
+    full, missing_file = asyncio.run(go())
+    assert full.status_code == 503, full.text
+    assert full.headers["Retry-After"] == "10"
+    assert full.json()["fault"] == "ENOSPC"
+    assert missing_file.status_code == 500, missing_file.text

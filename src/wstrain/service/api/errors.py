@@ -6,7 +6,9 @@ Redis unreachable (connection refused, timed out, loading its AOF after a restar
 the client's fault and not a bug: 503 with Retry-After, so clients and proxies retry. So is
 Redis refusing writes (a storage fault, scheduler/store/faults.py: MISCONF from a full disk
 under its --dir, OOM, READONLY, NOREPLICAS, MASTERDOWN): 503 with a longer Retry-After, and
-the reply's code in `fault`. Any other Redis reply error is a bug and stays a 500.
+the reply's code in `fault`. Any other Redis reply error is a bug and stays a 500. A full,
+over-quota or read-only disk under a file the API writes (it writes none today: its only
+storage is Redis) is the same 503, `fault` naming the errno.
 
 A request that fails validation answers 422 with one entry per error: where (`loc`), what
 (`msg`) and an excerpt of the offending value of at most 80 characters — never the input
@@ -18,6 +20,7 @@ Routes and dependencies just raise; service/app.py installs the mappers with
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 
@@ -86,6 +89,27 @@ async def storage_fault_response(request: Request, exc: Exception) -> JSONRespon
     )
 
 
+_DISK_FULL = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT", errno.EROFS: "EROFS"}
+
+
+async def disk_fault_response(request: Request, exc: Exception) -> JSONResponse:
+    """503 for a write the disk refused (full, over quota, read-only); any other OSError
+    is re-raised: a 500, a bug."""
+    code = _DISK_FULL.get(exc.errno or 0) if isinstance(exc, OSError) else None
+    if code is None:
+        raise exc
+    log.warning("%s %s: a disk refused a write: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        status_code=503,
+        headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)},
+        content={
+            "detail": f"the API's disk refused a write ({code}); retry in "
+            f"{STORAGE_RETRY_AFTER_S} s, or ask the operator to free space",
+            "fault": code,
+        },
+    )
+
+
 EXCERPT_CHARS = 80
 
 
@@ -145,3 +169,4 @@ def install_error_handlers(app: FastAPI) -> None:
     for unavailable in (RedisConnectionError, RedisTimeoutError, BusyLoadingError):
         app.add_exception_handler(unavailable, redis_down_response)
     app.add_exception_handler(ResponseError, storage_fault_response)
+    app.add_exception_handler(OSError, disk_fault_response)
