@@ -1,4 +1,4 @@
-"""Submission checks and planning run off the event loop under WSTRAIN_PLAN_TIMEOUT_S: a spec
+"""Submission checks and planning run in planner processes under WSTRAIN_PLAN_TIMEOUT_S: a spec
 that plans too slowly answers 422 at once and the API keeps answering meanwhile. Real Redis,
 and the API started the way `wstrain-api` starts it (app.main, settings from WSTRAIN_*).
 
@@ -24,7 +24,7 @@ from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.service.settings import ServiceSettings
 from wstrain.service.validation import validate_and_plan
 
-# A 1 us deadline: no check and plan can finish inside it (the thread hand-off alone takes
+# A 1 us deadline: no check and plan can finish inside it (the hand-off to a planner alone takes
 # longer), so the 422 below never depends on how fast this machine is.
 TINY_TIMEOUT_S = 1e-6
 
@@ -51,7 +51,7 @@ def impatient_api(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> I
     finally:
         proc.terminate()
         try:
-            proc.wait(60)  # waits for the overrun checks' threads too (under 1 s each)
+            proc.wait(60)  # the lifespan's end kills its planner processes
         except subprocess.TimeoutExpired:
             proc.kill()
 
@@ -96,8 +96,8 @@ def test_slow_plan_answers_422_while_the_api_keeps_answering(impatient_api: str)
             assert c.get("/healthz").json() == {"status": "ok"}
         answered = time.perf_counter() - start
         # Both 422s and both /healthz came back before the first check could have finished
-        # (its thread runs on, sharing the GIL, so it is slower than `took`): the event loop
-        # never waited for a check.
+        # (its planner process is killed at the deadline; the second 422 is the refusal of
+        # a spec that overran, answered without planning): the event loop never waited.
         assert answered < took, (answered, took)
         # Redis answers, but no agent heartbeats under this key prefix: not ready
         assert c.get("/readyz").json() == {"status": "no scheduler agent is heartbeating"}

@@ -171,7 +171,7 @@ def test_a_spec_that_overran_is_refused_at_once(guarded: Stack) -> None:
             assert detail.startswith(f"planning took too long (over {DEADLINE_S} s); "), detail
             assert "refused without planning again" in detail, detail
             assert "raise WSTRAIN_PLAN_TIMEOUT_S" in detail, detail
-            assert again_s < DEADLINE_S / 4, (path, again_s)
+            assert again_s < DEADLINE_S / 2, (path, again_s)  # a plan would take >= 1 s
         # another seed is another spec: planned (and stopped) again, not refused from memory
         r = c.post("/v1/plans", json={**spec, "seed": 1 << 41}, headers=_as("tok-alice"))
         assert "refused without planning again" not in r.json()["detail"], r.text
