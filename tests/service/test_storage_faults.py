@@ -105,6 +105,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield disk
 
 
+@pytest.mark.slow  # the whole service and a real worker, about 45 s
 def test_a_full_disk_under_redis_is_503_and_the_agent_rides_it_out(
     small_disk: Path, tmp_path: Path
 ) -> None:
@@ -182,6 +183,7 @@ def test_a_full_disk_under_redis_is_503_and_the_agent_rides_it_out(
         redis_proc.wait(10)
 
 
+@pytest.mark.slow  # the whole service and a real worker, about 45 s
 def test_a_full_state_dir_fails_the_checkpoint_naming_what_filled_up(
     redis_url: str, tmp_path: Path
 ) -> None:
