@@ -92,7 +92,9 @@ def save(
         # torch's writer leaves its file open in the failed call's frames, which the error
         # keeps: the deleted file would hold its blocks until the error is gone
         chained: BaseException | None = exc
-        while chained is not None:
+        seen: set[int] = set()
+        while chained is not None and id(chained) not in seen:
+            seen.add(id(chained))
             traceback.clear_frames(chained.__traceback__)
             chained = chained.__cause__ or chained.__context__
         kept = f"{previous} stays valid" if previous else "there is no earlier checkpoint"
