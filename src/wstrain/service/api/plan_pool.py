@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -122,7 +123,8 @@ def _zygote(control: socket.socket) -> None:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 _die_with_parent()
                 _plan_forever(Connection(fds[0]), access, memory_bytes)
-            except BaseException:
+            except BaseException:  # to the API's stderr, and the API sees the planner die
+                traceback.print_exc()
                 code = 1
             finally:
                 os._exit(code)  # never back into the zygote's loop
