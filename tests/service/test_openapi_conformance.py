@@ -1,8 +1,8 @@
 """The OpenAPI document is what the API does: schemathesis (`--checks all`, a fixed seed,
 bounded examples) against a real uvicorn on a real Redis, with bearer tokens on, so every
 protected route is exercised, once with an admin's token and once with a user's; plus the
-document's own promises
-(each operation names the statuses its router can answer) and the fixes it led to.
+document's own promises (each operation names the statuses its router can answer) and the
+fixes it led to.
 
     pytest tests/service/test_openapi_conformance.py
 
