@@ -111,6 +111,9 @@ def test_every_operation_documents_the_statuses_its_router_answers(api: Stack) -
                 assert {"401", "422", "503"} <= codes, where
             if "{job_id}" in path:
                 assert "404" in codes, where
+            if "401" in codes:  # the token is the security scheme, so a client sends it
+                assert op["security"] == [{"bearer": []}], where
+                assert "authorization" not in {p["name"] for p in op.get("parameters", [])}
             for code in codes - {"200", "201", "202", "204"}:
                 content = op["responses"][code]["content"]
                 assert "$ref" in content["application/json"]["schema"], f"{where}: {code}"

@@ -30,7 +30,7 @@ from wstrain.scheduler.store import JobStore
 from wstrain.service.api.errors import install_error_handlers
 from wstrain.service.api.limits import BodyLimit
 from wstrain.service.api.planning import Planner
-from wstrain.service.api.responses import EVERY_REQUEST
+from wstrain.service.api.responses import EVERY_REQUEST, declare_bearer
 from wstrain.service.api.routes import ROUTERS, docs
 from wstrain.service.metrics import ApiMetrics
 from wstrain.service.settings import ServiceSettings
@@ -111,6 +111,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         app.include_router(router)
     if protected:
         app.include_router(docs.router)
+        documented = app.openapi  # builds the document once and keeps it
+        app.openapi = lambda: declare_bearer(documented())  # type: ignore[method-assign]
     # outermost, so an oversized body is refused before any route or middleware reads it
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

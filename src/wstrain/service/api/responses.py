@@ -15,6 +15,9 @@ the caller (a token with WSTRAIN_API_TOKENS, headers and parameters that can fai
 validation, the job store in Redis), JOB on the routes of one job; a route adds its own
 (409, 429) with error_responses().
 A router added later documents its errors by passing `responses=CALLER` too.
+
+With WSTRAIN_API_TOKENS set, create_app adds the bearer token to the document as its
+security scheme (declare_bearer), required by every operation that documents 401.
 """
 
 from __future__ import annotations
@@ -98,3 +101,29 @@ EVERY_REQUEST = error_responses(413)
 BODY = error_responses(400)
 CALLER = error_responses(401, 422, 503)
 JOB = error_responses(404)
+
+
+BEARER = "bearer"  # the security scheme's name in the document
+
+
+def declare_bearer(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` (the app's OpenAPI document, changed in place) with the bearer token as its
+    security scheme, required by each operation that documents 401: what the API asks when
+    WSTRAIN_API_TOKENS is set (create_app adds it then, and only then)."""
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes[BEARER] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "a token of WSTRAIN_API_TOKENS (the CLI sends WSTRAIN_TOKEN)",
+    }
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            if "401" in operation.get("responses", {}):
+                operation["security"] = [{BEARER: []}]
+                # the header is the scheme's, not a parameter to fill in
+                operation["parameters"] = [
+                    p
+                    for p in operation.get("parameters", [])
+                    if (p["in"], p["name"].lower()) != ("header", "authorization")
+                ]
+    return schema
