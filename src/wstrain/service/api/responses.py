@@ -104,6 +104,7 @@ JOB = error_responses(404)
 
 
 BEARER = "bearer"  # the security scheme's name in the document
+_TOKEN_HEADERS = frozenset({"authorization", "x-wstrain-owner"})
 
 
 def declare_bearer(schema: dict[str, Any]) -> dict[str, Any]:
@@ -120,10 +121,11 @@ def declare_bearer(schema: dict[str, Any]) -> dict[str, Any]:
         for operation in operations.values():
             if "401" in operation.get("responses", {}):
                 operation["security"] = [{BEARER: []}]
-                # the header is the scheme's, not a parameter to fill in
+                # Authorization is the scheme's, not a parameter to fill in; X-Wstrain-Owner
+                # (the owner claimed where no token is asked) is ignored once one is
                 operation["parameters"] = [
                     p
                     for p in operation.get("parameters", [])
-                    if (p["in"], p["name"].lower()) != ("header", "authorization")
+                    if p["in"] != "header" or p["name"].lower() not in _TOKEN_HEADERS
                 ]
     return schema
