@@ -26,8 +26,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Seconds to wait before retrying, on 429 and 503 (service/api/errors.py and routes/logs.py
-# send it: 2 s while Redis is away, 5 s for a log follower slot).
+# Seconds to wait before retrying, on 429 and 503, always whole (service/api/errors.py and
+# routes/logs.py send it: 2 s while Redis is away, 10 s while it refuses writes, 5 s for a
+# log follower slot, the plan deadline rounded up for a full plan queue).
 RETRY_AFTER = {
     "Retry-After": {
         "description": "seconds to wait before retrying",
