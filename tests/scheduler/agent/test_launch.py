@@ -13,6 +13,7 @@ from pathlib import Path
 
 from wstrain.prepare.pipeline import PrepareRequest, prepare
 from wstrain.scheduler.agent.launch import _document_span
+from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.spec import JobSpec
 
 
@@ -37,7 +38,8 @@ def test_a_document_jobs_plan_reads_the_span_of_its_token_file(tmp_path: Path) -
     out = tmp_path / "d.bin"
     prepare(PrepareRequest(str(src), str(out)))  # 16-token documents: 15 bytes and eos
     tokens = {"kind": "tokens", "path": str(out)}
-    assert asyncio.run(_document_span("j", _spec(tokens, True))) == 16
-    assert asyncio.run(_document_span("j", _spec(tokens, False))) == 0
+    access = DataAccess.of([tmp_path], None)
+    assert asyncio.run(_document_span("j", _spec(tokens, True), access)) == 16
+    assert asyncio.run(_document_span("j", _spec(tokens, False), access)) == 0
     text = {"kind": "text", "path": str(src), "tokenizer": "byte"}
-    assert asyncio.run(_document_span("j", _spec(text, True))) == 0
+    assert asyncio.run(_document_span("j", _spec(text, True), access)) == 0

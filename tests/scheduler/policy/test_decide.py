@@ -113,3 +113,16 @@ def test_the_round_is_a_pure_function_of_its_inputs() -> None:
     first = decide(10.0, pending, running, NODE, usage)
     again = decide(10.0, list(reversed(pending)), list(reversed(running)), NODE, usage)
     assert first == again
+
+
+def test_a_wait_reason_names_another_owners_job_by_class_not_id() -> None:
+    # as test_nothing_new_lands_on_the_draining_gpu, but 'small' is ben's: ana's job id is
+    # not his to see
+    running = [_r("r0", 0, 135), _r("r1", 1, 12)]
+    pending = [_p("big", "ana", 141, exclusive=True), _p("small", "ben", 12, submitted_s=1.0)]
+    d = decide(10.0, pending, running, NODE, {})
+    assert d.start == ()
+    assert d.reasons["small"] == (
+        "priority: 1 job ahead; GPU 1 drains for another owner's job of priority 0"
+    )
+    assert "big" not in d.reasons["small"]

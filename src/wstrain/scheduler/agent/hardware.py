@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from wstrain.scheduler.contracts.hardware import Device, LayerTimes
 from wstrain.scheduler.contracts.jobs import GPUInfo
-from wstrain.scheduler.contracts.model_dims import resolve_dims
+from wstrain.scheduler.contracts.model_dims import ModelDims
 from wstrain.scheduler.contracts.spec import JobSpec
 from wstrain.scheduler.planning.layouts import PIECES_FROM_TOKENS
 
@@ -69,7 +69,7 @@ async def measure_node(state_dir: Path, use_cache: bool) -> Measured:
 
 
 async def layer_times(
-    state_dir: Path, profile_key: str, spec: JobSpec, jdir: Path, gpu: int
+    state_dir: Path, profile_key: str, spec: JobSpec, dims: ModelDims, jdir: Path, gpu: int
 ) -> LayerTimes | None:
     """The job's layer timed on GPU `gpu`, cached per model shape, sequence length,
     precision and hardware; None on failure (the planner then plans from FLOPs), and None
@@ -77,18 +77,22 @@ async def layer_times(
     what may not fit beside the GPU's other jobs (and takes seconds a pass at 512K)."""
     if spec.seq_len >= PIECES_FROM_TOKENS:
         return None
-    dims = resolve_dims(spec.model)
     key = hashlib.sha256(
         json.dumps([dataclasses.asdict(dims), spec.seq_len, spec.precision, profile_key]).encode()
     )
     cache = state_dir / "profiles" / "layers" / f"{key.hexdigest()[:16]}.json"
     if not cache.exists():
+        # the dims the agent read through the data access, not the model's path: the timing
+        # process reads no file a user named
+        (jdir / "dims.json").write_text(json.dumps(dataclasses.asdict(dims)))
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "wstrain.worker.profile.layer",
             "--spec",
             str(jdir / "spec.json"),
+            "--dims",
+            str(jdir / "dims.json"),
             stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)},
         )

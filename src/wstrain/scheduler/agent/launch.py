@@ -42,7 +42,7 @@ from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import Conflict, LeaseLost, WstrainError
 from wstrain.scheduler.contracts.hardware import Device, LayerTimes, NodeProfile
 from wstrain.scheduler.contracts.jobs import GPUInfo, Job, JobState, gpu_text, job_dir
-from wstrain.scheduler.contracts.model_dims import resolve_dims
+from wstrain.scheduler.contracts.model_dims import ModelDims, resolve_dims
 from wstrain.scheduler.contracts.spec import JobSpec, TokenData
 from wstrain.scheduler.contracts.token_file import document_span
 from wstrain.scheduler.planning.planner import make_plan
@@ -74,10 +74,12 @@ class Launcher:
         dev_total = max((g.total_bytes for g in self.gpus), default=host_total)
         return NodeProfile.from_profile(self.device, self.profile, dev_total, host_total)
 
-    async def _layer_times(self, spec: JobSpec, jdir: Path, gpu: int) -> LayerTimes | None:
+    async def _layer_times(
+        self, spec: JobSpec, dims: ModelDims, jdir: Path, gpu: int
+    ) -> LayerTimes | None:
         if not self.gpus:
             return None
-        return await layer_times(self.settings.state_dir, self.profile_key, spec, jdir, gpu)
+        return await layer_times(self.settings.state_dir, self.profile_key, spec, dims, jdir, gpu)
 
     async def _start_leader(self, job_id: str, gpus: tuple[int, ...], env: dict[str, str]) -> None:
         """Node 0 of a multi-node job: planned and supervised as any job of this node."""
@@ -146,14 +148,15 @@ class Launcher:
         jdir.mkdir(parents=True, exist_ok=True)
         (jdir / "spec.json").write_text(job.spec.model_dump_json(indent=1))
         try:
+            # config.json by descriptor under the roots: a model dir's config swapped for a
+            # link into the state dir since submission fails the job here, unread (and the
+            # layer timing below is handed these dims, never the model's path)
+            dims = resolve_dims(job.spec.model, self.access)
             # a gang's ranks are alike: its first GPU's layer time and link share stand for all
-            layer = await self._layer_times(job.spec, jdir, gpus[0]) if gpus else None
+            layer = await self._layer_times(job.spec, dims, jdir, gpus[0]) if gpus else None
             # packed beside other jobs, it plans with its share of the GPU and its link
             node = self.node_profile().with_layer(layer).shared_by(link_share)
             node = node.with_documents(await _document_span(job_id, job.spec, self.access))
-            # config.json by descriptor under the roots: a model dir's config swapped for a
-            # link into the state dir since submission fails the job here, unread
-            dims = resolve_dims(job.spec.model, self.access)
             plan = make_plan(job.spec, dims, node, resumed_runtime(jdir))
         except WstrainError as exc:
             await self.store.transition(

@@ -136,10 +136,10 @@ class Rounds:
         )
         if got.status == 0:
             if got.detail.startswith("assembling "):
-                other = got.detail.removeprefix("assembling ")
+                # the other job may be another owner's: its id is not this owner's to see
                 return (
-                    f"gang: job {other}'s gang of nodes is assembling; one multi-node job "
-                    "assembles at a time, holding nothing meanwhile"
+                    "gang: another multi-node job's gang of nodes is assembling; one "
+                    "multi-node job assembles at a time, holding nothing meanwhile"
                 )
             return ""
         if got.status == 2:  # the gang is whole: claimed for its node 0, which plans it

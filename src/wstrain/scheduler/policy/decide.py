@@ -84,10 +84,16 @@ def _wait_behind(
     holder = ledger.slots[blocking.slot_index]
     where = holder.name if holder.takes(dev, job.exclusive) else "host memory"
     verb = "drains" if blocking.drain else "is held"
+    # another owner's job id is not this owner's to see (README, Security): its class is
+    for_whom = (
+        blocking.job_id
+        if blocking.owner == job.owner
+        else f"another owner's job of priority {blocking.priority}"
+    )
     out.wait(
         job,
         WaitKind.priority,
-        f"priority: {_plural(position, 'job')} ahead; {where} {verb} for {blocking.job_id}",
+        f"priority: {_plural(position, 'job')} ahead; {where} {verb} for {for_whom}",
     )
 
 

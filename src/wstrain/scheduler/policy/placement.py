@@ -52,6 +52,7 @@ class Hold:
     slot_index: int | None
     host_bytes: int
     drain: bool = False
+    owner: str = ""  # the job's owner: a wait reason names the job to its own owner only
 
     def binds(self, job: PendingJob | None) -> bool:
         return job is not None and job.id != self.job_id and job.priority <= self.priority
@@ -190,7 +191,7 @@ class Ledger:
         """Keep `slot` for the job (and its host budget, unless `host` is False: a gang's
         GPUs after the first, whose hold already sets it aside)."""
         host_bytes = self.demand(job)[1] if host else 0
-        slot.hold = Hold(job.id, job.priority, slot.index, host_bytes, drain)
+        slot.hold = Hold(job.id, job.priority, slot.index, host_bytes, drain, job.owner)
         self.holds.append(slot.hold)
 
     def mark_stopping(self, victims: Iterable[RunningJob]) -> None:

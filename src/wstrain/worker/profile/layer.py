@@ -81,9 +81,23 @@ def measure(dims: ModelDims, seq_len: int, precision: str, repeats: int = 3) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", type=Path, required=True, help="a JobSpec JSON file")
+    parser.add_argument(
+        "--dims",
+        type=Path,
+        default=None,
+        help="the model's dims as JSON (the agent's, read under the data roots); default: "
+        "resolved from the spec's model",
+    )
     args = parser.parse_args()
     spec = JobSpec.model_validate_json(args.spec.read_text())
-    json.dump(measure(resolve_dims(spec.model), spec.seq_len, spec.precision), sys.stdout)
+    if args.dims is not None:
+        fields = json.loads(args.dims.read_text())
+        if fields.get("rope_llama3") is not None:  # JSON has no tuples
+            fields["rope_llama3"] = tuple(fields["rope_llama3"])
+        dims = ModelDims(**fields)
+    else:
+        dims = resolve_dims(spec.model)
+    json.dump(measure(dims, spec.seq_len, spec.precision), sys.stdout)
     sys.stdout.write("\n")
 
 
