@@ -151,6 +151,30 @@ def make_stack(
     return stack
 
 
+def bearer(token: str) -> dict[str, str]:
+    """The Authorization header that speaks for `token`."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+def secured_stack(
+    redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    prefix: str,
+    tokens: dict[str, Any],
+    extra_env: dict[str, str] | None = None,
+) -> Stack:
+    """An API with WSTRAIN_API_TOKENS = `tokens` over a registered CPU node, no agent."""
+    s = make_stack(
+        redis_url,
+        tmp_path_factory.mktemp(prefix),
+        prefix,
+        with_agent=False,
+        extra_env={"WSTRAIN_API_TOKENS": json.dumps(tokens), **(extra_env or {})},
+    )
+    register_node(redis_url, prefix)
+    return s
+
+
 @pytest.fixture(scope="session")
 def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """API + agent: submitted jobs really train."""

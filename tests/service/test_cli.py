@@ -33,8 +33,7 @@ from tests.conftest import (
     CORPUS,
     REPO,
     Stack,
-    make_stack,
-    register_node,
+    secured_stack,
     tiny_spec,
     wait_job,
     wait_terminal,
@@ -156,14 +155,7 @@ ALICE = {"Authorization": "Bearer tok-alice"}
 
 @pytest.fixture(scope="module")
 def secured(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = make_stack(
-        redis_url,
-        tmp_path_factory.mktemp("clisec"),
-        "clisec",
-        with_agent=False,
-        extra_env={"WSTRAIN_API_TOKENS": json.dumps(TOKENS)},
-    )
-    register_node(redis_url, "clisec")
+    s = secured_stack(redis_url, tmp_path_factory, "clisec", TOKENS)
     yield s
     s.stop()
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Stack, make_stack, register_node, tiny_spec
+from tests.conftest import Stack, bearer, secured_stack, tiny_spec
 from wstrain.scheduler.contracts.errors import Forbidden
 from wstrain.scheduler.contracts.grants import PriorityGrant, check_class, effective_priority
 
@@ -30,35 +30,24 @@ TOKENS = {
 }
 
 
-def _as(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
 @pytest.fixture(scope="module")
 def secured(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = make_stack(
-        redis_url,
-        tmp_path_factory.mktemp("grants"),
-        "grants",
-        with_agent=False,
-        extra_env={"WSTRAIN_API_TOKENS": json.dumps(TOKENS)},
-    )
-    register_node(redis_url, "grants")
+    s = secured_stack(redis_url, tmp_path_factory, "grants", TOKENS)
     yield s
     s.stop()
 
 
 def _total(c: httpx.Client) -> int:
-    return int(c.get("/v1/jobs", params={"limit": 1}, headers=_as("tok-root")).json()["total"])
+    return int(c.get("/v1/jobs", params={"limit": 1}, headers=bearer("tok-root")).json()["total"])
 
 
 def _submit(c: httpx.Client, token: str, name: str, priority: int) -> httpx.Response:
-    return c.post("/v1/jobs", json=tiny_spec(name, priority=priority), headers=_as(token))
+    return c.post("/v1/jobs", json=tiny_spec(name, priority=priority), headers=bearer(token))
 
 
 def _grant(c: httpx.Client, owner: str, max_priority: int, max_jobs: int) -> dict[str, Any]:
     body = {"max_priority": max_priority, "max_jobs": max_jobs}
-    r = c.put(f"/v1/grants/{owner}", json=body, headers=_as("tok-root"))
+    r = c.put(f"/v1/grants/{owner}", json=body, headers=bearer("tok-root"))
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -73,7 +62,9 @@ def test_a_class_above_the_owners_grant_is_a_403_naming_it(secured: Stack) -> No
         assert body["max_priority"] == 0
         assert "priority=50" in body["detail"] and "holds no priority grant" in body["detail"]
         assert "wstrain grant alice --max-priority 50" in body["detail"]
-        plan = c.post("/v1/plans", json=tiny_spec("no-grant", priority=1), headers=_as("tok-alice"))
+        plan = c.post(
+            "/v1/plans", json=tiny_spec("no-grant", priority=1), headers=bearer("tok-alice")
+        )
         assert plan.status_code == 403 and "priority=1" in plan.json()["detail"]
         assert _total(c) == before  # nothing queued
         # the default class and those below it need no grant
@@ -87,25 +78,25 @@ def test_a_class_above_the_owners_grant_is_a_403_naming_it(secured: Stack) -> No
 def test_admins_grant_and_revoke_users_read_their_own(secured: Stack) -> None:
     with secured.client() as c:
         body = {"max_priority": 20, "max_jobs": 1}
-        r = c.put("/v1/grants/bob", json=body, headers=_as("tok-bob"))
+        r = c.put("/v1/grants/bob", json=body, headers=bearer("tok-bob"))
         assert r.status_code == 403 and "admin token" in r.json()["detail"], r.text
-        assert c.delete("/v1/grants/bob", headers=_as("tok-bob")).status_code == 403
-        assert c.get("/v1/grants/bob", headers=_as("tok-bob")).status_code == 404
+        assert c.delete("/v1/grants/bob", headers=bearer("tok-bob")).status_code == 403
+        assert c.get("/v1/grants/bob", headers=bearer("tok-bob")).status_code == 404
         assert _submit(c, "tok-bob", "before-grant", 20).status_code == 403
 
         g = _grant(c, "bob", 20, 1)
         assert (g["owner"], g["max_priority"], g["max_jobs"], g["granted_by"]) == (
             "bob", 20, 1, "ops"
         )  # fmt: skip
-        mine = c.get("/v1/grants/bob", headers=_as("tok-bob"))
+        mine = c.get("/v1/grants/bob", headers=bearer("tok-bob"))
         assert mine.status_code == 200 and mine.json()["max_priority"] == 20
-        assert c.get("/v1/grants", headers=_as("tok-bob")).json()["grants"] == [mine.json()]
+        assert c.get("/v1/grants", headers=bearer("tok-bob")).json()["grants"] == [mine.json()]
         # another owner's grant is not a user's to read; the list shows a user its own only
-        assert c.get("/v1/grants/bob", headers=_as("tok-alice")).status_code == 403
-        listed = c.get("/v1/grants", headers=_as("tok-alice")).json()["grants"]
+        assert c.get("/v1/grants/bob", headers=bearer("tok-alice")).status_code == 403
+        listed = c.get("/v1/grants", headers=bearer("tok-alice")).json()["grants"]
         assert "bob" not in {x["owner"] for x in listed}
         assert "bob" in {
-            x["owner"] for x in c.get("/v1/grants", headers=_as("tok-root")).json()["grants"]
+            x["owner"] for x in c.get("/v1/grants", headers=bearer("tok-root")).json()["grants"]
         }
 
         job = _submit(c, "tok-bob", "granted", 20)
@@ -114,8 +105,8 @@ def test_admins_grant_and_revoke_users_read_their_own(secured: Stack) -> None:
         assert above.status_code == 403 and above.json()["max_priority"] == 20
         assert "bob's grant allows priority <= 20" in above.json()["detail"]
 
-        assert c.delete("/v1/grants/bob", headers=_as("tok-root")).status_code == 204
-        assert c.delete("/v1/grants/bob", headers=_as("tok-root")).status_code == 404
+        assert c.delete("/v1/grants/bob", headers=bearer("tok-root")).status_code == 204
+        assert c.delete("/v1/grants/bob", headers=bearer("tok-root")).status_code == 404
         assert _submit(c, "tok-bob", "revoked", 20).status_code == 403
 
 
@@ -128,26 +119,28 @@ def test_the_grants_quota_counts_unfinished_jobs_and_resume(secured: Stack) -> N
         assert r.status_code == 403, r.text
         assert r.json()["max_jobs"] == 2 and r.json()["class_jobs"] == 2
         assert "max_jobs=2" in r.json()["detail"] and "--max-jobs 3" in r.json()["detail"]
-        plan = c.post("/v1/plans", json=tiny_spec("third", priority=5), headers=_as("tok-carol"))
+        plan = c.post("/v1/plans", json=tiny_spec("third", priority=5), headers=bearer("tok-carol"))
         assert plan.status_code == 403 and "max_jobs=2" in plan.json()["detail"]
-        assert c.get("/v1/grants/carol", headers=_as("tok-carol")).json()["class_jobs"] == 2
+        assert c.get("/v1/grants/carol", headers=bearer("tok-carol")).json()["class_jobs"] == 2
 
         # a finished job frees its place; resuming it takes one again
-        cancel = c.post(f"/v1/jobs/{ids[0]}/cancel", headers=_as("tok-carol"))
+        cancel = c.post(f"/v1/jobs/{ids[0]}/cancel", headers=bearer("tok-carol"))
         assert cancel.json()["state"] == "cancelled"
         assert _submit(c, "tok-carol", "third", 5).status_code == 201
-        r = c.post(f"/v1/jobs/{ids[0]}/resume", headers=_as("tok-carol"))
+        r = c.post(f"/v1/jobs/{ids[0]}/resume", headers=bearer("tok-carol"))
         assert r.status_code == 403 and "max_jobs=2" in r.json()["detail"]
-        assert c.get(f"/v1/jobs/{ids[0]}", headers=_as("tok-carol")).json()["state"] == "cancelled"
+        assert (
+            c.get(f"/v1/jobs/{ids[0]}", headers=bearer("tok-carol")).json()["state"] == "cancelled"
+        )
 
         # a resume is checked against the grant now: lowered below the job's class, refused
         _grant(c, "carol", 10, 5)
-        r = c.post(f"/v1/jobs/{ids[0]}/resume", headers=_as("tok-carol"))
+        r = c.post(f"/v1/jobs/{ids[0]}/resume", headers=bearer("tok-carol"))
         assert r.status_code == 403 and "carol's grant allows priority <= 10" in r.text
         _grant(c, "carol", 30, 5)
-        r = c.post(f"/v1/jobs/{ids[0]}/resume", headers=_as("tok-carol"))
+        r = c.post(f"/v1/jobs/{ids[0]}/resume", headers=bearer("tok-carol"))
         assert r.status_code == 202 and r.json()["state"] == "queued"
-        assert c.get("/v1/grants/carol", headers=_as("tok-root")).json()["class_jobs"] == 3
+        assert c.get("/v1/grants/carol", headers=bearer("tok-root")).json()["class_jobs"] == 3
 
 
 def test_the_quota_holds_under_concurrent_submissions(secured: Stack) -> None:
@@ -176,11 +169,11 @@ def test_the_quota_holds_under_concurrent_submissions(secured: Stack) -> None:
 )
 def test_a_grant_out_of_bounds_is_a_422(secured: Stack, body: dict[str, Any]) -> None:
     with secured.client() as c:
-        r = c.put("/v1/grants/erin", json=body, headers=_as("tok-root"))
+        r = c.put("/v1/grants/erin", json=body, headers=bearer("tok-root"))
         assert r.status_code == 422, r.text
-        bad_owner = c.put("/v1/grants/a%20b", json=body, headers=_as("tok-root"))
+        bad_owner = c.put("/v1/grants/a%20b", json=body, headers=bearer("tok-root"))
         assert bad_owner.status_code == 422
-        assert c.get("/v1/grants/erin", headers=_as("tok-root")).status_code == 404
+        assert c.get("/v1/grants/erin", headers=bearer("tok-root")).status_code == 404
 
 
 def test_with_auth_off_every_caller_is_an_admin(api_only: Stack) -> None:

@@ -18,17 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO, TERMINAL, Stack, make_stack, tiny_spec
+from tests.conftest import REPO, TERMINAL, Stack, bearer, make_stack, tiny_spec
 
 TOKENS = {
     "tok-alice": {"owner": "alice", "role": "user"},
     "tok-bob": "bob",
     "tok-root": {"owner": "ops", "role": "admin"},
 }
-
-
-def _as(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +44,7 @@ def shared_node(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         deadline = time.monotonic() + 60
         with s.client() as c:
-            while not c.get("/v1/nodes", headers=_as("tok-root")).json()["nodes"]:
+            while not c.get("/v1/nodes", headers=bearer("tok-root")).json()["nodes"]:
                 assert s.agent.poll() is None, "agent exited during start-up"
                 assert time.monotonic() < deadline, "agent did not register in 60 s"
                 time.sleep(0.2)
@@ -65,7 +61,7 @@ def _wait(c: httpx.Client, job_id: str, headers: dict[str, str], pred: Any) -> N
 
 
 def _node(c: httpx.Client, token: str) -> dict[str, Any]:
-    r = c.get("/v1/nodes", headers=_as(token))
+    r = c.get("/v1/nodes", headers=bearer(token))
     assert r.status_code == 200, r.text
     (node,) = r.json()["nodes"]
     return dict(node)
@@ -77,10 +73,10 @@ def test_a_user_sees_its_own_running_job_ids_and_only_a_count_of_others(
     with shared_node.client() as c:
         ids = {}
         for token in ("tok-alice", "tok-bob"):
-            r = c.post("/v1/jobs", json=tiny_spec("long", steps=100000), headers=_as(token))
+            r = c.post("/v1/jobs", json=tiny_spec("long", steps=100000), headers=bearer(token))
             assert r.status_code == 201, r.text
             ids[token] = r.json()["id"]
-        root = _as("tok-root")
+        root = bearer("tok-root")
         try:
             for jid in ids.values():  # both train on the one node at once (2 CPU slots)
                 _wait(c, jid, root, lambda j: j["state"] == "running")
@@ -90,7 +86,7 @@ def test_a_user_sees_its_own_running_job_ids_and_only_a_count_of_others(
                 time.sleep(0.1)
             assert admin["others_running"] == 0
             for me, other in (("tok-alice", "tok-bob"), ("tok-bob", "tok-alice")):
-                body = c.get("/v1/nodes", headers=_as(me)).text
+                body = c.get("/v1/nodes", headers=bearer(me)).text
                 assert ids[other] not in body, body  # nowhere in the answer
                 node = _node(c, me)
                 assert node["running"] == [ids[me]] and node["others_running"] == 1, node

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Stack, make_stack, register_node, tiny_spec
+from tests.conftest import Stack, bearer, secured_stack, tiny_spec
 
 ADMIN = "tok-conformance-admin"
 USER = "tok-conformance-alice"
@@ -67,32 +67,21 @@ parameters = {{ "query.follow" = false }}
 """
 
 
-def _as(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
 @pytest.fixture(scope="module")
 def api(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = make_stack(
-        redis_url,
-        tmp_path_factory.mktemp("conformance"),
-        "conformance",
-        with_agent=False,
-        extra_env={"WSTRAIN_API_TOKENS": json.dumps(TOKENS)},
-    )
-    register_node(redis_url, "conformance")
+    s = secured_stack(redis_url, tmp_path_factory, "conformance", TOKENS)
     yield s
     s.stop()
 
 
 def _submit(c: httpx.Client, name: str, token: str = ADMIN) -> str:
-    r = c.post("/v1/jobs", json=tiny_spec(name), headers=_as(token))
+    r = c.post("/v1/jobs", json=tiny_spec(name), headers=bearer(token))
     assert r.status_code == 201, r.text
     return str(r.json()["id"])
 
 
 def _schema(c: httpx.Client) -> dict[str, Any]:
-    r = c.get("/openapi.json", headers=_as(USER))
+    r = c.get("/openapi.json", headers=bearer(USER))
     assert r.status_code == 200, r.text
     paths: dict[str, Any] = r.json()["paths"]
     return paths
@@ -122,15 +111,15 @@ def test_every_operation_documents_the_statuses_its_router_answers(api: Stack) -
 
 def test_request_validation_and_refusals_share_the_documented_422_body(api: Stack) -> None:
     with api.client() as c:
-        schema = c.get("/openapi.json", headers=_as(USER)).json()
+        schema = c.get("/openapi.json", headers=bearer(USER)).json()
         ref = schema["paths"]["/v1/plans"]["post"]["responses"]["422"]["content"][
             "application/json"
         ]["schema"]["$ref"]
         body = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
         assert {"type": "string"} in body["properties"]["detail"]["anyOf"]
-        invalid = c.post("/v1/plans", json={"name": 5}, headers=_as(USER))
+        invalid = c.post("/v1/plans", json={"name": 5}, headers=bearer(USER))
         refused = c.post(
-            "/v1/plans", json=tiny_spec("x", model={"preset": "no-such"}), headers=_as(USER)
+            "/v1/plans", json=tiny_spec("x", model={"preset": "no-such"}), headers=bearer(USER)
         )
     assert invalid.status_code == refused.status_code == 422, (invalid.text, refused.text)
     assert isinstance(invalid.json()["detail"], list)  # one entry per field
@@ -141,13 +130,13 @@ def test_request_validation_and_refusals_share_the_documented_422_body(api: Stac
 def test_last_event_id_null_or_empty_reads_as_absent(api: Stack) -> None:
     with api.client() as c:
         job = _submit(c, "null-last-event-id", USER)
-        cancel = c.post(f"/v1/jobs/{job}/cancel", headers=_as(USER))
+        cancel = c.post(f"/v1/jobs/{job}/cancel", headers=bearer(USER))
         assert cancel.json()["state"] == "cancelled", cancel.text  # queued: at once
         for sent in ("null", ""):
             r = c.get(
                 f"/v1/jobs/{job}/logs",
                 params={"follow": "true"},
-                headers={**_as(USER), "Last-Event-ID": sent},
+                headers={**bearer(USER), "Last-Event-ID": sent},
             )
             # a job cancelled before it ran has no log: the stream ends at once
             assert r.status_code == 200, (sent, r.text)
@@ -155,14 +144,14 @@ def test_last_event_id_null_or_empty_reads_as_absent(api: Stack) -> None:
         bad = c.get(
             f"/v1/jobs/{job}/logs",
             params={"follow": "true"},
-            headers={**_as(USER), "Last-Event-ID": "nul"},
+            headers={**bearer(USER), "Last-Event-ID": "nul"},
         )
     assert bad.status_code == 422, bad.text
 
 
 def test_405_allows_every_method_of_the_path(api: Stack) -> None:
     with api.client() as c:
-        r = c.request("PATCH", "/v1/jobs", headers=_as(USER))
+        r = c.request("PATCH", "/v1/jobs", headers=bearer(USER))
     # Starlette named only the first matching route's methods (Allow: POST)
     assert r.status_code == 405
     assert r.headers["allow"] == "GET, POST"
@@ -175,7 +164,7 @@ def test_schemathesis_finds_no_failure(api: Stack, tmp_path: Path, token: str) -
     with api.client() as c:
         queued = _submit(c, "conformance-queued")
         cancelled = _submit(c, "conformance-cancelled")
-        c.post(f"/v1/jobs/{cancelled}/cancel", headers=_as(ADMIN)).raise_for_status()
+        c.post(f"/v1/jobs/{cancelled}/cancel", headers=bearer(ADMIN)).raise_for_status()
         mine = _submit(c, "conformance-alice", USER)
         operations = sum(len(ops) for ops in _schema(c).values())
     config = tmp_path / "schemathesis.toml"

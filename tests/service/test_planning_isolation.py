@@ -11,7 +11,6 @@ errors a planner process raises cross the process boundary whole.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import pickle
 import signal
@@ -25,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO, Stack, make_stack, register_node, tiny_spec
+from tests.conftest import REPO, Stack, bearer, secured_stack, tiny_spec
 from tests.service.test_planning_deadline import _slow_spec
 from wstrain.scheduler.contracts.access import DataAccess
 from wstrain.scheduler.contracts.errors import InfeasibleBudget, InvalidSpec, TooManyRequests
@@ -44,25 +43,20 @@ QUEUE_PER_OWNER = 3
 BOB_BOUND_S = 2.0
 
 
-def _as(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
 @pytest.fixture(scope="module")
 def guarded(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = make_stack(
+    # over a 16 GiB CPU node: budgets check against it
+    s = secured_stack(
         redis_url,
-        tmp_path_factory.mktemp("isolation"),
+        tmp_path_factory,
         "isolation",
-        with_agent=False,
-        extra_env={
-            "WSTRAIN_API_TOKENS": json.dumps(TOKENS),
+        TOKENS,
+        {
             "WSTRAIN_PLAN_TIMEOUT_S": str(DEADLINE_S),
             "WSTRAIN_PLAN_PROCESSES": "2",
             "WSTRAIN_PLAN_QUEUE_PER_OWNER": str(QUEUE_PER_OWNER),
         },
     )
-    register_node(redis_url, "isolation")  # a 16 GiB CPU node: budgets check against it
     yield s
     s.stop()
 
@@ -108,7 +102,7 @@ def test_a_flood_by_one_owner_never_delays_another(guarded: Stack) -> None:
     lock = threading.Lock()
 
     def flood(path: str) -> None:  # alice: one request after another, never waiting
-        with httpx.Client(base_url=guarded.url, timeout=120, headers=_as("tok-alice")) as c:
+        with httpx.Client(base_url=guarded.url, timeout=120, headers=bearer("tok-alice")) as c:
             while not stop.is_set():
                 with lock:
                     seed = next(seeds)
@@ -132,7 +126,7 @@ def test_a_flood_by_one_owner_never_delays_another(guarded: Stack) -> None:
     took: list[float] = []
     try:
         time.sleep(DEADLINE_S)  # alice's plans fill her queue, and the first overruns
-        with httpx.Client(base_url=guarded.url, timeout=30, headers=_as("tok-bob")) as c:
+        with httpx.Client(base_url=guarded.url, timeout=30, headers=bearer("tok-bob")) as c:
             for i in range(6):
                 start = time.perf_counter()
                 r = c.post("/v1/jobs", json=tiny_spec(f"bob-{i}", seed=100 + i))
@@ -154,7 +148,7 @@ def test_a_spec_that_overran_is_refused_at_once(guarded: Stack) -> None:
     spec = expensive_spec(seed=-1 + (1 << 40))  # a seed no other test uses
     with httpx.Client(base_url=guarded.url, timeout=60) as c:
         start = time.perf_counter()
-        first = c.post("/v1/plans", json=spec, headers=_as("tok-alice"))
+        first = c.post("/v1/plans", json=spec, headers=bearer("tok-alice"))
         first_s = time.perf_counter() - start
         assert first.status_code == 422, first.text
         assert "is refused at once for WSTRAIN_PLAN_REFUSAL_TTL_S=600 s" in first.json()["detail"]
@@ -165,7 +159,7 @@ def test_a_spec_that_overran_is_refused_at_once(guarded: Stack) -> None:
             ("/v1/jobs", "tok-bob", "bobs-copy"),  # the spec is refused, whoever sends it
         ):
             start = time.perf_counter()
-            r = c.post(path, json={**spec, "name": name}, headers=_as(token))
+            r = c.post(path, json={**spec, "name": name}, headers=bearer(token))
             again_s = time.perf_counter() - start
             assert r.status_code == 422, r.text
             detail = r.json()["detail"]
@@ -174,12 +168,12 @@ def test_a_spec_that_overran_is_refused_at_once(guarded: Stack) -> None:
             assert "raise WSTRAIN_PLAN_TIMEOUT_S" in detail, detail
             assert again_s < DEADLINE_S / 4, (path, again_s)  # a plan runs its 4 s out
         # another seed is another spec: planned (and stopped) again, not refused from memory
-        r = c.post("/v1/plans", json={**spec, "seed": 1 << 41}, headers=_as("tok-alice"))
+        r = c.post("/v1/plans", json={**spec, "seed": 1 << 41}, headers=bearer("tok-alice"))
         assert "refused without planning again" not in r.json()["detail"], r.text
 
 
 def test_a_killed_planner_process_is_replaced(guarded: Stack) -> None:
-    with httpx.Client(base_url=guarded.url, timeout=60, headers=_as("tok-bob")) as c:
+    with httpx.Client(base_url=guarded.url, timeout=60, headers=bearer("tok-bob")) as c:
         assert c.post("/v1/plans", json=tiny_spec("before")).status_code == 200
         zygote, before = _planners(guarded.api.pid)
         assert len(before) == 2, before  # WSTRAIN_PLAN_PROCESSES
