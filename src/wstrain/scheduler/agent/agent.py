@@ -193,7 +193,8 @@ class Agent(Launcher):
         # a GPU node packs by memory alone; a CPU node runs at most cpu_slots ranks (cores)
         ranks = sum(h.job.spec.gpus for h in self.workers.values()) + self.members.ranks()
         max_starts = 1 << 16 if self.devices else max(0, self.slots - ranks)
-        out = await self.rounds.run(node, running, max_starts, self.members.ids())
+        slots = 0 if self.devices else self.slots
+        out = await self.rounds.run(node, running, max_starts, self.members.ids(), slots)
         self.members.add(out.joined)
         for victim, for_job in out.preempt.items():
             if (handle := self.workers.get(victim)) is not None:

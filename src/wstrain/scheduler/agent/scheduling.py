@@ -106,15 +106,16 @@ class Rounds:
         running: list[RunningJob],
         max_starts: int,
         joined: frozenset[str] = frozenset(),
+        cpu_slots: int = 0,
     ) -> Outcome:
         """One round under the lock, starting jobs of at most `max_starts` ranks in all (a
-        CPU node's free slots; a GPU node packs by memory alone); nothing when another
-        agent is deciding. `joined`: multi-node jobs whose gang this node is in already
-        (its holds are among `running`)."""
+        CPU node's free slots, of `cpu_slots` in all; a GPU node packs by memory alone);
+        nothing when another agent is deciding. `joined`: multi-node jobs whose gang this
+        node is in already (its holds are among `running`)."""
         if not await self.view.acquire(self.agent_id, LOCK_TTL_S):
             return Outcome([], {}, None)
         try:
-            return await self._round(node, running, max_starts, joined)
+            return await self._round(node, running, max_starts, joined, cpu_slots)
         finally:
             await self.view.release(self.agent_id)
 
@@ -163,7 +164,12 @@ class Rounds:
         )
 
     async def _round(
-        self, node: NodeState, running: list[RunningJob], max_starts: int, joined: frozenset[str]
+        self,
+        node: NodeState,
+        running: list[RunningJob],
+        max_starts: int,
+        joined: frozenset[str],
+        cpu_slots: int,
     ) -> Outcome:
         now = time.time()
         rows = [r for r in await self.view.pending(QUEUE_HEAD) if r.id not in joined]
@@ -208,11 +214,7 @@ class Rounds:
         for start in decision.start:
             size = sizes.get(start.job_id, 1)
             if size > slots_left:
-                if size > 1:
-                    reasons[start.job_id] = (
-                        f"resources: needs {size} CPU slots, {slots_left} free on the node "
-                        "(WSTRAIN_CPU_SLOTS)"
-                    )
+                reasons[start.job_id] = slots_reason(size, slots_left, cpu_slots)
                 continue
             gpu = start.gpu_index
             gpus = decision.gangs.get(start.job_id) or (() if gpu is None else (gpu,))
@@ -248,6 +250,16 @@ class Rounds:
         }
         await self.view.set_reasons(reasons)
         return Outcome(claimed, preempt, decision, holds)
+
+
+def slots_reason(size: int, free: int, total: int) -> str:
+    """Why a job the memory check would start waits on a CPU node: its ranks need more of
+    the node's CPU slots than are free (a one-rank job behind busy slots, a gang)."""
+    if size > 1:
+        return f"resources: needs {size} CPU slots, {free} free on the node (WSTRAIN_CPU_SLOTS)"
+    if total > 0:
+        return f"resources: {total - free} of {total} CPU slots busy (WSTRAIN_CPU_SLOTS)"
+    return "resources: every CPU slot of the node is busy (WSTRAIN_CPU_SLOTS)"
 
 
 def preemptor_text(victim_owner: str, preemptor: PendingRow | None) -> str:
