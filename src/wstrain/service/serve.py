@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -27,6 +28,10 @@ from wstrain.service.app import create_app
 from wstrain.service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
+
+# the agent's exit code when a setting must change first (scheduler/agent/exporter.py's
+# EXIT_CONFIG, sysexits.h EX_CONFIG): starting it again would fail the same way every 1..60 s
+AGENT_EXIT_CONFIG = 78
 
 
 def free_port() -> int:
@@ -80,12 +85,35 @@ def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
             time.sleep(0.05)
 
 
+def check_metrics_port(host: str, port: int) -> None:
+    """Refuse, in one line and before anything starts, a metrics port the agent could not
+    bind (it would exit with AGENT_EXIT_CONFIG). SO_REUSEADDR as prometheus-client's server
+    sets it: a port in TIME_WAIT after the last serve is free to it."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise SystemExit(
+                f"wstrain serve: the agent's /metrics port {host}:{port} cannot be bound: "
+                f"{exc.strerror or exc}; pass --metrics-port (or set WSTRAIN_METRICS_PORT) "
+                "to a free port, or 0 to serve no /metrics"
+            ) from None
+
+
 class AgentKeeper:
     """Runs the scheduler agent in its own session and starts it again when it dies (after
-    1, 2, 4 ... 60 s), until stop() sends it SIGTERM and waits for its checkpoints."""
+    1, 2, 4 ... 60 s), until stop() sends it SIGTERM and waits for its checkpoints. An agent
+    that exits with AGENT_EXIT_CONFIG (a setting must change: its one-line reason is on
+    stderr) is not started again: `refused` is set and on_refused() is called."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], on_refused: Callable[[], None] = lambda: None) -> None:
         self.env = env
+        self.on_refused = on_refused
+        self.refused = False
         self.proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="agent-keeper", daemon=True)
@@ -108,6 +136,15 @@ class AgentKeeper:
             started = time.monotonic()
             code = self.proc.wait()
             if self._stopping.is_set():
+                return
+            if code == AGENT_EXIT_CONFIG:
+                log.error(
+                    "agent refused to start (exit %d, its reason above); not starting it "
+                    "again: change the setting and start wstrain serve again",
+                    code,
+                )
+                self.refused = True
+                self.on_refused()
                 return
             if time.monotonic() - started > 60:
                 backoff_s = 1.0  # it ran a while: this is a new failure, not a crash loop
@@ -151,6 +188,7 @@ def settings_for(state_dir: Path | None) -> ServiceSettings:
 def serve(host: str, port: int, state_dir: Path | None, metrics_port: int) -> int:
     """state_dir: --state-dir, None for WSTRAIN_STATE_DIR (./wstrain-state)."""
     settings = settings_for(state_dir)
+    check_metrics_port(host, metrics_port)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     redis_proc = None
@@ -164,17 +202,23 @@ def serve(host: str, port: int, state_dir: Path | None, metrics_port: int) -> in
         WSTRAIN_METRICS_HOST=host,
         WSTRAIN_METRICS_PORT=str(metrics_port),
     )
-    keeper = AgentKeeper(env)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host=host, port=port, log_level="info")
+    )
+    # a refusing agent stops the API too: a server with no agent would queue jobs forever
+    keeper = AgentKeeper(env, on_refused=lambda: setattr(server, "should_exit", True))
     keeper.start()
     # uvicorn re-raises SIGTERM/SIGINT once it has shut down; with these no-op handlers in
     # place that lands here instead of killing the process, so the children stop cleanly.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     try:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        server.run()
     finally:
         # the API has stopped taking work; now the agent checkpoints and requeues, then Redis
         keeper.stop()
         if redis_proc is not None:
             _stop(redis_proc, "redis-server", 10)
-    return 0
+    if keeper.refused:
+        return AGENT_EXIT_CONFIG
+    return 0 if server.started else 3  # as uvicorn.run exits when the API never started

@@ -38,7 +38,12 @@ from wstrain.scheduler.agent.capacity import (
     node_state,
     running_jobs,
 )
-from wstrain.scheduler.agent.exporter import AgentExporter, NodeGauges
+from wstrain.scheduler.agent.exporter import (
+    EXIT_CONFIG,
+    AgentExporter,
+    MetricsPortBusy,
+    NodeGauges,
+)
 from wstrain.scheduler.agent.gpus import GpuCollector
 from wstrain.scheduler.agent.hardware import host_memory, measure_node
 from wstrain.scheduler.agent.launch import Launcher
@@ -353,7 +358,11 @@ def main() -> None:
         settings.state_dir,
         host_memory()[0] / GIB,
     )
-    asyncio.run(_amain(settings))
+    try:
+        asyncio.run(_amain(settings))
+    except MetricsPortBusy as exc:  # one line, and an exit code serve does not restart
+        print(exc.code, file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
 
 
 if __name__ == "__main__":

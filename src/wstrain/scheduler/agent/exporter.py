@@ -29,6 +29,24 @@ from wstrain.scheduler.contracts.jobs import Job, WorkerMessage
 
 Family = GaugeMetricFamily | CounterMetricFamily
 
+# sysexits.h EX_CONFIG: the agent exits so when a setting must change before it can run;
+# `wstrain serve` (service/serve.py) then stops instead of restarting it every 1..60 s
+EXIT_CONFIG = 78
+
+
+class MetricsPortBusy(SystemExit):
+    """The agent's /metrics port cannot be bound (another agent, another exporter, a port
+    under 1024 without the right): the agent exits with this one line and EXIT_CONFIG.
+    Prometheus scrapes a fixed port, so the agent never wanders to another one."""
+
+    def __init__(self, host: str, port: int, exc: OSError) -> None:
+        super().__init__(
+            f"wstrain-agent: cannot serve /metrics on {host}:{port}: {exc.strerror or exc}; "
+            f"set WSTRAIN_METRICS_PORT (wstrain serve --metrics-port) to a free port, or to 0 "
+            "to serve no /metrics"
+        )
+
+
 # telemetry key prefix (worker/runtime/stats.py) -> the labelled per-job metric it feeds
 _LABELLED = {
     "stall_seconds_total": m.JOB_STALL,
@@ -139,7 +157,10 @@ class AgentExporter(Collector):
             self._node = gauges
 
     def serve(self, host: str, port: int) -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+        try:
+            start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:  # EADDRINUSE, EACCES (a port under 1024), EADDRNOTAVAIL
+            raise MetricsPortBusy(host, port, exc) from None
 
     # -------------------------------------------------- scraped (server thread)
 

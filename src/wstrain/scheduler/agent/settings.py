@@ -39,7 +39,12 @@ class AgentSettings(SharedSettings):
     )
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(
-        default=9464, ge=0, le=65535, description="the agent's /metrics port (0: not served)"
+        default=9464,
+        ge=0,
+        le=65535,
+        description="the agent's /metrics port (0: not served); one it cannot bind stops "
+        "the agent with exit code 78, never a wander to another port (Prometheus scrapes a "
+        "fixed one)",
     )
     cpu_devices_gib: list[float] = Field(
         default_factory=list,
