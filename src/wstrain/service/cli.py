@@ -2,7 +2,7 @@
 
     wstrain serve [--host 127.0.0.1] [--port 8000] [--state-dir DIR] [--metrics-port 9464]
     wstrain submit SPEC.yaml [--follow] [--sweep KEY=V1,V2 ...] [--gpus N] [--nodes M]
-    wstrain plan SPEC.yaml [--gpus N] [--nodes M]
+    wstrain plan SPEC.yaml [--gpus N] [--nodes M] [--gpu h100|h200|a100|...]
     wstrain ls [--state S] [--json]    wstrain status ID [--json]    wstrain queue
     wstrain watch ID     wstrain logs [-f] ID     wstrain cancel ID     wstrain resume ID
     wstrain presets      wstrain report ID [-o report-ID.html]     wstrain prepare IN OUT
@@ -52,6 +52,10 @@ GPUS_HELP = (
     "train on N GPUs of one node, data parallel (sets the spec's `gpus`: 1..8, dividing "
     "global_batch; budget.device_gib is then per GPU)"
 )
+GPU_HELP = (
+    "plan for this chip (h100, h200, a100, l40s, b200, ...; the server lists them) with "
+    "the profile wstrain ships for it, not the queue's nodes: a plan from a laptop"
+)
 NODES_HELP = (
     "train on M nodes, gpus on each (sets the spec's `nodes`: 1..16; gpus x nodes must "
     "divide global_batch; the state dir must be shared by every node)"
@@ -82,6 +86,8 @@ def _print_plan(plan: dict[str, Any]) -> None:
         ("peak_device", f"{pred['peak_device_bytes'] / GIB:.3f} GiB"),
         ("peak_host", f"{pred['peak_host_bytes'] / GIB:.3f} GiB"),
     ]
+    if "gpu" in plan["reasons"]:  # planned for a chip (--gpu), not the queue's nodes
+        print(f"note: {plan['reasons']['gpu']}")
     print(f"{'field':<13} {'value':<14} reason")
     for k, v in rows:
         print(f"{k:<13} {v!s:<14} {plan['reasons'].get(k, '')}")
@@ -158,7 +164,8 @@ def _run_client(args: argparse.Namespace) -> int:
             return cli_grants.run(c, args)
         if args.cmd == "plan":
             spec = with_nodes(with_gpus(load_spec(args.spec), args.gpus), args.nodes)
-            _print_plan(call(c, "POST", "/v1/plans", json=spec))
+            params = {"gpu": args.gpu} if args.gpu else None
+            _print_plan(call(c, "POST", "/v1/plans", json=spec, params=params))
         elif args.cmd == "presets":
             _print_presets(call(c, "GET", "/v1/presets")["presets"])
         elif args.cmd == "report":
@@ -253,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("spec", help="the JobSpec file; " + SPEC_PATHS_HELP)
     s.add_argument("--gpus", type=int, metavar="N", help=GPUS_HELP)
     s.add_argument("--nodes", type=int, metavar="M", help=NODES_HELP)
+    s.add_argument("--gpu", type=str.lower, metavar="NAME", help=GPU_HELP)
     s = cmd("ls", "list jobs, newest first")
     s.add_argument("--state", choices=[st.value for st in JobState])
     s.add_argument("--owner")

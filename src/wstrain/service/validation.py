@@ -1,7 +1,7 @@
 """Submission-time checks a JobSpec must pass beyond its schema: the model resolves, data
 files exist under the configured data roots (outside the state dir) and fit the model, the
-budgets fit some node, and a plan exists. Each failure raises InvalidSpec/InfeasibleBudget
-with the fix.
+budgets fit some node (or the chip a plan is asked for: gpu_node), and a plan exists. Each
+failure raises InvalidSpec/InfeasibleBudget with the fix.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import numpy as np
 
 from wstrain.scheduler.contracts.access import TOKENIZER_MAX_BYTES, DataAccess
 from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.chips import GpuName
 from wstrain.scheduler.contracts.documents import END_OF_TEXT_TOKENS, documents
 from wstrain.scheduler.contracts.errors import InvalidSpec
-from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE, NodeProfile
-from wstrain.scheduler.contracts.jobs import Node
+from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE, SHIPPED_PROFILES, NodeProfile
+from wstrain.scheduler.contracts.jobs import GPUInfo, Node
 from wstrain.scheduler.contracts.model_dims import ModelDims, resolve_dims
 from wstrain.scheduler.contracts.model_refs import PathModel
 from wstrain.scheduler.contracts.plan import Plan
@@ -251,6 +252,47 @@ def pick_node(spec: JobSpec, nodes: list[Node]) -> NodeProfile:
             f"{host:.1f} GiB); lower the budgets"
         )
     return max(fits, key=lambda p: p.matmul_flops)
+
+
+def gpu_node(spec: JobSpec, gpu: GpuName) -> tuple[Node, str]:
+    """A node of `spec.gpus` `gpu`s with wstrain's shipped profile for that chip
+    (contracts/hardware.py), to plan `spec` for a chip no node of the queue has (POST
+    /v1/plans?gpu=), and the note the plan carries that says so. Its host is the profile's
+    or the spec's host budget, whichever is larger: the chip is what is asked about."""
+    shipped = SHIPPED_PROFILES[gpu]
+    if spec.budget.device_bytes > shipped.device_total_bytes:
+        larger = [
+            f"{name} ({p.device_total_bytes / GIB:.1f} GiB)"
+            for name, p in SHIPPED_PROFILES.items()
+            if p.device_total_bytes >= spec.budget.device_bytes
+        ]
+        raise InvalidSpec(
+            f"budget device_gib={spec.budget.device_gib} is more than one {shipped.label} "
+            f"holds ({shipped.device_total_bytes / GIB:.1f} GiB); lower it"
+            + (f", or plan for a larger chip: --gpu {', '.join(larger)}" if larger else "")
+        )
+    host_bytes = max(shipped.host_total_bytes, spec.budget.host_bytes)
+    gpus = [
+        GPUInfo(
+            index=i,
+            name=shipped.label,
+            total_bytes=shipped.device_total_bytes,
+            free_bytes=shipped.device_total_bytes,
+        )
+        for i in range(spec.gpus)
+    ]
+    node = Node(
+        name=f"gpu:{gpu}",
+        device="cuda",
+        gpus=gpus,
+        host_total_bytes=host_bytes,
+        host_free_bytes=host_bytes,
+        slots=spec.gpus,
+        running=[],
+        profile=dict(shipped.profile),
+        heartbeat_at=0.0,
+    )
+    return node, shipped.note
 
 
 def validate_and_plan(spec: JobSpec, nodes: list[Node], access: DataAccess) -> Plan:

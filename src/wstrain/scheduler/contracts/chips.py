@@ -9,7 +9,10 @@ print tensor-core rates with 2:4 structured sparsity (marked *), twice what dens
 can reach; every number here is the dense one, each row with where it comes from. A chip not
 in the table gets no row (None): the worker then divides by a measured GEMM rate instead and
 says so. Rows match `torch.cuda.get_device_name()`; the first match wins, so a PCIe or NVL
-variant comes before its family's generic name. Standard library only.
+variant comes before its family's generic name. GPU_NAMES and BOARDS give the rows the
+names `wstrain plan --gpu` takes and the memory and host link of their cards, from which
+contracts/hardware.py builds the profile a plan for a chip no node has uses. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -152,3 +155,46 @@ def peak_flops(device_name: str, precision: ComputePrecision) -> tuple[float, st
     """(dense peak FLOP/s, the row's label) of a known chip at `precision`; None if unknown."""
     found = chip(device_name)
     return None if found is None else (found.peak_flops_per_s(precision), found.label)
+
+
+# ----------------------------------------------------------------- planning for a chip
+
+# `wstrain plan --gpu NAME` (POST /v1/plans?gpu=NAME): the rows above by the short name a
+# user types, the SXM board under the family's bare name (what "an H100" means in a cloud).
+GpuName = Literal[
+    "h100", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "a100", "a100-pcie", "l40s", "b200"
+]
+GPU_NAMES: Final[dict[GpuName, Chip]] = {
+    "h100": H100_SXM,
+    "h100-pcie": H100_PCIE,
+    "h100-nvl": H100_NVL,
+    "h200": H200,
+    "h200-nvl": H200_NVL,
+    "a100": A100_SXM,
+    "a100-pcie": A100_PCIE,
+    "l40s": L40S,
+    "b200": B200,
+}
+
+
+@dataclass(frozen=True)
+class Board:
+    """What a chip's card holds beside its FLOP/s, from its datasheet: memory, and the PCIe
+    generation of its link to the host (which carries the working set's streams)."""
+
+    memory_gib: int  # the datasheet's "80GB": HBM stacks of binary sizes, so GiB
+    pcie_generation: int
+    source: str
+
+
+BOARDS: Final[dict[str, Board]] = {
+    "H100 SXM": Board(80, 5, "NVIDIA H100 datasheet, SXM: 80 GB HBM3, PCIe Gen5"),
+    "H100 PCIe": Board(80, 5, "NVIDIA H100 datasheet, PCIe: 80 GB HBM2e, PCIe Gen5"),
+    "H100 NVL": Board(94, 5, "NVIDIA H100 datasheet, NVL: 94 GB HBM3, PCIe Gen5"),
+    "H200": Board(141, 5, "NVIDIA H200 datasheet, SXM: 141 GB HBM3e, PCIe Gen5"),
+    "H200 NVL": Board(141, 5, "NVIDIA H200 datasheet, NVL: 141 GB HBM3e, PCIe Gen5"),
+    "A100 SXM": Board(80, 4, "NVIDIA A100 datasheet, SXM 80GB: HBM2e, PCIe Gen4"),
+    "A100 PCIe": Board(80, 4, "NVIDIA A100 datasheet, PCIe 80GB: HBM2e, PCIe Gen4"),
+    "L40S": Board(48, 4, "NVIDIA L40S datasheet: 48 GB GDDR6, PCIe Gen4 x16"),
+    "B200": Board(180, 5, "NVIDIA HGX B200 specifications: 1.44 TB over 8 GPUs, PCIe Gen5"),
+}

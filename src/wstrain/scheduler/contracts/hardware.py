@@ -4,6 +4,9 @@ cost model uses. Torch-free, so the API can dry-run plans.
 
     node = NodeProfile.from_profile("cuda", node_record.profile, gpu_bytes, host_bytes)
     node.attention_flops(8192)       # FLOP/s of causal attention fwd+bwd at that length
+
+SHIPPED_PROFILES["h100"] is the profile a plan for a chip no node has uses (`wstrain plan
+--gpu h100`): measured on the bench's H100 and H200, built from the datasheet for the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.scheduler.contracts.chips import BOARDS, GPU_NAMES, H100_SXM, Chip, GpuName
+from wstrain.scheduler.contracts.chips import H200 as H200_CHIP
 
 Device = Literal["cpu", "cuda"]
 
@@ -201,3 +206,108 @@ def piece_attention_kernel(device: str, precision: str, documents: bool, cudnn: 
     if device == "cuda" and precision != "fp32":
         kernel = CUDNN_PREFIX_DIAGONAL if cudnn else FLASH_LOWER_RIGHT
     return kernel + PER_DOCUMENT * documents
+
+
+# ----------------------------------------------------------------- shipped profiles
+
+
+@dataclass(frozen=True)
+class ShippedProfile:
+    """A node profile wstrain ships, to plan for a chip no node of the queue has (`wstrain
+    plan --gpu NAME`): an agent's profile record (worker/profile/node.py's keys), one GPU's
+    memory and the host's as torch and the OS report them, and where the numbers come from."""
+
+    gpu: str  # the --gpu name (contracts/chips.py GPU_NAMES)
+    label: str  # its row in the chip table
+    profile: dict[str, float]
+    device_total_bytes: int
+    host_total_bytes: int
+    source: str
+
+    @property
+    def note(self) -> str:
+        """What a plan made with it says of itself (its reasons["gpu"])."""
+        return (
+            f"planned for {self.label} GPUs (--gpu {self.gpu}) from {self.source}, "
+            "not on a node of this queue"
+        )
+
+
+# Measured by the agent's node profile on the bench machines (each with a 128 GiB host),
+# copied from the plans the bench recorded. H100: the long-context bench of 2026-11-27 after
+# its fix; H200: the profile bench s44b of the same day.
+_H100_MEASURED = ShippedProfile(
+    "h100",
+    H100_SXM.label,
+    {
+        "matmul_flops": 795.5e12,
+        "optimizer_params_per_s": 4.279e9,
+        "h2d_bytes_per_s": 54.95e9,
+        "d2h_bytes_per_s": 55.36e9,
+        "both_bytes_per_s": 45.98e9,
+        "attention_flops.2048": 13.35e12,
+        "attention_flops.4096": 327.7e12,
+        "attention_flops.8192": 444.7e12,
+        "attention_flops.16384": 504.4e12,
+        "attention_flops.32768": 484.0e12,
+    },
+    85017493504,  # torch's total_memory of an "NVIDIA H100 80GB HBM3"
+    128 * GIB,
+    "the profile measured on an NVIDIA H100 80GB HBM3 (SXM) on 2026-11-27 "
+    "(bench/results/2026-11-27-h100-long-context-32k-256k-fixed.json)",
+)
+_H200_MEASURED = ShippedProfile(
+    "h200",
+    H200_CHIP.label,
+    {
+        "matmul_flops": 794.3e12,
+        "optimizer_params_per_s": 4.548e9,
+        "h2d_bytes_per_s": 55.13e9,
+        "d2h_bytes_per_s": 55.44e9,
+        "both_bytes_per_s": 50.26e9,
+        "attention_flops.2048": 20.84e12,
+        "attention_flops.4096": 341.1e12,
+        "attention_flops.8192": 456.5e12,
+        "attention_flops.16384": 503.9e12,
+        "attention_flops.32768": 477.4e12,
+    },
+    150109880320,  # torch's total_memory of an "NVIDIA H200"
+    128 * GIB,
+    "the profile measured on an NVIDIA H200 on 2026-11-27 "
+    "(bench/results/2026-11-27-h200-profile-s44b.json)",
+)
+# The share of its datasheet memory a card leaves to torch: the H100 80GB 85017493504 bytes
+# of 80 GiB (0.990), the H200 150109880320 of 141 GiB (0.991).
+USABLE_MEMORY_SHARE: Final = 85017493504 / (80 * GIB)
+
+
+def _from_datasheet(gpu: GpuName, chip: Chip) -> ShippedProfile:
+    """A chip nobody measured: the H100's measured profile with its compute scaled by the
+    dense BF16 peaks (the measured H100 reached 795 of 989 TFLOP/s in matmuls; the same
+    share is assumed), its host links by PCIe generation (Gen4 x16 carries half of Gen5's
+    64 GB/s), its memory from the datasheet; the host's CPU AdamW rate kept."""
+    board = BOARDS[chip.label]
+    flops = chip.bf16_flops_per_s / H100_SXM.bf16_flops_per_s
+    link = 1.0 if board.pcie_generation >= 5 else 0.5
+    measured = _H100_MEASURED.profile
+    profile = {
+        key: value * (link if key.endswith("bytes_per_s") else 1.0 if "optimizer" in key else flops)
+        for key, value in measured.items()
+    }
+    return ShippedProfile(
+        gpu,
+        chip.label,
+        profile,
+        int(board.memory_gib * GIB * USABLE_MEMORY_SHARE),
+        _H100_MEASURED.host_total_bytes,
+        f"its datasheet, not a measurement: the measured H100's profile with compute "
+        f"x{flops:.2f} ({chip.bf16_flops_per_s / 1e12:.0f} of 989 dense BF16 TFLOP/s), host "
+        f"links x{link:g} (PCIe Gen{board.pcie_generation}), {board.memory_gib} GB",
+    )
+
+
+# Every --gpu name's profile: measured where a bench ran on the chip, else from its datasheet.
+SHIPPED_PROFILES: Final[dict[GpuName, ShippedProfile]] = {
+    gpu: {"h100": _H100_MEASURED, "h200": _H200_MEASURED}.get(gpu) or _from_datasheet(gpu, chip)
+    for gpu, chip in GPU_NAMES.items()
+}
