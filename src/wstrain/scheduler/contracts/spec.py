@@ -286,23 +286,34 @@ class JobSpec(StrictModel):
             )
         return nodes
 
-    @model_validator(mode="after")
-    def _data_parallel_updates_on_the_host(self) -> JobSpec:
-        opt = self.overrides.optimizer
-        if self.gpus * self.nodes > 1 and opt in ("device", "split"):
-            of_nodes = f" x nodes={self.nodes}" if self.nodes > 1 else ""
+    # The checks across fields below are field validators reading the fields declared
+    # before them (info.data), not model validators: pydantic runs an "after" model
+    # validator only once every field passed, so a spec with a bad field and a bad
+    # combination would report one, then the other on the next submit (issue 46).
+
+    @field_validator("overrides")
+    @classmethod
+    def _data_parallel_updates_on_the_host(
+        cls, overrides: PlanOverrides, info: ValidationInfo
+    ) -> PlanOverrides:
+        # gpus or nodes absent: it failed its own check, reported beside this one
+        gpus, nodes = info.data.get("gpus") or 1, info.data.get("nodes") or 1
+        opt = overrides.optimizer
+        if gpus * nodes > 1 and opt in ("device", "split"):
+            of_nodes = f" x nodes={nodes}" if nodes > 1 else ""
             raise ValueError(
-                f'gpus={self.gpus}{of_nodes} with overrides.optimizer="{opt}": a data-parallel '
+                f'gpus={gpus}{of_nodes} with overrides.optimizer="{opt}": a data-parallel '
                 "working set updates its one shared host copy on the host (each node's); use "
                 'overrides.optimizer "host" (or leave it unset), or one rank (gpus=1, nodes=1)'
             )
-        return self
+        return overrides
 
-    @model_validator(mode="after")
-    def _fp8_needs_16_bits(self) -> JobSpec:
-        if self.activation_precision == "fp8" and self.precision == "fp32":
+    @field_validator("activation_precision")
+    @classmethod
+    def _fp8_needs_16_bits(cls, activation: str, info: ValidationInfo) -> str:
+        if activation == "fp8" and info.data.get("precision") == "fp32":
             raise ValueError(
                 'activation_precision="fp8" stores 16-bit activations at 8 bits; with '
                 'precision="fp32" use activation_precision="bf16" or precision "bf16"/"mixed"'
             )
-        return self
+        return activation
