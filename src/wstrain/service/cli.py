@@ -93,21 +93,6 @@ def _print_plan(plan: dict[str, Any]) -> None:
         print(f"{k:<13} {v!s:<14} {plan['reasons'].get(k, '')}")
 
 
-def _print_presets(presets: list[dict[str, Any]]) -> None:
-    print(
-        f"{'preset':<16} {'architecture':<20} {'L':>3} {'d':>5} {'experts':>8} "
-        f"{'params':>9} {'active':>9} {'bf16 state':>11}"
-    )
-    for p in presets:
-        experts = f"{p['experts_per_token']}/{p['experts']}" if p["experts"] else "-"
-        print(
-            f"{p['name']:<16} {p['architecture']:<20} {p['layers']:>3} "
-            f"{p['hidden_size']:>5} {experts:>8} {p['params_total'] / 1e9:>8.3f}B "
-            f"{p['params_active'] / 1e9:>8.3f}B "
-            f"{p['training_state_bytes']['bf16'] / GIB:>7.1f} GiB"
-        )
-
-
 def _report(client: httpx.Client, job_id: str, out: str | None) -> None:
     from wstrain.service import report  # matplotlib: only for this command (0.3 s to import)
 
@@ -167,7 +152,7 @@ def _run_client(args: argparse.Namespace) -> int:
             params = {"gpu": args.gpu} if args.gpu else None
             _print_plan(call(c, "POST", "/v1/plans", json=spec, params=params))
         elif args.cmd == "presets":
-            _print_presets(call(c, "GET", "/v1/presets")["presets"])
+            cli_tables.presets(call(c, "GET", "/v1/presets"))
         elif args.cmd == "report":
             _report(c, args.id, args.out)
         elif args.cmd in ("cancel", "resume"):

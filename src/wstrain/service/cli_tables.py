@@ -1,9 +1,11 @@
 """The CLI's tables: `wstrain ls`, `wstrain status ID` and `wstrain queue`, drawn with `rich`
-(colour on a terminal, plain columns in a pipe; `--json` prints the server's JSON instead).
+(colour on a terminal, plain columns in a pipe; `--json` prints the server's JSON instead),
+and `wstrain presets` in plain columns.
 
     wstrain ls [--state running] [--owner alice] [--limit 50] [--json]
     wstrain status ID [--json]
     wstrain queue [--json]     # pending jobs in the order they will run, with the reason
+    wstrain presets            # sizes: 8.030B or 821.5K parameters, 59.8 GiB or 12.3 MiB
 
 queue asks GET /v1/queue (positions and reasons from the scheduler). A server without that
 route gets the queued jobs from GET /v1/jobs?state=queued, ordered as the store's queue
@@ -194,3 +196,36 @@ def queue(c: httpx.Client, as_json: bool) -> int:
         table.caption = f"{len(jobs)} of {total} waiting jobs; the others are not yours"
     console().print(table)
     return 0
+
+
+def count_text(n: float) -> str:
+    """A parameter count in the largest unit it reaches: 8.030B, 1.2M, 821.5K, 96 (the tiny
+    presets' 0.8 M parameters printed as 0.001B told nothing apart)."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3f}B" if unit == "B" else f"{n / size:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+def bytes_text(n_bytes: float) -> str:
+    """Bytes in the largest binary unit they reach: 59.8 GiB, 12.3 MiB, 4.0 KiB, 512 B."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.1f} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
+def presets(body: dict[str, Any]) -> None:
+    """GET /v1/presets as a table: dims, experts, parameters total/active, bf16 state."""
+    print(
+        f"{'preset':<16} {'architecture':<20} {'L':>3} {'d':>5} {'experts':>8} "
+        f"{'params':>9} {'active':>9} {'bf16 state':>11}"
+    )
+    for p in body["presets"]:
+        experts = f"{p['experts_per_token']}/{p['experts']}" if p["experts"] else "-"
+        print(
+            f"{p['name']:<16} {p['architecture']:<20} {p['layers']:>3} "
+            f"{p['hidden_size']:>5} {experts:>8} {count_text(p['params_total']):>9} "
+            f"{count_text(p['params_active']):>9} "
+            f"{bytes_text(p['training_state_bytes']['bf16']):>11}"
+        )
