@@ -289,7 +289,7 @@ class JobSpec(StrictModel):
     # The checks across fields below are field validators reading the fields declared
     # before them (info.data), not model validators: pydantic runs an "after" model
     # validator only once every field passed, so a spec with a bad field and a bad
-    # combination would report one, then the other on the next submit (issue 46).
+    # combination would report one, then the other on the next submit.
 
     @field_validator("overrides")
     @classmethod
