@@ -58,10 +58,15 @@ REDIS_RETRY_AFTER_S = 2
 
 async def redis_down_response(request: Request, exc: Exception) -> JSONResponse:
     log.warning("%s %s: Redis unavailable: %s", request.method, request.url.path, exc)
+    return _unavailable(
+        REDIS_RETRY_AFTER_S, {"detail": "the job store (Redis) is unavailable; retry shortly"}
+    )
+
+
+def _unavailable(retry_after_s: int, content: dict[str, str]) -> JSONResponse:
+    """503 with Retry-After: a fault of the service's storage, not the client's nor a bug."""
     return JSONResponse(
-        status_code=503,
-        headers={"Retry-After": str(REDIS_RETRY_AFTER_S)},
-        content={"detail": "the job store (Redis) is unavailable; retry shortly"},
+        status_code=503, headers={"Retry-After": str(retry_after_s)}, content=content
     )
 
 
@@ -76,10 +81,9 @@ async def storage_fault_response(request: Request, exc: Exception) -> JSONRespon
     if code is None:
         raise exc
     log.warning("%s %s: Redis refuses writes: %s", request.method, request.url.path, exc)
-    return JSONResponse(
-        status_code=503,
-        headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)},
-        content={
+    return _unavailable(
+        STORAGE_RETRY_AFTER_S,
+        {
             "detail": f"the job store (Redis) refuses writes ({code}: "
             + ("its disk is full or failing" if code == "MISCONF" else "see its log")
             + f"); retry in {STORAGE_RETRY_AFTER_S} s, or ask the operator to free space "
@@ -99,10 +103,9 @@ async def disk_fault_response(request: Request, exc: Exception) -> JSONResponse:
     if code is None:
         raise exc
     log.warning("%s %s: a disk refused a write: %s", request.method, request.url.path, exc)
-    return JSONResponse(
-        status_code=503,
-        headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)},
-        content={
+    return _unavailable(
+        STORAGE_RETRY_AFTER_S,
+        {
             "detail": f"the API's disk refused a write ({code}); retry in "
             f"{STORAGE_RETRY_AFTER_S} s, or ask the operator to free space",
             "fault": code,
