@@ -149,7 +149,7 @@ def run(
     jobs: int, clients: int, seconds: float, rate: float | None = None, workers: int = 1
 ) -> dict[str, Any]:
     """Start Redis and the API, seed the store, run the load; stops everything it started."""
-    from wstrain.service.serve import free_port, start_redis
+    from wstrain.cli.serve import free_port, start_redis
 
     with tempfile.TemporaryDirectory() as tmp:
         redis_port, api_port = free_port(), free_port()
@@ -162,7 +162,7 @@ def run(
             WSTRAIN_WORKERS=str(workers),
         )
         api = subprocess.Popen(
-            [sys.executable, "-m", "wstrain.service.app"],
+            [sys.executable, "-m", "wstrain.api.app"],
             env=env,
             cwd=REPO,
             stderr=subprocess.DEVNULL,
@@ -212,8 +212,8 @@ def register_node(redis_url: str, prefix: str, name: str, host_bytes: int) -> No
     """A CPU node heartbeated as an agent does (for a day), so submissions check budgets
     against it while no agent runs: jobs stay queued, as in a busy queue. The tests'
     api_only fixture uses it too."""
-    from wstrain.scheduler.contracts.jobs import Node
-    from wstrain.scheduler.store import JobStore
+    from wstrain.contracts.jobs import Node
+    from wstrain.store import JobStore
 
     async def hold() -> None:
         store = JobStore.from_url(redis_url, prefix)

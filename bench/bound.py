@@ -27,7 +27,7 @@ fits in the device bytes a layer's pass holds and the head does not (workspace, 
 gradients, copies in flight): a byte that leaves during the head was on the device when it
 started. The link rate is the profiled one with both directions busy (the next layers'
 weights stream in meanwhile). The fixed bytes are the memory model's
-(scheduler/planning/memory_model.py fixed_device_bytes) for the leanest layout: two weight
+(planning/memory_model.py fixed_device_bytes) for the leanest layout: two weight
 slots, one gradient slot, the optimizer on the host, no copies in flight home. Levels are
 bought as a fractional knapsack (recomputation avoided per byte), so the bound is generous:
 it assumes a perfectly used link, the resident step's own kernel times, no idle, no extra
@@ -44,15 +44,15 @@ import json
 import logging
 from dataclasses import dataclass, replace
 
-from wstrain.scheduler.contracts.calibration import (
+from wstrain.contracts.calibration import (
     ALLOCATOR_SLACK,
     LEVELS,
     LINK_SHARE,
     PAIRED_LINK_SHARE,
 )
-from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
-from wstrain.scheduler.planning import cost_model as cm
-from wstrain.scheduler.planning import memory_model as mm
+from wstrain.contracts.hardware import LayerTimes, NodeProfile
+from wstrain.planning import cost_model as cm
+from wstrain.planning import memory_model as mm
 
 log = logging.getLogger("bench.bound")
 
@@ -250,7 +250,7 @@ def bound(
 def micro_batches_at_bound(row: dict) -> list[int]:  # type: ignore[type-arg]
     """The micro-batches the planner tries first: divisors of the global batch at or above
     AdaWS's bound (below it the weights cannot stream in behind a layer's compute)."""
-    from wstrain.scheduler.planning.layouts import micro_batches
+    from wstrain.planning.layouts import micro_batches
 
     spec, dims = spec_dims_of(row)
     tiers, _ = micro_batches(spec, dims, node_from_row(row))

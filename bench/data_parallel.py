@@ -140,9 +140,9 @@ def run_baseline_row(args: argparse.Namespace) -> dict[str, object]:
 def run_row(args: argparse.Namespace) -> dict[str, object]:
     import torch
 
-    from wstrain.scheduler.contracts.plan import Plan
-    from wstrain.scheduler.planning.layouts import PIECES_FROM_TOKENS
-    from wstrain.scheduler.planning.planner import make_plan
+    from wstrain.contracts.plan import Plan
+    from wstrain.planning.layouts import PIECES_FROM_TOKENS
+    from wstrain.planning.planner import make_plan
 
     name = args.row
     world = int(name.split("-")[1])

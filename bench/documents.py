@@ -51,9 +51,9 @@ def make_data(path: Path, total_bytes: int) -> Path:
 def run_row(name: str, args: argparse.Namespace, data: Path) -> dict[str, object]:
     import torch
 
-    from wstrain.scheduler.contracts.model_dims import resolve_dims
-    from wstrain.scheduler.contracts.spec import TokenData
-    from wstrain.scheduler.planning.planner import make_plan
+    from wstrain.contracts.model_dims import resolve_dims
+    from wstrain.contracts.spec import TokenData
+    from wstrain.planning.planner import make_plan
     from wstrain.worker.build import build_runtime
     from wstrain.worker.io.data import TokenStream
 

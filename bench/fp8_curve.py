@@ -24,8 +24,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
 
-from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.scheduler.contracts.spec import OptimizerSpec
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.models.dense import LlamaModel
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime

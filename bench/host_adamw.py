@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from wstrain.scheduler.contracts.model_dims import PRESETS
-from wstrain.scheduler.contracts.spec import OptimizerSpec
+from wstrain.contracts.model_dims import PRESETS
+from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.runtime.working_set.state import HostState
 
 # one Llama-3-8B decoder layer, and a vocabulary too small to matter next to it

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.contracts.calibration import GIB
 
 log = logging.getLogger("bench.load_rss")
 
@@ -30,7 +30,7 @@ log = logging.getLogger("bench.load_rss")
 def dims_for(params_b: float):  # type: ignore[no-untyped-def]
     """Llama-shaped dims (d 2048, FFN 5632, 16 heads, 32K vocab) with about params_b
     billion parameters, by layer count."""
-    from wstrain.scheduler.contracts.model_dims import ModelDims
+    from wstrain.contracts.model_dims import ModelDims
 
     base = ModelDims(32000, 2048, 5632, 1, 16, 16, 128)
     layers = max(1, round((params_b * 1e9 - 2 * base.embedding_params) / base.layer_params))
@@ -60,8 +60,8 @@ def write_checkpoint(directory: Path, params_b: float, shard_gib: float) -> int:
 def load(directory: Path) -> dict[str, object]:
     """Child: the worker's two steps for a model directory (worker/build.py build_runtime):
     the host state's arena, then the weights streamed into its tiles; report RSS."""
-    from wstrain.scheduler.contracts.model_dims import resolve_dims
-    from wstrain.scheduler.contracts.model_refs import PathModel
+    from wstrain.contracts.model_dims import resolve_dims
+    from wstrain.contracts.model_refs import PathModel
     from wstrain.worker.io.hf_load import stream_into
     from wstrain.worker.runtime.stats import proc_status_bytes
     from wstrain.worker.runtime.working_set.state import HostState

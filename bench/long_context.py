@@ -71,8 +71,8 @@ def plan_row(  # type: ignore[no-untyped-def]
     (the agent reads the span from a token file's index; here every query's is known);
     `seq_chunk`: the piece length pinned (0: the planner's); `global_batch`: sequences a
     step (the planner picks the micro-batch)."""
-    from wstrain.scheduler.contracts.errors import InfeasibleBudget
-    from wstrain.scheduler.planning.planner import make_plan
+    from wstrain.contracts.errors import InfeasibleBudget
+    from wstrain.planning.planner import make_plan
 
     node = measured_node()  # no layer timing: a whole layer at 512K is what does not fit
     node = node.with_documents(documents)

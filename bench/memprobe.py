@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 
 from bench.runtime import RandomTokens, _dims, llama_spec, plan_for
-from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.contracts.calibration import GIB
 
 
 def saved_plan(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """(spec, dims, plan) of a plan saved as JSON, on its first args.layers layers (the
     levels of the others dropped): a long row's phases probed in minutes, not its step."""
-    from wstrain.scheduler.contracts.plan import Plan
+    from wstrain.contracts.plan import Plan
 
     plan = Plan.model_validate_json(Path(args.plan_file).read_text())
     ws = plan.working_set

@@ -46,7 +46,7 @@ def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from wstrain.scheduler.contracts.model_dims import PRESETS
+    from wstrain.contracts.model_dims import PRESETS
 
     dims = PRESETS[PRESET]
     cfg = AutoConfig.for_model(**dims.to_hf_config())
@@ -92,9 +92,9 @@ def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
 def run_ws(
     args: argparse.Namespace, budget_gib: float, overrides: dict[str, object]
 ) -> dict[str, object]:
-    from wstrain.scheduler.contracts.model_dims import PRESETS
-    from wstrain.scheduler.contracts.spec import JobSpec
-    from wstrain.scheduler.planning.planner import make_plan
+    from wstrain.contracts.model_dims import PRESETS
+    from wstrain.contracts.spec import JobSpec
+    from wstrain.planning.planner import make_plan
 
     dims = PRESETS[PRESET]
     spec = JobSpec.model_validate(
@@ -118,7 +118,7 @@ def run_ws(
 
 
 def run_row(args: argparse.Namespace) -> Row:
-    from wstrain.scheduler.contracts.model_dims import PRESETS
+    from wstrain.contracts.model_dims import PRESETS
 
     budget, overrides = WS_ROWS.get(args.row, (None, {}))
     res = (

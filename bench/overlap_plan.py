@@ -1,5 +1,5 @@
 """A benchmark row re-planned with the cross-round overlap: the row's job, node profile and
-link share through this planner (scheduler/planning/working_set.py) once per round, which
+link share through this planner (planning/working_set.py) once per round, which
 reproduces the row's own plan, and once with overrides.overlap. The difference of the two
 predictions, added to the row's measured step, estimates what the overlap would measure
 beside the same resident row; only a device row measures it. CPU only.
@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 
 from bench.bound import link_share_of, node_from_row, spec_dims_of
-from wstrain.scheduler.contracts.errors import InfeasibleBudget
-from wstrain.scheduler.contracts.plan import Plan
-from wstrain.scheduler.planning import cost_model as cm
-from wstrain.scheduler.planning.working_set import make_ws_plan
+from wstrain.contracts.errors import InfeasibleBudget
+from wstrain.contracts.plan import Plan
+from wstrain.planning import cost_model as cm
+from wstrain.planning.working_set import make_ws_plan
 
 log = logging.getLogger("bench.overlap_plan")
 

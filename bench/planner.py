@@ -14,9 +14,9 @@ import platform
 import statistics
 import time
 
-from wstrain.scheduler.contracts.hardware import H200
-from wstrain.scheduler.contracts.model_dims import PRESETS
-from wstrain.scheduler.planning.levels import LayerCost, solve
+from wstrain.contracts.hardware import H200
+from wstrain.contracts.model_dims import PRESETS
+from wstrain.planning.levels import LayerCost, solve
 
 
 def _dp_case() -> list[LayerCost]:
@@ -52,9 +52,9 @@ def time_dp(repeats: int) -> dict[str, float]:
 
 
 def time_presets() -> dict[str, float]:
-    from wstrain.scheduler.contracts.errors import InfeasibleBudget
-    from wstrain.scheduler.contracts.spec import JobSpec
-    from wstrain.scheduler.planning.planner import make_plan
+    from wstrain.contracts.errors import InfeasibleBudget
+    from wstrain.contracts.spec import JobSpec
+    from wstrain.planning.planner import make_plan
 
     worst: dict[str, float] = {}
     for name, dims in PRESETS.items():

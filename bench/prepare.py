@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.contracts.calibration import GIB
 
 BASELINE_BATCH_BYTES = 8 << 20
 
@@ -139,7 +139,7 @@ def run_prepare(corpus: Path, tokenizer: Path, out: Path) -> dict[str, float]:
     cmd = [
         sys.executable,
         "-m",
-        "wstrain.service.cli",
+        "wstrain.cli.main",
         "prepare",
         str(corpus),
         str(out),
@@ -176,8 +176,8 @@ def train_on(out: Path) -> list[float]:
     """Two steps of a 2-layer Llama on the token file, the worker's own data path."""
     import torch
 
-    from wstrain.scheduler.contracts.model_dims import ModelDims
-    from wstrain.scheduler.contracts.spec import OptimizerSpec, TokenData
+    from wstrain.contracts.model_dims import ModelDims
+    from wstrain.contracts.spec import OptimizerSpec, TokenData
     from wstrain.worker.io.data import TokenStream
     from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
 

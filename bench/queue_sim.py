@@ -1,4 +1,4 @@
-"""A day of the lab queue through the real scheduling policy (`wstrain.scheduler.policy`): a
+"""A day of the lab queue through the real scheduling policy (`wstrain.policy`): a
 discrete-event simulation on a virtual clock (no sleeping) of one modelled 8-GPU node, fed a
 seeded 24-hour trace of jobs from 4 owners. CPU only, a few seconds.
 
@@ -54,9 +54,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.jobs import JobState
-from wstrain.scheduler.policy import (
+from wstrain.contracts.calibration import GIB
+from wstrain.contracts.jobs import JobState
+from wstrain.policy import (
     Decision,
     Gpu,
     NodeState,

@@ -6,7 +6,7 @@ own peak RSS); the driver prints a table and writes the raw rows as JSON.
         --rows resident,resident-ckpt,ws-40,ws-20,ws-12 --out bench/results/X.json
 
 Needs a GPU. Timed over whole steps after one warm-up step, optimizer included. MFU divides
-by the chip table's dense peak (scheduler/contracts/chips.py) for the row's GPU and compute
+by the chip table's dense peak (contracts/chips.py) for the row's GPU and compute
 precision; a row on a GPU the table does not know has none.
 """
 
@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.chips import compute_precision, peak_flops
+from wstrain.contracts.calibration import GIB
+from wstrain.contracts.chips import compute_precision, peak_flops
 
 log = logging.getLogger("bench.runtime")
 
@@ -91,7 +91,7 @@ class GcPauses:
 
 
 # Working-set rows: (device budget GiB, layers or None for --layers, plan overrides). Plans
-# come from the planner (scheduler/planning/working_set.py), so the rows also check its predictions.
+# come from the planner (planning/working_set.py), so the rows also check its predictions.
 WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     "ws-40": (40, None, {}),
     "ws-20": (20, None, {}),
@@ -159,7 +159,7 @@ def mfu_fields(flops_per_token: float, tokens_per_s: float, gpu: str, precision:
 def _dims(layers: int):  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
-    from wstrain.scheduler.contracts.model_dims import PRESETS
+    from wstrain.contracts.model_dims import PRESETS
 
     return replace(PRESETS["llama3-8b"], num_layers=layers)
 
@@ -233,7 +233,7 @@ def llama_spec(
     activation_precision: str = "bf16",
 ):  # type: ignore[no-untyped-def]
     """A JobSpec for Llama-3-8B dimensions with `layers` layers, on synthetic tokens."""
-    from wstrain.scheduler.contracts.spec import JobSpec
+    from wstrain.contracts.spec import JobSpec
 
     dims = _dims(layers)
     return JobSpec.model_validate(
@@ -269,7 +269,7 @@ def measured_node(layer_seq: int | None = None, dims=None):  # type: ignore[no-u
     dims are given (worker/profile/layer.py): what the scheduler agent plans with."""
     import torch
 
-    from wstrain.scheduler.contracts.hardware import LayerTimes, NodeProfile
+    from wstrain.contracts.hardware import LayerTimes, NodeProfile
     from wstrain.worker.profile.layer import measure
     from wstrain.worker.profile.node import cached_profile
 
@@ -282,12 +282,10 @@ def measured_node(layer_seq: int | None = None, dims=None):  # type: ignore[no-u
 
 
 def plan_for(name: str, args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from wstrain.scheduler.planning import cost_model
-    from wstrain.scheduler.planning.planner import make_plan
+    from wstrain.planning import cost_model
+    from wstrain.planning.planner import make_plan
 
-    if (
-        args.link_share
-    ):  # a sweep knob for the planner's D2H share (scheduler/planning/cost_model.py)
+    if args.link_share:  # a sweep knob for the planner's D2H share (planning/cost_model.py)
         cost_model.LINK_SHARE = args.link_share
     budget, layers, overrides = WS_ROWS[name]
     dims = _dims(layers or args.layers)
@@ -329,8 +327,8 @@ def run_plan(
     import torch
 
     from bench.timeline import profile_step
-    from wstrain.scheduler.contracts.calibration import host_reserve_bytes
-    from wstrain.scheduler.planning import cost_model
+    from wstrain.contracts.calibration import host_reserve_bytes
+    from wstrain.planning import cost_model
     from wstrain.worker.build import ws_config
     from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
     from wstrain.worker.runtime.working_set.state import HostState

@@ -9,7 +9,7 @@ then a small grid of hand-made plans at one budget against the automatic plan.
 Each point runs in its own process (its own budget and peak RSS). Timed over whole steps
 after one warm-up step, optimizer included. Raw rows carry predicted_step_seconds,
 measured_step_seconds, predicted_peak_device_gib, device_budget_gib, and mfu against the
-chip table's dense peak (scheduler/contracts/chips.py) with its precision, peak_flops and
+chip table's dense peak (contracts/chips.py) with its precision, peak_flops and
 peak_source.
 """
 
@@ -22,7 +22,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 
-from wstrain.scheduler.contracts.calibration import GIB
+from wstrain.contracts.calibration import GIB
 
 log = logging.getLogger("bench.sweep")
 HOST_BUDGET_GIB = 100
@@ -67,7 +67,7 @@ def run_point(point: Point, steps: int) -> dict[str, object]:
     import torch
 
     from bench.runtime import _dims, llama_spec, measured_node, mfu_fields, run_plan
-    from wstrain.scheduler.planning.planner import make_plan
+    from wstrain.planning.planner import make_plan
     from wstrain.worker.runtime.stats import proc_status_bytes
 
     dims = _dims(point.layers)

@@ -3,7 +3,7 @@ window's unfilled device bytes. CPU only.
 
     python -m bench.window_buffer bench/results/2026-11-27-h200-issue26-s44a.json --row ws-20
 
-The DP (scheduler/planning/levels.py) lets a home layer's saved sets queue for the D2H link
+The DP (planning/levels.py) lets a home layer's saved sets queue for the D2H link
 only within the 1 GiB write buffer (WRITE_BUFFER_BYTES). The window's layers run last in the
 forward and send nothing, so the outbound link idles through them, while the device bytes
 their sets will take are still free. Here each home layer's cap is the write buffer plus
@@ -25,11 +25,11 @@ from dataclasses import replace
 import numpy as np
 
 from bench.bound import layout_of, link_share_of, node_from_row, spec_dims_of
-from wstrain.scheduler.contracts.calibration import LEVELS
-from wstrain.scheduler.planning import cost_model as cm
-from wstrain.scheduler.planning import memory_model as mm
-from wstrain.scheduler.planning.candidates import fill_window
-from wstrain.scheduler.planning.levels import _quantum, solve
+from wstrain.contracts.calibration import LEVELS
+from wstrain.planning import cost_model as cm
+from wstrain.planning import memory_model as mm
+from wstrain.planning.candidates import fill_window
+from wstrain.planning.levels import _quantum, solve
 
 log = logging.getLogger("bench.window_buffer")
 

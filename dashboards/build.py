@@ -13,7 +13,7 @@ provisions from deploy/grafana/:
     python dashboards/build.py --check   # exit 1 if the committed JSON is stale
 
 Every query names the datasource uid that deploy/grafana/provisioning/datasources provisions
-and a series of scheduler/contracts/metrics.py (or node-exporter's); tests/observability
+and a series of contracts/metrics.py (or node-exporter's); tests/observability
 evaluates every query against a real Prometheus scraping a real wstrain on CPU. Panels that
 cannot have data there start their description with GPU_ONLY or NEEDS_PEAK, and that test
 checks that exactly those come back empty.
@@ -96,7 +96,7 @@ def mfu(selector: str) -> str:
 
 def of_job_gpu(metric: str) -> str:
     """`metric`'s series of the GPU the job holds. wstrain_job_info and the NVML series both
-    carry (node, gpu), NVML's index in PCI bus order (scheduler/agent/gpus.py); their `job`
+    carry (node, gpu), NVML's index in PCI bus order (agent/gpus.py); their `job`
     labels differ (the wstrain job id; job="wstrain-agent"), so the match names only those."""
     return f"{metric} and on(node, gpu) wstrain_job_info{{{JOB}}}"
 

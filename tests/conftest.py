@@ -30,7 +30,7 @@ TERMINAL = {"succeeded", "failed", "cancelled", "timeout"}
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from wstrain.service.serve import free_port, start_redis
+    from wstrain.cli.serve import free_port, start_redis
 
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is not installed; run scripts/test.sh, which installs it")
@@ -81,7 +81,7 @@ class Stack:
                 "-m",
                 "uvicorn",
                 "--factory",
-                "wstrain.service.app:create_app",
+                "wstrain.api.app:create_app",
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -111,7 +111,7 @@ def make_stack(
     with_agent: bool,
     extra_env: dict[str, str] | None = None,
 ) -> Stack:
-    from wstrain.service.serve import free_port
+    from wstrain.cli.serve import free_port
 
     port, metrics_port = free_port(), free_port()
     env = dict(os.environ)
@@ -140,7 +140,7 @@ def make_stack(
     stack.start_api()
     if with_agent:
         stack.agent = subprocess.Popen(
-            [sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=env, cwd=REPO
+            [sys.executable, "-m", "wstrain.agent.agent"], env=env, cwd=REPO
         )
         deadline = time.monotonic() + 60
         with stack.client() as c:

@@ -15,7 +15,7 @@ from pathlib import Path
 import grimp
 import pytest
 
-from wstrain.scheduler.contracts import calibration
+from wstrain.contracts import calibration
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "wstrain"
 BENCH = SRC.parents[1] / "bench"
@@ -31,7 +31,7 @@ def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_installed_under_wstrain_only(tmp_path: Path) -> None:
     """From outside the checkout the three processes import as wstrain.*; the bare names that
     PyPI's `service`, `scheduler` and `worker` packages own are not ours."""
-    ok = _python("import wstrain.service.app, wstrain.scheduler, wstrain.worker", tmp_path)
+    ok = _python("import wstrain.api.app, wstrain, wstrain.worker", tmp_path)
     assert ok.returncode == 0, ok.stderr
     for bare in ("service", "scheduler", "worker"):
         res = _python(f"import {bare}", tmp_path)
@@ -123,7 +123,7 @@ def _module_constants(path: Path) -> set[str]:
 
 
 def test_each_calibration_number_is_defined_once() -> None:
-    shared = _module_constants(SRC / "scheduler" / "contracts" / "calibration.py")
+    shared = _module_constants(SRC / "contracts" / "calibration.py")
     assert {"GIB", "DEVICE_RESERVE_BYTES", "PROCESS_BYTES", "LEVELS"} <= shared
     assert all(hasattr(calibration, name) for name in shared)
     for path in [*SRC.rglob("*.py"), *BENCH.glob("*.py")]:
@@ -133,10 +133,36 @@ def test_each_calibration_number_is_defined_once() -> None:
         assert not again, f"{path} defines {sorted(again)} again; import them from calibration"
 
 
-@pytest.mark.parametrize("folder", ["service", "scheduler", "worker"])
+ROOMS = ("agent", "api", "cli", "contracts", "planning", "policy", "prepare", "store", "worker")
+
+
+def test_the_tree_is_the_rooms() -> None:
+    """src/wstrain/ holds the rooms (three processes, a client, shared layers) and the shared
+    settings module, nothing else; README names each room."""
+    found = {p.name for p in SRC.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert found == set(ROOMS)
+    assert {p.name for p in SRC.glob("*.py")} == {"__init__.py", "settings.py"}
+    readme = (SRC.parents[1] / "README.md").read_text()
+    missing = [room for room in ROOMS if f"`{room}/`" not in readme]
+    assert not missing, f"README has no entry for {missing}"
+
+
+@pytest.mark.parametrize("folder", ROOMS)
 def test_every_module_opens_with_a_docstring(folder: str) -> None:
     for path in (SRC / folder).rglob("*.py"):
         assert ast.get_docstring(ast.parse(path.read_text())), f"{path} has no docstring"
+
+
+MODULE_MAX_LINES = 400  # one job a module: past 400 lines it holds two
+
+
+def test_no_module_over_400_lines() -> None:
+    too_long = {
+        str(path.relative_to(SRC.parents[1])): n
+        for path in [*SRC.rglob("*.py"), *BENCH.glob("*.py")]
+        if (n := len(path.read_text().splitlines())) > MODULE_MAX_LINES
+    }
+    assert not too_long, f"modules over {MODULE_MAX_LINES} lines: {too_long}"
 
 
 def test_worker_and_bench_import_without_the_service_stack(tmp_path: Path) -> None:

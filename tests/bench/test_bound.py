@@ -14,8 +14,8 @@ import pytest
 
 from bench.bound import bound, micro_batches_at_bound, min_recompute_s, row_ceilings, spec_dims_of
 from bench.runtime import _table
-from wstrain.scheduler.contracts.hardware import H200, LayerTimes
-from wstrain.scheduler.planning.memory_model import Layout, fixed_device_bytes
+from wstrain.contracts.hardware import H200, LayerTimes
+from wstrain.planning.memory_model import Layout, fixed_device_bytes
 
 LAYER = LayerTimes(
     8192, forward_s=0.0059, backward_s=0.0122, attention_forward_s=0.002, mlp_forward_s=0.0039

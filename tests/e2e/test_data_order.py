@@ -49,7 +49,7 @@ def _prepared(data_dir: Path) -> Path:
     (data_dir / "docs.jsonl").write_text("\n".join(lines) + "\n")
     out = data_dir / "docs.bin"
     subprocess.run(
-        [sys.executable, "-m", "wstrain.service.cli", "prepare", str(data_dir / "docs.jsonl"),
+        [sys.executable, "-m", "wstrain.cli.main", "prepare", str(data_dir / "docs.jsonl"),
          str(out), "--chunk-mib", "1"],
         check=True, cwd=REPO,
     )  # fmt: skip

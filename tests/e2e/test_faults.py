@@ -11,7 +11,7 @@ job, and a job that was running resumed from its last checkpoint bit-exactly:
 - Ctrl-C to `wstrain serve`: it stops the API, the agent (which requeues with a
   checkpoint), then Redis; the next `wstrain serve` finishes the job.
 
-A second agent with a live agent's node name is refused: tests/scheduler/agent/test_agent.py.
+A second agent with a live agent's node name is refused: tests/agent/test_agent.py.
 
     pytest -m slow tests/e2e/test_faults.py
 """
@@ -40,13 +40,13 @@ from tests.conftest import (
     wait_job,
     wait_terminal,
 )
-from wstrain.scheduler.agent.processes import is_running, start_ticks
+from wstrain.agent.processes import is_running, start_ticks
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_redis_restart_mid_job_loses_nothing(tmp_path: Path) -> None:
-    from wstrain.service.serve import free_port, start_redis
+    from wstrain.cli.serve import free_port, start_redis
 
     port = free_port()
     data = tmp_path / "redis"
@@ -98,9 +98,7 @@ def _states(c: httpx.Client, job_id: str) -> list[str]:
 
 
 def _start_agent(stack: Stack) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=stack.env, cwd=REPO
-    )
+    return subprocess.Popen([sys.executable, "-m", "wstrain.agent.agent"], env=stack.env, cwd=REPO)
 
 
 SPEC = dict(steps=300, seed=11)
@@ -248,7 +246,7 @@ def test_a_time_limited_job_ends_timeout_with_a_checkpoint_and_resumes(
 def test_ctrl_c_to_serve_requeues_the_job_and_the_next_serve_finishes_it(
     tmp_path: Path,
 ) -> None:
-    from wstrain.service.serve import free_port
+    from wstrain.cli.serve import free_port
 
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "WSTRAIN_REDIS_URL")}
     env.update(
@@ -263,7 +261,7 @@ def test_ctrl_c_to_serve_requeues_the_job_and_the_next_serve_finishes_it(
 
     def serve() -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()
-        cmd = [sys.executable, "-m", "wstrain.service.cli", "serve", "--port", str(port)]
+        cmd = [sys.executable, "-m", "wstrain.cli.main", "serve", "--port", str(port)]
         cmd += ["--state-dir", str(state), "--metrics-port", str(free_port())]
         # its own process group, as a shell gives a foreground job: Ctrl-C signals the group
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True)

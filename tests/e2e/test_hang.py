@@ -3,7 +3,7 @@ workers: a worker SIGSTOPped mid-run reports nothing, and once its no-progress w
 (WSTRAIN_HANG_FLOOR_S here: its steps take milliseconds) has passed the agent SIGKILLs it,
 writes a `hung` event saying how long it was silent and the window, and retries the job from
 its last checkpoint per max_retries (it then succeeds); with max_retries 0 it fails with the
-hung cause. The window's arithmetic: tests/scheduler/agent/test_hang.py.
+hung cause. The window's arithmetic: tests/agent/test_hang.py.
 
     pytest -m slow tests/e2e/test_hang.py
 """
@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import Stack, make_stack, tiny_spec, wait_job, wait_terminal
-from wstrain.scheduler.agent.processes import is_running, start_ticks
+from wstrain.agent.processes import is_running, start_ticks
 
 pytestmark = pytest.mark.slow
 

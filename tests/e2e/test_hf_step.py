@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import CORPUS, REPO, Stack, tiny_spec, wait_terminal
 from tests.worker.hf_models import hf_causal_lm, hub_state, perturb_norms
-from wstrain.scheduler.contracts.model_dims import PRESETS
+from wstrain.contracts.model_dims import PRESETS
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def _token_file(data_dir: Path) -> Path:
     )
     out = data_dir / "docs.bin"
     subprocess.run(
-        [sys.executable, "-m", "wstrain.service.cli", "prepare", str(data_dir / "docs.jsonl"),
+        [sys.executable, "-m", "wstrain.cli.main", "prepare", str(data_dir / "docs.jsonl"),
          str(out)],
         check=True, cwd=REPO,
     )  # fmt: skip

@@ -161,7 +161,7 @@ def test_cli_against_the_running_service(stack: Stack, tmp_path: Path) -> None:
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "wstrain.service.cli", "--server", stack.url, *args],
+            [sys.executable, "-m", "wstrain.cli.main", "--server", stack.url, *args],
             capture_output=True,
             text=True,
             cwd=REPO,

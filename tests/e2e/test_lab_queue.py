@@ -96,7 +96,7 @@ def test_a_higher_class_preempts_and_the_victim_resumes_bit_exact(
             ).json()
             msgs = [e["message"] for e in events]
             # another owner's preemptor by its class only (the same owner's by id:
-            # tests/scheduler/agent/test_hang.py)
+            # tests/agent/test_hang.py)
             why = "preempted by another owner's job of priority 10"
             assert any(m.startswith(why) for m in msgs), msgs
             assert high["id"] not in json.dumps(events), msgs

@@ -47,7 +47,7 @@ SPEC: dict[str, Any] = {
 def two_nodes(
     redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Stack, list[subprocess.Popen[bytes]]]]:
-    from wstrain.service.serve import free_port
+    from wstrain.cli.serve import free_port
 
     env = {
         "WSTRAIN_CPU_SLOTS": "1",
@@ -63,9 +63,7 @@ def two_nodes(
             "WSTRAIN_METRICS_PORT": str(free_port()),
         }
         agents.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=agent_env, cwd=REPO
-            )
+            subprocess.Popen([sys.executable, "-m", "wstrain.agent.agent"], env=agent_env, cwd=REPO)
         )
         # one at a time: the second reads the hardware profile the first cached
         deadline = time.monotonic() + 60

@@ -50,9 +50,7 @@ def test_a_revoked_grant_does_not_preempt_and_a_held_one_does(
             "WSTRAIN_CPU_DEVICES_GIB": "[1.5]",  # one 1 GiB job fits, a second does not
         },
     )
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=stack.env, cwd=REPO
-    )
+    agent = subprocess.Popen([sys.executable, "-m", "wstrain.agent.agent"], env=stack.env, cwd=REPO)
     stack.agent = agent
     grant = {"max_priority": 10, "max_jobs": 1}
     stopped = False

@@ -25,8 +25,8 @@ import torch
 from safetensors.torch import save_file
 
 from tests.conftest import CORPUS, REPO, make_stack, tiny_spec, wait_terminal
+from wstrain.contracts.model_dims import PRESETS
 from wstrain.prepare.pipeline import PrepareRequest, prepare
-from wstrain.scheduler.contracts.model_dims import PRESETS
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +104,7 @@ def test_files_swapped_into_the_state_dir_fail_their_jobs_at_once_without_retrie
                 _swap(path, target)
                 jobs.append((r.json()["id"], words, states))
             agent = subprocess.Popen(
-                [sys.executable, "-m", "wstrain.scheduler.agent.agent"], env=stack.env, cwd=REPO
+                [sys.executable, "-m", "wstrain.agent.agent"], env=stack.env, cwd=REPO
             )
             for job_id, words, states in jobs:
                 done = wait_terminal(c, job_id)

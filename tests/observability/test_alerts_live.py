@@ -40,7 +40,7 @@ FIRE_SLACK_S = 5.0
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """`wstrain serve` on loopback: (API URL, agent metrics port)."""
-    from wstrain.service.serve import free_port
+    from wstrain.cli.serve import free_port
 
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "WSTRAIN_REDIS_URL")}
     env.update(
@@ -52,7 +52,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, int]]:
         PYTHONPATH=str(REPO),
     )
     port, metrics_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "wstrain.service.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "wstrain.cli.main", "serve", "--port", str(port)]
     cmd += ["--state-dir", str(tmp_path / "state"), "--metrics-port", str(metrics_port)]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -16,9 +16,9 @@ import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from tests.conftest import REPO
-from wstrain.scheduler.agent.settings import AgentSettings
-from wstrain.scheduler.contracts import metrics
-from wstrain.service.settings import ServiceSettings
+from wstrain.agent.settings import AgentSettings
+from wstrain.api.settings import ServiceSettings
+from wstrain.contracts import metrics
 
 DEPLOY = REPO / "deploy"
 BOARDS = sorted((REPO / "dashboards").glob("*.json"))

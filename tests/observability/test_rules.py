@@ -2,7 +2,7 @@
 the rules and runs their unit tests (rules_test.yml), and checks the Prometheus config that
 loads them; amtool checks the Alertmanager config. Every alert has a case that fires and one
 that does not, and every series the rules name is in the metric catalogue
-(wstrain.scheduler.contracts.metrics), so a rename there fails here, not in production."""
+(wstrain.contracts.metrics), so a rename there fails here, not in production."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from wstrain.scheduler.contracts.metrics import BY_NAME, Kind
+from wstrain.contracts.metrics import BY_NAME, Kind
 
 PROMETHEUS = REPO / "deploy" / "prometheus"
 RULES = PROMETHEUS / "rules.yml"

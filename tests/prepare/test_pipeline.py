@@ -21,9 +21,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.conftest import CORPUS, REPO
+from wstrain.contracts.spec import TokenData
+from wstrain.contracts.token_file import read_header, token_dtype
 from wstrain.prepare.pipeline import PrepareRequest, prepare
-from wstrain.scheduler.contracts.spec import TokenData
-from wstrain.scheduler.contracts.token_file import read_header, token_dtype
 from wstrain.worker.io.data import TokenStream
 
 
@@ -117,7 +117,7 @@ def test_plain_text_is_one_document(tmp_path: Path) -> None:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "wstrain.service.cli", "prepare", *args]
+    return [sys.executable, "-m", "wstrain.cli.main", "prepare", *args]
 
 
 def test_a_killed_run_resumes_to_the_same_file(tmp_path: Path, bpe: Path) -> None:

@@ -20,7 +20,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.model_dims import ModelDims
 
 CLASSES = {
     "llama": (LlamaConfig, LlamaForCausalLM),

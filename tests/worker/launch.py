@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO
-from wstrain.scheduler.contracts.plan import Plan
-from wstrain.scheduler.contracts.spec import JobSpec
+from wstrain.contracts.plan import Plan
+from wstrain.contracts.spec import JobSpec
 
 
 def write_job(root: Path, spec: JobSpec, plan: Plan) -> Path:

@@ -24,12 +24,12 @@ import torch
 
 from tests.conftest import CORPUS, tiny_spec
 from tests.worker.launch import worker_argv, write_job
-from wstrain.scheduler.contracts.chips import peak_flops
-from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
-from wstrain.scheduler.contracts.jobs import WorkerMessage
-from wstrain.scheduler.contracts.model_dims import resolve_dims
-from wstrain.scheduler.contracts.spec import JobSpec
-from wstrain.scheduler.planning.planner import make_plan
+from wstrain.contracts.chips import peak_flops
+from wstrain.contracts.hardware import DEFAULT_PROFILE
+from wstrain.contracts.jobs import WorkerMessage
+from wstrain.contracts.model_dims import resolve_dims
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning.planner import make_plan
 from wstrain.worker.build import build_runtime, mfu_peak
 from wstrain.worker.io.data import TokenStream
 from wstrain.worker.runtime.base import IGNORE_INDEX

@@ -20,11 +20,11 @@ import pytest
 from tests.conftest import tiny_spec
 from tests.worker.launch import worker_argv, write_job
 from tests.worker.test_ranks import _close, _finish, _job_dir, _start, _weights
-from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
-from wstrain.scheduler.contracts.jobs import WorkerExit
-from wstrain.scheduler.contracts.model_dims import resolve_dims
-from wstrain.scheduler.contracts.spec import JobSpec
-from wstrain.scheduler.planning.planner import make_plan
+from wstrain.contracts.hardware import DEFAULT_PROFILE
+from wstrain.contracts.jobs import WorkerExit
+from wstrain.contracts.model_dims import resolve_dims
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning.planner import make_plan
 from wstrain.worker.ranks import NodeOf, torchrun_env
 
 STEPS = 6

@@ -21,11 +21,11 @@ from safetensors.torch import load_file
 
 from tests.conftest import tiny_spec
 from tests.worker.launch import worker_argv, write_job
-from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
-from wstrain.scheduler.contracts.jobs import WorkerExit, WorkerMessage
-from wstrain.scheduler.contracts.model_dims import resolve_dims
-from wstrain.scheduler.contracts.spec import JobSpec
-from wstrain.scheduler.planning.planner import make_plan
+from wstrain.contracts.hardware import DEFAULT_PROFILE
+from wstrain.contracts.jobs import WorkerExit, WorkerMessage
+from wstrain.contracts.model_dims import resolve_dims
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning.planner import make_plan
 from wstrain.worker.io import checkpoint
 
 STEPS = 6

@@ -16,11 +16,11 @@ import torch
 from tests.conftest import tiny_spec
 from tests.worker.launch import write_job
 from tests.worker.test_ranks import _finish, _start, _weights
-from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
-from wstrain.scheduler.contracts.jobs import WorkerExit
-from wstrain.scheduler.contracts.model_dims import resolve_dims
-from wstrain.scheduler.contracts.spec import JobSpec
-from wstrain.scheduler.planning.planner import make_plan
+from wstrain.contracts.hardware import DEFAULT_PROFILE
+from wstrain.contracts.jobs import WorkerExit
+from wstrain.contracts.model_dims import resolve_dims
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning.planner import make_plan
 
 pytestmark = [
     pytest.mark.gpu,

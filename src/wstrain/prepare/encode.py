@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from wstrain.contracts.documents import end_of_text_id
 from wstrain.prepare.sources import Chunk, Source
-from wstrain.scheduler.contracts.documents import end_of_text_id
 
 # Text per encode call: the call's overhead (~1 ms) vanishes, and its Encoding objects and id
 # lists (~100 bytes a token) stay near 10 MB a thread.

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-from wstrain.prepare.encode import Encoder, TokenizerInfo
-from wstrain.prepare.sources import Chunk, Source, open_source
-from wstrain.scheduler.contracts.token_file import (
+from wstrain.contracts.token_file import (
     TokenFileHeader,
     header_path,
     index_path,
     read_header,
 )
+from wstrain.prepare.encode import Encoder, TokenizerInfo
+from wstrain.prepare.sources import Chunk, Source, open_source
 
 log = logging.getLogger(__name__)
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wstrain.scheduler.contracts.access import DataAccess
-from wstrain.scheduler.contracts.calibration import host_reserve_bytes
-from wstrain.scheduler.contracts.chips import ComputePrecision, peak_flops
-from wstrain.scheduler.contracts.model_dims import resolve_dims
-from wstrain.scheduler.contracts.model_refs import PathModel
-from wstrain.scheduler.contracts.plan import Plan
-from wstrain.scheduler.contracts.spec import JobSpec
+from wstrain.contracts.access import DataAccess
+from wstrain.contracts.calibration import host_reserve_bytes
+from wstrain.contracts.chips import ComputePrecision, peak_flops
+from wstrain.contracts.model_dims import resolve_dims
+from wstrain.contracts.model_refs import PathModel
+from wstrain.contracts.plan import Plan
+from wstrain.contracts.spec import JobSpec
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.models.dense import LlamaModel
 from wstrain.worker.runtime.base import Runtime

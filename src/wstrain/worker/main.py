@@ -38,13 +38,13 @@ from pathlib import Path
 
 import torch
 
-from wstrain.scheduler.contracts.access import DataAccess
-from wstrain.scheduler.contracts.chips import ComputePrecision, compute_precision
-from wstrain.scheduler.contracts.errors import InvalidSpec
-from wstrain.scheduler.contracts.jobs import WorkerExit, WorkerMessage
-from wstrain.scheduler.contracts.model_dims import resolve_dims
-from wstrain.scheduler.contracts.plan import Plan
-from wstrain.scheduler.contracts.spec import JobSpec
+from wstrain.contracts.access import DataAccess
+from wstrain.contracts.chips import ComputePrecision, compute_precision
+from wstrain.contracts.errors import InvalidSpec
+from wstrain.contracts.jobs import WorkerExit, WorkerMessage
+from wstrain.contracts.model_dims import resolve_dims
+from wstrain.contracts.plan import Plan
+from wstrain.contracts.spec import JobSpec
 from wstrain.worker.build import build_runtime, mfu_peak
 from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from wstrain.scheduler.contracts.model_dims import PRESETS
-from wstrain.scheduler.contracts.spec import OptimizerSpec
+from wstrain.contracts.model_dims import PRESETS
+from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.io import checkpoint
 from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 from wstrain.worker.runtime.optim import make_adamw

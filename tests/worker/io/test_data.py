@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from wstrain.scheduler.contracts.access import DataAccess
-from wstrain.scheduler.contracts.errors import InvalidSpec
-from wstrain.scheduler.contracts.spec import TextData, TokenData
+from wstrain.contracts.access import DataAccess
+from wstrain.contracts.errors import InvalidSpec
+from wstrain.contracts.spec import TextData, TokenData
 from wstrain.worker.io.data import TokenStream
 
 
@@ -71,7 +71,7 @@ def _tokenizer_json(path: Path) -> Path:
 
 
 def test_jsonl_documents_are_packed_with_end_of_text(tmp_path: Path) -> None:
-    from wstrain.scheduler.contracts.spec import TextData
+    from wstrain.contracts.spec import TextData
     from wstrain.worker.io.data import _load_tokens
 
     (tmp_path / "d.jsonl").write_text(

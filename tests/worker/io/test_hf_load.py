@@ -11,10 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.worker.hf_models import hf_causal_lm, hub_state, perturb_norms
-from wstrain.scheduler.contracts.hardware import DEFAULT_PROFILE
-from wstrain.scheduler.contracts.model_dims import PRESETS, resolve_dims
-from wstrain.scheduler.contracts.spec import JobSpec
-from wstrain.scheduler.planning.planner import make_plan
+from wstrain.contracts.hardware import DEFAULT_PROFILE
+from wstrain.contracts.model_dims import PRESETS, resolve_dims
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning.planner import make_plan
 from wstrain.worker.build import build_runtime
 from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream

@@ -15,7 +15,7 @@ from tests.worker.hf_models import (
     hub_state,
     perturb_norms,
 )
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 from wstrain.worker.models.moe import RouterTotals
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from tests.worker.hf_models import hf_causal_lm, hub_grads, hub_state, perturb_norms
 from tests.worker.models.test_dense import CONFIGS, rel_err
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.models.dense import LlamaModel
 
 # two sequences of 24 tokens: the first holds three documents, the second the tail of a

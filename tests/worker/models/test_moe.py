@@ -68,7 +68,7 @@ def test_lean_moe_matches_autograd_in_bf16_on_cuda() -> None:
     differ from fp32 by several percent at these sizes, and from each other by < 1%.)"""
     from dataclasses import replace
 
-    from wstrain.scheduler.contracts.model_dims import PRESETS
+    from wstrain.contracts.model_dims import PRESETS
     from wstrain.worker.models.dense import moe_block
     from wstrain.worker.ops.lean_moe import lean_moe_backward, lean_moe_forward
     from wstrain.worker.runtime.working_set.arena import LayerLayout

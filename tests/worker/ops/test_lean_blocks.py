@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.worker.models.test_dense import rel_err
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.models.blocks import attn_block, ffn_block, leaves
 from wstrain.worker.models.rope import rope_tables
 from wstrain.worker.ops.lean_attn import lean_attn_backward, lean_attn_forward

@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from wstrain.scheduler.contracts.model_dims import PRESETS, ModelDims
-from wstrain.scheduler.contracts.spec import OptimizerSpec
+from wstrain.contracts.model_dims import PRESETS, ModelDims
+from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.io import checkpoint
 from wstrain.worker.runtime.distributed import ProcessGroup, RankSlice
 from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig

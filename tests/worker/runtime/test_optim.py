@@ -26,8 +26,8 @@ def test_host_step_with_clipping_matches_torch(fused: bool) -> None:
     """HostState.step_group (the fused kernel clips through its grad_scale) against
     clip_grad_norm_'s factor applied to the gradient and torch's AdamW, over two steps with
     and without clipping."""
-    from wstrain.scheduler.contracts.model_dims import PRESETS
-    from wstrain.scheduler.contracts.spec import OptimizerSpec
+    from wstrain.contracts.model_dims import PRESETS
+    from wstrain.contracts.spec import OptimizerSpec
     from wstrain.worker.runtime.working_set.state import HostState
 
     host = HostState.create(PRESETS["tiny-llama"], "fp32", pin=False, fused_adamw=fused)

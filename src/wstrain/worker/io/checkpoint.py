@@ -26,7 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from wstrain.scheduler.contracts.calibration import CHECKPOINT_SHARD_BYTES
+from wstrain.contracts.calibration import CHECKPOINT_SHARD_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from wstrain.scheduler.contracts.access import DataAccess
-from wstrain.scheduler.contracts.documents import documents, end_of_text_id
-from wstrain.scheduler.contracts.spec import DataRef, SyntheticData, TextData, TokenData
-from wstrain.scheduler.contracts.token_file import index_path, token_dtype
+from wstrain.contracts.access import DataAccess
+from wstrain.contracts.documents import documents, end_of_text_id
+from wstrain.contracts.spec import DataRef, SyntheticData, TextData, TokenData
+from wstrain.contracts.token_file import index_path, token_dtype
 
 
 def _load_tokens(

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from wstrain.scheduler.contracts.access import SAFETENSORS_HEADER_MAX_BYTES, DataAccess
+from wstrain.contracts.access import SAFETENSORS_HEADER_MAX_BYTES, DataAccess
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.models.dense import causal_attention, moe_block, project, rms_norm, swiglu
 from wstrain.worker.models.moe import RouterTotals
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.kernels import fused as fused_ops
 from wstrain.worker.models import moe
 from wstrain.worker.models.rope import apply_rope, rope_tables

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.kernels import fused as fused_ops
 
 

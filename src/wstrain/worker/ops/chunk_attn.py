@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.models.blocks import GradViews, keys_values, out_proj, queries
 from wstrain.worker.models.dense import rms_norm
 from wstrain.worker.ops.document_attn import (

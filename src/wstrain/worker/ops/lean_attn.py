@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.models.blocks import (
     GradViews,
     add_grads,

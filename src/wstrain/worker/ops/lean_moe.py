@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.models.dense import rms_norm, shared_expert, silu_mul, silu_mul_backward
 from wstrain.worker.models.moe import (
     EXPERTS,

@@ -8,7 +8,7 @@ attention costs one chunk of queries at a time and never a score matrix on the d
     out, lse = prefix_attention(q, k[:, :, :s1], v[:, :, :s1], s0)     # (B, H, c, hd), (B, H, c)
     dq = prefix_attention_backward(dout, q, k_s1, v_s1, out, lse, s0, dk_sum, dv_sum)
 
-Kernels (names and rule: scheduler/contracts/hardware.py, which the plan records). On CUDA
+Kernels (names and rule: contracts/hardware.py, which the plan records). On CUDA
 in bf16/fp16 without documents: cuDNN's fused attention twice, the prefix [0, s0) with no
 mask and the diagonal block [s0, s1) with its causal mask (square, so cuDNN's top-left
 alignment is right), merged by log-sum-exp: 575/561 TFLOP/s fwd/bwd on an H100 at 32K;
@@ -27,10 +27,10 @@ from collections.abc import Callable
 
 import torch
 
-from wstrain.scheduler.contracts.calibration import ATTENTION_KEY_BLOCK_TOKENS
-from wstrain.scheduler.contracts.hardware import CUDNN_PREFIX_DIAGONAL as CUDNN
-from wstrain.scheduler.contracts.hardware import FLASH_LOWER_RIGHT as FLASH
-from wstrain.scheduler.contracts.hardware import piece_attention_kernel
+from wstrain.contracts.calibration import ATTENTION_KEY_BLOCK_TOKENS
+from wstrain.contracts.hardware import CUDNN_PREFIX_DIAGONAL as CUDNN
+from wstrain.contracts.hardware import FLASH_LOWER_RIGHT as FLASH
+from wstrain.contracts.hardware import piece_attention_kernel
 from wstrain.worker.models.chunked import (
     chunk_attention_backward,
     chunk_attention_forward,

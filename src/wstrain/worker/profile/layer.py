@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from wstrain.scheduler.contracts.model_dims import ModelDims, resolve_dims
-from wstrain.scheduler.contracts.spec import JobSpec
+from wstrain.contracts.model_dims import ModelDims, resolve_dims
+from wstrain.contracts.spec import JobSpec
 from wstrain.worker.models.blocks import attn_block, ffn_block, leaves
 from wstrain.worker.models.rope import rope_tables
 from wstrain.worker.runtime.working_set.arena import LayerLayout

@@ -2,13 +2,13 @@
 
     python -m wstrain.worker.profile.node [--cache-dir DIR]   # ~2 s on a CPU host, ~10 s on an H200
 
-Measures what the autoconfigurator's cost model needs (scheduler/planning/working_set.py):
+Measures what the autoconfigurator's cost model needs (planning/working_set.py):
 pinned host->device, device->host and both-at-once copy bandwidth (on a CPU host the "link"
 is a host memcpy; on several GPUs also each one's D2H rate while 2..N copy at once), host
 memcpy bandwidth, practical matmul FLOP/s at a decoder layer's GEMM shape, causal-attention
 FLOP/s at several sequence lengths, and CPU AdamW parameter updates per second; it lists
 the GPUs. The agent caches the result per (GPU model, driver, torch) key. On a GPU that the
-chip table (scheduler/contracts/chips.py) does not know, the bf16 matmul rate is also what
+chip table (contracts/chips.py) does not know, the bf16 matmul rate is also what
 a job's MFU divides by.
 """
 

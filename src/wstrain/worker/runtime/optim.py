@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wstrain.scheduler.contracts.spec import OptimizerSpec
+from wstrain.contracts.spec import OptimizerSpec
 
 
 def lr_multiplier(step: int, spec: OptimizerSpec, total_steps: int) -> float:

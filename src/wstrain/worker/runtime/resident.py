@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.scheduler.contracts.spec import OptimizerSpec
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 from wstrain.worker.models.moe import RouterTotals

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from wstrain.scheduler.contracts.metrics import STALL_REASONS
+from wstrain.contracts.metrics import STALL_REASONS
 
 
 @dataclass
@@ -30,7 +30,7 @@ def proc_status_bytes(field: str = "VmRSS") -> int:
 class Telemetry:
     """Running totals a worker reports with each step message (its reports are throttled,
     so counters must be cumulative here, not per reported step). Keys: `name` or
-    `name.label`, as the agent's /metrics exports them (scheduler/agent/exporter.py)."""
+    `name.label`, as the agent's /metrics exports them (agent/exporter.py)."""
 
     stall_s: dict[str, float] = field(default_factory=dict)
     h2d_bytes: int = 0

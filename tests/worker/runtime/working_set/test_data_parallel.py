@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from tests.worker.runtime.test_distributed import GLOBAL_BATCH, OPT, SEQ, Pool
 from tests.worker.runtime.test_distributed import _free_port as free_port
-from wstrain.scheduler.contracts.model_dims import PRESETS, ModelDims
+from wstrain.contracts.model_dims import PRESETS, ModelDims
 from wstrain.worker.io import checkpoint
 from wstrain.worker.models.dense import LlamaModel
 from wstrain.worker.runtime.distributed import ProcessGroup

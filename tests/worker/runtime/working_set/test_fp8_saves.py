@@ -18,7 +18,7 @@ from tests.worker.runtime.working_set.test_schedule import (
     make_runtime,
     reference,
 )
-from wstrain.scheduler.planning.memory_model import saved_bytes
+from wstrain.planning.memory_model import saved_bytes
 from wstrain.worker.runtime.working_set import fp8_saves
 
 

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wstrain.scheduler.planning.memory_model import overlap_stored_bytes
+from wstrain.planning.memory_model import overlap_stored_bytes
 from wstrain.worker.runtime.working_set.arena import HostArena
 from wstrain.worker.runtime.working_set.host_store import HostActivationStore
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wstrain.scheduler.contracts.errors import BudgetExceeded
+from wstrain.contracts.errors import BudgetExceeded
 from wstrain.worker.runtime.working_set.arena import HostArena
 from wstrain.worker.runtime.working_set.node_share import NodeShare, UpdateCounters
 

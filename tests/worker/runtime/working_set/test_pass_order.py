@@ -25,7 +25,7 @@ from tests.worker.runtime.working_set.test_schedule import (
     reference,
 )
 from tests.worker.runtime.working_set.test_sequence_chunks import DocBatches
-from wstrain.scheduler.planning.memory_model import overlap_live_bytes, saved_bytes
+from wstrain.planning.memory_model import overlap_live_bytes, saved_bytes
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.host_store import HostActivationStore
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime

@@ -22,9 +22,9 @@ from tests.worker.hf_models import (
     hub_state,
     perturb_norms,
 )
-from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.scheduler.contracts.spec import JobSpec, OptimizerSpec
-from wstrain.scheduler.planning.memory_model import saved_bytes
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.contracts.spec import JobSpec, OptimizerSpec
+from wstrain.planning.memory_model import saved_bytes
 from wstrain.worker.runtime.optim import make_adamw
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
@@ -137,7 +137,7 @@ def test_every_level_and_window_matches_transformers(level: int, window: int) ->
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_home_sets_take_what_the_planner_counts(level: int) -> None:
     """What a round sends home is, byte for byte, what the planner counts for the host
-    budget (scheduler/planning/cost_model.py saved_bytes), so the arena holds no more than it
+    budget (planning/cost_model.py saved_bytes), so the arena holds no more than it
     planned (working_set/saved_acts.py packs the sets within a chunk of that)."""
     ref, data = reference(DIMS), Batches(DIMS.vocab_size)
     levels = tuple((level,) * 2 for _ in range(DIMS.num_layers))

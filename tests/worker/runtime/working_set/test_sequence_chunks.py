@@ -27,9 +27,9 @@ from tests.worker.runtime.working_set.test_schedule import (
     reference,
     rel,
 )
-from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.scheduler.contracts.spec import OptimizerSpec
-from wstrain.scheduler.planning.memory_model import saved_bytes
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.contracts.spec import OptimizerSpec
+from wstrain.planning.memory_model import saved_bytes
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.saved_acts import (
     BackwardPrefetch,

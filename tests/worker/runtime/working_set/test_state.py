@@ -1,5 +1,5 @@
 """working_set/state.py HostState: the host arena holds exactly what the planner counts for the
-training state (scheduler/planning/cost_model.py host_state_bytes), in every precision, and never
+training state (planning/cost_model.py host_state_bytes), in every precision, and never
 more than its limit (the host budget); mixed precision keeps bf16 tiles for the link beside
 an fp32 master and fp32 moments.
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wstrain.scheduler.contracts.errors import BudgetExceeded
-from wstrain.scheduler.contracts.model_dims import PRESETS
-from wstrain.scheduler.planning.memory_model import host_state_bytes
+from wstrain.contracts.errors import BudgetExceeded
+from wstrain.contracts.model_dims import PRESETS
+from wstrain.planning.memory_model import host_state_bytes
 from wstrain.worker.runtime.working_set.state import HostState
 
 

@@ -19,9 +19,9 @@ from typing import Protocol
 
 import torch
 
-from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.errors import BudgetExceeded
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.calibration import GIB
+from wstrain.contracts.errors import BudgetExceeded
+from wstrain.contracts.model_dims import ModelDims
 
 log = logging.getLogger(__name__)
 

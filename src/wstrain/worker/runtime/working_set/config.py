@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wstrain.scheduler.contracts.calibration import WRITE_BUFFER_BYTES
+from wstrain.contracts.calibration import WRITE_BUFFER_BYTES
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch.optim.adamw import adamw as functional_adamw
 
-from wstrain.scheduler.contracts.spec import OptimizerSpec
+from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.runtime.optim import StepUpdate
 from wstrain.worker.runtime.working_set.rings import Slot, Streams
 from wstrain.worker.runtime.working_set.state import HostState

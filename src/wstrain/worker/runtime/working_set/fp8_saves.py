@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wstrain.scheduler.contracts.calibration import FP8_BLOCK_ELEMENTS
+from wstrain.contracts.calibration import FP8_BLOCK_ELEMENTS
 from wstrain.worker.kernels import fp8_blocks
 from wstrain.worker.kernels.fused import available
 from wstrain.worker.runtime.working_set.host_store import HostRoom

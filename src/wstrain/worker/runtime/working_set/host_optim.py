@@ -23,7 +23,7 @@ import threading
 
 import torch
 
-from wstrain.scheduler.contracts.spec import OptimizerSpec
+from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.runtime.optim import StepUpdate
 from wstrain.worker.runtime.working_set.state import HostState
 

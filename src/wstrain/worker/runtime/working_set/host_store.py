@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wstrain.scheduler.contracts.calibration import ACTIVATION_CHUNK_BYTES, WRITE_BUFFER_BYTES
+from wstrain.contracts.calibration import ACTIVATION_CHUNK_BYTES, WRITE_BUFFER_BYTES
 from wstrain.worker.runtime.working_set.arena import HostArena
 from wstrain.worker.runtime.working_set.rings import Streams
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from wstrain.scheduler.contracts.calibration import GIB
-from wstrain.scheduler.contracts.errors import BudgetExceeded
+from wstrain.contracts.calibration import GIB
+from wstrain.contracts.errors import BudgetExceeded
 from wstrain.worker.runtime.distributed import ProcessGroup
 from wstrain.worker.runtime.working_set.arena import ALIGN_ELEMS, SharedRegions
 

@@ -47,9 +47,9 @@ from pathlib import Path
 
 import torch
 
-from wstrain.scheduler.contracts.calibration import LEVELS
-from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.scheduler.contracts.spec import OptimizerSpec
+from wstrain.contracts.calibration import LEVELS
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.models.moe import RouterTotals
 from wstrain.worker.models.rope import rope_tables
 from wstrain.worker.runtime.base import Batches, HostMemory

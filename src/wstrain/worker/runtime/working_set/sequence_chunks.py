@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wstrain.scheduler.contracts.model_dims import ModelDims
+from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.models.blocks import GradViews, ffn_block, out_proj
 from wstrain.worker.ops.chunk_attn import ContextWindow, chunk_attn_backward, chunk_attn_forward
 from wstrain.worker.ops.document_attn import Runs

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from wstrain.scheduler.contracts.access import DataAccess
-from wstrain.scheduler.contracts.model_dims import ModelDims
-from wstrain.scheduler.contracts.spec import OptimizerSpec
+from wstrain.contracts.access import DataAccess
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.runtime.working_set.arena import HostArena, LayerLayout
 from wstrain.worker.runtime.working_set.node_share import NodeShare, UpdateCounters, shard_span

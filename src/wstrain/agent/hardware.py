@@ -1,0 +1,105 @@
+"""What the agent learns of its host: its memory, its measured profile (GPUs, matmul and
+copy rates, attention at several lengths; run as `python -m wstrain.worker.profile.node` in
+a child process, since the agent never imports torch) and, per job on a GPU, one real
+decoder layer of the job's model timed there (ProTrain's refinement), both cached under the
+state dir.
+
+Used by agent/agent.py and launch.py (layer times).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+from wstrain.contracts.hardware import Device, LayerTimes
+from wstrain.contracts.jobs import GPUInfo
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning.layouts import PIECES_FROM_TOKENS
+
+log = logging.getLogger(__name__)
+
+
+class Measured(NamedTuple):
+    device: Device
+    gpus: list[GPUInfo]
+    profile: dict[str, float]
+    key: str  # the profile's cache key: GPU, driver, torch
+    cached: bool  # read from the state dir's cache, not measured now
+
+
+def host_memory() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) of /proc/meminfo, in bytes."""
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            info[key] = int(value.split()[0]) * 1024
+    return info["MemTotal"], info["MemAvailable"]
+
+
+async def measure_node(state_dir: Path, use_cache: bool) -> Measured:
+    cache = ["--cache-dir", str(state_dir / "profiles")]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "wstrain.worker.profile.node",
+        *(cache if use_cache else []),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"hardware profiling failed with exit {proc.returncode}")
+    measured = json.loads(out)
+    return Measured(
+        measured["device"],
+        [GPUInfo(**g) for g in measured["gpus"]],
+        measured["profile"],
+        measured["key"],
+        bool(measured.get("cached")),
+    )
+
+
+async def layer_times(
+    state_dir: Path, profile_key: str, spec: JobSpec, dims: ModelDims, jdir: Path, gpu: int
+) -> LayerTimes | None:
+    """The job's layer timed on GPU `gpu`, cached per model shape, sequence length,
+    precision and hardware; None on failure (the planner then plans from FLOPs), and None
+    for a sequence long enough to be planned in pieces: a whole layer at that length is
+    what may not fit beside the GPU's other jobs (and takes seconds a pass at 512K)."""
+    if spec.seq_len >= PIECES_FROM_TOKENS:
+        return None
+    key = hashlib.sha256(
+        json.dumps([dataclasses.asdict(dims), spec.seq_len, spec.precision, profile_key]).encode()
+    )
+    cache = state_dir / "profiles" / "layers" / f"{key.hexdigest()[:16]}.json"
+    if not cache.exists():
+        # the dims the agent read through the data access, not the model's path: the timing
+        # process reads no file a user named
+        (jdir / "dims.json").write_text(json.dumps(dataclasses.asdict(dims)))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "wstrain.worker.profile.layer",
+            "--spec",
+            str(jdir / "spec.json"),
+            "--dims",
+            str(jdir / "dims.json"),
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)},
+        )
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            log.warning("layer profile failed (exit %s); planning from FLOPs", proc.returncode)
+            return None
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_bytes(out)
+    return LayerTimes.from_json(json.loads(cache.read_text()))

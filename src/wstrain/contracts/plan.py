@@ -1,0 +1,104 @@
+"""What the autoconfigurator decides for a job (planning/): Plan, its working-set
+part and its predictions, and the smallest budgets a refused job would need."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    Field,
+)
+
+from wstrain.contracts.spec import Runtime
+
+# ---------------------------------------------------------------- plan
+
+
+class Predicted(BaseModel):
+    step_seconds: float
+    peak_device_bytes: int
+    peak_host_bytes: int
+    # The step's breakdown (they sum to step_seconds): compute at the node's profiled rates,
+    # recomputation in backward, transfers not hidden behind compute, exposed optimizer,
+    # and with several ranks the gradients' all-reduce.
+    compute_seconds: float | None = None
+    recompute_seconds: float | None = None
+    exposed_transfer_seconds: float | None = None
+    optimizer_seconds: float | None = None
+    # data parallel (Plan.ranks > 1): the gradients' all-reduce after each rank's step
+    allreduce_seconds: float | None = None
+
+
+class WorkingSetPlan(BaseModel):
+    """What the working-set runtime needs beyond micro_batch/rounds/window."""
+
+    chunk: int = Field(description="sequences per chunk")
+    r_param: int
+    r_grad: int
+    levels: list[list[int]] = Field(
+        description="saved-activation level per [layer][unit] (a unit: a sequence, or a piece "
+        "of one with seq_chunk)"
+    )
+    loss_tokens: int
+    optimizer: Literal["host", "device", "split"] = Field(
+        default="host",
+        description="deferred into the next step's first forward; host: CPU "
+        "AdamW in a thread; device: AdamW on the device over streamed moments; split: the "
+        "first device_layers layers and the embedding on the device, the others and the "
+        "head on the host, both at once",
+    )
+    device_layers: int = Field(
+        default=0, ge=0, description="split: the leading layers whose update runs on the device"
+    )
+    lead_rounds: int = Field(
+        default=1,
+        ge=1,
+        description="the step's first pass carries the sequences of this "
+        "many rounds: each layer's weights then serve more compute while the deferred "
+        "optimizer update of the last step arrives layer by layer",
+    )
+    seq_chunk: int = Field(
+        default=0,
+        ge=0,
+        description="tokens per piece of a sequence (long context: a layer runs "
+        "each sequence a piece at a time against a window of its keys and values, and levels "
+        "are per [layer][sequence x piece]); 0 = whole sequences",
+    )
+    attention_kernel: str = Field(
+        default="", description="with seq_chunk: the kernel a piece's attention runs"
+    )
+    overlap: bool = Field(
+        default=False,
+        description="cross-round overlap: every pass after the step's first runs its forward "
+        "layer by layer beside the previous pass's backward",
+    )
+    first_levels: list[list[int]] = Field(
+        default_factory=list,
+        description="the step's first pass's levels per [layer][unit] where they differ from "
+        "levels (with overlap: the first pass has no backward beside it); [] = levels",
+    )
+
+
+class Plan(BaseModel):
+    runtime: Runtime = "resident"
+    device: Literal["cpu", "cuda"]
+    micro_batch: int
+    rounds: int
+    ranks: int = Field(
+        default=1,
+        ge=1,
+        description="processes a node, one per GPU; rounds and micro_batch are per rank",
+    )
+    nodes: int = Field(default=1, ge=1, description="nodes, each running `ranks` ranks")
+    window: int = Field(description="layers resident on the device at once")
+    layers: int
+    params: int
+    predicted: Predicted
+    reasons: dict[str, str]
+    working_set: WorkingSetPlan | None = None
+
+
+class MinBudget(BaseModel):
+    device_gib: float
+    host_gib: float

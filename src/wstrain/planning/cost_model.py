@@ -1,0 +1,401 @@
+"""The working-set cost model's time: for one candidate layout, the step time with its
+breakdown (compute, recompute, exposed transfer, exposed optimizer), from the model's
+dimensions and the node's measured profile (contracts/hardware.py); the bytes a
+layout holds are memory_model.py's.
+
+Time terms follow AdaWS §3.2: a layer's forward takes 2·S·(ψ_active + S·d_attn)/P (what a
+token computes with), its weights ψ_total (what crosses PCIe); its backward twice that
+(flash attention 2.5x), recomputation adds a share of a forward per (layer, chunk) by
+saved-activation level, and weights, gradients and saved sets crossing PCIe are exposed only
+where they outlast the compute they overlap.
+
+    cost = step_time(dims, spec, layout, levels, window, node)   # StepTime
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from wstrain.contracts.calibration import (
+    ATTENTION_KEY_BLOCK_TOKENS,
+    ELEMENT_BYTES,
+    LEVELS,
+    LINK_SHARE,
+    MIXED_UPDATE_SLOWDOWN,
+    MLP_BACKWARD_SHARE,
+    MLP_RECOMPUTED_SHARE,
+    PAIRED_LINK_SHARE,
+    PIECE_SUMS_BYTES_PER_S,
+    RUNTIME_OVERHEAD,
+    WRITE_BUFFER_BYTES,
+)
+from wstrain.contracts.hardware import NodeProfile
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning.levels import LayerCost, write_buffer_stall_s
+from wstrain.planning.memory_model import (
+    Layout,
+    saved_bytes,
+)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    recompute_s: float
+    exposed_transfer_s: float
+    optimizer_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.recompute_s + self.exposed_transfer_s + self.optimizer_s
+
+
+# ------------------------------------------------------------------ time
+
+
+def adaws_min_micro_batch(
+    psi_total: int,
+    psi_active: int,
+    seq_len: int,
+    d_attn: int,
+    param_bytes: int,
+    grad_bytes: int,
+    flops: float,
+    link_bytes_per_s: float,
+) -> float:
+    """AdaWS §3.2.2: X >= (|τp|+|τg|)·ψ_total·P / (2·S·(ψ_active + S·d_attn)·BW), so a
+    layer's forward outlasts streaming its weights in and its gradients out."""
+    return (
+        (param_bytes + grad_bytes)
+        * psi_total
+        * flops
+        / (2 * seq_len * (psi_active + seq_len * d_attn) * link_bytes_per_s)
+    )
+
+
+def attention_span(seq_len: int, lay: Layout | None, node: NodeProfile) -> int:
+    """Tokens a query's causal attention spans, as the runtime runs it: a long sequence's
+    pieces over packed documents attend within each document (node.document_span), a
+    whole sequence under document_mask through a dense mask over all of it."""
+    span = node.document_span
+    return span if lay is not None and lay.seq_chunk and 0 < span < seq_len else seq_len
+
+
+def attention_call(seq_len: int, lay: Layout | None, node: NodeProfile) -> int:
+    """Tokens of one attention kernel call where packed documents run in pieces: a
+    document's part of a piece, at most min(piece, document) queries and as many keys in
+    each of its prefix and diagonal calls (ops/document_attn.py), so it runs at the profiled
+    rate that long (128K of 8K documents in 4K pieces on an H100: 14% under the measured
+    step at the 8K rate, 7% under at the 4K one; bench/RESULTS.md). 0 elsewhere: the span's
+    rate (a plain piece's prefix call takes the whole prefix's keys)."""
+    span = attention_span(seq_len, lay, node)
+    return min(span, lay.seq_chunk) if lay is not None and span < seq_len else 0
+
+
+def _core_attention_s(
+    dims: ModelDims, seq_len: int, span: int, node: NodeProfile, call: int = 0
+) -> float:
+    """Causal attention forward of one sequence whose queries span `span` tokens (their
+    documents'), at the profiled rate of `call` tokens (attention_call; 0: `span`)."""
+    flops = 2 * seq_len * span * dims.num_heads * dims.head_dim
+    return flops / node.attention_flops(call or span)
+
+
+def recompute_shares(
+    dims: ModelDims, seq_len: int, node: NodeProfile, span: int = 0, call: int = 0
+) -> tuple[float, ...]:
+    """Share of a layer's forward each level recomputes in backward: 0 the attention block
+    and the MLP's gate/up, 1 the output projection (with q/k norms also the QKV projections)
+    and gate/up, 2 the attention block, 3 the output projection. The blocks' times are
+    measured where the node carries them; the split inside attention is by FLOPs at the
+    profiled GEMM and attention rates. `span`, `call`: attention_span (0: the whole
+    sequence) and attention_call."""
+    S, D, hd = seq_len, dims.hidden_size, dims.head_dim
+    span = span or S
+    qkv_s = 2 * S * D * (dims.num_heads + 2 * dims.num_kv_heads) * hd / node.matmul_flops
+    o_s = 2 * S * D * dims.num_heads * hd / node.matmul_flops
+    core_s = _core_attention_s(dims, S, span, node, call)
+    attn_s = qkv_s + o_s + core_s
+    mlp_s = max(0.0, 2 * S * dims.layer_params_active / node.matmul_flops - qkv_s - o_s)
+    lt = node.layer
+    if lt is not None and lt.seq_len == seq_len and span == S:
+        attn_s, mlp_s = lt.attention_forward_s, lt.mlp_forward_s
+    o_share = (o_s + (qkv_s if dims.qk_norm else 0.0)) / (qkv_s + o_s + core_s)
+    fwd_s, up_s = attn_s + mlp_s, MLP_RECOMPUTED_SHARE * mlp_s
+    return (
+        (attn_s + up_s) / fwd_s,
+        (o_share * attn_s + up_s) / fwd_s,
+        attn_s / fwd_s,
+        o_share * attn_s / fwd_s,
+    )
+
+
+def chunk_times(
+    dims: ModelDims, seq_len: int, node: NodeProfile, span: int = 0, call: int = 0
+) -> tuple[float, float]:
+    """(forward, backward) seconds of one sequence through one decoder layer: measured when
+    the node carries the job's layer times, else from FLOPs at the profiled rates. From
+    FLOPs, the runtime's overhead (hooks, launch gaps, elementwise work) goes on the GEMM
+    part only: the attention kernel runs as profiled (long context, H100, 32K-512K: with
+    the overhead on attention too, 64K-512K predicted 12-28% over the measured step;
+    without, -12% at 32K and -2% to +8% from 64K; bench/RESULTS.md). `span`, `call`:
+    attention_span (0: the whole sequence) and attention_call."""
+    k = RUNTIME_OVERHEAD
+    span = span or seq_len
+    if node.layer is not None and node.layer.seq_len == seq_len and span == seq_len:
+        return k * node.layer.forward_s, k * node.layer.backward_s
+    gemm = 2 * seq_len * dims.layer_params_active / node.matmul_flops  # MoE: Ψ_active
+    attn_s = _core_attention_s(dims, seq_len, span, node, call)
+    return k * gemm + attn_s, k * 2 * gemm + 2.5 * attn_s  # flash bwd: 5x vs 4x FLOPs
+
+
+def piece_spans(seq_len: int, seq_chunk: int) -> list[tuple[int, int]]:
+    """Each piece's tokens [s0, s1) of a sequence, as the runtime cuts it (the last may be
+    shorter)."""
+    return [(s0, min(seq_len, s0 + seq_chunk)) for s0 in range(0, seq_len, seq_chunk)]
+
+
+def piece_sums_s(dims: ModelDims, seq_len: int, lay: Layout, span: int) -> float:
+    """Seconds one sequence's backward through one layer adds its pieces' attention
+    gradients into fp32 sums (worker/ops/prefix_attn.py): a piece [s0, s1) adds dK and dV of
+    its keys (a bf16 read, an fp32 read and write: 20 bytes a K/V channel of a key) and dQ
+    of each key block's call (10 bytes a query channel); packed documents' pieces add their
+    documents' keys only. 0 for whole sequences."""
+    if lay.pieces == 1:
+        return 0.0
+    kv, q = dims.num_kv_heads * dims.head_dim, dims.num_heads * dims.head_dim
+    total = 0
+    for s0, s1 in piece_spans(seq_len, lay.seq_chunk):
+        keys = s1 if span >= seq_len else min(s1, s1 - s0 + span)
+        calls = 1 + -(-(keys - (s1 - s0)) // ATTENTION_KEY_BLOCK_TOKENS)
+        total += 20 * keys * kv + 10 * calls * (s1 - s0) * q
+    return total / PIECE_SUMS_BYTES_PER_S
+
+
+def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -> LayerCost:
+    """One home layer as the levels DP sees it (planning/levels.py), per round."""
+    span, call = attention_span(spec.seq_len, lay, node), attention_call(spec.seq_len, lay, node)
+    fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node, span, call)
+    fwd_s /= lay.pieces  # a piece's share (causal attention: the same total as whole)
+    saved = [saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
+    weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
+    # with overlap (a pass after the step's first): each forward chunk runs beside a chunk of
+    # the previous pass's backward, whose sets the link drains in too, less that backward's
+    # weight gradients going home; inbound also brings the forward's weights, during both.
+    # Everything coming in then shares the link with the forward's sets going out: it
+    # comes in at the planned share of the two-way rate, as they go out (at the one-way
+    # rate the H200's overlap rows stalled 0.9-2.7 s a step where 0.13-0.65 s was planned,
+    # bench/RESULTS.md)
+    paired = lay.overlap and lay.pieces == 1
+    two_way_bytes_per_s = (PAIRED_LINK_SHARE if paired else LINK_SHARE) * node.both_bytes_per_s
+    inbound_bytes_per_s = two_way_bytes_per_s if paired else node.h2d_bytes_per_s
+    weights_in_bytes_per_s = two_way_bytes_per_s if paired else node.both_bytes_per_s
+    return LayerCost(
+        chunks=lay.units,
+        compute_s=fwd_s,
+        transfer_s=tuple(b / two_way_bytes_per_s for b in saved),
+        value_s=tuple(
+            fwd_s * (1.0 - r) for r in recompute_shares(dims, spec.seq_len, node, span, call)
+        ),
+        cap_s=link_seconds(WRITE_BUFFER_BYTES, node),
+        back_s=tuple(b / inbound_bytes_per_s for b in saved),
+        prefetch_cap_s=WRITE_BUFFER_BYTES / inbound_bytes_per_s,
+        inbound_s=(2 + paired) * weights / weights_in_bytes_per_s,
+        busy_s=lay.micro_batch * (bwd_s + paired * fwd_s),
+        unit_value_s=piece_values(dims, spec, lay, node),
+        drain_s=paired * max(0.0, bwd_s - link_seconds(weights, node) / lay.units),
+    )
+
+
+def piece_values(
+    dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile
+) -> tuple[tuple[float, ...], ...]:
+    """Per (chunk, piece) unit and level, the value beyond a piece's average of keeping its
+    attention output (levels 1 and 3): a piece [s0, s1) of a causal sequence S long costs
+    (s1² - s0²) / S² of its attention forward, not 1/pieces. () for whole sequences, and for
+    packed documents, whose attention stays within each document wherever the piece sits."""
+    S = spec.seq_len
+    if lay.pieces == 1 or attention_span(S, lay, node) < S:
+        return ()
+    core_s = _core_attention_s(dims, S, S, node)
+    rows = []
+    for s0, s1 in piece_spans(S, lay.seq_chunk):
+        extra = core_s * ((s1 * s1 - s0 * s0) / (S * S) - 1 / lay.pieces)
+        rows.append(tuple(extra if lv in (1, 3) else 0.0 for lv in range(LEVELS)))
+    return tuple(rows) * lay.micro_batch  # units: a chunk's pieces, chunk after chunk
+
+
+def step_time(
+    dims: ModelDims,
+    spec: JobSpec,
+    lay: Layout,
+    levels: list[list[int]],
+    window: int,
+    node: NodeProfile,
+    device: str,
+    first_levels: list[list[int]] | None = None,
+) -> StepTime:
+    """Step time of a plan; `levels=[]` gives the part that does not depend on levels.
+    `first_levels`: the step's first pass's, where they differ (with overlap)."""
+    L, X, S = dims.num_layers, lay.micro_batch, spec.seq_len
+    e = ELEMENT_BYTES[spec.precision]
+    rounds = spec.global_batch // X
+    fwd_s, bwd_s = chunk_times(
+        dims, S, node, attention_span(S, lay, node), attention_call(S, lay, node)
+    )
+    head_s = 6 * S * dims.embedding_params / node.matmul_flops
+    # long context: backward first puts each layer's K and V back in the window from the
+    # inputs (the norm and the K/V projections again)
+    rebuild_s = (lay.pieces > 1) * 4 * S * dims.hidden_size * dims.num_kv_heads * dims.head_dim
+    sums_s = piece_sums_s(dims, S, lay, attention_span(S, lay, node))
+    compute = rounds * X * (L * (fwd_s + bwd_s + rebuild_s / node.matmul_flops + sums_s) + head_s)
+    weights = dims.layer_params * e
+    # forward: the next layer's weights must arrive while this one computes
+    exposed = L * max(0.0, weights / node.h2d_bytes_per_s - X * fwd_s)
+    # Each layer's gradients going home show once a step (measured: one transfer per layer
+    # on the H200). With one gradient slot, every later round also sends k home and fetches
+    # k-1's accumulated gradients in series, overlapped with the first chunk's MLP backward
+    # (the slot is taken at the layer's first accumulate).
+    grads_s = L * weights / node.d2h_bytes_per_s
+    if lay.r_grad == 1:
+        in_series = weights / node.d2h_bytes_per_s + weights / node.h2d_bytes_per_s
+        grads_s += (rounds - 1) * L * max(0.0, in_series - MLP_BACKWARD_SHARE * bwd_s)
+    first = first_levels or levels
+    if lay.overlap:  # the first pass alone, the later ones each beside a backward
+        lead = lay.lead_rounds
+        alone = layer_cost(dims, spec, replace(lay, overlap=False), node)
+        rec_f, exp_f = _round_cost(alone, first, window)
+        rec_l, exp_l = _round_cost(layer_cost(dims, spec, lay, node), levels, window)
+        recompute = lead * rec_f + (rounds - lead) * rec_l
+        exposed = rounds * exposed + lead * exp_f + (rounds - lead) * exp_l
+    else:
+        rec, exp = _round_cost(layer_cost(dims, spec, lay, node), levels, window)
+        recompute, exposed = rounds * rec, rounds * (exposed + exp)
+    sent = first_forward_sent(dims, spec, lay, first[: L - window])
+    optimizer = optimizer_s(dims, spec, lay, sent, node, device)
+    return StepTime(compute, recompute, exposed + grads_s, optimizer)
+
+
+def _round_cost(lc: LayerCost, levels: list[list[int]], window: int) -> tuple[float, float]:
+    """(recomputation, exposed transfer) of one round at `levels` ([layer][unit], the last
+    `window` layers on the device)."""
+    L = len(levels)
+    home, in_window = levels[: L - window], levels[L - window :]
+    recompute = exposed = 0.0
+    if home:
+        rec, exp = lc.row_costs(np.asarray(home))
+        recompute, exposed = float(rec.sum()), float(exp.sum())
+    for row in in_window:
+        rec_w = sum(lc.compute_s - lc.value_of(c, lv) for c, lv in enumerate(row))
+        recompute += rec_w
+        exposed += float(lc.inbound_exposed(rec_w))
+    # hand-made levels may overrun the link: compute waits on the write buffer
+    exposed += write_buffer_stall_s([lc] * len(home), home)
+    return recompute, exposed
+
+
+def first_forward_sent(
+    dims: ModelDims, spec: JobSpec, lay: Layout, home: list[list[int]]
+) -> list[int]:
+    """Saved bytes each layer sends home in the step's first pass (its lead rounds' worth;
+    the window's layers, after the home ones, send none)."""
+    per_level = [saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
+    sent = [lay.lead_rounds * sum(per_level[lv] for lv in row) for row in home]
+    return sent + [0] * (dims.num_layers - len(home))
+
+
+def optimizer_s(
+    dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int], node: NodeProfile, device: str
+) -> float:
+    """What last step's deferred AdamW adds to this step (working_set/schedule.py). The device
+    part: layer k's gradient and moments come in and its weights and moments go home while
+    its first forward computes, beside the saved sets `sent[k]` it sends home; the embedding
+    (and head, if all is on the device) update right after backward with their moments
+    streamed. A split layout with no device_layers yet takes the best split for `sent`."""
+    if lay.optimizer == "split":
+        times = _split_times(dims, spec, lay, sent, node, device)
+        return times[lay.device_layers - 1] if lay.device_layers else min(times)
+    layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
+    rate = node.optimizer_params_per_s
+    if spec.precision == "mixed":  # the profile times bf16 state
+        rate /= MIXED_UPDATE_SLOWDOWN
+    if lay.optimizer == "host" or device != "cuda":  # a CPU worker's "device" is the host
+        return _deferred_s(dims, layer_fwd_s, rate, [], 0.0)
+    return _deferred_s(dims, layer_fwd_s, rate, device_s, 2 * staged_s)
+
+
+def split_layers(
+    dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int], node: NodeProfile, device: str
+) -> int:
+    """The number of leading layers a split layout updates on the device, fastest first."""
+    times = _split_times(dims, spec, lay, sent, node, device)
+    return 1 + times.index(min(times))
+
+
+def _split_times(
+    dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int], node: NodeProfile, device: str
+) -> list[float]:
+    """optimizer_s of a split with 1, 2, ... L-1 device layers (the embedding on the device,
+    the head on the host)."""
+    layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
+    rate = node.optimizer_params_per_s
+    if device != "cuda":  # a CPU worker's "device" is the host
+        return [_deferred_s(dims, layer_fwd_s, rate, [], 0.0)] * (dims.num_layers - 1)
+    return [
+        _deferred_s(dims, layer_fwd_s, rate, device_s[:k], staged_s)
+        for k in range(1, dims.num_layers)
+    ]
+
+
+def _device_parts(
+    dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int], node: NodeProfile
+) -> tuple[float, list[float], float]:
+    """(one layer's first-pass forward, each layer's exposure if the device updates it, the
+    staged update of one resident group)."""
+    span, call = attention_span(spec.seq_len, lay, node), attention_call(spec.seq_len, lay, node)
+    one_s = chunk_times(dims, spec.seq_len, node, span, call)[0]
+    layer_fwd_s = lay.lead_rounds * lay.micro_batch * one_s
+    e = ELEMENT_BYTES[spec.precision]
+    weights = dims.layer_params * e
+    # the saved sets at the link share planned for them (measured at 32 layers: ~23 ms a
+    # device layer exposed where the whole link would give 15)
+    device_s = [
+        max(0.0, 3 * weights / node.both_bytes_per_s + link_seconds(b, node) - layer_fwd_s)
+        for b in sent
+    ]
+    if lay.r_grad == 1:  # each layer's gradient for its update loads only once the
+        # previous layer's slot is free: no prefetch (measured: OLMoE at 20 GiB, +0.5 s)
+        device_s = [s + weights / node.h2d_bytes_per_s for s in device_s]
+    staged_s = dims.embedding_params * 4 * e / node.both_bytes_per_s  # in: m, v; out: w, m, v
+    return layer_fwd_s, device_s, staged_s
+
+
+def _deferred_s(
+    dims: ModelDims, layer_fwd_s: float, params_per_s: float, device_s: list[float], staged_s: float
+) -> float:
+    """The first forward's delay (`layer_fwd_s` a layer): the device updates the first
+    len(device_s) layers as they arrive (each exposing device_s[k]), after `staged_s` for its
+    resident groups; a host thread at `params_per_s` updates the others (starting with the
+    embedding when it has them all) and the head last, and layer k's forward waits for
+    layer k's update."""
+    L, k = dims.num_layers, len(device_s)
+    layer_s = dims.layer_params / params_per_s
+    embed_s = dims.embedding_params / params_per_s
+    updated = forward_end = embed_s if k == 0 else 0.0  # the host thread's clock
+    forward_end = max(forward_end, staged_s)  # nothing computes before the embedding
+    for j in range(L):
+        if j < k:
+            forward_end += device_s[j] + layer_fwd_s
+        else:
+            updated += layer_s
+            forward_end = max(forward_end, updated) + layer_fwd_s
+    head_ready = forward_end if k == L else max(forward_end, updated + embed_s)
+    return head_ready - L * layer_fwd_s
+
+
+def link_seconds(nbytes: int, node: NodeProfile) -> float:
+    """Time a saved set takes home at the share of the link planned for activations."""
+    return nbytes / (LINK_SHARE * node.both_bytes_per_s)

@@ -1,0 +1,119 @@
+"""The candidates the working-set autoconfigurator (planning/working_set.py) searches: the
+micro-batch tiers from AdaWS's bound, and per micro-batch the layouts — ring sizes, where
+AdamW runs, the LM-head block, the lead pass, the sequence pieces and the cross-round overlap.
+
+    tiers, bound = micro_batches(spec, dims, node)
+    for lay in layouts(spec, dims, tiers[0], pieces=True): ...
+
+Tested through the planner: pytest tests/planning/test_autoconfig.py.
+"""
+
+from __future__ import annotations
+
+from wstrain.contracts.calibration import ELEMENT_BYTES
+from wstrain.contracts.hardware import NodeProfile
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning import cost_model as cm
+from wstrain.planning import memory_model as mm
+
+MAX_MICRO_BATCH = 32  # sequences per round the search considers
+MICRO_BATCHES_TRIED = 4  # divisors from the AdaWS bound up
+# Piece lengths tried for long context (seq_chunk), beside whole sequences: from 4K, where a
+# piece's GEMMs still run near the matmul peak, to 16K; only lengths that divide seq_len.
+SEQ_CHUNKS = (4096, 8192, 16384)
+# Below this many tokens pieces are planned only when whole sequences fit no budget: at 32K
+# on an H100 (24 GiB, 32 layers) whole sequences ran 6.16 K tok/s and pieces of 4K 5.64 K,
+# while the cost model, which has no per-piece overhead, predicted pieces 12% too fast.
+PIECES_FROM_TOKENS = 65536
+
+
+def micro_batches(
+    spec: JobSpec, dims: ModelDims, node: NodeProfile
+) -> tuple[list[list[int]], float]:
+    """Micro-batch candidates in tiers, and the AdaWS bound: divisors of the global batch at
+    or above the bound first (the cost model picks among them), then, only if none fits the
+    budget (or the global batch is below the bound), the smaller ones (AdaWS's guards: at
+    least one sequence, and fewer tokens where memory demands it)."""
+    e = ELEMENT_BYTES[spec.precision]
+    bound = cm.adaws_min_micro_batch(
+        dims.layer_params,
+        dims.layer_params_active,
+        spec.seq_len,
+        dims.num_heads * dims.head_dim,
+        e,
+        e,
+        node.matmul_flops,
+        node.h2d_bytes_per_s,
+    )
+    if spec.overrides.micro_batch:
+        return [[spec.overrides.micro_batch]], bound
+    divisors = [
+        d
+        for d in range(1, min(spec.global_batch, MAX_MICRO_BATCH) + 1)
+        if spec.global_batch % d == 0
+    ]
+    above = [d for d in divisors if d >= bound - 1e-9][:MICRO_BATCHES_TRIED]
+    below = [d for d in reversed(divisors) if d < bound - 1e-9]
+    return [tier for tier in (above, below) if tier], bound
+
+
+def layouts(
+    spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool, device: str = "cuda"
+) -> list[mm.Layout]:
+    o = spec.overrides
+    rings = (
+        [(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad) else [(3, 2), (2, 2), (2, 1)]
+    )
+    # split: the first layers on the device, the rest on the host (working_set._finish picks
+    # how many); data parallel ranks update their node's one shared host copy on the host
+    # (planning/ranks.py), on one node or several
+    optimizers: list[mm.OptimizerPlacement] = (
+        [o.optimizer]
+        if o.optimizer
+        else ["host"]
+        if spec.precision == "mixed" or spec.gpus * spec.nodes > 1
+        else ["device", "host", "split"]
+        if dims.num_layers > 1
+        else ["device", "host"]
+    )
+    # a lead pass of two rounds for dense models (the MoE path is not tested under one)
+    leads = [o.lead_rounds] if o.lead_rounds else [1, 2] if not dims.is_moe else [1]
+    # cross-round overlap (working_set/pass_order.py) for dense models' whole sequences,
+    # where a round follows the first pass. Unless the job pins it, planned beside per round
+    # for fp8 saved sets on one CUDA GPU: there the H200 rows ran it faster (0.926x resident
+    # at 20 GiB, 0.890x per round). Lossless sets fill the link both ways and ran slower
+    # (0.824x and 0.857x against 0.875x) than the cost model's 0.5-6% gain: on request only,
+    # as on several GPUs (tested with gloo, not measured) (bench/RESULTS.md, issue 26)
+    chosen = spec.gpus * spec.nodes == 1 and device == "cuda" and spec.activation_precision == "fp8"
+    overlaps = [o.overlap] if o.overlap is not None else [False, True] if chosen else [False]
+    overlaps = [v for v in overlaps if not (v and dims.is_moe)]
+    return [
+        mm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p, overlap=overlap)
+        for overlap in overlaps
+        for c, p in seq_chunks(spec, dims, pieces)
+        if p == 1 or not overlap  # the overlap runs whole sequences
+        for lead in (leads if p == 1 else [1])  # pieces run one round a pass
+        for m in mbs
+        for opt in optimizers
+        for rp, rg in rings
+        for lt in (2048, 512)
+        if lead <= spec.global_batch // m
+        and (not overlap or lead < spec.global_batch // m)
+        # one gradient slot sends a layer's gradients home and fetches the next one's in
+        # series: beside a forward's sets on the link the H200's 12 GiB overlap row
+        # stalled 2.7 s a step on them
+        and not (overlap and rg == 1 and o.r_grad is None)
+    ]
+
+
+def seq_chunks(spec: JobSpec, dims: ModelDims, pieces: bool = True) -> list[tuple[int, int]]:
+    """(seq_chunk, pieces) options: whole sequences, and with `pieces` for a dense model
+    the piece lengths that divide a longer sequence (or the override's)."""
+    S, o = spec.seq_len, spec.overrides
+    if o.seq_chunk is not None:
+        c = o.seq_chunk if 0 < o.seq_chunk < S else 0
+        return [(c, -(-S // c) if c else 1)]
+    if dims.is_moe or not pieces:
+        return [(0, 1)]
+    return [(0, 1)] + [(c, S // c) for c in SEQ_CHUNKS if c < S and S % c == 0]

@@ -1,0 +1,243 @@
+"""The autoconfigurator for the working-set runtime: from (model, seq_len, global batch,
+budgets, node profile) to a Plan that fits and is the fastest the cost model knows.
+
+    plan = make_ws_plan(spec, dims, node)     # InfeasibleBudget names the smallest budgets
+
+The search (AdaWS §3.2 with ProTrain's "try them all, the cost model picks"):
+1. micro-batch: from AdaWS's bound X >= (|τp|+|τg|)·ψ·P / (2·S·(ψ_active + S·d_attn)·BW)
+   up, over divisors of the global batch (rounds = global_batch / X); below the bound only
+   when none at or above it fits the budget (or the global batch is smaller);
+2. per micro-batch, ring sizes, device, host or split AdamW (the split point is chosen
+   once the levels are known) and the LM-head block (layouts);
+3. per layout every window W <= (C_dev - B) / L_bytes; the home layers' saved-activation
+   levels come from one pass of the DP (planning/levels.py) that answers for every W; the
+   window's levels are bought with the device memory left over;
+4. the candidate with the smallest predicted step (planning/cost_model.py) wins.
+Every candidate fits the device budget by construction, so more budget only adds candidates:
+a bigger budget never predicts a slower step within a tier of step 1. The budget that first
+admits a micro-batch at the bound can predict a slower step than the smaller one below it
+did: the bound's tier wins by design (it keeps the weight stream hidden behind compute).
+Long sequences (seq_len >= PIECES_FROM_TOKENS) weigh pieces beside whole sequences in
+one search; shorter ones take pieces as a second tier, only where no whole-sequence plan
+fits (measured slower than predicted), so there too the budget that first admits whole
+sequences may predict a slower step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from wstrain.contracts.calibration import GIB
+from wstrain.contracts.errors import InfeasibleBudget, InvalidSpec
+from wstrain.contracts.hardware import Device, NodeProfile, piece_attention_kernel
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.contracts.plan import MinBudget, Plan, Predicted, WorkingSetPlan
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning import cost_model as cm
+from wstrain.planning import memory_model as mm
+from wstrain.planning.candidates import Candidate, Window, finish, window_costs
+from wstrain.planning.layouts import (
+    PIECES_FROM_TOKENS,
+    layouts,
+    micro_batches,
+    seq_chunks,
+)
+from wstrain.planning.levels import Solution, solve
+from wstrain.planning.reasons import ws_reasons
+
+
+def _search(
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int], pieces: bool
+) -> Candidate | None:
+    ranked: list[tuple[float, int, mm.Layout, Solution, int, Window, Solution | None]] = []
+    # the DP depends on the units and whether a backward runs beside the forward alone
+    solutions: dict[tuple[int, int, bool], tuple[cm.LayerCost, Solution]] = {}
+
+    def solved(lay: mm.Layout) -> tuple[cm.LayerCost, Solution]:
+        key = (lay.micro_batch, lay.seq_chunk, lay.overlap)
+        if key not in solutions:
+            lc = cm.layer_cost(dims, spec, lay, node)
+            solutions[key] = (lc, solve([lc] * dims.num_layers))
+        return solutions[key]
+
+    for i, lay in enumerate(layouts(spec, dims, mbs, pieces, device)):
+        lc, sol = solved(lay)
+        rounds = spec.global_batch // lay.micro_batch
+        base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer
+        if not lay.overlap:
+            for cost, w, win in window_costs(dims, spec, lay, sol, lc):
+                ranked.append((base.total_s + rounds * cost, i, lay, sol, w, win, None))
+            continue
+        # overlap: the first pass (its lead rounds) alone, the later rounds beside a backward,
+        # one window for both
+        lc_first, sol_first = solved(replace(lay, overlap=False))
+        first = {w: cost for cost, w, _ in window_costs(dims, spec, lay, sol_first, lc_first)}
+        lead = lay.lead_rounds
+        for cost, w, win in window_costs(dims, spec, lay, sol, lc):
+            if w in first:
+                est = base.total_s + lead * first[w] + (rounds - lead) * cost
+                ranked.append((est, i, lay, sol, w, win, sol_first))
+    # The fastest estimate first; ties go to the earlier layout (deeper rings, larger loss
+    # block). An estimate assumes the DP's levels all fit the host; where _finish must drop
+    # some to level 0 the candidate gets slower, so later ones are tried until no estimate
+    # can beat the best finished candidate (the estimate never exceeds the finished time).
+    best: Candidate | None = None
+    for est, _, lay, sol, w, win, first_sol in sorted(ranked, key=lambda r: (r[0], r[1], -r[4])):
+        if best is not None and est >= best.time.total_s * (1 - 1e-9):
+            break
+        cand = finish(dims, spec, node, lay, sol, w, win.rows(), device, first_sol)
+        if cand is not None and (best is None or cand.time.total_s < best.time.total_s):
+            best = cand
+    return best
+
+
+def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
+    if spec.precision == "mixed" and spec.overrides.optimizer not in (None, "host"):
+        raise InvalidSpec(
+            f'precision="mixed" updates its fp32 master on the host; '
+            f'overrides.optimizer="{spec.overrides.optimizer}" needs precision '
+            '"bf16" (or use "host")'
+        )
+    device = spec.overrides.device or node.device
+    if spec.overrides.micro_batch and spec.global_batch % spec.overrides.micro_batch:
+        raise InvalidSpec(
+            f"overrides.micro_batch={spec.overrides.micro_batch} must divide "
+            f"global_batch={spec.global_batch}"
+        )
+    lead = spec.overrides.lead_rounds
+    if lead and lead > 1 and dims.is_moe:
+        raise InvalidSpec(
+            f"overrides.lead_rounds={lead}: lead passes are for dense models; a "
+            "mixture-of-experts model trains with lead_rounds 1"
+        )
+    if lead and lead > spec.global_batch // (spec.overrides.micro_batch or 1):
+        raise InvalidSpec(
+            f"overrides.lead_rounds={lead} exceeds the step's rounds "
+            f"(global_batch / micro_batch); lower it or the micro-batch"
+        )
+    if spec.overrides.optimizer == "split" and dims.num_layers < 2:
+        raise InvalidSpec(
+            'overrides.optimizer="split" needs at least two layers to split; use "host" or "device"'
+        )
+    if spec.overrides.window is not None and spec.overrides.window > dims.num_layers:
+        raise InvalidSpec(
+            f"overrides.window={spec.overrides.window} exceeds the model's {dims.num_layers} layers"
+        )
+    if spec.overrides.overlap and (
+        dims.is_moe or spec.global_batch < 2 or spec.overrides.seq_chunk
+    ):
+        raise InvalidSpec(
+            "overrides.overlap=true runs a round's forward beside the previous round's "
+            "backward: it needs a dense model, whole sequences and two rounds (here "
+            f"global_batch={spec.global_batch}, seq_chunk={spec.overrides.seq_chunk}, "
+            f"{'a mixture of experts' if dims.is_moe else 'dense'}); drop overlap"
+        )
+    piece = spec.overrides.seq_chunk
+    if piece and piece < spec.seq_len and (dims.is_moe or (lead or 1) > 1):
+        raise InvalidSpec(
+            f"overrides.seq_chunk={piece}: long context in pieces runs dense models, one "
+            "round a pass; drop seq_chunk (or lead_rounds)"
+        )
+    tiers, bound = micro_batches(spec, dims, node)
+    best = None
+    # shorter sequences try whole ones first (PIECES_FROM_TOKENS), then pieces
+    passes = [True] if spec.seq_len >= PIECES_FROM_TOKENS else [False, True]
+    for tier, pieces in ((t, p) for p in passes for t in tiers):
+        best = _search(spec, dims, node, device, tier, pieces)
+        if best is not None:
+            break
+    else:
+        raise _infeasible(spec, dims, device, [m for tier in tiers for m in tier])
+    return _plan(spec, dims, node, best, device, bound)
+
+
+def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> InfeasibleBudget:
+    smallest = [
+        mm.Layout(min(mbs), 2, 1, "host", 512, seq_chunk=c, pieces=p)
+        for c, p in seq_chunks(spec, dims)
+    ]
+    inputs_home = dims.num_layers * min(mbs) * mm.saved_bytes(dims, spec, 0)
+    need = MinBudget(
+        device_gib=round(
+            min(
+                mm.device_bytes(
+                    dims,
+                    spec,
+                    lay,
+                    w,
+                    w * lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk, home=False),
+                )
+                for lay in smallest
+                for w in (0, dims.num_layers)
+            )
+            / GIB
+            + 0.005,
+            2,
+        ),
+        host_gib=round(mm.host_bytes(dims, spec, inputs_home, device) / GIB + 0.005, 2),
+    )
+    overlap = (
+        " with overrides.overlap=true (two rounds in flight: their transitions and copies on "
+        "the device, their saved sets on the host); drop overlap, or raise the budget past"
+        if spec.overrides.overlap
+        else " even with the working-set runtime; raise the budget to at least"
+    )
+    return InfeasibleBudget(
+        f"budget device_gib={spec.budget.device_gib}, host_gib={spec.budget.host_gib} cannot "
+        f"hold {dims.params / 1e6:.1f}M parameters at seq_len={spec.seq_len}{overlap} "
+        f"device_gib={need.device_gib}, host_gib={need.host_gib}",
+        min_budget=need.model_dump(),
+    )
+
+
+def _plan(
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, c: Candidate, device: Device, bound: float
+) -> Plan:
+    L, lay = dims.num_layers, c.lay
+    return Plan(
+        runtime="working_set",
+        device=device,
+        micro_batch=lay.micro_batch,
+        rounds=spec.global_batch // lay.micro_batch,
+        window=c.window,
+        layers=L,
+        params=dims.params,
+        predicted=Predicted(
+            step_seconds=c.time.total_s,
+            peak_device_bytes=c.device_bytes,
+            peak_host_bytes=c.host_bytes,
+            compute_seconds=c.time.compute_s,
+            recompute_seconds=c.time.recompute_s,
+            exposed_transfer_seconds=c.time.exposed_transfer_s,
+            optimizer_seconds=c.time.optimizer_s,
+        ),
+        working_set=WorkingSetPlan(
+            chunk=1,
+            r_param=lay.r_param,
+            r_grad=lay.r_grad,
+            levels=c.levels,
+            loss_tokens=min(lay.loss_tokens, spec.seq_len),
+            optimizer=lay.optimizer,
+            device_layers=lay.device_layers,
+            lead_rounds=lay.lead_rounds,
+            seq_chunk=lay.seq_chunk if lay.pieces > 1 else 0,
+            attention_kernel=piece_attention_kernel(device, spec.precision, spec.document_mask)
+            if lay.pieces > 1
+            else "",
+            overlap=lay.overlap,
+            first_levels=c.first_levels or [],
+        ),
+        reasons=ws_reasons(
+            spec,
+            dims,
+            node,
+            c.lay,
+            c.window,
+            c.levels,
+            c.time,
+            c.device_bytes,
+            c.host_bytes,
+            device,
+            bound,
+        ),
+    )
