@@ -119,8 +119,8 @@ def test_promtool_accepts_the_deploy_config() -> None:
 def test_every_setting_is_documented_and_every_documented_variable_exists() -> None:
     fields = set(AgentSettings.model_fields) | set(ServiceSettings.model_fields)
     names = {f"WSTRAIN_{f.upper()}" for f in fields}
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    operations = (REPO / "docs" / "OPERATIONS.md").read_text()
+    section = operations.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"`(WSTRAIN_[A-Z_]+)`", section))
     assert names - documented == set(), "undocumented settings"
     deployed = set(
