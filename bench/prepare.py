@@ -194,7 +194,9 @@ def train_on(out: Path) -> list[float]:
     data = TokenStream.open(
         TokenData(kind="tokens", path=str(out)), dims.vocab_size, 128, 0, global_batch=4
     )
-    runtime = ResidentRuntime(dims, RuntimeConfig("fp32", "cpu", 2, 2, 2, 0), OptimizerSpec())
+    runtime = ResidentRuntime(
+        dims, RuntimeConfig("fp32", "cpu", 2, 2, 2, 0, seq_len=128), OptimizerSpec()
+    )
     return [runtime.train_step(data, step).loss for step in range(2)]
 
 

@@ -118,3 +118,11 @@ def host_reserve_bytes(params: int, precision: str, device: str) -> int:
     and the worker caps its arena at the host budget less it."""
     element = 4 if precision == "mixed" else ELEMENT_BYTES[precision]
     return PROCESS_BYTES[device] + min(CHECKPOINT_SHARD_BYTES, params * element)
+
+
+def host_arena_limit_bytes(host_budget_bytes: int, params: int, precision: str, device: str) -> int:
+    """What a working-set worker's host arena may hold in all: the job's host budget less
+    host_reserve_bytes. The worker caps its arena here (worker/build.py, bench/runtime.py);
+    the planner counts the same reserve (planning/memory_model.py host_bytes), so a one-rank
+    plan's arena (its state and saved sets) fits under this limit."""
+    return host_budget_bytes - host_reserve_bytes(params, precision, device)

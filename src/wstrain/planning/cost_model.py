@@ -34,6 +34,7 @@ from wstrain.contracts.calibration import (
 from wstrain.contracts.hardware import NodeProfile
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import JobSpec
+from wstrain.contracts.step_shape import piece_spans
 from wstrain.planning.levels import LayerCost, write_buffer_stall_s
 from wstrain.planning.memory_model import (
     Layout,
@@ -150,12 +151,6 @@ def chunk_times(
     gemm = 2 * seq_len * dims.layer_params_active / node.matmul_flops  # MoE: Ψ_active
     attn_s = _core_attention_s(dims, seq_len, span, node, call)
     return k * gemm + attn_s, k * 2 * gemm + 2.5 * attn_s  # flash bwd: 5x vs 4x FLOPs
-
-
-def piece_spans(seq_len: int, seq_chunk: int) -> list[tuple[int, int]]:
-    """Each piece's tokens [s0, s1) of a sequence, as the runtime cuts it (the last may be
-    shorter)."""
-    return [(s0, min(seq_len, s0 + seq_chunk)) for s0 in range(0, seq_len, seq_chunk)]
 
 
 def piece_sums_s(dims: ModelDims, seq_len: int, lay: Layout, span: int) -> float:

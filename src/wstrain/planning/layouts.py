@@ -14,6 +14,7 @@ from wstrain.contracts.calibration import ELEMENT_BYTES
 from wstrain.contracts.hardware import NodeProfile
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import JobSpec
+from wstrain.contracts.step_shape import piece_count
 from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
 
@@ -113,7 +114,7 @@ def seq_chunks(spec: JobSpec, dims: ModelDims, pieces: bool = True) -> list[tupl
     S, o = spec.seq_len, spec.overrides
     if o.seq_chunk is not None:
         c = o.seq_chunk if 0 < o.seq_chunk < S else 0
-        return [(c, -(-S // c) if c else 1)]
+        return [(c, piece_count(S, c))]
     if dims.is_moe or not pieces:
         return [(0, 1)]
-    return [(0, 1)] + [(c, S // c) for c in SEQ_CHUNKS if c < S and S % c == 0]
+    return [(0, 1)] + [(c, piece_count(S, c)) for c in SEQ_CHUNKS if c < S and S % c == 0]

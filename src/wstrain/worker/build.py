@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from wstrain.contracts.access import DataAccess
-from wstrain.contracts.calibration import host_reserve_bytes
+from wstrain.contracts.calibration import host_arena_limit_bytes
 from wstrain.contracts.chips import ComputePrecision, peak_flops
 from wstrain.contracts.model_dims import resolve_dims
 from wstrain.contracts.model_refs import PathModel
@@ -49,6 +49,7 @@ def build_runtime(
             plan.rounds,
             spec.steps,
             spec.seed,
+            spec.seq_len,
             spec.document_mask,
         )
         resident = ResidentRuntime(dims, cfg, spec.optimizer, group)
@@ -56,8 +57,8 @@ def build_runtime(
             stream_into(dict(resident.model.named_parameters()), pretrained, access)
         return resident
     cuda = plan.device == "cuda"
-    arena_limit = spec.budget.host_bytes - host_reserve_bytes(
-        dims.params, spec.precision, plan.device
+    arena_limit = host_arena_limit_bytes(
+        spec.budget.host_bytes, dims.params, spec.precision, plan.device
     )
     # ranks of one node share one host copy; one rank a node needs none
     share = NodeShare.create(group, shm_dir) if group and group.local_world > 1 else None

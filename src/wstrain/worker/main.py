@@ -45,6 +45,7 @@ from wstrain.contracts.jobs import WorkerExit, WorkerMessage
 from wstrain.contracts.model_dims import resolve_dims
 from wstrain.contracts.plan import Plan
 from wstrain.contracts.spec import JobSpec
+from wstrain.contracts.step_shape import step_tokens
 from wstrain.worker.build import build_runtime, mfu_peak
 from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream
@@ -283,7 +284,7 @@ class Worker:
                         kind="step",
                         step=done,
                         epoch=data.epochs_done(done),
-                        tokens_seen=done * self.spec.global_batch * self.spec.seq_len,
+                        tokens_seen=step_tokens(done * self.spec.global_batch, self.spec.seq_len),
                         data_position=done * self.spec.global_batch,
                         loss=res.loss,
                         step_seconds=res.step_seconds,

@@ -68,7 +68,7 @@ def _train(
     checkpoint `resume`; rank 0 saves a checkpoint to `save` at the end."""
     rounds = GLOBAL_BATCH // MICRO_BATCH // world
     total = RESUMED_STEPS if resume or save else STEPS
-    cfg = RuntimeConfig("fp32", "cpu", MICRO_BATCH, rounds, total, seed=5)
+    cfg = RuntimeConfig("fp32", "cpu", MICRO_BATCH, rounds, total, seed=5, seq_len=SEQ)
     rt = ResidentRuntime(dims, cfg, OPT, group)
     if resume:
         _, extra = checkpoint.load_meta(Path(resume))

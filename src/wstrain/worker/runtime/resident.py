@@ -14,6 +14,7 @@ import torch
 
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import OptimizerSpec
+from wstrain.contracts.step_shape import step_tokens
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 from wstrain.worker.models.moe import RouterTotals
@@ -33,6 +34,9 @@ class RuntimeConfig:
     rounds: int
     steps: int
     seed: int
+    # tokens a sequence: the spec's seq_len, as the working set's config reads it; the data
+    # handed to train_step holds sequences of this length
+    seq_len: int
     document_mask: bool = False  # attention within packed documents, positions per document
 
 
@@ -120,7 +124,7 @@ class ResidentRuntime:
                 docs = (pos.to(self.device), seg.to(self.device))
             coef = self.dims.router_aux_loss_coef
             router = (
-                RouterTotals(self.dims.num_experts, self.device, cfg.micro_batch, data.seq_len)
+                RouterTotals(self.dims.num_experts, self.device, cfg.micro_batch, cfg.seq_len)
                 if self.dims.is_moe and coef > 0
                 else None
             )
@@ -143,5 +147,6 @@ class ResidentRuntime:
         return StepStats(
             loss_value,
             time.perf_counter() - start,
-            ranks * cfg.rounds * cfg.micro_batch * data.seq_len,  # the global batch's tokens
+            # the global batch's tokens
+            step_tokens(ranks * cfg.rounds * cfg.micro_batch, cfg.seq_len),
         )

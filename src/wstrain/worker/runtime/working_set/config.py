@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wstrain.contracts.calibration import WRITE_BUFFER_BYTES
+from wstrain.contracts.step_shape import piece_count, piece_spans
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,7 @@ class WorkingSetConfig:
     @property
     def pieces(self) -> int:
         """Pieces each sequence is cut into (1 without seq_chunk)."""
-        if not self.seq_chunk or self.seq_chunk >= self.seq_len:
-            return 1
-        return -(-self.seq_len // self.seq_chunk)
+        return piece_count(self.seq_len, self.seq_chunk)
 
     @property
     def units(self) -> int:
@@ -78,8 +77,7 @@ class WorkingSetConfig:
 
     def spans(self) -> list[tuple[int, int]]:
         """Each piece's rows [s0, s1) of a sequence."""
-        step = self.seq_len if self.pieces == 1 else self.seq_chunk
-        return [(s0, min(s0 + step, self.seq_len)) for s0 in range(0, self.seq_len, step)]
+        return piece_spans(self.seq_len, self.seq_chunk)
 
     def placement(
         self, layer: int, chunk: int, layers: int, first: bool = False

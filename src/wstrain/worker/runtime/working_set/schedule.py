@@ -50,6 +50,7 @@ import torch
 from wstrain.contracts.calibration import LEVELS
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import OptimizerSpec
+from wstrain.contracts.step_shape import step_tokens
 from wstrain.worker.models.moe import RouterTotals
 from wstrain.worker.models.rope import rope_tables
 from wstrain.worker.runtime.base import Batches, HostMemory
@@ -259,7 +260,8 @@ class WorkingSetRuntime(PassOrder):
         return StepStats(
             loss,
             time.perf_counter() - start,
-            self.shards.world * cfg.rounds * cfg.micro_batch * cfg.seq_len,  # the global batch's
+            # the global batch's tokens
+            step_tokens(self.shards.world * cfg.rounds * cfg.micro_batch, cfg.seq_len),
             stalls,
             self.counters["h2d_bytes"],
             self.counters["d2h_bytes"],
