@@ -12,7 +12,11 @@ storage is Redis) is the same 503, `fault` naming the errno.
 
 A request that fails validation answers 422 with one entry per error: where (`loc`), what
 (`msg`) and an excerpt of the offending value of at most 80 characters — never the input
-itself, which may be megabytes or hold values JSON cannot carry (inf, NaN, bytes).
+itself, which may be megabytes or hold values JSON cannot carry (inf, NaN, bytes). A spec
+that fails several submission checks (SpecErrors, api/validation.py) answers the same way,
+one entry per failed check, its `msg` the check's message with the fix and its `input` the
+spec's value of that field (never a file's bytes), `min_budget` beside them when one of
+them is a budget too small for the model.
 
 Routes and dependencies just raise; api/app.py installs the mappers with
 `install_error_handlers(app)`.
@@ -33,7 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
 
-from wstrain.contracts.errors import WstrainError
+from wstrain.contracts.errors import SpecErrors, WstrainError
 from wstrain.store.faults import storage_fault
 
 
@@ -41,6 +45,8 @@ async def wstrain_error_response(_: Request, exc: Exception) -> JSONResponse:
     """The status and body a WstrainError answers with."""
     if not isinstance(exc, WstrainError):  # registered for WstrainError only
         raise exc
+    if isinstance(exc, SpecErrors):  # several at once: one entry each, as schema errors
+        return JSONResponse(status_code=exc.status, content=spec_errors_body(exc))
     retry_s = exc.detail.get("retry_after_s")  # TooManyRequests: when to come back
     return JSONResponse(
         status_code=exc.status,
@@ -119,6 +125,25 @@ EXCERPT_CHARS = 80
 def _excerpt(value: object) -> str:
     text = repr(value)
     return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
+
+
+def spec_errors_body(exc: SpecErrors) -> dict[str, object]:
+    """The body of several failed submission checks, in the shape of schema errors."""
+    errors = [
+        {
+            "loc": ["body", *str(error.detail.get("field", "")).split(".")],
+            "msg": error.message,  # wstrain's own words and fix: a few hundred characters
+            "type": _snake(type(error).__name__),
+            "input": _excerpt(value),
+        }
+        for error, value in zip(exc.errors, exc.inputs)
+    ]
+    return {"detail": errors, **exc.detail}
+
+
+def _snake(name: str) -> str:
+    """InfeasibleBudget -> infeasible_budget."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 async def validation_error_response(_: Request, exc: Exception) -> JSONResponse:

@@ -7,7 +7,8 @@ holds it to that with schemathesis against the live API).
                      request that failed validation; WstrainError's detail adds fields
                      (`field`, `min_budget`, `state`, `limit`) beside `detail`
     Unprocessable    422: `detail` is that message, or for a request that failed validation
-                     one InvalidField per field (api/errors.py builds both)
+                     (or a spec that failed several submission checks) one InvalidField
+                     per field (api/errors.py builds both)
 
 Where each bundle goes: EVERY_REQUEST on the app (the body limit stands in front of every
 route), BODY on the routes that read a JSON body, CALLER on every router whose routes take
@@ -56,14 +57,21 @@ class InvalidField(BaseModel):
     """One field of a request that failed validation."""
 
     loc: list[str] = Field(description='where: ["body", "budget", "device_gib"]')
-    msg: str = Field(description="what is wrong with it, at most 300 characters")
-    type: str = Field(description="pydantic's error type, e.g. greater_than")
+    msg: str = Field(
+        description="what is wrong with it, at most 300 characters from the schema; a "
+        "submission check's message in full, with the fix"
+    )
+    type: str = Field(
+        description="pydantic's error type, e.g. greater_than; invalid_spec or "
+        "infeasible_budget from a submission check"
+    )
     input: str = Field(description="an excerpt of the value sent, at most 80 characters")
 
 
 class Unprocessable(BaseModel):
     """422: the request failed validation (a list, one entry per field, at most 20), or it is
-    well-formed but cannot work (a message naming the field and the fix)."""
+    well-formed but cannot work: a message naming the field and the fix, or a list of them
+    when several submission checks failed."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -158,12 +158,15 @@ def error_of(resp: httpx.Response) -> ApiError:
     except ValueError:
         body = {"detail": resp.text}
     detail = body.get("detail", body) if isinstance(body, dict) else body
-    if isinstance(detail, list):  # pydantic field errors
-        detail = "; ".join(
+    if isinstance(detail, list):  # field errors, the schema's or several failed checks'
+        lines = [
             f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}"
             for e in detail
             if isinstance(e, dict)
-        )
+        ]
+        # one a line when there are several: the checks' messages hold "; " themselves
+        several = f"{len(lines)} errors:\n  " + "\n  ".join(lines)
+        detail = several if len(lines) > 1 else "".join(lines)
     extra = f" (minimum budget: {body['min_budget']})" if "min_budget" in body else ""
     if resp.status_code == 401:
         extra += "; pass --token, set WSTRAIN_TOKEN, or put token = ... in the config file"

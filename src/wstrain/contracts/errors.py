@@ -5,6 +5,7 @@ offending value, and what to change.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 
@@ -34,6 +35,32 @@ class InfeasibleBudget(WstrainError):
     def min_budget(self) -> dict[str, float]:
         """{"device_gib": ..., "host_gib": ...}: the smallest budgets that would work."""
         return cast(dict[str, float], self.detail["min_budget"])
+
+
+class SpecErrors(InvalidSpec):
+    """Several independent submission checks of one JobSpec failed (api/validation.py runs
+    them all, so a newcomer fixes the file once): `errors` holds each failure, its
+    `detail['field']` the spec field at fault, and `inputs` the value the spec gave each
+    field, in the same order. The API answers them as it answers schema errors, 422 with
+    one entry per field; `min_budget` rides along when one of them is an InfeasibleBudget."""
+
+    def __init__(
+        self,
+        message: str,
+        errors: Sequence[WstrainError] = (),
+        inputs: Sequence[object] = (),
+        **detail: object,
+    ) -> None:
+        super().__init__(message, **detail)
+        self.errors = list(errors)
+        self.inputs = list(inputs)
+
+    @classmethod
+    def of(cls, errors: Sequence[WstrainError], inputs: Sequence[object]) -> SpecErrors:
+        """One error for `errors` (two or more), its message theirs joined."""
+        budgets = [e.min_budget for e in errors if isinstance(e, InfeasibleBudget)]
+        extra: dict[str, object] = {"min_budget": budgets[0]} if budgets else {}
+        return cls("; ".join(e.message for e in errors), errors, inputs, **extra)
 
 
 class NotFound(WstrainError):
