@@ -28,7 +28,7 @@ from wstrain.policy import DEFAULT_HALF_LIFE_S, PolicyConfig, Quota
 
 
 class OwnerQuota(BaseModel):
-    """One owner's ceiling on what it holds at once (README, Scheduling policy)."""
+    """One owner's ceiling on what it holds at once (docs/OPERATIONS.md, Scheduling policy)."""
 
     model_config = ConfigDict(extra="forbid")
     max_jobs: int | None = Field(default=None, ge=0, le=100_000)

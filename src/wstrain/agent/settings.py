@@ -4,7 +4,7 @@ WSTRAIN_NODE_NAME, _CPU_SLOTS, _WORKER_THREADS, _HEARTBEAT_S, _NODE_TTL_S, _LEAS
 _SHUTDOWN_GRACE_S, _PROFILE_CACHE, _METRICS_HOST, _METRICS_PORT, _REDIS_RETRY_S,
 _CPU_PEAK_FLOPS, _ADVERTISE_ADDR, _GANG_ASSEMBLY_S, _HANG_STEP_FACTOR, _HANG_FLOOR_S,
 _HANG_STARTUP_S; and the shared ones of
-settings.py (README lists them all)
+settings.py (docs/OPERATIONS.md lists them all)
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ histogram, node liveness), read from Redis at scrape time so a restarted API los
 Store-wide series come from one replica only, the holder of a lease in Redis
 (store/metrics_view.py), so two replicas behind one Prometheus never double-count a job; the
 others export `wstrain_exporter_leader 0` and their own latency. Series that name owners or
-jobs are served to an admin token only when tokens are set (README, Security); without one,
-the counts. Names and HELP: contracts/metrics.py. Per-job training series are the
+jobs are served to an admin token only when tokens are set (docs/OPERATIONS.md, Security);
+without one, the counts. Names and HELP: contracts/metrics.py. Per-job training series are the
 agents' (agent/exporter.py).
 """
 

@@ -214,7 +214,7 @@ class WorkerMessage(BaseModel):
     message: str | None = None
     metrics: dict[str, float] = {}
     # on `started`: what the MFU is measured against (None on CPU unless the agent is given a
-    # peak) and the model FLOPs per trained token (README's formula)
+    # peak) and the model FLOPs per trained token (docs/DESIGN.md, MFU)
     flops_per_token: float | None = None
     peak_flops: float | None = None  # FLOP/s, dense, for `precision`
     peak_source: str | None = None  # a chip-table row, "measured" or "configured"

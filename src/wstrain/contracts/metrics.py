@@ -9,7 +9,7 @@ Conventions (Prometheus's): base units in the name (`_seconds`, `_bytes`, `_rati
 counters end in `_total` and start at 0, every label is bounded (a job id is bounded by the
 store's retention: a job's series leave the moment it ends, its info series a day later).
 
-    python -m wstrain.contracts.metrics      # the table, as README lists it
+    python -m wstrain.contracts.metrics      # the table: every series, its labels, HELP
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ JOB_MODEL_FLOPS = Metric(
     _S,
     _J,
     "Model FLOPs the job has done: tokens x (6 x active parameters + attention), the "
-    "formula of README's MFU.",
+    "formula of MFU in docs/DESIGN.md.",
 )
 JOB_PEAK_FLOPS = Metric(
     "wstrain_job_peak_flops_per_second",

@@ -10,8 +10,8 @@ Modules, one rule each: state.py (the inputs and the Decision), fairshare.py (de
 Slurm's fair-share factor, the order), gates.py (back-off, dependencies, quotas),
 placement.py (best-fit packing by budgets, holds, resource reasons), gangs.py (a job on
 several GPUs: all of them or none), preemption.py (the
-fewest lowest-class victims on one GPU), decide.py (the round). README "Scheduling policy"
-has the formulas and the defaults.
+fewest lowest-class victims on one GPU), decide.py (the round). docs/OPERATIONS.md,
+"Scheduling policy", has the formulas and the defaults.
 """
 
 from wstrain.policy.decide import decide

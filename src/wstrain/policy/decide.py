@@ -84,7 +84,7 @@ def _wait_behind(
     holder = ledger.slots[blocking.slot_index]
     where = holder.name if holder.takes(dev, job.exclusive) else "host memory"
     verb = "drains" if blocking.drain else "is held"
-    # another owner's job id is not this owner's to see (README, Security): its class is
+    # another owner's job id is not this owner's to see (docs/OPERATIONS.md, Security): its class is
     for_whom = (
         blocking.job_id
         if blocking.owner == job.owner
