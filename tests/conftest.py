@@ -20,6 +20,13 @@ from typing import Any
 import httpx
 import pytest
 
+# One BLAS/OpenMP thread per test process: CI runs two xdist workers on 2 cores, and a torch
+# that takes both cores in each worker runs 4 threads on 2 cores, each matmul waiting on the
+# other worker's. Set before torch is imported; os.environ also reaches every process the
+# fixtures spawn (API, agent, workers), which copy it.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 # Service-side imports (redis, uvicorn) happen inside the fixtures, so GPU-only tests run
 # on a machine that has torch but not the service's dependencies.
 
@@ -181,6 +188,19 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     s = make_stack(redis_url, tmp_path_factory.mktemp("full"), "full", with_agent=True)
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def leave_the_queue_as_found(api_only: Stack) -> Iterator[None]:
+    """api_only is shared by the session: cancel the jobs this module left queued there, so
+    the next module's queue listings start from what it submits."""
+    started = time.time()
+    yield
+    with api_only.client() as c:
+        queued = c.get("/v1/jobs", params={"state": "queued", "limit": 500}).json()["jobs"]
+        for job in queued:
+            if job["created_at"] >= started:
+                c.post(f"/v1/jobs/{job['id']}/cancel")
 
 
 def register_node(redis_url: str, prefix: str) -> None:

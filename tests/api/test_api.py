@@ -195,14 +195,14 @@ def test_raw_text_over_64_mib_is_refused_with_the_prepare_command(api_only: Stac
 
 
 def test_jsonl_text_is_checked_line_by_line(api_only: Stack) -> None:
-    from tests.worker.io.test_data import _tokenizer_json
+    from tests.helpers.tokenizers import word_tokenizer_json
 
     root = api_only.state_dir.parent
     (root / "docs.jsonl").write_text(
         "\n".join(f'{{"text": "{"a b c d " * 20}"}}' for _ in range(10)) + "\n"
     )
     (root / "broken.jsonl").write_text('{"text": "a"}\n{"text": 3}\n')
-    tok = _tokenizer_json(root)
+    tok = word_tokenizer_json(root)
     (root / "no-eos").mkdir(exist_ok=True)
     plain = root / "no-eos" / "tokenizer.json"
     raw = json.loads(tok.read_text())

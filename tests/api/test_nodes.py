@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cli.test_cli import _leave_the_queue_as_found  # noqa: F401 - autouse
-from tests.cli.test_cli import run_main as _run
 from tests.conftest import Stack, tiny_spec
+from tests.helpers.cli import run_main as _run
+
+pytestmark = pytest.mark.usefixtures("leave_the_queue_as_found")
 
 
 @pytest.mark.parametrize(

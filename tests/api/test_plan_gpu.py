@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, Stack, tiny_spec
-from wstrain.cli.main import main
+from tests.helpers.cli import run_main
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.chips import BOARDS, CHIPS, GPU_NAMES, GpuName
 from wstrain.contracts.hardware import SHIPPED_PROFILES, NodeProfile
@@ -36,15 +36,6 @@ def llama8b(name: str, **over: Any) -> dict[str, Any]:
     )
     spec.update(over)
     return spec
-
-
-def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(args))
-    except SystemExit as exc:  # argparse and spec errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cli_plans_an_8b_job_for_an_h100_from_a_cpu_only_stack(

@@ -13,12 +13,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import REPO, _wait_http, tiny_spec
+from tests.conftest import REPO, _wait_http
+from tests.helpers.specs import slow_plan_spec
 from wstrain.api.settings import ServiceSettings
 from wstrain.api.validation import validate_and_plan
 from wstrain.contracts.access import DataAccess
@@ -56,31 +56,8 @@ def impatient_api(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> I
             proc.kill()
 
 
-def _slow_spec() -> dict[str, Any]:
-    """A valid spec whose planning takes measurable time: the saved-activation DP over 384
-    layers x 768 sequences plans in about 0.7 s on one core."""
-    hf = {
-        "vocab_size": 32000,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 384,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 8192,
-    }
-    return tiny_spec(
-        "slow-plan",
-        model={"hf_config": hf},
-        data={"kind": "synthetic"},
-        seq_len=8192,
-        global_batch=768,
-        precision="bf16",
-        budget={"device_gib": 40, "host_gib": 4000},
-    )
-
-
 def test_slow_plan_answers_422_while_the_api_keeps_answering(impatient_api: str) -> None:
-    spec = _slow_spec()
+    spec = slow_plan_spec()
     start = time.perf_counter()
     assert validate_and_plan(JobSpec.model_validate(spec), [], DataAccess.of([REPO], None)).runtime
     took = time.perf_counter() - start  # what the check costs with no deadline

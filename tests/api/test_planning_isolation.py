@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.test_planning_deadline import _slow_spec
 from tests.conftest import REPO, Stack, bearer, secured_stack, tiny_spec
+from tests.helpers.specs import slow_plan_spec
 from wstrain.api.planning import Planner
 from wstrain.api.settings import ServiceSettings
 from wstrain.contracts.access import DataAccess
@@ -270,7 +270,7 @@ def test_a_sweep_plans_once_in_the_pool() -> None:
         took = []
         try:
             for i in range(3):
-                spec = JobSpec.model_validate({**_slow_spec(), "name": f"sweep-{i}"})
+                spec = JobSpec.model_validate({**slow_plan_spec(), "name": f"sweep-{i}"})
                 start = time.perf_counter()
                 await planner.plan(spec, [], owner="alice")
                 took.append(time.perf_counter() - start)

@@ -38,8 +38,9 @@ from tests.conftest import (
     wait_job,
     wait_terminal,
 )
+from tests.helpers.cli import run_main
 from wstrain.cli.client import CliError, resolve
-from wstrain.cli.main import build_parser, main
+from wstrain.cli.main import build_parser
 from wstrain.cli.spec import load_spec
 from wstrain.store import JobStore
 from wstrain.store.logs import JobLogs
@@ -58,26 +59,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
-def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """The CLI in this process (no interpreter start-up): exit code, stdout, stderr."""
-    try:
-        code = main(list(args))
-    except SystemExit as exc:  # argparse and spec errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _leave_the_queue_as_found(api_only: Stack) -> Iterator[None]:
-    """api_only is shared by the session: cancel the jobs this module left queued there."""
-    started = time.time()
-    yield
-    with api_only.client() as c:
-        queued = c.get("/v1/jobs", params={"state": "queued", "limit": 500}).json()["jobs"]
-        for job in queued:
-            if job["created_at"] >= started:
-                c.post(f"/v1/jobs/{job['id']}/cancel")
+pytestmark = pytest.mark.usefixtures("leave_the_queue_as_found")
 
 
 def _total(stack: Stack) -> int:

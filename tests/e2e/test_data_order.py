@@ -23,19 +23,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.torch import load_file
 
 from tests.conftest import REPO, Stack, tiny_spec, wait_job, wait_terminal
+from tests.helpers.jobs import checkpoint_weights
 
 pytestmark = pytest.mark.slow
 
 SEQ, BATCH, SEED, SEQUENCES = 32, 4, 5, 53
 STEPS = 400  # 1600 sequences: 30.2 epochs; every 53rd step ends on an epoch boundary
 EPOCHS = -(-STEPS * BATCH // SEQUENCES)
-
-
-def _weights(job: dict) -> dict:  # type: ignore[type-arg]
-    return load_file(Path(job["last_checkpoint"]) / "model.safetensors")
 
 
 def _prepared(data_dir: Path) -> Path:
@@ -106,7 +102,7 @@ def test_each_epoch_visits_every_sequence_once_in_order_across_a_cancel(stack: S
     assert done["epoch"] == pytest.approx(STEPS * BATCH / SEQUENCES)
     assert done["tokens_seen"] == STEPS * BATCH * SEQ
     assert done["data_position"] == STEPS * BATCH
-    resumed, by_hand = _weights(done), _weights(straight)
+    resumed, by_hand = checkpoint_weights(done), checkpoint_weights(straight)
     assert resumed.keys() == by_hand.keys()
     for name, w in resumed.items():
         assert w.equal(by_hand[name]), f"{name}: the shuffled, resumed job trained another order"

@@ -25,11 +25,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from safetensors.torch import load_file
 
 from tests.conftest import (
     REPO,
@@ -40,6 +38,7 @@ from tests.conftest import (
     wait_job,
     wait_terminal,
 )
+from tests.helpers.jobs import assert_same_weights, job_states
 from wstrain.agent.processes import is_running, start_ticks
 
 pytestmark = pytest.mark.slow
@@ -81,22 +80,6 @@ def test_a_redis_restart_mid_job_loses_nothing(tmp_path: Path) -> None:
         redis_proc.wait(10)
 
 
-def _weights(job: dict[str, Any]) -> dict[str, Any]:
-    return load_file(Path(job["last_checkpoint"]) / "model.safetensors")
-
-
-def _assert_same_weights(a: dict[str, Any], b: dict[str, Any]) -> None:
-    a_w, b_w = _weights(a), _weights(b)
-    assert a_w.keys() == b_w.keys()
-    for name in a_w:
-        assert a_w[name].equal(b_w[name]), f"{name} differs from the uninterrupted run"
-
-
-def _states(c: httpx.Client, job_id: str) -> list[str]:
-    events = c.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()
-    return [e["data"]["state"] for e in events if e["kind"] == "state"]
-
-
 def _start_agent(stack: Stack) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "wstrain.agent.agent"], env=stack.env, cwd=REPO)
 
@@ -131,7 +114,7 @@ def test_a_sigkilled_agent_is_replaced_and_its_job_resumes_bit_exact(
             done = wait_terminal(c, job["id"])
             assert done["state"] == "succeeded", done["error"]
             assert done["step"] == 300 and done["attempt"] == 2
-            assert _states(c, job["id"]) == [
+            assert job_states(c, job["id"]) == [
                 "queued", "planning", "running", "queued", "planning", "running", "succeeded"
             ]  # fmt: skip
             events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
@@ -139,7 +122,7 @@ def test_a_sigkilled_agent_is_replaced_and_its_job_resumes_bit_exact(
             assert requeued and f"worker pid {old_pid}" in requeued[0], requeued
             starts = [e["data"]["step"] for e in events if e["kind"] == "started"]
             assert starts[0] == 0 and starts[1] >= 20  # resumed at the old worker's checkpoint
-            _assert_same_weights(done, straight)
+            assert_same_weights(done, straight)
             assert stack.agent.poll() is None
     finally:
         stack.stop()
@@ -164,7 +147,7 @@ def test_a_sigkilled_worker_without_retries_fails_and_resumes_bit_exact(
             done = wait_terminal(c, job["id"])
             assert done["state"] == "succeeded" and done["attempt"] == 2, done["error"]
             straight = wait_terminal(c, straight["id"])
-            _assert_same_weights(done, straight)
+            assert_same_weights(done, straight)
     finally:
         stack.stop()
 
@@ -196,7 +179,7 @@ def test_a_sigkilled_worker_is_retried_from_its_checkpoint_and_finishes_bit_exac
             assert retry and "SIGKILL" in retry[0], [e["message"] for e in events]
             starts = [e["data"]["step"] for e in events if e["kind"] == "started"]
             assert starts[0] == 0 and starts[1] >= 25  # resumed at its checkpoint
-            _assert_same_weights(done, wait_terminal(c, straight["id"]))
+            assert_same_weights(done, wait_terminal(c, straight["id"]))
     finally:
         stack.stop()
 
@@ -287,7 +270,7 @@ def test_ctrl_c_to_serve_requeues_the_job_and_the_next_serve_finishes_it(
             assert done["step"] == 400 and done["attempt"] == 2
             events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
             assert any("agent shut down; requeued" in e["message"] for e in events)
-            assert _states(c, job["id"]) == [
+            assert job_states(c, job["id"]) == [
                 "queued", "planning", "running", "queued", "planning", "running", "succeeded"
             ]  # fmt: skip
     finally:

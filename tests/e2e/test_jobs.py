@@ -14,15 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from tests.conftest import REPO, Stack, tiny_spec, wait_job, wait_terminal
+from tests.helpers.jobs import checkpoint_weights
 
 pytestmark = pytest.mark.slow
-
-
-def _weights(job: dict) -> dict:  # type: ignore[type-arg]
-    return load_file(Path(job["last_checkpoint"]) / "model.safetensors")
 
 
 def test_job_trains_to_completion_with_falling_loss(stack: Stack) -> None:
@@ -98,7 +94,10 @@ def test_cancel_then_resume_is_bit_identical(stack: Stack, runtime: str) -> None
         resumed = wait_terminal(c, job["id"])
         assert resumed["state"] == "succeeded", resumed["error"]
         assert wait_terminal(c, straight["id"])["state"] == "succeeded"
-        a, b = _weights(resumed), _weights(c.get(f"/v1/jobs/{straight['id']}").json())
+        a, b = (
+            checkpoint_weights(resumed),
+            checkpoint_weights(c.get(f"/v1/jobs/{straight['id']}").json()),
+        )
         assert a.keys() == b.keys()
         for name in a:
             assert a[name].equal(b[name]), f"{name} differs after cancel+resume"
@@ -227,7 +226,7 @@ def _trains_on_the_working_set(stack: Stack, spec: dict) -> tuple[dict, dict]:  
         events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
     losses = [e["data"]["loss"] for e in events if e["kind"] == "progress"]
     assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5, losses
-    return job["plan"], _weights(done)
+    return job["plan"], checkpoint_weights(done)
 
 
 def test_moe_job_trains_on_the_working_set(stack: Stack) -> None:
@@ -275,7 +274,7 @@ def test_long_sequences_in_pieces_train_like_whole_ones(stack: Stack) -> None:
         assert jobs[1]["plan"]["working_set"]["seq_chunk"] == 0
         done = [wait_terminal(c, j["id"]) for j in jobs]
     assert all(d["state"] == "succeeded" for d in done), [d["error"] for d in done]
-    pieces, whole = (_weights(d) for d in done)
+    pieces, whole = (checkpoint_weights(d) for d in done)
     for name, w in whole.items():
         err = float((pieces[name] - w).norm() / w.norm().clamp_min(1e-30))
         assert err < 1e-5, (name, err)

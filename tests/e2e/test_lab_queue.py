@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Stack, make_stack, tiny_spec, wait_job, wait_terminal
-from tests.e2e.test_faults import _assert_same_weights, _states
+from tests.helpers.jobs import assert_same_weights, job_states
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def test_a_higher_class_preempts_and_the_victim_resumes_bit_exact(
             done = wait_terminal(c, low["id"])
             assert done["state"] == "succeeded", done["error"]
             assert done["attempt"] == 2 and done["retries"] == 0  # requeued, not retried
-            assert _states(c, low["id"]) == [
+            assert job_states(c, low["id"]) == [
                 "queued", "planning", "running", "queued", "planning", "running", "succeeded"
             ]  # fmt: skip
             events = c.get(
@@ -102,7 +102,7 @@ def test_a_higher_class_preempts_and_the_victim_resumes_bit_exact(
             assert high["id"] not in json.dumps(events), msgs
             starts = [e["data"]["step"] for e in events if e["kind"] == "started"]
             assert starts[0] == 0 and starts[1] >= 20  # resumed from its preemption checkpoint
-            _assert_same_weights(done, straight)
+            assert_same_weights(done, straight)
     finally:
         stack.stop()
 

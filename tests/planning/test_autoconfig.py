@@ -14,11 +14,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.specs import working_set_spec as _spec
 from wstrain.contracts.calibration import GIB, LEVELS
 from wstrain.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.contracts.hardware import H100_ADAWS, H200, NodeProfile
 from wstrain.contracts.model_dims import PRESETS, ModelDims
-from wstrain.contracts.spec import JobSpec
 from wstrain.planning import cost_model as cm
 from wstrain.planning.layouts import PIECES_FROM_TOKENS, micro_batches
 from wstrain.planning.levels import BUCKETS, LayerCost, simulate, solve
@@ -30,25 +30,6 @@ LLAMA3_8B = PRESETS["llama3-8b"]
 # Only a hang takes this long: a plan takes 10-75 ms (bench/planner.py), so no machine's
 # speed, CI's included, decides these tests.
 HANG_S = 60.0
-
-
-def _spec(
-    dims: ModelDims, seq: int, batch: int, dev: float, host: float, **overrides: object
-) -> JobSpec:
-    hf = {**dims.to_hf_config(), "max_position_embeddings": max(seq, 8192)}
-    return JobSpec.model_validate(
-        {
-            "name": "a",
-            "model": {"hf_config": hf},
-            "data": {"kind": "synthetic"},
-            "seq_len": seq,
-            "global_batch": batch,
-            "steps": 1,
-            "precision": "bf16",
-            "budget": {"device_gib": dev, "host_gib": host},
-            "overrides": {"runtime": "working_set", **overrides},
-        }
-    )
 
 
 # ---------------------------------------------------------------- AdaWS's worked numbers

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tests.planning.test_autoconfig import _spec
+from tests.helpers.specs import working_set_spec as _spec
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.errors import InfeasibleBudget
 from wstrain.contracts.hardware import H100_ADAWS

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.planning.test_autoconfig import _spec
+from tests.helpers.specs import working_set_spec as _spec
 from wstrain.contracts.calibration import (
     ACTIVATION_CHUNK_BYTES,
     ALLOCATOR_SLACK,
