@@ -1,11 +1,11 @@
 """The data order end to end: a token file made by `wstrain prepare`, trained through the
 service with a cancel and a resume in the middle of an epoch, visits every sequence of each
-epoch exactly once, in the documented order (README, "Data order").
+epoch exactly once, in the documented order (docs/DESIGN.md, "The data order").
 
 How the order is checked from outside the worker: every document is `seq_len` bytes that all
 start with "#", so each sequence of the prepared file is one document plus its end-of-text
 byte, and the target of any sequence's last input is "#" whichever sequence follows. A second
-file lays the sequences out in the order the README documents — the permutation
+file lays the sequences out in the order docs/DESIGN.md documents — the permutation
 numpy.random.default_rng([seed, epoch]).permutation(n) for epoch 0, 1, 2 — and a job on it
 with `shuffle: false` must end with the same weights, bit for bit, as the shuffled job on the
 prepared file: true only if that job trained every sequence in exactly that order.
