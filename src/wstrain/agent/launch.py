@@ -1,9 +1,10 @@
 """Planning and starting a job's worker on this node, and supervising it until it exits:
 the node as a plan sees it (its profile, the job's share of a GPU and of the host link, the
-layer times measured on its GPU), the plan written into the job dir, the `running`
-transition fenced by the lease, the spawn, the log shipping and the supervision task. A
-job that cannot be started fails with why; one cancelled while it was planned is settled
-as cancelled.
+layer times measured on its GPU), the plan (the one the job was admitted with where it was
+made for this node as the agent sees it, else planned again: planning/planner.py
+launch_plan) written into the job dir, the `running` transition fenced by the lease, the
+spawn, the log shipping and the supervision task. A job that cannot be started fails with
+why; one cancelled while it was planned is settled as cancelled.
 
 `Launcher` is a mixin of `Agent` (agent.py), which holds the state it reads: the settings,
 the store, the node's name, lease id, GPUs and profile, its workers and exporter. Members
@@ -45,7 +46,7 @@ from wstrain.contracts.jobs import GPUInfo, Job, JobState, gpu_text, job_dir
 from wstrain.contracts.model_dims import ModelDims, resolve_dims
 from wstrain.contracts.spec import JobSpec, TokenData
 from wstrain.contracts.token_file import document_span
-from wstrain.planning.planner import make_plan
+from wstrain.planning.planner import launch_plan
 from wstrain.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,9 @@ class Launcher:
             # packed beside other jobs, it plans with its share of the GPU and its link
             node = self.node_profile().with_layer(layer).shared_by(link_share)
             node = node.with_documents(await _document_span(job_id, job.spec, self.access))
-            plan = make_plan(job.spec, dims, node, resumed_runtime(jdir))
+            # the plan the job was admitted with where the API planned for this very node
+            # (a CPU node's, with no layer to measure), else planned again for it
+            plan = launch_plan(job.plan, job.spec, dims, node, resumed_runtime(jdir))
         except WstrainError as exc:
             await self.store.transition(
                 job_id,

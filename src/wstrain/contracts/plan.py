@@ -97,6 +97,13 @@ class Plan(BaseModel):
     predicted: Predicted
     reasons: dict[str, str]
     working_set: WorkingSetPlan | None = None
+    inputs_digest: str = Field(
+        default="",
+        description="sha256 of what it was planned from: the spec less its name, the model's "
+        "dims, the node profile and the runtime a resumed attempt keeps "
+        "(planning/planner.py plan_inputs_digest); the agent launches the plan the job was "
+        "admitted with when its own inputs give the same digest, and plans again otherwise",
+    )
 
 
 class MinBudget(BaseModel):

@@ -1,11 +1,22 @@
 """The autoconfigurator's entry point: (JobSpec, model dims, node profile) -> the faster of
 the resident and the working-set plan that fit the budgets, or the smallest budgets that
-work. Torch-free: the API dry-runs plans with it and the agent plans claimed jobs.
+work. Torch-free: the API plans a job on submission with it, and the agent launches that
+plan, or plans again with it where its node differs from the one the API planned for.
 
     plan = make_plan(spec, dims, node)   # InfeasibleBudget carries min_budget
+    plan = launch_plan(job.plan, spec, dims, node, resumes_runtime)   # the agent
+
+A plan is a pure function of its inputs, so it records their digest (Plan.inputs_digest)
+and the agent reuses the submitted plan when its own inputs give the same one. They differ
+wherever the agent knows more than the API did: on a GPU node the job's layer measured
+there (agent/hardware.py layer_times), a GPU shared with packed jobs, a document span read
+from the whole index (the API samples 65,536 documents), a resumed attempt's runtime, or a
+node other than the largest one the API planned for; then the same function plans again.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from wstrain.contracts.errors import InfeasibleBudget
 from wstrain.contracts.hardware import NodeProfile
@@ -29,11 +40,13 @@ def make_plan(
     in reasons["seq_len"]: RoPE has no table to outgrow, and the bench trains 4K-position
     models at 8K. A job on several GPUs is planned as one rank of global_batch/gpus
     sequences (planning/ranks.py)."""
+    digest = plan_inputs_digest(spec, dims, node, resumes_runtime)
     if resumes_runtime is not None and spec.overrides.runtime is None:
         pinned = spec.overrides.model_copy(update={"runtime": resumes_runtime})
         spec = spec.model_copy(update={"overrides": pinned})
     rank_node = node.for_ranks(spec.gpus)  # its GPU's link as the node's ranks share it
     plan = with_ranks(_fastest(rank_spec(spec), dims, rank_node), spec, dims, node)
+    plan.inputs_digest = digest
     if rank_node is not node:
         plan.reasons["ranks"] += (
             f"; each rank's device-to-host rate {rank_node.d2h_bytes_per_s / 1e9:.0f} GB/s "
@@ -52,6 +65,35 @@ def make_plan(
             "rope_scaling in its hf_config, or a shorter seq_len, avoids it)"
         )
     return plan
+
+
+def plan_inputs_digest(
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, resumes_runtime: str | None = None
+) -> str:
+    """sha256 of everything make_plan reads: the spec less its name (no plan depends on
+    it), the model's dims, the node profile (its measured layer and document span
+    included) and the runtime a resumed attempt keeps. Floats go in by repr, exactly."""
+    text = "\0".join(
+        (spec.model_dump_json(exclude={"name"}), repr(dims), repr(node), resumes_runtime or "")
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def launch_plan(
+    submitted: Plan | None,
+    spec: JobSpec,
+    dims: ModelDims,
+    node: NodeProfile,
+    resumes_runtime: str | None = None,
+) -> Plan:
+    """The plan make_plan gives for these inputs: `submitted` (the plan the job was admitted
+    or last launched with, as stored) unchanged when it was made from the same inputs, so
+    the agent does not plan it again (10-75 ms of CPU a preset); else make_plan's."""
+    if submitted is not None and submitted.inputs_digest == plan_inputs_digest(
+        spec, dims, node, resumes_runtime
+    ):
+        return submitted
+    return make_plan(spec, dims, node, resumes_runtime)
 
 
 def _fastest(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
