@@ -34,6 +34,10 @@ from typing import Any
 
 import httpx
 
+from wstrain.cli.serve import free_port, start_redis
+from wstrain.contracts.jobs import Node
+from wstrain.store import JobStore
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -149,8 +153,6 @@ def run(
     jobs: int, clients: int, seconds: float, rate: float | None = None, workers: int = 1
 ) -> dict[str, Any]:
     """Start Redis and the API, seed the store, run the load; stops everything it started."""
-    from wstrain.cli.serve import free_port, start_redis
-
     with tempfile.TemporaryDirectory() as tmp:
         redis_port, api_port = free_port(), free_port()
         redis_proc = start_redis(Path(tmp), redis_port)
@@ -212,8 +214,6 @@ def register_node(redis_url: str, prefix: str, name: str, host_bytes: int) -> No
     """A CPU node heartbeated as an agent does (for a day), so submissions check budgets
     against it while no agent runs: jobs stay queued, as in a busy queue. The tests'
     api_only fixture uses it too."""
-    from wstrain.contracts.jobs import Node
-    from wstrain.store import JobStore
 
     async def hold() -> None:
         store = JobStore.from_url(redis_url, prefix)

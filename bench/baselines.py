@@ -17,20 +17,24 @@ import logging
 import os
 from collections.abc import Callable
 
-from bench.runtime import GIB, RandomTokens, _dims, pss_bytes, time_steps
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.utils.checkpoint import checkpoint
+
+from bench.harness import RandomTokens, pss_bytes, time_steps
+from bench.specs import llama_dims
+from bench.timeline import profile_step
+from wstrain.contracts.calibration import GIB
+from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
+from wstrain.worker.models.rope import rope_tables
 
 log = logging.getLogger("bench.runtime")
 
 
 def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
-    import torch
-    from torch.utils.checkpoint import checkpoint
-
-    from bench.timeline import profile_step
-    from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
-    from wstrain.worker.models.rope import rope_tables
-
-    dims = _dims(args.layers)
+    dims = llama_dims(args.layers)
     with torch.device("cuda"):
         model = LlamaModel(dims).to(torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -60,8 +64,6 @@ def run_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
 def _rank() -> tuple[int, int]:
     """(rank, local rank) from torchrun's environment, one rank on GPU 0 without it; the
     rank's GPU made current."""
-    import torch
-
     defaults = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517", "RANK": "0"}
     for key, value in {**defaults, "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
         os.environ.setdefault(key, value)
@@ -80,8 +82,6 @@ def accumulated_step(
 ) -> Callable[[int], None]:  # type: ignore[type-arg]
     """One whole optimizer step of a plain PyTorch model: global_batch / micro_batch
     micro-batches of random tokens accumulated, clipped to norm 1, one step."""
-    import torch
-
     data = RandomTokens(vocab, args.seq, "cuda", seed=int(os.environ.get("RANK", "0")))
     rounds = args.global_batch // micro_batch
 
@@ -100,17 +100,10 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
     """FSDP2 on one GPU with CPUOffloadPolicy: parameters, gradients and AdamW state live in
     pinned host memory, each layer is all-gathered to the device for its forward and backward
     (full activation checkpointing per layer), and the optimizer steps on the CPU."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
-    from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
-
     _rank()
     # gloo beside NCCL: with N ranks the offloaded gradients' clipping norm is reduced on the CPU
     dist.init_process_group("cpu:gloo,cuda:nccl")  # torchrun's environment (one rank without)
-    dims = _dims(args.layers)
+    dims = llama_dims(args.layers)
     with torch.device("cuda"):  # fast init; fully_shard then moves the shards home
         model = LlamaModel(dims).to(torch.bfloat16)
     offload = CPUOffloadPolicy(pin_memory=True)
@@ -154,7 +147,7 @@ def run_fsdp2_offload(args: argparse.Namespace) -> dict[str, object]:
 def _deepspeed_cpu_adam_error() -> str:
     """Build DeepSpeed's own CPU Adam, a C++ extension compiled on first use (it needs a
     compiler and Python's headers on this host): '' when it loads, else why not."""
-    try:
+    try:  # lazy, as in run_deepspeed_zero3_offload: only that row has DeepSpeed installed
         from deepspeed.accelerator import get_accelerator
 
         get_accelerator().create_op_builder("CPUAdamBuilder").load(verbose=False)
@@ -168,18 +161,15 @@ def run_deepspeed_zero3_offload(args: argparse.Namespace) -> dict[str, object]:
     memory, full activation checkpointing per layer (as the FSDP2 row), bf16, one sequence a
     micro-batch, AdamW on the CPU: DeepSpeed's own where its extension builds here, else
     torch's (the row's plan says which, and why)."""
+    # lazy: DeepSpeed is no dependency of the project; scripts/device_wheels.sh installs it
+    # on the GPU machine for this row alone
     import deepspeed
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-    from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
 
     os.environ.setdefault("MASTER_PORT", "29518")
     rank, _ = _rank()
     device = deepspeed.get_accelerator().device_name()
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
-    dims = _dims(args.layers)
+    dims = llama_dims(args.layers)
     build_error = _deepspeed_cpu_adam_error()
     config = {
         "train_micro_batch_size_per_gpu": 1,

@@ -1,8 +1,9 @@
 """How close to resident the working set can get under AdaWS's per-round schedule: an upper
 bound on tokens/s over resident, from a benchmark row's own measurements. CPU only.
 
-    python -m bench.bound bench/results/2026-11-22-h200-runtime-s10.json --row ws-20
-    python -m bench.bound bench/results/2026-11-22-h200-runtime-s10.json --row ws-20 --levers
+    python -m bench.bound bench/results/runtime/working-set-rows-h200-2026-11-27.json --row ws-20
+    python -m bench.bound bench/results/runtime/working-set-rows-h200-2026-11-27.json \
+        --row ws-20 --levers
 
 It prints the bound at each micro-batch the planner tries first (AdaWS's bound and above);
 with --levers, the ceilings of the schedules issue 26 weighs, each the same argument with one
@@ -44,15 +45,12 @@ import json
 import logging
 from dataclasses import dataclass, replace
 
-from wstrain.contracts.calibration import (
-    ALLOCATOR_SLACK,
-    LEVELS,
-    LINK_SHARE,
-    PAIRED_LINK_SHARE,
-)
-from wstrain.contracts.hardware import LayerTimes, NodeProfile
+from bench.overlap_plan import report
+from bench.specs import link_share_of, node_from_row, spec_dims_of
+from wstrain.contracts.calibration import ALLOCATOR_SLACK, LEVELS, PAIRED_LINK_SHARE
 from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
+from wstrain.planning.layouts import micro_batches
 
 log = logging.getLogger("bench.bound")
 
@@ -67,20 +65,6 @@ class Bound:
     min_recompute_s: float  # per step
     resident_step_s: float
     ceiling: float  # tokens/s over resident, at most
-
-
-def node_from_row(row: dict) -> NodeProfile:  # type: ignore[type-arg]
-    """The node profile a benchmark row was planned with (bench/runtime.py keeps it)."""
-    n = dict(row["plan"]["node"])
-    points = tuple((int(s), float(f)) for s, f in n.pop("attention_points"))
-    layer = n.pop("layer")
-    return NodeProfile(**n, attention_points=points, layer=LayerTimes(**layer) if layer else None)
-
-
-def link_share_of(row: dict) -> float:  # type: ignore[type-arg]
-    """The share of the link the row's plan gave saved sets (bench.runtime --link-share; a
-    row without one was planned at LINK_SHARE)."""
-    return float(row["plan"].get("link_share") or LINK_SHARE)
 
 
 def min_recompute_s(
@@ -110,26 +94,6 @@ def min_recompute_s(
             break
         level = up
     return total
-
-
-def spec_dims_of(row: dict):  # type: ignore[no-untyped-def,type-arg]
-    """The row's JobSpec and model dims, as bench/runtime.py planned them."""
-    from bench.runtime import _dims, job_activation_precision, job_precision, llama_spec
-
-    dims = _dims(int(row["layers"]))
-    spec = llama_spec(
-        row["name"],
-        dims.num_layers,
-        int(row["seq_len"]),
-        int(row["global_batch"]),
-        3,
-        float(row["device_budget_gib"]),
-        100,
-        {},
-        precision=job_precision(row["name"]),
-        activation_precision=job_activation_precision(row["name"]),
-    )
-    return spec, dims
 
 
 def layout_of(row: dict, X: int, planned: bool, overlap: bool) -> tuple[mm.Layout, int]:  # type: ignore[type-arg]
@@ -250,8 +214,6 @@ def bound(
 def micro_batches_at_bound(row: dict) -> list[int]:  # type: ignore[type-arg]
     """The micro-batches the planner tries first: divisors of the global batch at or above
     AdaWS's bound (below it the weights cannot stream in behind a layer's compute)."""
-    from wstrain.planning.layouts import micro_batches
-
     spec, dims = spec_dims_of(row)
     tiers, _ = micro_batches(spec, dims, node_from_row(row))
     return tiers[0]
@@ -307,8 +269,6 @@ def levers(row: dict, resident_step_s: float, measured: float) -> None:  # type:
                 measured,
                 best.ceiling - measured,
             )
-    from bench.overlap_plan import report
-
     report(row, resident_step_s)
 
 

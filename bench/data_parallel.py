@@ -33,7 +33,18 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from bench.runtime import _dims, llama_spec, measured_node, mfu_fields, run_child
+import torch
+import torch.multiprocessing as mp
+
+from bench.baselines import run_deepspeed_zero3_offload, run_fsdp2_offload
+from bench.children import run_child
+from bench.rows import mfu_fields
+from bench.specs import llama_dims, llama_spec
+from bench.working_set import measured_node, run_plan
+from wstrain.contracts.plan import Plan
+from wstrain.planning.layouts import PIECES_FROM_TOKENS
+from wstrain.planning.planner import make_plan
+from wstrain.worker.runtime.distributed import ProcessGroup
 
 log = logging.getLogger("bench.data_parallel")
 
@@ -53,17 +64,12 @@ def _as_rank(rank: int, world: int, port: int) -> None:
 
 def _write(res: dict, out: str, rank: int) -> None:  # type: ignore[type-arg]
     """A rank's row, with its GPU's peak reserved memory, where the launcher reads it."""
-    import torch
-
     res["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
     with open(f"{out}.{rank}", "w") as f:
         json.dump(res, f, default=str)
 
 
 def _rank(rank: int, world: int, port: int, job: tuple, steps: int, out: str) -> None:  # type: ignore[type-arg]
-    from bench.runtime import run_plan
-    from wstrain.worker.runtime.distributed import ProcessGroup
-
     _as_rank(rank, world, port)
     group = ProcessGroup.from_env("cuda") if world > 1 else None
     spec, dims, plan, node = job
@@ -78,8 +84,6 @@ def _baseline_rank(
 ) -> None:
     """One rank of an offload baseline (bench/baselines.py) on GPU `rank`: its per-GPU batch
     a step; its PSS is read after the timed steps, with the model still held."""
-    from bench.baselines import run_deepspeed_zero3_offload, run_fsdp2_offload
-
     _as_rank(rank, world, port)
     args.global_batch = args.per_gpu_batch  # the rank's own sequences a step
     run = run_fsdp2_offload if kind == "fsdp2" else run_deepspeed_zero3_offload
@@ -90,8 +94,6 @@ def _baseline_rank(
 def _spawn(fn, world: int, extra: tuple) -> list[dict]:
     """`world` ranks of fn(rank, world, port, *extra, out) in their own processes: each
     rank's row."""
-    import torch.multiprocessing as mp
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -104,14 +106,12 @@ def _gang_row(args: argparse.Namespace, world: int, ranks: list[dict]) -> dict[s
     """What every row reports of its ranks: tokens/s over the slowest rank's steps (the
     first one warm-up, unless it is the only one), MFU a GPU, the PSS summed over the
     ranks, each one's peak."""
-    import torch
-
     times = [max(r["times"][i] for r in ranks) for i in range(args.steps)]  # the gang's step
     timed = times[1:] or times  # `--steps 1` (a 512K step is minutes): warm-up included
     step_s = sum(timed) / len(timed)
     tokens_per_s = world * args.per_gpu_batch * args.seq / step_s
     gpu = torch.cuda.get_device_name(0)
-    flops = _dims(args.layers).flops_per_token(args.seq)
+    flops = llama_dims(args.layers).flops_per_token(args.seq)
     return {
         "name": args.row,
         "gpus": world,
@@ -138,16 +138,10 @@ def run_baseline_row(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run_row(args: argparse.Namespace) -> dict[str, object]:
-    import torch
-
-    from wstrain.contracts.plan import Plan
-    from wstrain.planning.layouts import PIECES_FROM_TOKENS
-    from wstrain.planning.planner import make_plan
-
     name = args.row
     world = int(name.split("-")[1])
     overrides = {"optimizer": "host"} if world > 1 or name.endswith("-host") else {}
-    dims = _dims(args.layers)
+    dims = llama_dims(args.layers)
     spec = llama_spec(
         name,
         args.layers,

@@ -22,7 +22,17 @@ import sys
 import time
 from pathlib import Path
 
-from bench.runtime import GIB, llama_spec, measured_node
+import torch
+
+from bench.specs import llama_spec
+from bench.working_set import measured_node
+from wstrain.contracts.calibration import GIB
+from wstrain.contracts.model_dims import resolve_dims
+from wstrain.contracts.spec import TokenData
+from wstrain.planning.planner import make_plan
+from wstrain.prepare.pipeline import PrepareRequest, prepare
+from wstrain.worker.build import build_runtime
+from wstrain.worker.io.data import TokenStream
 
 ROWS = {  # name: (runtime, device budget GiB, document_mask)
     "resident": ("resident", 60.0, False),
@@ -33,8 +43,6 @@ ROWS = {  # name: (runtime, device budget GiB, document_mask)
 
 
 def make_data(path: Path, total_bytes: int) -> Path:
-    from wstrain.prepare.pipeline import PrepareRequest, prepare
-
     rng = random.Random(0)
     written = 0
     with open(path, "w") as f:
@@ -49,14 +57,6 @@ def make_data(path: Path, total_bytes: int) -> Path:
 
 
 def run_row(name: str, args: argparse.Namespace, data: Path) -> dict[str, object]:
-    import torch
-
-    from wstrain.contracts.model_dims import resolve_dims
-    from wstrain.contracts.spec import TokenData
-    from wstrain.planning.planner import make_plan
-    from wstrain.worker.build import build_runtime
-    from wstrain.worker.io.data import TokenStream
-
     runtime, budget, docs = ROWS[name]
     spec = llama_spec(
         name, args.layers, args.seq, args.global_batch, args.steps, budget, 96.0,

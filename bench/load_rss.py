@@ -22,16 +22,22 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from wstrain.contracts.calibration import GIB
+from wstrain.contracts.model_dims import ModelDims, resolve_dims
+from wstrain.contracts.model_refs import PathModel
+from wstrain.worker.io import checkpoint
+from wstrain.worker.io.hf_load import stream_into
+from wstrain.worker.runtime.stats import proc_status_bytes
+from wstrain.worker.runtime.working_set.state import HostState
 
 log = logging.getLogger("bench.load_rss")
 
 
-def dims_for(params_b: float):  # type: ignore[no-untyped-def]
+def dims_for(params_b: float) -> ModelDims:
     """Llama-shaped dims (d 2048, FFN 5632, 16 heads, 32K vocab) with about params_b
     billion parameters, by layer count."""
-    from wstrain.contracts.model_dims import ModelDims
-
     base = ModelDims(32000, 2048, 5632, 1, 16, 16, 128)
     layers = max(1, round((params_b * 1e9 - 2 * base.embedding_params) / base.layer_params))
     return ModelDims(32000, 2048, 5632, layers, 16, 16, 128)
@@ -40,11 +46,6 @@ def dims_for(params_b: float):  # type: ignore[no-untyped-def]
 def write_checkpoint(directory: Path, params_b: float, shard_gib: float) -> int:
     """A Hugging Face directory (config.json + sharded safetensors + index) of random bf16
     weights, written by the same code that writes wstrain's checkpoints."""
-    import torch
-
-    from wstrain.worker.io import checkpoint
-    from wstrain.worker.runtime.working_set.state import HostState
-
     dims = dims_for(params_b)
     host = HostState.create(dims, "bf16", pin=False)
     gen = torch.Generator().manual_seed(0)
@@ -60,12 +61,6 @@ def write_checkpoint(directory: Path, params_b: float, shard_gib: float) -> int:
 def load(directory: Path) -> dict[str, object]:
     """Child: the worker's two steps for a model directory (worker/build.py build_runtime):
     the host state's arena, then the weights streamed into its tiles; report RSS."""
-    from wstrain.contracts.model_dims import resolve_dims
-    from wstrain.contracts.model_refs import PathModel
-    from wstrain.worker.io.hf_load import stream_into
-    from wstrain.worker.runtime.stats import proc_status_bytes
-    from wstrain.worker.runtime.working_set.state import HostState
-
     dims = resolve_dims(PathModel(path=str(directory)))
     baseline = proc_status_bytes("VmRSS")
     host = HostState.create(dims, "bf16", pin=False)

@@ -38,18 +38,18 @@ import argparse
 import logging
 import time
 
-from bench.runtime import (
-    Row,
-    _dims,
-    _table,
-    llama_spec,
-    measured_node,
-    mfu_fields,
-    parse_or_run_row,
-    row_from,
-    run_children,
-    run_plan,
-)
+import torch
+
+from bench.children import parse_or_run_row, run_children
+from bench.rows import Row, mfu_fields, row_from
+from bench.specs import llama_dims, llama_spec
+from bench.table import format_rows
+from bench.working_set import measured_node, run_plan
+from wstrain.contracts.errors import InfeasibleBudget
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.planning.planner import make_plan
+from wstrain.worker.ops import prefix_attn
+from wstrain.worker.ops.prefix_attn import prefix_attention, prefix_attention_backward
 
 log = logging.getLogger("bench.long_context")
 
@@ -71,9 +71,6 @@ def plan_row(  # type: ignore[no-untyped-def]
     (the agent reads the span from a token file's index; here every query's is known);
     `seq_chunk`: the piece length pinned (0: the planner's); `global_batch`: sequences a
     step (the planner picks the micro-batch)."""
-    from wstrain.contracts.errors import InfeasibleBudget
-    from wstrain.planning.planner import make_plan
-
     node = measured_node()  # no layer timing: a whole layer at 512K is what does not fit
     node = node.with_documents(documents)
     last: Exception | None = None
@@ -81,7 +78,7 @@ def plan_row(  # type: ignore[no-untyped-def]
         pinned = {"seq_chunk": seq_chunk} if seq_chunk else {}
         spec = llama_spec(f"long-{seq}", n, seq, global_batch, steps, DEVICE_GIB, host_gib, pinned)
         spec = spec.model_copy(update={"document_mask": documents > 0})
-        dims = _dims(n)
+        dims = llama_dims(n)
         try:
             return spec, dims, make_plan(spec, dims, node), node
         except InfeasibleBudget as e:
@@ -90,14 +87,10 @@ def plan_row(  # type: ignore[no-untyped-def]
     raise RuntimeError(f"no plan at {seq} tokens: {last}")
 
 
-def attention_rate(dims, seq: int, seq_chunk: int) -> float:  # type: ignore[no-untyped-def]
+def attention_rate(dims: ModelDims, seq: int, seq_chunk: int) -> float:
     """FLOP/s of one layer's causal attention fwd+bwd at `seq` tokens in pieces of
     `seq_chunk` (or whole), as ops/prefix_attn.py runs it; FLOPs counted as the model's
     (4·S²·H·hd/2 forward, 2.5x that backward)."""
-    import torch
-
-    from wstrain.worker.ops.prefix_attn import prefix_attention, prefix_attention_backward
-
     h, kv, hd = dims.num_heads, dims.num_kv_heads, dims.head_dim
     dev, bf16 = "cuda", torch.bfloat16
     q = torch.randn(1, h, seq, hd, device=dev, dtype=bf16)
@@ -126,8 +119,6 @@ def attention_rate(dims, seq: int, seq_chunk: int) -> float:  # type: ignore[no-
 
 
 def run_row(args: argparse.Namespace) -> Row:
-    import torch
-
     seq, docs, batch = int(args.row), args.document_tokens, args.global_batch
     spec, dims, plan, node = plan_row(
         seq, args.host_gib, args.steps, args.layers, docs, args.seq_chunk, batch
@@ -148,8 +139,6 @@ def run_row(args: argparse.Namespace) -> Row:
     del res
     torch.cuda.set_per_process_memory_fraction(1.0, 0)  # the kernel alone, whole-GPU
     torch.cuda.empty_cache()
-    from wstrain.worker.ops import prefix_attn
-
     row.plan["attention_kernel_used"] = prefix_attn.kernel_for(  # type: ignore[index]
         torch.device("cuda"), torch.bfloat16, docs > 0
     )
@@ -191,7 +180,7 @@ def main() -> None:
         for s in args.lengths.split(",")
     ]
     rows = run_children(children, args.out)
-    print(_table(rows))
+    print(format_rows(rows))
     for r in rows:
         if "error" in r:
             continue

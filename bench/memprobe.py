@@ -17,15 +17,19 @@ from pathlib import Path
 
 import torch
 
-from bench.runtime import RandomTokens, _dims, llama_spec, plan_for
+from bench.harness import RandomTokens
+from bench.runtime import plan_for
+from bench.specs import llama_dims, llama_spec
 from wstrain.contracts.calibration import GIB
+from wstrain.contracts.plan import Plan
+from wstrain.worker.build import ws_config
+from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
+from wstrain.worker.runtime.working_set.state import HostState
 
 
 def saved_plan(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """(spec, dims, plan) of a plan saved as JSON, on its first args.layers layers (the
     levels of the others dropped): a long row's phases probed in minutes, not its step."""
-    from wstrain.contracts.plan import Plan
-
     plan = Plan.model_validate_json(Path(args.plan_file).read_text())
     ws = plan.working_set
     assert ws is not None, "a working-set plan"
@@ -41,7 +45,7 @@ def saved_plan(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         args.host_gib,
         {"optimizer": "host"},
     )
-    return spec, _dims(args.layers), plan
+    return spec, llama_dims(args.layers), plan
 
 
 def main() -> None:
@@ -57,10 +61,6 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--link-share", type=float, default=0.0)
     args = p.parse_args()
-    from wstrain.worker.build import ws_config
-    from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
-    from wstrain.worker.runtime.working_set.state import HostState
-
     if args.plan_file:
         spec, dims, plan = saved_plan(args)
     else:

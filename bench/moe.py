@@ -15,18 +15,18 @@ from __future__ import annotations
 import argparse
 import logging
 
+import torch
+
 from bench.baselines import accumulated_step
-from bench.runtime import (
-    HOST_BUDGET_GIB,
-    Row,
-    _table,
-    measured_node,
-    parse_or_run_row,
-    row_from,
-    run_children,
-    run_plan,
-    time_steps,
-)
+from bench.children import parse_or_run_row, run_children
+from bench.harness import time_steps
+from bench.rows import Row, row_from
+from bench.specs import HOST_BUDGET_GIB
+from bench.table import format_rows
+from bench.working_set import measured_node, run_plan
+from wstrain.contracts.model_dims import PRESETS
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning.planner import make_plan
 
 log = logging.getLogger("bench.moe")
 
@@ -43,10 +43,9 @@ WS_ROWS = {
 def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
     """transformers' own OLMoE, bf16 weights, fused torch AdamW, micro-batch 1, the experts
     through transformers' grouped GEMM where it has one, the load-balancing loss on."""
-    import torch
+    # lazy: transformers is a test extra of the project, not on every GPU machine; only
+    # the hf-resident rows need it
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from wstrain.contracts.model_dims import PRESETS
 
     dims = PRESETS[PRESET]
     cfg = AutoConfig.for_model(**dims.to_hf_config())
@@ -92,10 +91,6 @@ def run_hf_resident(args: argparse.Namespace, ckpt: bool) -> dict[str, object]:
 def run_ws(
     args: argparse.Namespace, budget_gib: float, overrides: dict[str, object]
 ) -> dict[str, object]:
-    from wstrain.contracts.model_dims import PRESETS
-    from wstrain.contracts.spec import JobSpec
-    from wstrain.planning.planner import make_plan
-
     dims = PRESETS[PRESET]
     spec = JobSpec.model_validate(
         {
@@ -118,8 +113,6 @@ def run_ws(
 
 
 def run_row(args: argparse.Namespace) -> Row:
-    from wstrain.contracts.model_dims import PRESETS
-
     budget, overrides = WS_ROWS.get(args.row, (None, {}))
     res = (
         run_ws(args, budget, overrides)
@@ -156,7 +149,7 @@ def main() -> None:
         (["bench.moe", "--row", name, *common], {"name": name, "global_batch": args.global_batch})
         for name in args.rows.split(",")
     ]
-    print(_table(run_children(children, args.out)))
+    print(format_rows(run_children(children, args.out)))
 
 
 if __name__ == "__main__":

@@ -4,14 +4,15 @@ reproduces the row's own plan, and once with overrides.overlap. The difference o
 predictions, added to the row's measured step, estimates what the overlap would measure
 beside the same resident row; only a device row measures it. CPU only.
 
-    python -m bench.bound bench/results/2026-11-27-h200-runtime-s42.json --row ws-20 --levers
+    python -m bench.bound bench/results/runtime/per-round-rows-h200-2026-11-27.json \
+        --row ws-20 --levers
 """
 
 from __future__ import annotations
 
 import logging
 
-from bench.bound import link_share_of, node_from_row, spec_dims_of
+from bench.specs import link_share_of, node_from_row, spec_dims_of
 from wstrain.contracts.errors import InfeasibleBudget
 from wstrain.contracts.plan import Plan
 from wstrain.planning import cost_model as cm

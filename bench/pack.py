@@ -122,7 +122,7 @@ def queue(shape: tuple[int, int, int, int], jobs: int, gpus: int) -> list[dict[s
     share = -(-jobs // gpus)
     # the node profile measured once, alone, and cached for every job (as an agent does):
     # jobs starting together would otherwise time their links against each other
-    warm = "from bench.runtime import measured_node; measured_node()"
+    warm = "from bench.working_set import measured_node; measured_node()"
     subprocess.run([sys.executable, "-c", warm], check=True)
     turns = _drain(_child(*shape, jobs=1), list(range(gpus)), jobs)
     packed = _drain(_child(*shape, jobs=share), [i % gpus for i in range(jobs)], jobs)

@@ -14,9 +14,12 @@ import platform
 import statistics
 import time
 
+from wstrain.contracts.errors import InfeasibleBudget
 from wstrain.contracts.hardware import H200
 from wstrain.contracts.model_dims import PRESETS
+from wstrain.contracts.spec import JobSpec
 from wstrain.planning.levels import LayerCost, solve
+from wstrain.planning.planner import make_plan
 
 
 def _dp_case() -> list[LayerCost]:
@@ -52,10 +55,6 @@ def time_dp(repeats: int) -> dict[str, float]:
 
 
 def time_presets() -> dict[str, float]:
-    from wstrain.contracts.errors import InfeasibleBudget
-    from wstrain.contracts.spec import JobSpec
-    from wstrain.planning.planner import make_plan
-
     worst: dict[str, float] = {}
     for name, dims in PRESETS.items():
         for dev in (4, 12, 24, 40, 80):

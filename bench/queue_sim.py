@@ -2,7 +2,7 @@
 discrete-event simulation on a virtual clock (no sleeping) of one modelled 8-GPU node, fed a
 seeded 24-hour trace of jobs from 4 owners. CPU only, a few seconds.
 
-    python -m bench.queue_sim --out bench/results/2026-11-25-queue-sim.json
+    python -m bench.queue_sim --out bench/results/queue/policy-simulated-day-cpu-2026-11-25.json
     python -m bench.queue_sim --sweep-seeds 12   # the same figures for 12 other days
 
 The node, owners and trace: bench/queue_trace.py. The events and what a round does:

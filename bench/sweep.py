@@ -22,10 +22,17 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 
+import torch
+
+from bench.children import run_children
+from bench.rows import mfu_fields
+from bench.specs import HOST_BUDGET_GIB, llama_dims, llama_spec
+from bench.working_set import measured_node, run_plan
 from wstrain.contracts.calibration import GIB
+from wstrain.planning.planner import make_plan
+from wstrain.worker.runtime.stats import proc_status_bytes
 
 log = logging.getLogger("bench.sweep")
-HOST_BUDGET_GIB = 100
 
 
 @dataclass(frozen=True)
@@ -64,13 +71,7 @@ ALL = POINTS + GRID
 
 
 def run_point(point: Point, steps: int) -> dict[str, object]:
-    import torch
-
-    from bench.runtime import _dims, llama_spec, measured_node, mfu_fields, run_plan
-    from wstrain.planning.planner import make_plan
-    from wstrain.worker.runtime.stats import proc_status_bytes
-
-    dims = _dims(point.layers)
+    dims = llama_dims(point.layers)
     spec = llama_spec(
         point.name,
         point.layers,
@@ -160,8 +161,6 @@ def main() -> None:
     if args.point:
         print(json.dumps(run_point(Point(**json.loads(args.point)), args.steps)), flush=True)
         return
-    from bench.runtime import run_children
-
     children = [
         (
             ["bench.sweep", "--point", json.dumps(asdict(point)), "--steps", str(args.steps)],

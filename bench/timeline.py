@@ -16,6 +16,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from torch.profiler import ProfilerActivity, profile
+
 GAP_S = 1e-3  # idle stretches shorter than this are launch gaps, not stalls
 TOP = 30  # kernels named in the summary, by total time
 GAPS = 48  # idle stretches described by what ran around them
@@ -114,8 +116,6 @@ def summarise(trace: dict) -> dict[str, object]:
 
 def profile_step(step: Callable[[], object]) -> dict[str, object]:
     """Run `step` once under the profiler and summarise its GPU timeline."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
     with tempfile.TemporaryDirectory() as tmp:

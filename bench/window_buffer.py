@@ -1,7 +1,8 @@
 """A lever weighed before building: the levels DP with a write buffer that grows into the
 window's unfilled device bytes. CPU only.
 
-    python -m bench.window_buffer bench/results/2026-11-27-h200-issue26-s44a.json --row ws-20
+    python -m bench.window_buffer bench/results/runtime/working-set-rows-h200-2026-11-27.json \
+        --row ws-20
 
 The DP (planning/levels.py) lets a home layer's saved sets queue for the D2H link
 only within the 1 GiB write buffer (WRITE_BUFFER_BYTES). The window's layers run last in the
@@ -24,7 +25,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from bench.bound import layout_of, link_share_of, node_from_row, spec_dims_of
+from bench.bound import layout_of
+from bench.specs import link_share_of, node_from_row, spec_dims_of
 from wstrain.contracts.calibration import LEVELS
 from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.bound import bound, micro_batches_at_bound, min_recompute_s, row_ceilings, spec_dims_of
-from bench.runtime import _table
+from bench.bound import bound, micro_batches_at_bound, min_recompute_s, row_ceilings
+from bench.specs import spec_dims_of
+from bench.table import format_rows
 from wstrain.contracts.hardware import H200, LayerTimes
 from wstrain.planning.memory_model import Layout, fixed_device_bytes
 
@@ -133,17 +134,18 @@ def test_the_levers_never_lower_the_ceiling_and_the_planners_margins_never_raise
         assert planned.capacity_bytes < ideal.capacity_bytes and planned.ceiling <= ideal.ceiling
 
 
-H200_ROWS = Path(__file__).parents[2] / "bench/results/2026-11-22-h200-runtime-s10.json"
+RUNTIME = Path(__file__).parents[2] / "bench/results/runtime"
+H200_ROWS = RUNTIME / "working-set-and-offload-baselines-h200-2026-11-22.json"
 
 
 def test_each_measured_row_lies_under_its_ceilings_and_the_table_reports_the_gap() -> None:
     """On rows measured side by side on one H200: a working-set row runs below both of its
     per-round ceilings (a bound under a measured row would be wrong), the planner's margins
-    only lower the ceiling, and bench.runtime's table prints the ratio and both ceilings on
+    only lower the ceiling, and bench/table.py prints the ratio and both ceilings on
     the row's line (a row of another model, here 32 layers, has no resident to stand on)."""
     rows = json.loads(H200_ROWS.read_text())
     res = next(r for r in rows if r["name"] == "resident")
-    table = {line.split()[0]: line.split() for line in _table(rows).splitlines()[1:]}
+    table = {line.split()[0]: line.split() for line in format_rows(rows).splitlines()[1:]}
     for name in ("ws-12", "ws-20", "ws-40"):
         row = next(r for r in rows if r["name"] == name)
         ratio = res["measured_step_seconds"] / row["measured_step_seconds"]
@@ -154,11 +156,11 @@ def test_each_measured_row_lies_under_its_ceilings_and_the_table_reports_the_gap
 
 
 def test_an_overlap_row_reports_its_gap_to_the_overlaps_ceiling() -> None:
-    """A row the planner ran with the cross-round overlap (fp8 sets, H200 `h200-s43b`) is
+    """A row the planner ran with the cross-round overlap (fp8 sets, H200 `overlap-shared-store`) is
     measured against the overlap's ceilings, not the per-round ones it beat: it lies under
     both, and they are the overlap bound at its own layout (no second ring added to a plan
     that has its ring)."""
-    path = H200_ROWS.with_name("2026-11-27-h200-overlap-s43b.json")
+    path = RUNTIME / "overlap-shared-store-h200-2026-11-27.json"
     rows = json.loads(path.read_text())
     res = next(r for r in rows if r["name"] == "resident")["measured_step_seconds"]
     row = next(r for r in rows if r["name"] == "ws-20-fp8")

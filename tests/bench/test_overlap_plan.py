@@ -16,8 +16,8 @@ from bench.bound import bound, micro_batches_at_bound
 from bench.overlap_plan import replan
 
 RESULTS = Path(__file__).parents[2] / "bench/results"
-ROWS = json.loads((RESULTS / "2026-11-27-h200-runtime-s42.json").read_text())
-SHARES = json.loads((RESULTS / "2026-11-27-h200-link-share-s42.json").read_text())
+ROWS = json.loads((RESULTS / "runtime/per-round-rows-h200-2026-11-27.json").read_text())
+SHARES = json.loads((RESULTS / "runtime/link-share-h200-2026-11-27.json").read_text())
 
 
 def _working_set(rows: list[dict]) -> list[dict]:  # type: ignore[type-arg]

@@ -17,7 +17,10 @@ from bench.window_buffer import window_costs
 RESULTS = Path(__file__).parents[2] / "bench/results"
 ROWS = {
     (f, r["name"]): r
-    for f in ("2026-11-27-h200-issue26-s44a.json", "2026-11-27-h200-issue26-s44c.json")
+    for f in (
+        "runtime/working-set-rows-h200-2026-11-27.json",
+        "runtime/working-set-40gib-and-pinned-overlap-h200-2026-11-27.json",
+    )
     for r in json.loads((RESULTS / f).read_text())
 }
 
@@ -25,10 +28,10 @@ ROWS = {
 @pytest.mark.parametrize(
     ("results", "name", "window"),
     [
-        ("2026-11-27-h200-issue26-s44a.json", "ws-20", 3),
-        ("2026-11-27-h200-issue26-s44a.json", "ws-12", 0),
-        ("2026-11-27-h200-issue26-s44a.json", "ws-20-round-fp8", 3),
-        ("2026-11-27-h200-issue26-s44c.json", "ws-40", 11),
+        ("runtime/working-set-rows-h200-2026-11-27.json", "ws-20", 3),
+        ("runtime/working-set-rows-h200-2026-11-27.json", "ws-12", 0),
+        ("runtime/working-set-rows-h200-2026-11-27.json", "ws-20-round-fp8", 3),
+        ("runtime/working-set-40gib-and-pinned-overlap-h200-2026-11-27.json", "ws-40", 11),
     ],
 )
 def test_the_plain_dp_is_the_rows_plan_and_the_grown_buffer_never_costs_more(

@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 
-from bench.runtime import job_precision, mfu_fields
+from bench.rows import mfu_fields
+from bench.specs import job_precision
 from tests.conftest import REPO
 from wstrain.contracts.chips import CHIPS, Chip, chip, compute_precision, peak_flops
 from wstrain.contracts.model_dims import PRESETS
 
 # bench/runtime.py on an H200: Llama-3-8B dimensions with each row's `layers` layers, bf16
 # (rows named *-mixed: mixed precision, computed in bf16), MFU over 989e12 FLOP/s then.
-RECORDED = REPO / "bench" / "results" / "2026-11-22-h200-runtime-s10.json"
+RECORDED = REPO / "bench/results/runtime/working-set-and-offload-baselines-h200-2026-11-22.json"
 
 
 def _recorded_rows() -> list[dict[str, Any]]:
@@ -49,7 +50,7 @@ def test_recorded_h200_runs_recompute_to_their_mfu(row: dict[str, Any]) -> None:
 
 # bench/runtime.py on an H100 SXM after the chip table: each row records its own precision,
 # peak and source (`python -m bench.runtime --layers 4 --global-batch 8 --rows resident,ws-20`)
-RECORDED_H100 = REPO / "bench" / "results" / "2026-11-25-h100-mfu.json"
+RECORDED_H100 = REPO / "bench/results/runtime/mfu-from-chip-table-h100-2026-11-25.json"
 
 
 @pytest.mark.parametrize("row", json.loads(RECORDED_H100.read_text()), ids=lambda r: str(r["name"]))
