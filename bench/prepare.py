@@ -33,7 +33,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from wstrain.contracts.calibration import GIB
+from wstrain.contracts.model_dims import ModelDims
+from wstrain.contracts.spec import OptimizerSpec, TokenData
+from wstrain.worker.io.data import TokenStream
+from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
 
 BASELINE_BATCH_BYTES = 8 << 20
 
@@ -65,8 +72,6 @@ def make_corpus(path: Path, size_bytes: int) -> int:
 
 
 def train_tokenizer(corpus: Path, out: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     def sample() -> Iterator[str]:
         seen = 0
         with open(corpus, encoding="utf-8") as f:
@@ -90,8 +95,6 @@ def train_tokenizer(corpus: Path, out: Path) -> None:
 
 
 def baseline(corpus: Path, tokenizer: Path, method: str) -> dict[str, float]:
-    from tokenizers import Tokenizer
-
     tok = Tokenizer.from_file(str(tokenizer))
     batches: list[list[str]] = [[]]
     size = 0
@@ -174,13 +177,6 @@ def run_prepare(corpus: Path, tokenizer: Path, out: Path) -> dict[str, float]:
 
 def train_on(out: Path) -> list[float]:
     """Two steps of a 2-layer Llama on the token file, the worker's own data path."""
-    import torch
-
-    from wstrain.contracts.model_dims import ModelDims
-    from wstrain.contracts.spec import OptimizerSpec, TokenData
-    from wstrain.worker.io.data import TokenStream
-    from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
-
     torch.manual_seed(0)
     dims = ModelDims(
         vocab_size=32768,
