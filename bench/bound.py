@@ -6,7 +6,7 @@ bound on tokens/s over resident, from a benchmark row's own measurements. CPU on
         --row ws-20 --levers
 
 It prints the bound at each micro-batch the planner tries first (AdaWS's bound and above);
-with --levers, the ceilings of the schedules issue 26 weighs, each the same argument with one
+with --levers, the ceilings of the schedules weighed against it, each the same argument with one
 term changed (see `bound`): saved activations as fp8 with a scale per block (cost_model's
 bytes: the inputs and the MLP's pair at 1 byte, the attention kernel's set exact), and
 cross-round overlap (the next round's forward beside this round's backward, so the link's
@@ -277,7 +277,11 @@ def main() -> None:
     p.add_argument("results", help="a bench/results/*.json file with a resident row")
     p.add_argument("--row", default="ws-20")
     p.add_argument("--resident", default="resident")
-    p.add_argument("--levers", action="store_true", help="the ceilings of issue 26's levers")
+    p.add_argument(
+        "--levers",
+        action="store_true",
+        help="the ceilings of the levers: fp8 saved sets, cross-round overlap",
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with open(args.results) as f:

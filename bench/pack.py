@@ -1,6 +1,5 @@
-"""Working-set jobs packed on GPUs: two on one GPU against one alone (the `pack-2x20` row of
-issue 21), and a queue of jobs on a node's GPUs packed against one job a GPU in turn
-(`--queue`, issue 27's packed queue).
+"""Working-set jobs packed on GPUs: two on one GPU against one alone (the `pack-2x20` row),
+and a queue of jobs on a node's GPUs packed against one job a GPU in turn (`--queue`).
 
 Each job is `bench.runtime`'s `ws-20` row (Llama-3-8B dimensions under a 20 GiB device
 budget, the allocator's hard limit) in its own process, as the agent runs workers; the
