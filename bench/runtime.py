@@ -13,6 +13,7 @@ precision; a row on a GPU the table does not know has none.
 from __future__ import annotations
 
 import argparse
+from typing import cast
 
 from bench.baselines import run_deepspeed_zero3_offload, run_fsdp2_offload, run_resident
 from bench.children import parse_or_run_row, run_children
@@ -112,7 +113,7 @@ def run_row(args: argparse.Namespace) -> Row:
     else:
         res = run_working_set(args, name)
         budget = float(WS_ROWS[name][0])
-    dims = llama_dims(int(res.get("layers") or args.layers))  # type: ignore[call-overload]
+    dims = llama_dims(cast(int, res.get("layers") or args.layers))
     runtime = {
         "fsdp2-offload": "fsdp2_cpu_offload",
         "deepspeed-zero3-offload": "deepspeed_zero3_cpu_offload",

@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -39,7 +39,8 @@ def measured_node(layer_seq: int | None = None, dims: ModelDims | None = None) -
     dims are given (worker/profile/layer.py): what the scheduler agent plans with."""
     measured = cached_profile(Path(os.environ.get("BENCH_PROFILE_DIR", "/tmp/wstrain-profiles")))
     total = torch.cuda.get_device_properties(0).total_memory
-    node = NodeProfile.from_profile("cuda", measured["profile"], total, 128 * GIB)
+    rates = cast(dict[str, float], measured["profile"])
+    node = NodeProfile.from_profile("cuda", rates, total, 128 * GIB)
     if dims is not None and layer_seq is not None:
         node = node.with_layer(LayerTimes.from_json(measure(dims, layer_seq, "bf16")))
     return node
