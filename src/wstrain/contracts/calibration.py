@@ -59,7 +59,7 @@ ATTENTION_KEY_BLOCK_TOKENS: Final = 65536
 # each piece dK and dV of every key up to its end, dQ once per key block's call, as
 # mixed-dtype adds. Measured on an H100, 16 layers at 256K in 16K pieces: 0.675 s of those
 # add kernels a step for 1.29 TB read and written
-# (bench/results/2026-11-27-h100-long-context-profile-32k-256k.json), so finer pieces,
+# (bench/results/long-context/profile-32k-and-256k-h100-2026-11-27.json), so finer pieces,
 # which re-add the prefix's gradients more often, cost that much more.
 PIECE_SUMS_BYTES_PER_S: Final = 1.91e12
 # fp8 saved activations (working_set/fp8_saves.py): one fp32 scale per this many elements,

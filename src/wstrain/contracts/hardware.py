@@ -254,7 +254,7 @@ _H100_MEASURED = ShippedProfile(
     85017493504,  # torch's total_memory of an "NVIDIA H100 80GB HBM3"
     128 * GIB,
     "the profile measured on an NVIDIA H100 80GB HBM3 (SXM) on 2026-11-27 "
-    "(bench/results/2026-11-27-h100-long-context-32k-256k-fixed.json)",
+    "(bench/results/long-context/lengths-32k-to-256k-h100-2026-11-27.json)",
 )
 _H200_MEASURED = ShippedProfile(
     "h200",
@@ -274,7 +274,7 @@ _H200_MEASURED = ShippedProfile(
     150109880320,  # torch's total_memory of an "NVIDIA H200"
     128 * GIB,
     "the profile measured on an NVIDIA H200 on 2026-11-27 "
-    "(bench/results/2026-11-27-h200-profile-s44b.json)",
+    "(bench/results/runtime/working-set-profile-h200-2026-11-27.json)",
 )
 # The share of its datasheet memory a card leaves to torch: the H100 80GB 85017493504 bytes
 # of 80 GiB (0.990), the H200 150109880320 of 141 GiB (0.991).
