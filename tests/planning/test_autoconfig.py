@@ -19,7 +19,7 @@ from wstrain.contracts.calibration import GIB, LEVELS
 from wstrain.contracts.errors import InfeasibleBudget, InvalidSpec
 from wstrain.contracts.hardware import H100_ADAWS, H200, NodeProfile
 from wstrain.contracts.model_dims import PRESETS, ModelDims
-from wstrain.planning import cost_model as cm
+from wstrain.planning import layer_time
 from wstrain.planning.layouts import PIECES_FROM_TOKENS, micro_batches
 from wstrain.planning.levels import BUCKETS, LayerCost, simulate, solve
 from wstrain.planning.planner import make_plan
@@ -44,13 +44,17 @@ def test_adaws_micro_batch_bound_for_llama3_8b_on_h100() -> None:
       S = 32768: ... / (2·32768·(218112000 + 32768·4096)·64e9) = 0.5839"""
     assert LLAMA3_8B.layer_params == 218_112_000
     for seq, expected in ((8192, 3.2697), (4096, 7.0064), (32768, 0.5839)):
-        x = cm.adaws_min_micro_batch(218_112_000, 218_112_000, seq, 4096, 2, 2, 989e12, 64e9)
+        x = layer_time.adaws_min_micro_batch(
+            218_112_000, 218_112_000, seq, 4096, 2, 2, 989e12, 64e9
+        )
         assert x == pytest.approx(expected, rel=1e-4)
     # The planner takes the first divisor of the global batch at or above the bound.
     for seq, first in ((8192, 4), (4096, 8), (32768, 1)):
         spec = _spec(LLAMA3_8B, seq, 64, 60, 400, optimizer="host", r_param=3, r_grad=2)
         plan = make_ws_plan(spec, LLAMA3_8B, H100_ADAWS)
-        bound = cm.adaws_min_micro_batch(218_112_000, 218_112_000, seq, 4096, 2, 2, 989e12, 64e9)
+        bound = layer_time.adaws_min_micro_batch(
+            218_112_000, 218_112_000, seq, 4096, 2, 2, 989e12, 64e9
+        )
         assert f"X >= {bound:.2f}" in plan.reasons["micro_batch"]
         assert plan.micro_batch >= first
 
@@ -62,7 +66,7 @@ def test_adaws_micro_batch_bound_uses_total_and_active_params_for_moe() -> None:
     X >= 4·419565568·989e12 / (2·8192·(67244032 + 8192·2048)·64e9) = 18.839 sequences:
     streaming all experts' weights needs far more tokens than the active FLOPs of a dense
     layer of the same compute."""
-    x = cm.adaws_min_micro_batch(419_565_568, 67_244_032, 8192, 2048, 2, 2, 989e12, 64e9)
+    x = layer_time.adaws_min_micro_batch(419_565_568, 67_244_032, 8192, 2048, 2, 2, 989e12, 64e9)
     assert x == pytest.approx(18.839, rel=1e-4)
     # the preset adds OLMoE's q/k RMSNorms over whole projections (2 x 2048), and the
     # planner's bound takes ψ_total and ψ_active from it

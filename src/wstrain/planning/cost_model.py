@@ -1,13 +1,14 @@
 """The working-set cost model's time: for one candidate layout, the step time with its
 breakdown (compute, recompute, exposed transfer, exposed optimizer), from the model's
 dimensions and the node's measured profile (contracts/hardware.py); the bytes a
-layout holds are memory_model.py's.
+layout holds are memory_model.py's, one layer's compute layer_time.py's.
 
 Time terms follow AdaWS §3.2: a layer's forward takes 2·S·(ψ_active + S·d_attn)/P (what a
 token computes with), its weights ψ_total (what crosses PCIe); its backward twice that
 (flash attention 2.5x), recomputation adds a share of a forward per (layer, chunk) by
 saved-activation level, and weights, gradients and saved sets crossing PCIe are exposed only
-where they outlast the compute they overlap.
+where they outlast the compute they overlap; last step's deferred AdamW delays this step's
+first forward (optimizer_s).
 
     cost = step_time(dims, spec, layout, levels, window, node)   # StepTime
 """
@@ -25,16 +26,21 @@ from wstrain.contracts.calibration import (
     LINK_SHARE,
     MIXED_UPDATE_SLOWDOWN,
     MLP_BACKWARD_SHARE,
-    MLP_RECOMPUTED_SHARE,
     PAIRED_LINK_SHARE,
     PIECE_SUMS_BYTES_PER_S,
-    RUNTIME_OVERHEAD,
     WRITE_BUFFER_BYTES,
 )
 from wstrain.contracts.hardware import NodeProfile
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import JobSpec
 from wstrain.contracts.step_shape import piece_spans
+from wstrain.planning.layer_time import (
+    attention_call,
+    attention_span,
+    chunk_times,
+    core_attention_s,
+    recompute_shares,
+)
 from wstrain.planning.levels import LayerCost, write_buffer_stall_s
 from wstrain.planning.memory_model import (
     Layout,
@@ -55,102 +61,6 @@ class StepTime:
 
 
 # ------------------------------------------------------------------ time
-
-
-def adaws_min_micro_batch(
-    psi_total: int,
-    psi_active: int,
-    seq_len: int,
-    d_attn: int,
-    param_bytes: int,
-    grad_bytes: int,
-    flops: float,
-    link_bytes_per_s: float,
-) -> float:
-    """AdaWS §3.2.2: X >= (|τp|+|τg|)·ψ_total·P / (2·S·(ψ_active + S·d_attn)·BW), so a
-    layer's forward outlasts streaming its weights in and its gradients out."""
-    return (
-        (param_bytes + grad_bytes)
-        * psi_total
-        * flops
-        / (2 * seq_len * (psi_active + seq_len * d_attn) * link_bytes_per_s)
-    )
-
-
-def attention_span(seq_len: int, lay: Layout | None, node: NodeProfile) -> int:
-    """Tokens a query's causal attention spans, as the runtime runs it: a long sequence's
-    pieces over packed documents attend within each document (node.document_span), a
-    whole sequence under document_mask through a dense mask over all of it."""
-    span = node.document_span
-    return span if lay is not None and lay.seq_chunk and 0 < span < seq_len else seq_len
-
-
-def attention_call(seq_len: int, lay: Layout | None, node: NodeProfile) -> int:
-    """Tokens of one attention kernel call where packed documents run in pieces: a
-    document's part of a piece, at most min(piece, document) queries and as many keys in
-    each of its prefix and diagonal calls (ops/document_attn.py), so it runs at the profiled
-    rate that long (128K of 8K documents in 4K pieces on an H100: 14% under the measured
-    step at the 8K rate, 7% under at the 4K one; bench/RESULTS.md). 0 elsewhere: the span's
-    rate (a plain piece's prefix call takes the whole prefix's keys)."""
-    span = attention_span(seq_len, lay, node)
-    return min(span, lay.seq_chunk) if lay is not None and span < seq_len else 0
-
-
-def _core_attention_s(
-    dims: ModelDims, seq_len: int, span: int, node: NodeProfile, call: int = 0
-) -> float:
-    """Causal attention forward of one sequence whose queries span `span` tokens (their
-    documents'), at the profiled rate of `call` tokens (attention_call; 0: `span`)."""
-    flops = 2 * seq_len * span * dims.num_heads * dims.head_dim
-    return flops / node.attention_flops(call or span)
-
-
-def recompute_shares(
-    dims: ModelDims, seq_len: int, node: NodeProfile, span: int = 0, call: int = 0
-) -> tuple[float, ...]:
-    """Share of a layer's forward each level recomputes in backward: 0 the attention block
-    and the MLP's gate/up, 1 the output projection (with q/k norms also the QKV projections)
-    and gate/up, 2 the attention block, 3 the output projection. The blocks' times are
-    measured where the node carries them; the split inside attention is by FLOPs at the
-    profiled GEMM and attention rates. `span`, `call`: attention_span (0: the whole
-    sequence) and attention_call."""
-    S, D, hd = seq_len, dims.hidden_size, dims.head_dim
-    span = span or S
-    qkv_s = 2 * S * D * (dims.num_heads + 2 * dims.num_kv_heads) * hd / node.matmul_flops
-    o_s = 2 * S * D * dims.num_heads * hd / node.matmul_flops
-    core_s = _core_attention_s(dims, S, span, node, call)
-    attn_s = qkv_s + o_s + core_s
-    mlp_s = max(0.0, 2 * S * dims.layer_params_active / node.matmul_flops - qkv_s - o_s)
-    lt = node.layer
-    if lt is not None and lt.seq_len == seq_len and span == S:
-        attn_s, mlp_s = lt.attention_forward_s, lt.mlp_forward_s
-    o_share = (o_s + (qkv_s if dims.qk_norm else 0.0)) / (qkv_s + o_s + core_s)
-    fwd_s, up_s = attn_s + mlp_s, MLP_RECOMPUTED_SHARE * mlp_s
-    return (
-        (attn_s + up_s) / fwd_s,
-        (o_share * attn_s + up_s) / fwd_s,
-        attn_s / fwd_s,
-        o_share * attn_s / fwd_s,
-    )
-
-
-def chunk_times(
-    dims: ModelDims, seq_len: int, node: NodeProfile, span: int = 0, call: int = 0
-) -> tuple[float, float]:
-    """(forward, backward) seconds of one sequence through one decoder layer: measured when
-    the node carries the job's layer times, else from FLOPs at the profiled rates. From
-    FLOPs, the runtime's overhead (hooks, launch gaps, elementwise work) goes on the GEMM
-    part only: the attention kernel runs as profiled (long context, H100, 32K-512K: with
-    the overhead on attention too, 64K-512K predicted 12-28% over the measured step;
-    without, -12% at 32K and -2% to +8% from 64K; bench/RESULTS.md). `span`, `call`:
-    attention_span (0: the whole sequence) and attention_call."""
-    k = RUNTIME_OVERHEAD
-    span = span or seq_len
-    if node.layer is not None and node.layer.seq_len == seq_len and span == seq_len:
-        return k * node.layer.forward_s, k * node.layer.backward_s
-    gemm = 2 * seq_len * dims.layer_params_active / node.matmul_flops  # MoE: Ψ_active
-    attn_s = _core_attention_s(dims, seq_len, span, node, call)
-    return k * gemm + attn_s, k * 2 * gemm + 2.5 * attn_s  # flash bwd: 5x vs 4x FLOPs
 
 
 def piece_sums_s(dims: ModelDims, seq_len: int, lay: Layout, span: int) -> float:
@@ -215,7 +125,7 @@ def piece_values(
     S = spec.seq_len
     if lay.pieces == 1 or attention_span(S, lay, node) < S:
         return ()
-    core_s = _core_attention_s(dims, S, S, node)
+    core_s = core_attention_s(dims, S, S, node)
     rows = []
     for s0, s1 in piece_spans(S, lay.seq_chunk):
         extra = core_s * ((s1 * s1 - s0 * s0) / (S * S) - 1 / lay.pieces)

@@ -15,8 +15,8 @@ from wstrain.contracts.hardware import NodeProfile
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import JobSpec
 from wstrain.contracts.step_shape import piece_count
-from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
+from wstrain.planning.layer_time import adaws_min_micro_batch
 
 MAX_MICRO_BATCH = 32  # sequences per round the search considers
 MICRO_BATCHES_TRIED = 4  # divisors from the AdaWS bound up
@@ -37,7 +37,7 @@ def micro_batches(
     budget (or the global batch is below the bound), the smaller ones (AdaWS's guards: at
     least one sequence, and fewer tokens where memory demands it)."""
     e = ELEMENT_BYTES[spec.precision]
-    bound = cm.adaws_min_micro_batch(
+    bound = adaws_min_micro_batch(
         dims.layer_params,
         dims.layer_params_active,
         spec.seq_len,

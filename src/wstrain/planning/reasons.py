@@ -12,6 +12,7 @@ from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import JobSpec
 from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
+from wstrain.planning.layer_time import attention_call, attention_span
 
 
 def _count(levels: list[list[int]]) -> str:
@@ -135,9 +136,9 @@ def _documents(spec: JobSpec, lay: mm.Layout, node: NodeProfile) -> str:
     """What the step time assumes of packed documents in pieces."""
     if not (spec.document_mask and lay.pieces > 1):
         return ""
-    span = cm.attention_span(spec.seq_len, lay, node)
+    span = attention_span(spec.seq_len, lay, node)
     if span < spec.seq_len:
-        call = cm.attention_call(spec.seq_len, lay, node)
+        call = attention_call(spec.seq_len, lay, node)
         return (
             f"; attention within documents, costed at {span} tokens a query (the token "
             f"file's documents, token-weighted) in calls of {call} at the profiled rate"

@@ -24,7 +24,7 @@ from wstrain.contracts.hardware import NodeProfile
 from wstrain.contracts.model_dims import STATE_BYTES_PER_PARAM, ModelDims
 from wstrain.contracts.plan import MinBudget, Plan, Predicted
 from wstrain.contracts.spec import JobSpec
-from wstrain.planning.cost_model import chunk_times
+from wstrain.planning.layer_time import chunk_times
 from wstrain.planning.memory_model import activation_bytes_per_token
 
 
