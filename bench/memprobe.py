@@ -60,6 +60,7 @@ def main() -> None:
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--link-share", type=float, default=0.0)
+    p.add_argument("--jobs-on-gpu", type=int, default=1, help="plan for a GPU shared by N jobs")
     args = p.parse_args()
     if args.plan_file:
         spec, dims, plan = saved_plan(args)
