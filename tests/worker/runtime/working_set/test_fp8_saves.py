@@ -11,7 +11,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tests.worker.runtime.working_set.test_schedule import (
+from tests.worker.runtime.working_set.reference_runs import (
     DIMS,
     Batches,
     fp32_spec,

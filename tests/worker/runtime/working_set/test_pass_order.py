@@ -14,17 +14,17 @@ import dataclasses
 import pytest
 import torch
 
-from tests.worker.runtime.working_set.test_schedule import (
+from tests.worker.runtime.working_set.reference_runs import (
     BIG_VOCAB,
     DIMS,
     Batches,
+    DocBatches,
     check_grads,
     check_weights_after_steps,
     fp32_spec,
     make_runtime,
     reference,
 )
-from tests.worker.runtime.working_set.test_sequence_chunks import DocBatches
 from wstrain.planning.memory_model import overlap_live_bytes, saved_bytes
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.host_store import HostActivationStore
@@ -69,7 +69,7 @@ def test_overlap_trains_as_torch_adamw(device_layers: int) -> None:
         overlap=True,
     )
     _in_small_parts(rt)
-    check_weights_after_steps(rt, ref, data, 3, 1e-5)
+    check_weights_after_steps(rt, data, 3, 1e-5)
 
 
 @pytest.mark.parametrize(
@@ -165,7 +165,7 @@ def test_cuda_overlap_matches_transformers(level: int) -> None:
         lead_rounds=2,
         overlap=True,
     )
-    check_grads(rt, ref, data, tol=1e-4)
+    check_grads(rt, data, tol=1e-4, ref=ref)
 
 
 def test_overlap_config_round_trips() -> None:

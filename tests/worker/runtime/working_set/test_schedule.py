@@ -1,118 +1,38 @@
-"""The working-set runtime against Hugging Face `LlamaForCausalLM` (and `Qwen3ForCausalLM`):
-same weights, same batch
--> same loss and every gradient (fp32, relative L2 < 1e-5) for every saved-activation level,
-window, ring size and number of rounds; after N steps the weights match torch AdamW on the
-reference; and a property test: the result never depends on the plan."""
+"""The working-set runtime against Hugging Face `LlamaForCausalLM` (and `Qwen3ForCausalLM`
+and three MoE models): same weights, same batch -> same loss and every gradient (fp32,
+relative L2 < 1e-5) for every saved-activation level, window, ring size and number of
+rounds; after N steps the weights match torch AdamW on the reference; and a property test:
+the result never depends on the plan. The models, data and cached reference results:
+reference_runs.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import LlamaForCausalLM
 
-from tests.worker.hf_models import (
-    aux_per_sequence,
-    hf_causal_lm,
-    hub_grads,
-    hub_state,
-    perturb_norms,
+from tests.worker.hf_models import hub_state
+from tests.worker.runtime.working_set.reference_runs import (
+    BIG_VOCAB,
+    DIMS,
+    OLMOE,
+    QWEN2_MOE,
+    QWEN3,
+    QWEN3_MOE,
+    Batches,
+    check_grads,
+    check_weights_after_steps,
+    fp32_spec,
+    make_runtime,
+    reference,
+    rel,
 )
 from wstrain.contracts.model_dims import ModelDims
-from wstrain.contracts.spec import JobSpec, OptimizerSpec
 from wstrain.planning.memory_model import saved_bytes
 from wstrain.worker.runtime.optim import make_adamw
-from wstrain.worker.runtime.working_set.config import WorkingSetConfig
-from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
-from wstrain.worker.runtime.working_set.state import HostState
-
-DIMS = ModelDims(101, 48, 80, 4, 4, 2, 12, 1e-5, 10000.0, 128)
-SEQ = 16
-
-
-class Batches:
-    """A fixed token pool; batch(step, round, n) like wstrain.worker.io.data.TokenStream."""
-
-    def __init__(self, vocab: int, seed: int = 0) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.pool = torch.randint(0, vocab, (64, SEQ + 1), generator=g)
-        self.seq_len = SEQ
-
-    def batch(self, step: int, round_idx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start = (step * 7 + round_idx * n) % (64 - n)
-        rows = self.pool[start : start + n]
-        return rows[:, :-1], rows[:, 1:]
-
-    def target_tokens(self, step: int, sequences: int) -> int:
-        return sequences * self.seq_len
-
-
-def reference(dims: ModelDims) -> LlamaForCausalLM:
-    torch.manual_seed(1)
-    model = hf_causal_lm(dims, "sdpa")
-    perturb_norms(model, seed=2)
-    return model  # type: ignore[return-value]
-
-
-def ref_loss_and_grads(
-    model: LlamaForCausalLM, data: Batches, step: int, rounds: int, mb: int
-) -> float:
-    model.zero_grad()
-    total = 0.0
-    for r in range(rounds):
-        x, y = data.batch(step, r, mb)
-        out = model(input_ids=x)
-        logits = out.logits  # (B, S, V)
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
-        )
-        loss = loss / rounds
-        if getattr(out, "aux_loss", None) is not None:  # MoE: transformers' aux, per sequence
-            loss = loss + model.router_aux_loss_coef * aux_per_sequence(model, x) / (rounds * mb)
-        loss.backward()
-        total += loss.item()
-    return total
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
-
-
-def make_runtime(
-    ref: LlamaForCausalLM,
-    device: str = "cpu",
-    dims: ModelDims = DIMS,  # type: ignore[no-untyped-def]
-    precision: str = "fp32",
-    **kw,
-) -> WorkingSetRuntime:
-    host = HostState.create(dims, precision, pin=device == "cuda")
-    host.load_state_dict({k: v.detach().cpu() for k, v in hub_state(ref).items()})
-    cfg = WorkingSetConfig(precision=precision, device=device, steps=10, seed=0, seq_len=SEQ, **kw)
-    # eps 1e-6, not 1e-8: AdamW moves a weight by about lr·sign(g) wherever |g| >> eps, so with
-    # eps 1e-8 gradients of ~1e-8, whose sign the fp32 summation order decides, set an error
-    # floor that follows the reference's kernels (5-7e-5 with transformers 5.23; 1.7e-6 here)
-    return WorkingSetRuntime(
-        dims,
-        cfg,
-        OptimizerSpec(lr=1e-2, weight_decay=0.1, eps=1e-6, grad_clip=0.5, warmup_steps=2),
-        host,
-    )
-
-
-def check_grads(
-    rt: WorkingSetRuntime, ref: LlamaForCausalLM, data: Batches, tol: float = 1e-5
-) -> None:
-    cfg = rt.cfg
-    want = ref_loss_and_grads(ref, data, 0, cfg.rounds, cfg.micro_batch)
-    got = rt.forward_backward(data, 0)
-    assert abs(got - want) < tol * abs(want), (got, want)
-    grads = rt.host.named_grads()
-    for name, want_g in hub_grads(ref).items():
-        assert rel(grads[name], want_g.cpu()) < tol, (name, rel(grads[name], want_g.cpu()))
 
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
@@ -131,7 +51,7 @@ def test_every_level_and_window_matches_transformers(level: int, window: int) ->
         levels=levels,
         loss_tokens=24,
     )
-    check_grads(rt, ref, data)
+    check_grads(rt, data)
 
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
@@ -157,80 +77,6 @@ def test_home_sets_take_what_the_planner_counts(level: int) -> None:
     assert rt.acts.peak_bytes == DIMS.num_layers * 2 * saved_bytes(DIMS, spec, level)
 
 
-def fp32_spec(global_batch: int) -> JobSpec:
-    """The JobSpec of these tests' runs (DIMS, SEQ tokens, fp32) for the planner's counts."""
-    return JobSpec.model_validate(
-        {
-            "name": "a",
-            "model": {"hf_config": DIMS.to_hf_config()},
-            "data": {"kind": "synthetic"},
-            "seq_len": SEQ,
-            "global_batch": global_batch,
-            "steps": 1,
-            "precision": "fp32",
-            "budget": {"device_gib": 1, "host_gib": 1},
-        }
-    )
-
-
-QWEN3 = ModelDims(101, 48, 80, 3, 4, 2, 16, 1e-6, 1000000.0, 128, model_type="qwen3")
-OLMOE = ModelDims(
-    101,
-    48,
-    0,
-    3,
-    4,
-    4,
-    12,
-    1e-5,
-    10000.0,
-    128,
-    model_type="olmoe",
-    num_experts=6,
-    experts_per_token=2,
-    moe_intermediate_size=20,
-    router_aux_loss_coef=0.02,
-    pad_token_id=1,
-)
-QWEN3_MOE = ModelDims(
-    101,
-    48,
-    0,
-    3,
-    4,
-    2,
-    16,
-    1e-6,
-    1000000.0,
-    128,
-    model_type="qwen3_moe",
-    num_experts=8,
-    experts_per_token=3,
-    moe_intermediate_size=24,
-    norm_topk_prob=True,
-    router_aux_loss_coef=0.05,
-)
-QWEN2_MOE = ModelDims(
-    101,
-    48,
-    0,
-    3,
-    4,
-    2,
-    12,
-    1e-6,
-    1000000.0,
-    128,
-    model_type="qwen2_moe",
-    num_experts=6,
-    experts_per_token=2,
-    moe_intermediate_size=20,
-    router_aux_loss_coef=0.02,
-    shared_expert_intermediate_size=40,
-    qkv_bias=True,
-)
-
-
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_qwen3_matches_transformers_through_the_working_set(level: int) -> None:
     ref, data = reference(QWEN3), Batches(QWEN3.vocab_size)
@@ -247,7 +93,7 @@ def test_qwen3_matches_transformers_through_the_working_set(level: int) -> None:
         levels=levels,
         loss_tokens=20,
     )
-    check_grads(rt, ref, data)
+    check_grads(rt, data)
 
 
 @pytest.mark.parametrize(
@@ -271,7 +117,7 @@ def test_moe_matches_transformers_through_the_working_set(dims: ModelDims, level
         levels=levels,
         loss_tokens=20,
     )
-    check_grads(rt, ref, data)
+    check_grads(rt, data)
 
 
 @pytest.mark.parametrize(
@@ -325,28 +171,7 @@ def test_ring_sizes_and_rounds_match_transformers(r_param: int, r_grad: int, rou
         window=1,
         levels=levels,
     )
-    check_grads(rt, ref, data)
-
-
-# a vocabulary large enough that the embedding and head update in ~8 layer-sized slices,
-# pipelined through both of the device optimizer's moment slot pairs
-BIG_VOCAB = dataclasses.replace(DIMS, vocab_size=3001)
-
-
-def check_weights_after_steps(
-    rt: WorkingSetRuntime, ref: LlamaForCausalLM, data: Batches, steps: int, tol: float
-) -> None:
-    """Train both `steps` steps (reference: torch AdamW, clipping, schedule) and compare."""
-    opt, sched = make_adamw(ref.parameters(), rt.opt_spec, rt.cfg.steps)
-    for step in range(steps):
-        ref_loss_and_grads(ref, data, step, rt.cfg.rounds, rt.cfg.micro_batch)
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), rt.opt_spec.grad_clip)
-        opt.step()
-        sched.step()
-        rt.train_step(data, step)
-    weights = rt.state_tensors()  # applies a deferred device update first
-    for name, p in ref.named_parameters():
-        assert rel(weights[name], p.detach().cpu()) < tol, name
+    check_grads(rt, data)
 
 
 @pytest.mark.parametrize(
@@ -366,7 +191,7 @@ def test_weights_after_steps_match_torch_adamw(device_layers: int) -> None:
         window=1,
         device_opt_layers=device_layers,
     )
-    check_weights_after_steps(rt, ref, data, 4, 1e-5)
+    check_weights_after_steps(rt, data, 4, 1e-5)
 
 
 @pytest.mark.parametrize(
@@ -441,7 +266,7 @@ def test_lead_pass_matches_torch_adamw(device_layers: int) -> None:
         lead_rounds=2,
     )
     assert rt.cfg.placement(dims.num_layers - 1, 3, dims.num_layers) == (1, True)
-    check_weights_after_steps(rt, ref, data, 3, 1e-5)
+    check_weights_after_steps(rt, data, 3, 1e-5)
 
 
 @settings(max_examples=20, deadline=None)
@@ -466,7 +291,9 @@ def test_result_never_depends_on_the_plan(
     seed: int,
 ) -> None:
     """Any plan, the cross-round overlap (working_set/pass_order.py) with its first pass's
-    own levels included."""
+    own levels included. The examples vary the plan (`seed` draws the levels and the loss
+    chunk) over one token pool, so transformers runs each distinct round of it once
+    (reference_runs.reference_step) rather than once an example: 12 rounds at most."""
     mb, chunk = mb_chunk
     g = torch.Generator().manual_seed(seed)
 
@@ -477,7 +304,7 @@ def test_result_never_depends_on_the_plan(
         )
 
     levels, first_levels = random_levels(), random_levels() if overlap else ()
-    ref, data = reference(DIMS), Batches(DIMS.vocab_size, seed)
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
     rt = make_runtime(
         ref,
         micro_batch=mb,
@@ -492,7 +319,7 @@ def test_result_never_depends_on_the_plan(
         overlap=overlap,
         first_levels=first_levels,
     )
-    check_grads(rt, ref, data)
+    check_grads(rt, data)
 
 
 @pytest.mark.gpu
@@ -517,7 +344,7 @@ def test_cuda_streams_match_transformers(level: int, window: int) -> None:
         levels=levels,
         loss_tokens=24,
     )
-    check_grads(rt, ref, gpu_data, tol=1e-4)
+    check_grads(rt, gpu_data, tol=1e-4, ref=ref)
 
 
 @pytest.mark.gpu
@@ -543,7 +370,7 @@ def test_cuda_moe_matches_transformers(level: int) -> None:
         levels=levels,
         loss_tokens=24,
     )
-    check_grads(rt, ref, gpu_data, tol=1e-4)
+    check_grads(rt, gpu_data, tol=1e-4, ref=ref)
 
 
 @pytest.mark.gpu
@@ -568,7 +395,7 @@ def test_cuda_device_adamw_matches_torch_adamw(device_layers: int) -> None:
         device_opt_layers=device_layers,
         loss_tokens=24,
     )
-    check_weights_after_steps(rt, ref, data, 3, 1e-4)
+    check_weights_after_steps(rt, data, 3, 1e-4, ref=ref)
 
 
 @pytest.mark.parametrize(
@@ -640,7 +467,7 @@ def test_the_next_set_comes_back_while_this_ones_backward_computes(
         levels=tuple((1, 1) for _ in range(DIMS.num_layers)),
         write_buffer_bytes=one_set + one_set // 10,
     )  # fmt: skip
-    check_grads(rt, ref, data)
+    check_grads(rt, data)
     spans = "".join("b" if e == "begin" else "e" if e == "end" else "c" for e in events)
     inside = [part for part in spans.split("b")[1:]]  # each backward call, to the next one
     assert len(inside) == DIMS.num_layers * 2
