@@ -6,6 +6,7 @@
 #
 #   bash scripts/test.sh                 # everything (CI runs exactly this)
 #   bash scripts/test.sh -m "not slow"   # skip the end-to-end and Prometheus tests
+#   bash scripts/test.sh -n 0 tests/api  # one area, serially (-n 0: no xdist workers)
 #
 # WSTRAIN_SKIP_LINT=1 skips the lint gates: for iterating on tests locally only; CI never
 # sets it, so a change is done when the plain command passes.
@@ -26,6 +27,12 @@ fi
 # ---- end of lint gates
 
 echo "== pytest"
+# One xdist worker per core (2 on CI: about 28 minutes serially); tests/conftest.py gives each
+# worker one BLAS thread, its own redis-server and free ports. --dist loadscope keeps a
+# module's tests on one worker, so a module-scoped stack (API, agent) starts once, not once
+# a worker. --durations=25 prints the slowest 25, the first place to look when CI slows.
+# WSTRAIN_TEST_WORKERS=0 (or -n 0 among the arguments, which come last and win) runs serially.
+workers="${WSTRAIN_TEST_WORKERS:-$(nproc)}"
 # pytest exits 5 when it collected nothing; passed on unchanged, that fails this script and CI
 # too (a filter that selects no test must not pass as green).
-exec "$V/python" -m pytest -q "$@"
+exec "$V/python" -m pytest -q -n "$workers" --dist loadscope --durations=25 "$@"

@@ -26,6 +26,12 @@ import pytest
 # fixtures spawn (API, agent, workers), which copy it.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# An xdist worker starts with COLUMNS=80 where a serial pytest has none; the CLI sizes its
+# tables by it (160 wide in a pipe without it), so under xdist an 80-wide `wstrain ls` would
+# cut the names the CLI tests look for. A worker's environment is the serial run's.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 # Service-side imports (redis, uvicorn) happen inside the fixtures, so GPU-only tests run
 # on a machine that has torch but not the service's dependencies.
