@@ -135,29 +135,36 @@ def _token_key(tensors: Iterable[torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _round_loss(model: LlamaForCausalLM, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The mean token loss of one round (x, y: (n, S)), MoE: with transformers' aux loss of
-    each sequence, weighted 1/n as wstrain does (worker/models/moe.py)."""
+def _round_loss(
+    model: LlamaForCausalLM, x: torch.Tensor, y: torch.Tensor, rounds: int
+) -> torch.Tensor:
+    """One round's share of a step of `rounds` (x, y: (n, S)): its mean token loss over
+    `rounds`, MoE: with transformers' aux loss of each sequence, weighted 1/(rounds·n) as
+    wstrain does (worker/models/moe.py)."""
     out = model(input_ids=x)
     logits = out.logits  # (n, S, V)
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    loss = loss / rounds
     if getattr(out, "aux_loss", None) is not None:
-        loss = loss + model.router_aux_loss_coef * aux_per_sequence(model, x) / x.shape[0]
+        aux = aux_per_sequence(model, x)
+        loss = loss + model.router_aux_loss_coef * aux / (rounds * x.shape[0])
     return loss
 
 
-# (dims, a digest of the round's tokens) -> (loss, gradients by Hub name): read only
-_ROUNDS: dict[tuple[ModelDims, str], tuple[float, dict[str, torch.Tensor]]] = {}
+# (dims, a digest of the round's tokens, rounds in the step) -> (loss, gradients by Hub
+# name) of that round: read only
+_ROUNDS: dict[tuple[ModelDims, str, int], tuple[float, dict[str, torch.Tensor]]] = {}
 
 
 def _round_result(
-    dims: ModelDims, x: torch.Tensor, y: torch.Tensor
+    dims: ModelDims, x: torch.Tensor, y: torch.Tensor, rounds: int
 ) -> tuple[float, dict[str, torch.Tensor]]:
-    """One round's loss and gradients (Hub names) on the reference of `dims`."""
-    key = (dims, _token_key((x, y)))
+    """One round's share of a step of `rounds` (its loss / rounds) on the reference of
+    `dims`: the loss and the gradients (Hub names) that round adds."""
+    key = (dims, _token_key((x, y)), rounds)
     if key not in _ROUNDS:
         model = copy.deepcopy(_built(dims)[0])
-        loss = _round_loss(model, x, y)
+        loss = _round_loss(model, x, y, rounds)
         loss.backward()
         _ROUNDS[key] = loss.item(), {n: g.detach().clone() for n, g in hub_grads(model).items()}
     return _ROUNDS[key]
@@ -167,16 +174,17 @@ def reference_step(
     dims: ModelDims, data: TokenBatches, step: int, rounds: int, mb: int
 ) -> tuple[float, dict[str, torch.Tensor]]:
     """A step's loss and gradients on the reference of `dims`: the mean over `rounds` rounds
-    of `mb` sequences. Each distinct round of tokens runs through transformers once per test
-    process (a round's backward on this tiny model costs as much as the runtime's)."""
-    losses, grads = [], []
+    of `mb` sequences, summed in ref_loss_and_grads's order, so equal to it bit for bit.
+    Each distinct round of tokens runs through transformers once per test process for each
+    number of rounds (a round's backward on these tiny models costs about what the
+    runtime's does)."""
+    total, grads = 0.0, {}
     for r in range(rounds):
         x, y = (t.cpu() for t in data.batch(step, r, mb))
-        loss, g = _round_result(dims, x, y)
-        losses.append(loss)
-        grads.append(g)
-    summed = {n: torch.stack([g[n] for g in grads]).sum(0) / rounds for n in grads[0]}
-    return sum(losses) / rounds, summed
+        loss, g = _round_result(dims, x, y, rounds)
+        total += loss
+        grads = {n: grads[n] + t for n, t in g.items()} if grads else g
+    return total, grads
 
 
 def ref_loss_and_grads(
@@ -187,7 +195,7 @@ def ref_loss_and_grads(
     total = 0.0
     for r in range(rounds):
         x, y = data.batch(step, r, mb)
-        loss = _round_loss(model, x, y) / rounds
+        loss = _round_loss(model, x, y, rounds)
         loss.backward()
         total += loss.item()
     return total

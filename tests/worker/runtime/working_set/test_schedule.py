@@ -292,8 +292,9 @@ def test_result_never_depends_on_the_plan(
 ) -> None:
     """Any plan, the cross-round overlap (working_set/pass_order.py) with its first pass's
     own levels included. The examples vary the plan (`seed` draws the levels and the loss
-    chunk) over one token pool, so transformers runs each distinct round of it once
-    (reference_runs.reference_step) rather than once an example: 12 rounds at most."""
+    chunk) over one token pool, so transformers runs each distinct round of it once for
+    each number of rounds (reference_runs.reference_step), 30 rounds at most, rather than
+    every round of every example."""
     mb, chunk = mb_chunk
     g = torch.Generator().manual_seed(seed)
 
