@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,31 +45,30 @@ def _token_file(data_dir: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("runtime", ["resident", "working_set"])
-def test_one_step_on_a_hf_directory_equals_transformers(stack: Stack, runtime: str) -> None:
-    data_dir = stack.state_dir.parent / f"hf-step-{runtime}"
+@dataclass(frozen=True)
+class HfStep:
+    """A Hugging Face Llama directory, a prepared token file, and transformers' first step
+    on them: the loss, and the weights before and after (Hub names)."""
+
+    model_dir: Path
+    tokens: Path
+    loss: float
+    before: dict[str, torch.Tensor]
+    after: dict[str, torch.Tensor]
+
+
+@pytest.fixture(scope="module")
+def hf_step(stack: Stack) -> HfStep:
+    """Built once for both runtimes: the model, the token file (a `wstrain prepare`
+    subprocess) and the reference step are the same for each. Under the stack's folder,
+    one of its agent's data roots."""
+    data_dir = stack.state_dir.parent / "hf-step"
     data_dir.mkdir(exist_ok=True)
     torch.manual_seed(3)
     hf = hf_causal_lm(PRESETS["micro-llama"], "sdpa")
     perturb_norms(hf, seed=4)
     hf.save_pretrained(data_dir / "model", safe_serialization=True)
     tokens = _token_file(data_dir)
-    spec = tiny_spec(
-        f"hf-step-{runtime}",
-        model={"path": str(data_dir / "model")},
-        data={"kind": "tokens", "path": str(tokens)},
-        shuffle=False,
-        seq_len=SEQ,
-        global_batch=BATCH,
-        steps=1,
-        optimizer=OPTIMIZER,
-        overrides={"runtime": runtime, "micro_batch": 2},
-    )
-    with stack.client() as c:
-        job = c.post("/v1/jobs", json=spec).json()
-        assert job["plan"]["runtime"] == runtime, job
-        done = wait_terminal(c, job["id"])
-    assert done["state"] == "succeeded", done["error"]
 
     # transformers: the file's first BATCH sequences, in file order
     ids = torch.from_numpy(np.fromfile(tokens, np.uint16)[: BATCH * SEQ + 1].astype(np.int64))
@@ -83,9 +83,33 @@ def test_one_step_on_a_hf_directory_equals_transformers(stack: Stack, runtime: s
         hf.parameters(), lr=OPTIMIZER["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1
     )
     opt.step()
-    after = hub_state(hf)
+    after = {k: v.detach().clone() for k, v in hub_state(hf).items()}
+    return HfStep(data_dir / "model", tokens, loss.item(), before, after)
 
-    assert done["loss"] == pytest.approx(loss.item(), rel=1e-5)
+
+@pytest.mark.parametrize("runtime", ["resident", "working_set"])
+def test_one_step_on_a_hf_directory_equals_transformers(
+    stack: Stack, hf_step: HfStep, runtime: str
+) -> None:
+    spec = tiny_spec(
+        f"hf-step-{runtime}",
+        model={"path": str(hf_step.model_dir)},
+        data={"kind": "tokens", "path": str(hf_step.tokens)},
+        shuffle=False,
+        seq_len=SEQ,
+        global_batch=BATCH,
+        steps=1,
+        optimizer=OPTIMIZER,
+        overrides={"runtime": runtime, "micro_batch": 2},
+    )
+    with stack.client() as c:
+        job = c.post("/v1/jobs", json=spec).json()
+        assert job["plan"]["runtime"] == runtime, job
+        done = wait_terminal(c, job["id"])
+    assert done["state"] == "succeeded", done["error"]
+
+    before, after = hf_step.before, hf_step.after
+    assert done["loss"] == pytest.approx(hf_step.loss, rel=1e-5)
     trained = load_file(Path(done["last_checkpoint"]) / "model.safetensors")
     assert trained.keys() == after.keys()
     for name, w in trained.items():
