@@ -18,8 +18,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_spec
-from tests.worker.launch import worker_argv, write_job
-from tests.worker.test_ranks import _close, _finish, _job_dir, _start, _weights
+from tests.worker.launch import (
+    assert_close,
+    finish,
+    last_weights,
+    start,
+    tiny_job_dir,
+    worker_argv,
+    write_job,
+)
 from wstrain.contracts.hardware import DEFAULT_PROFILE
 from wstrain.contracts.jobs import WorkerExit
 from wstrain.contracts.model_dims import resolve_dims
@@ -87,14 +94,14 @@ def _start_node(job_dir: Path, node_rank: int, port: int) -> subprocess.Popen[st
 
 
 def test_two_nodes_of_two_ranks_train_the_one_rank_job(tmp_path: Path) -> None:
-    one, two = _job_dir(tmp_path, 1, "working_set"), _two_node_dir(tmp_path)
+    one, two = tiny_job_dir(tmp_path, 1, "working_set"), _two_node_dir(tmp_path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    procs = [_start(one), _start_node(two, 0, port), _start_node(two, 1, port)]
-    (c1, _), (c0, msgs0), (cn1, msgs1) = (_finish(p) for p in procs)
+    procs = [start(one), _start_node(two, 0, port), _start_node(two, 1, port)]
+    (c1, _), (c0, msgs0), (cn1, msgs1) = (finish(p) for p in procs)
     logs = "".join((two / f"worker-node{i}.log").read_text()[-2000:] for i in (0, 1))
     assert c1 == c0 == cn1 == WorkerExit.succeeded, logs
     assert sum(m.kind == "started" for m in msgs0) == 1 and not msgs1  # node 0 alone reports
     assert [m.step for m in msgs0 if m.kind == "checkpoint"] == [2, 4, STEPS]
-    _close(_weights(two), _weights(one))
+    assert_close(last_weights(two), last_weights(one))

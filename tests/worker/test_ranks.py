@@ -17,64 +17,22 @@ import time
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 from tests.conftest import tiny_spec
-from tests.worker.launch import worker_argv, write_job
+from tests.worker.launch import (
+    STEPS,
+    assert_close,
+    finish,
+    last_weights,
+    start,
+    tiny_job_dir,
+    write_job,
+)
 from wstrain.contracts.hardware import DEFAULT_PROFILE
 from wstrain.contracts.jobs import WorkerExit, WorkerMessage
 from wstrain.contracts.model_dims import resolve_dims
 from wstrain.contracts.spec import JobSpec
 from wstrain.planning.planner import make_plan
-from wstrain.worker.io import checkpoint
-
-STEPS = 6
-
-
-def _job_dir(tmp_path: Path, gpus: int, runtime: str, steps: int = STEPS) -> Path:
-    spec = JobSpec.model_validate(
-        tiny_spec(
-            f"dp{gpus}",
-            steps=steps,
-            gpus=gpus,
-            checkpoint_every=2,
-            overrides={"runtime": runtime, "micro_batch": 1},
-        )
-    )
-    plan = make_plan(spec, resolve_dims(spec.model), DEFAULT_PROFILE)
-    assert plan.ranks == gpus and plan.rounds * plan.micro_batch * gpus == spec.global_batch
-    return write_job(tmp_path / f"{runtime}-{gpus}", spec, plan)
-
-
-def _start(job_dir: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        worker_argv(job_dir),
-        stdout=subprocess.PIPE,
-        stderr=open(job_dir / "worker.log", "w"),
-        text=True,
-        start_new_session=True,  # as the agent starts it: its ranks share its group
-    )
-
-
-def _finish(proc: subprocess.Popen[str]) -> tuple[int, list[WorkerMessage]]:
-    out, _ = proc.communicate(timeout=240)
-    return proc.returncode, [WorkerMessage.model_validate_json(x) for x in out.splitlines()]
-
-
-def _weights(job_dir: Path) -> dict:  # type: ignore[type-arg]
-    ckpt = checkpoint.latest(job_dir / "checkpoints")
-    assert ckpt is not None
-    out = {}
-    for shard in sorted(ckpt.glob("*.safetensors")):
-        out.update(load_file(shard))
-    return out
-
-
-def _close(a: dict, b: dict) -> None:  # type: ignore[type-arg]
-    assert a.keys() == b.keys()
-    for name, w in b.items():
-        err = float((a[name] - w).norm() / w.norm().clamp_min(1e-30))
-        assert err < 1e-5, (name, err)
 
 
 def _gang_pids(pid: int) -> list[int]:
@@ -85,20 +43,20 @@ def _gang_pids(pid: int) -> list[int]:
 
 @pytest.mark.parametrize("runtime", ["working_set", "resident"])
 def test_a_two_gpu_job_trains_the_one_gpu_job(tmp_path: Path, runtime: str) -> None:
-    one, two = _job_dir(tmp_path, 1, runtime), _job_dir(tmp_path, 2, runtime)
-    procs = [_start(one), _start(two)]
-    (code1, msgs1), (code2, msgs2) = (_finish(p) for p in procs)
+    one, two = tiny_job_dir(tmp_path, 1, runtime), tiny_job_dir(tmp_path, 2, runtime)
+    procs = [start(one), start(two)]
+    (code1, msgs1), (code2, msgs2) = (finish(p) for p in procs)
     assert code1 == code2 == WorkerExit.succeeded, (two / "worker.log").read_text()[-3000:]
     losses = [[m.loss for m in msgs if m.kind == "step"] for msgs in (msgs1, msgs2)]
     assert losses[0][-1] == pytest.approx(losses[1][-1], rel=1e-5)
     assert sum(m.kind == "started" for m in msgs2) == 1  # rank 0 alone reports
-    _close(_weights(two), _weights(one))
+    assert_close(last_weights(two), last_weights(one))
     assert "rank 0 of 2: started ranks" in (two / "worker.log").read_text()
 
 
 def test_a_dead_rank_stops_the_gang(tmp_path: Path) -> None:
-    job_dir = _job_dir(tmp_path, 2, "working_set", steps=100_000)
-    proc = _start(job_dir)
+    job_dir = tiny_job_dir(tmp_path, 2, "working_set", steps=100_000)
+    proc = start(job_dir)
     assert proc.stdout is not None
     first = proc.stdout.readline()  # "started": both ranks are training
     assert WorkerMessage.model_validate_json(first).kind == "started"
@@ -107,7 +65,7 @@ def test_a_dead_rank_stops_the_gang(tmp_path: Path) -> None:
         time.sleep(0.1)
     rank1 = next(p for p in pids if p != proc.pid)
     os.kill(rank1, signal.SIGKILL)
-    code, msgs = _finish(proc)
+    code, msgs = finish(proc)
     assert code == WorkerExit.failed
     errors = [m.message or "" for m in msgs if m.kind == "error"]
     assert errors and "rank 1" in errors[-1] and "exit code -9" in errors[-1], errors
@@ -115,25 +73,25 @@ def test_a_dead_rank_stops_the_gang(tmp_path: Path) -> None:
 
 
 def test_sigterm_stops_every_rank_at_one_step_and_the_job_resumes(tmp_path: Path) -> None:
-    want = _job_dir(tmp_path / "whole", 1, "working_set", steps=STEPS)
-    job_dir = _job_dir(tmp_path, 2, "working_set", steps=STEPS)
-    whole = _start(want)
-    proc = _start(job_dir)
+    want = tiny_job_dir(tmp_path / "whole", 1, "working_set", steps=STEPS)
+    job_dir = tiny_job_dir(tmp_path, 2, "working_set", steps=STEPS)
+    whole = start(want)
+    proc = start(job_dir)
     assert proc.stdout is not None
     while True:  # a step is done: stop in the middle of the job
         msg = WorkerMessage.model_validate_json(proc.stdout.readline())
         if msg.kind == "step":
             break
     proc.send_signal(signal.SIGTERM)
-    code, msgs = _finish(proc)
+    code, msgs = finish(proc)
     assert code == WorkerExit.cancelled, (job_dir / "worker.log").read_text()[-3000:]
     saved = [m.step for m in msgs if m.kind == "checkpoint"]
     assert saved and saved[-1] is not None and saved[-1] < STEPS
     assert _gang_pids(proc.pid) == []
-    code, msgs = _finish(_start(job_dir))  # resumes from the checkpoint on two ranks
+    code, msgs = finish(start(job_dir))  # resumes from the checkpoint on two ranks
     assert code == WorkerExit.succeeded, (job_dir / "worker.log").read_text()[-3000:]
-    assert _finish(whole)[0] == WorkerExit.succeeded
-    _close(_weights(job_dir), _weights(want))
+    assert finish(whole)[0] == WorkerExit.succeeded
+    assert_close(last_weights(job_dir), last_weights(want))
 
 
 def _session_memory_bytes(leader: int) -> int:
@@ -186,7 +144,7 @@ def test_two_ranks_hold_one_copy_of_the_host_state(tmp_path: Path) -> None:
         job = JobSpec.model_validate(spec)
         plan = make_plan(job, resolve_dims(job.model), DEFAULT_PROFILE)
         job_dir = write_job(tmp_path / f"pss{gpus}", job, plan)
-        proc, peak = _start(job_dir), 0
+        proc, peak = start(job_dir), 0
         while proc.poll() is None:
             peak = max(peak, _session_memory_bytes(proc.pid))
             time.sleep(0.5)

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_spec
-from tests.worker.launch import write_job
-from tests.worker.test_ranks import _finish, _start, _weights
+from tests.worker.launch import finish, last_weights, start, write_job
 from wstrain.contracts.hardware import DEFAULT_PROFILE
 from wstrain.contracts.jobs import WorkerExit
 from wstrain.contracts.model_dims import resolve_dims
@@ -44,12 +43,12 @@ def test_a_two_gpu_job_on_nccl_trains_the_one_gpu_job(tmp_path: Path, runtime: s
         plan = make_plan(spec, resolve_dims(spec.model), DEFAULT_PROFILE)
         assert plan.ranks == gpus
         dirs.append(write_job(tmp_path / f"g{gpus}", spec, plan))
-    results = [_finish(_start(d)) for d in dirs]  # one at a time: both GPUs for the gang
+    results = [finish(start(d)) for d in dirs]  # one at a time: both GPUs for the gang
     for (code, _), d in zip(results, dirs):
         assert code == WorkerExit.succeeded, (d / "worker.log").read_text()[-3000:]
     losses = [[m.loss for m in msgs if m.kind == "step"][-1] for _, msgs in results]
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
-    one, two = _weights(dirs[0]), _weights(dirs[1])
+    one, two = last_weights(dirs[0]), last_weights(dirs[1])
     for name, w in one.items():
         err = float((two[name] - w).norm() / w.norm().clamp_min(1e-30))
         assert err < 1e-3, (name, err)

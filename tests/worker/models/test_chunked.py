@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from tests.worker.models.test_dense import rel_err
+from tests.worker.relative_error import rel_err
 from wstrain.worker.models.chunked import (
     chunked_attention_lse,
     chunked_causal_attention,

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.worker.hf_models import hf_causal_lm, hub_grads, hub_state, perturb_norms
-from tests.worker.models.test_dense import CONFIGS, rel_err
+from tests.worker.models.reference_dims import CONFIGS
+from tests.worker.relative_error import rel_err
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.models.dense import LlamaModel
 

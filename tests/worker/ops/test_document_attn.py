@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.worker.models.test_dense import rel_err
+from tests.worker.relative_error import rel_err
 from wstrain.worker.models.dense import causal_attention, document_mask
 from wstrain.worker.ops import prefix_attn
 from wstrain.worker.ops.document_attn import (

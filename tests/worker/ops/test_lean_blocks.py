@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.worker.models.test_dense import rel_err
+from tests.worker.relative_error import rel_err
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.models.blocks import attn_block, ffn_block, leaves
 from wstrain.worker.models.rope import rope_tables

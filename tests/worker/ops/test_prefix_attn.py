@@ -13,7 +13,7 @@ import itertools
 import pytest
 import torch
 
-from tests.worker.models.test_dense import rel_err
+from tests.worker.relative_error import rel_err
 from wstrain.worker.models.dense import causal_attention
 from wstrain.worker.ops import prefix_attn
 from wstrain.worker.ops.prefix_attn import (

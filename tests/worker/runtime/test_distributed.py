@@ -11,49 +11,26 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.worker.runtime.rank_data import (
+    GLOBAL_BATCH,
+    MICRO_BATCH,
+    OPT,
+    RESUMED_STEPS,
+    SEQ,
+    STEPS,
+    Pool,
+    free_port,
+)
 from wstrain.contracts.model_dims import PRESETS, ModelDims
-from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.io import checkpoint
 from wstrain.worker.runtime.distributed import ProcessGroup, RankSlice
 from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
-
-GLOBAL_BATCH, MICRO_BATCH, SEQ, STEPS = 8, 2, 16, 3
-RESUMED_STEPS = STEPS + 2  # a checkpoint at STEPS resumed for two more
-# eps 1e-4: AdamW moves a weight by ~lr·sign(g) where |g| >> eps, so gradients of ~1e-7,
-# whose sign the fp32 summation order decides (ranks sum in another order than one rank),
-# set an error floor; at eps 1e-6 OLMoE's embedding ended 6.4e-5 apart after three steps
-# with the losses equal to 1e-5 (one step: within 1e-5)
-OPT = OptimizerSpec(lr=1e-2, weight_decay=0.1, eps=1e-4, grad_clip=0.5, warmup_steps=1)
-
-
-class Pool:
-    """Batches over a fixed pool; round r of step k is positions k·G + r·n, as TokenStream.
-    Every fourth target is ignored (-100), so the global target count matters."""
-
-    def __init__(self, vocab: int, steps: int = STEPS) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.rows = torch.randint(0, vocab, (steps * GLOBAL_BATCH, SEQ + 1), generator=g)
-        self.seq_len = SEQ
-
-    def batch(self, step: int, round_idx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start = step * GLOBAL_BATCH + round_idx * n
-        rows = self.rows[start : start + n]
-        targets = rows[:, 1:].clone()
-        targets[:, ::4] = -100
-        return rows[:, :-1], targets
-
-    def documents(self, step: int, round_idx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        raise ValueError("no documents")
-
-    def target_tokens(self, step: int, sequences: int) -> int:
-        return int(sum((self.batch(step, r, 1)[1] != -100).sum() for r in range(sequences)))
 
 
 def _train(
@@ -104,18 +81,12 @@ def _rank(
     group.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("preset", ["micro-llama", "tiny-olmoe"])
 @pytest.mark.parametrize("world", [2, 4])
 def test_ranks_train_the_one_rank_job(world: int, preset: str, tmp_path: Path) -> None:
     one_losses, one_weights = _train(PRESETS[preset], 1, None)
     out = str(tmp_path / "rank")
-    mp.spawn(_rank, args=(world, _free_port(), preset, out), nprocs=world, join=True)
+    mp.spawn(_rank, args=(world, free_port(), preset, out), nprocs=world, join=True)
     for rank in range(world):
         losses, weights = torch.load(f"{out}.{rank}")
         for a, b in zip(losses, one_losses):
@@ -127,7 +98,7 @@ def test_ranks_train_the_one_rank_job(world: int, preset: str, tmp_path: Path) -
 
 def test_a_checkpoint_of_two_ranks_resumes_on_one_and_on_four(tmp_path: Path) -> None:
     dims, half = PRESETS["micro-llama"], range(STEPS)
-    args = (2, _free_port(), "micro-llama", str(tmp_path / "two"), half, "", str(tmp_path / "c"))
+    args = (2, free_port(), "micro-llama", str(tmp_path / "two"), half, "", str(tmp_path / "c"))
     mp.spawn(_rank, args=args, nprocs=2, join=True)
     ckpt = checkpoint.latest(tmp_path / "c")
     assert ckpt is not None
@@ -136,7 +107,7 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one_and_on_four(tmp_path: Path) ->
     want = (whole[0][STEPS:], whole[1])
     got = [_train(dims, 1, None, rest, resume=str(ckpt))]
     out = str(tmp_path / "four")
-    mp.spawn(_rank, args=(4, _free_port(), "micro-llama", out, rest, str(ckpt)), nprocs=4)
+    mp.spawn(_rank, args=(4, free_port(), "micro-llama", out, rest, str(ckpt)), nprocs=4)
     got += [torch.load(f"{out}.{rank}") for rank in range(4)]
     for who, (losses, weights) in enumerate(got):
         for a, b in zip(losses, want[0], strict=True):

@@ -19,8 +19,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.worker.runtime.test_distributed import GLOBAL_BATCH, OPT, SEQ, Pool
-from tests.worker.runtime.test_distributed import _free_port as free_port
+from tests.worker.runtime.rank_data import GLOBAL_BATCH, OPT, SEQ, Pool, free_port
 from wstrain.contracts.model_dims import PRESETS, ModelDims
 from wstrain.worker.io import checkpoint
 from wstrain.worker.models.dense import LlamaModel
