@@ -13,6 +13,9 @@ from __future__ import annotations
 import faulthandler
 import itertools
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,10 +46,11 @@ def build(
     group: ProcessGroup | None,
     precision: str = "fp32",
     overlap: bool = False,
+    shm: Path = SHM,
 ) -> WorkingSetRuntime:
     """A working-set runtime on this rank: rank 0 loads the seed's weights into the shared
     copy, the others wait for it."""
-    share = NodeShare.create(group, SHM) if group and group.local_world > 1 else None
+    share = NodeShare.create(group, shm) if group and group.local_world > 1 else None
     host = HostState.create(dims, precision, pin=False, share=share)
     if group is None or group.local_rank == 0:
         init = LlamaModel(dims)
@@ -81,7 +85,15 @@ def _weights(rt: WorkingSetRuntime) -> dict[str, torch.Tensor]:
 
 
 def _rank(
-    rank: int, world: int, port: int, preset: str, out: str, resume: str, steps: int, local: int
+    rank: int,
+    world: int,
+    port: int,
+    preset: str,
+    out: str,
+    resume: str,
+    steps: int,
+    local: int,
+    shm: str,
 ) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -97,7 +109,7 @@ def _rank(
     assert group is not None
     preset, _, mode = preset.partition(":")  # "micro-llama:mixed", "micro-llama:overlap"
     precision = "mixed" if mode == "mixed" else "fp32"
-    rt = build(PRESETS[preset], world, group, precision, overlap=mode == "overlap")
+    rt = build(PRESETS[preset], world, group, precision, mode == "overlap", Path(shm))
     pool, start = Pool(rt.dims.vocab_size, POOL_STEPS), 0
     if resume:  # every rank loads its span of the moments; rank 0 the weights
         state, extra = checkpoint.load_meta(Path(resume))
@@ -119,9 +131,16 @@ def _rank(
 
 
 def _spawn(
-    world: int, preset: str, out: str, resume: str = "", steps: int = STEPS, local: int = 0
+    world: int,
+    preset: str,
+    out: str,
+    resume: str = "",
+    steps: int = STEPS,
+    local: int = 0,
+    shm: Path = SHM,
 ) -> list[tuple[list[float], dict]]:  # type: ignore[type-arg]
-    args = (world, free_port(), preset, out, resume, steps, local or world)
+    """Each rank's (losses, weights); the ranks share their host copy's tiles in `shm`."""
+    args = (world, free_port(), preset, out, resume, steps, local or world, str(shm))
     mp.spawn(_rank, args=args, nprocs=world, join=True)
     return [torch.load(f"{out}.{rank}") for rank in range(world)]
 
@@ -147,15 +166,25 @@ def _same(
         assert err < tol, (who, name, err)
 
 
+@pytest.fixture
+def own_shm() -> Iterator[Path]:
+    """A folder of /dev/shm for one test's tiles alone: other tests (an xdist worker beside
+    this one, a worker process of test_ranks.py) map their own wstrain-* tiles in /dev/shm
+    meanwhile, so only this folder tells whether this job left any."""
+    path = Path(tempfile.mkdtemp(prefix="pytest-tiles-", dir=SHM))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.parametrize("preset", ["micro-llama", "tiny-olmoe"])
 @pytest.mark.parametrize("world", [2, 4])
 def test_ranks_over_one_host_copy_train_the_one_rank_job(
-    world: int, preset: str, tmp_path: Path
+    world: int, preset: str, tmp_path: Path, own_shm: Path
 ) -> None:
     want = _one_rank(preset, range(STEPS))
-    for rank, got in enumerate(_spawn(world, preset, str(tmp_path / "r"))):
+    for rank, got in enumerate(_spawn(world, preset, str(tmp_path / "r"), shm=own_shm)):
         _same(got, want, f"rank {rank} of {world}")
-    assert not list(SHM.glob("wstrain-*")), "the shared tiles outlived the job"
+    assert not list(own_shm.iterdir()), "the shared tiles outlived the job"
 
 
 @pytest.mark.parametrize("local", [1, 2])
