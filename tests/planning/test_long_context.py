@@ -25,7 +25,8 @@ from wstrain.planning.levels import LayerCost, cheapest_drops
 from wstrain.planning.working_set import make_ws_plan
 
 LLAMA = PRESETS["llama3-8b"]
-# the lent H100 as bench.long_context measured it (bench/results/long-context/ and bench/results/archive/, H100 rows of 2026-11-26)
+# the lent H100 as bench.long_context measured it (bench/results/long-context/ and
+# bench/results/archive/, H100 rows of 2026-11-26)
 H100 = replace(
     H100_ADAWS,
     matmul_flops=761e12,
