@@ -8,14 +8,12 @@ slot runs one job, and the next one, which the node's memory would fit, shows
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import REPO, Stack, make_stack, tiny_spec, wait_job, wait_terminal
+from tests.conftest import Stack, make_stack, tiny_spec, wait_job, wait_terminal
+from tests.helpers.cli import cli_process
 
 pytestmark = pytest.mark.slow
 
@@ -45,13 +43,8 @@ def test_a_job_behind_busy_cpu_slots_shows_why_it_waits(one_slot: Stack) -> None
             job = wait_job(c, second, lambda j: j["state_reason"] is not None, timeout_s=30)
             assert job["state"] == "queued"
             assert job["state_reason"] == BUSY
-            out = subprocess.run(
-                [sys.executable, "-m", "wstrain.cli.main", "queue"],
-                capture_output=True,
-                text=True,
-                cwd=REPO,
-                env={**os.environ, "WSTRAIN_URL": one_slot.url, "COLUMNS": "200"},
-                timeout=60,
+            out = cli_process(
+                "queue", env={"WSTRAIN_URL": one_slot.url, "COLUMNS": "200"}, timeout_s=60
             )
             assert out.returncode == 0, out.stderr
             row = next(line for line in out.stdout.splitlines() if second in line)

@@ -9,10 +9,7 @@ failure answers as it always did. Real uvicorn and Redis (tests/conftest.py's ap
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import REPO, Stack, tiny_spec
+from tests.conftest import Stack, tiny_spec
+from tests.helpers.cli import cli_process
 from wstrain.api.validation import validate_and_plan
 from wstrain.contracts.access import DataAccess
 from wstrain.contracts.errors import InfeasibleBudget, InvalidSpec, SpecErrors
@@ -186,14 +184,7 @@ def test_no_answer_quotes_the_files_it_refused(api_only: Stack) -> None:
 def test_submit_prints_all_three(api_only: Stack, tmp_path: Path) -> None:
     path = tmp_path / "three.yaml"
     path.write_text(yaml.safe_dump(three_faults(_data_root(api_only), "three-cli")))
-    out = subprocess.run(
-        [sys.executable, "-m", "wstrain.cli.main", "submit", str(path)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "WSTRAIN_URL": api_only.url},
-        timeout=60,
-    )
+    out = cli_process("submit", str(path), env={"WSTRAIN_URL": api_only.url}, timeout_s=60)
     assert out.returncode == 1, out.stderr
     assert out.stderr.startswith("wstrain: 422: 3 errors:\n"), out.stderr
     lines = out.stderr.splitlines()[1:]

@@ -38,7 +38,7 @@ from tests.conftest import (
     wait_job,
     wait_terminal,
 )
-from tests.helpers.cli import run_main
+from tests.helpers.cli import cli_process, run_main
 from wstrain.cli.client import CliError, resolve
 from wstrain.cli.main import build_parser
 from wstrain.cli.spec import load_spec
@@ -48,15 +48,7 @@ from wstrain.store.logs import JobLogs
 CLOSED = "http://127.0.0.1:9"  # the discard port: nothing listens there
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "wstrain.cli.main", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        timeout=120,
-    )
+cli = cli_process
 
 
 pytestmark = pytest.mark.usefixtures("leave_the_queue_as_found")

@@ -7,16 +7,14 @@ so a newcomer fixes the file once instead of once per error. Real uvicorn, real 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import ValidationError
 
-from tests.conftest import REPO, Stack, tiny_spec
+from tests.conftest import Stack, tiny_spec
+from tests.helpers.cli import cli_process
 from wstrain.contracts.spec import JobSpec
 
 
@@ -58,14 +56,7 @@ def test_the_schema_reports_field_and_cross_field_errors_together() -> None:
 def test_submit_prints_every_schema_error_of_the_spec(api_only: Stack, tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad_spec()))
-    out = subprocess.run(
-        [sys.executable, "-m", "wstrain.cli.main", "submit", str(path)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "WSTRAIN_URL": api_only.url},
-        timeout=60,
-    )
+    out = cli_process("submit", str(path), env={"WSTRAIN_URL": api_only.url}, timeout_s=60)
     assert out.returncode == 1
     assert out.stderr.startswith("wstrain: 422: ")
     for words in EXPECTED:
