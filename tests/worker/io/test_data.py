@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.tokenizers import word_tokenizer_json
 from wstrain.contracts.access import DataAccess
 from wstrain.contracts.errors import InvalidSpec
 from wstrain.contracts.spec import TextData, TokenData
@@ -58,18 +59,6 @@ def test_heldout_split_is_kept_out_of_training(tmp_path: Path) -> None:
     assert torch.equal(stream.eval_batch(6)[0], ex)  # the same sequences every time
 
 
-def _tokenizer_json(path: Path) -> Path:
-    """A word-level tokenizers tokenizer with an end-of-text special token."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {w: i for i, w in enumerate(["[UNK]", "<|endoftext|>", "a", "b", "c", "d"])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<|endoftext|>"])
-    tok.save(str(path / "tokenizer.json"))
-    return path / "tokenizer.json"
-
-
 def test_jsonl_documents_are_packed_with_end_of_text(tmp_path: Path) -> None:
     from wstrain.contracts.spec import TextData
     from wstrain.worker.io.data import _load_tokens
@@ -77,7 +66,7 @@ def test_jsonl_documents_are_packed_with_end_of_text(tmp_path: Path) -> None:
     (tmp_path / "d.jsonl").write_text(
         '{"text": "a b"}\n\n{"text": "c", "id": 2}\n{"body": "d a", "text": "d a"}\n'
     )
-    tok = _tokenizer_json(tmp_path)
+    tok = word_tokenizer_json(tmp_path)
     data = TextData(kind="text", path=str(tmp_path / "d.jsonl"), tokenizer=str(tok))
     assert _load_tokens(data, 6, 0, DataAccess.of([tmp_path], None))[0].tolist() == [
         2,
