@@ -10,6 +10,7 @@ import atexit
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -232,6 +233,15 @@ def leave_the_queue_as_found(api_only: Stack) -> Iterator[None]:
         for job in queued:
             if job["created_at"] >= started:
                 c.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A loopback port a listening test socket holds for the test's length."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
 
 
 def register_node(redis_url: str, prefix: str) -> None:

@@ -1,4 +1,4 @@
-"""A job waiting behind a CPU node's busy slots says so (issue 46): a real agent with one CPU
+"""A job waiting behind a CPU node's busy slots says so: a real agent with one CPU
 slot runs one job, and the next one, which the node's memory would fit, shows
 `resources: 1 of 1 CPU slots busy` in GET /v1/jobs/ID and in `wstrain queue`, not null and
 `-`. Real Redis, real uvicorn, a real agent and worker.

@@ -1,5 +1,5 @@
 """A busy metrics port stops the agent with one line that names the port and the setting,
-and an exit code `wstrain serve` does not restart (issue 46): a real agent process, on the
+and an exit code `wstrain serve` does not restart: a real agent process, on the
 session's real Redis, against a port a test socket holds.
 
     pytest tests/agent/test_metrics_port.py
@@ -8,25 +8,12 @@ session's real Redis, against a port a test socket holds.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import REPO
 from wstrain.agent.exporter import EXIT_CONFIG
-
-
-@pytest.fixture
-def held_port() -> Iterator[int]:
-    """A loopback port a listening test socket holds for the test's length."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield int(s.getsockname()[1])
 
 
 def agent_env(redis_url: str, tmp: Path, prefix: str, metrics_port: int) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """No answer of the API holds a byte of a file a user named, and files the API parses whole
-are capped (issue 45, item 4), against a real uvicorn and a real Redis.
+are capped, against a real uvicorn and a real Redis.
 
 Every file the API can be pointed at (a model directory's config.json, valid and broken,
 with markers as values and as keys, symlinked out of the data roots; tokenizer.json; a

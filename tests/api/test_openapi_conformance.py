@@ -26,7 +26,7 @@ from tests.conftest import Stack, bearer, secured_stack, tiny_spec
 ADMIN = "tok-conformance-admin"
 USER = "tok-conformance-alice"
 TOKENS = {ADMIN: {"owner": "ops", "role": "admin"}, USER: {"owner": "alice", "role": "user"}}
-SEED = 45  # issue 45; any fixed seed makes a failure reproducible with the same run
+SEED = 45  # any fixed seed makes a failure reproducible with the same run
 # Examples per operation and phase: 12 runs the 19 operations in about 30 s per token on 2
 # cores (the coverage phase's boundary cases come on top; they are not random)
 MAX_EXAMPLES = 12

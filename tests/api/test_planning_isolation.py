@@ -1,4 +1,4 @@
-"""No owner can stall another's planning (issue 45, item 1), against a real uvicorn API on a
+"""No owner can stall another's planning, against a real uvicorn API on a
 real Redis with tokens for two owners: while alice floods POST /v1/plans and /v1/jobs with
 specs that plan for minutes (tiny-llama at seq_len 2^20, the schema's longest), bob's small
 submissions plan and answer 201 in under 2 s; a spec that overran the deadline is refused at
@@ -63,7 +63,7 @@ def guarded(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def expensive_spec(seed: int) -> dict[str, Any]:
     """The longest sequence the schema admits (seq_len 2^20) on tiny-llama: over 20 s of
-    planning on one core (51 s in issue 45), inside the node's budgets so nothing refuses it
+    planning on one core (51 s measured), inside the node's budgets so nothing refuses it
     early. Each seed is a different spec, so no refusal cache can shortcut a flood of them."""
     return tiny_spec(
         f"huge-{seed}",
@@ -119,7 +119,7 @@ def test_a_flood_by_one_owner_never_delays_another(guarded: Stack) -> None:
 
     floods = [
         threading.Thread(target=flood, args=(path,), daemon=True)
-        for path in ("/v1/plans", "/v1/jobs") * 4  # 8 at once, as in issue 45
+        for path in ("/v1/plans", "/v1/jobs") * 4  # 8 at once
     ]
     for t in floods:
         t.start()

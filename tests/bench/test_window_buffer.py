@@ -1,4 +1,4 @@
-"""bench/window_buffer.py on the rows issue 26 measured on H200s: without the grown write
+"""bench/window_buffer.py on the rows measured on H200s: without the grown write
 buffer it reproduces each row's planned recomputation; with it, never more, and less only
 where a window's forward leaves the link idle.
 

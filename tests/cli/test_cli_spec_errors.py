@@ -1,4 +1,4 @@
-"""Every schema error of a spec at once (issue 46): a spec with bad fields and bad
+"""Every schema error of a spec at once: a spec with bad fields and bad
 combinations of fields gets all of them in one 422, and `wstrain submit` prints every one,
 so a newcomer fixes the file once instead of once per error. Real uvicorn, real Redis.
 

@@ -1,4 +1,4 @@
-"""`wstrain presets` prints every size readably (issue 46): the tiny presets' counts in K or
+"""`wstrain presets` prints every size readably: the tiny presets' counts in K or
 M and their state in MiB, not `0.001B ... 0.0 GiB`; the 8B presets as before. The table is
 read from a real uvicorn over real Redis; the units' edges from the formatters.
 

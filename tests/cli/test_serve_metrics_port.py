@@ -1,4 +1,4 @@
-"""`wstrain serve` and a busy metrics port (issue 46): serve refuses it in one line before it
+"""`wstrain serve` and a busy metrics port: serve refuses it in one line before it
 starts anything, and its agent keeper does not restart an agent that refused its settings
 (exit 78) but stops, so no restart loop prints a traceback every 1..60 s. Real processes, a
 port a test socket holds, the session's real Redis.
@@ -9,27 +9,14 @@ port a test socket holds, the session's real Redis.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import REPO
 from wstrain.cli.serve import AGENT_EXIT_CONFIG, AgentKeeper, free_port
-
-
-@pytest.fixture
-def held_port() -> Iterator[int]:
-    """A loopback port a listening test socket holds for the test's length."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield int(s.getsockname()[1])
 
 
 def test_serve_refuses_a_busy_metrics_port_in_one_line(tmp_path: Path, held_port: int) -> None:
@@ -37,10 +24,8 @@ def test_serve_refuses_a_busy_metrics_port_in_one_line(tmp_path: Path, held_port
     env.update(WSTRAIN_REDIS_URL="redis://127.0.0.1:9/0", PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "wstrain.cli.main", "serve", "--port", str(free_port())]
     cmd += ["--state-dir", str(tmp_path / "state"), "--metrics-port", str(held_port)]
-    started = time.monotonic()
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
-    assert time.monotonic() - started < 30  # refused at once, not after restarts
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip() == (
         f"wstrain serve: the agent's /metrics port 127.0.0.1:{held_port} cannot be bound: "

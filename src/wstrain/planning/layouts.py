@@ -85,7 +85,7 @@ def layouts(
     # for fp8 saved sets on one CUDA GPU: there the H200 rows ran it faster (0.926x resident
     # at 20 GiB, 0.890x per round). Lossless sets fill the link both ways and ran slower
     # (0.824x and 0.857x against 0.875x) than the cost model's 0.5-6% gain: on request only,
-    # as on several GPUs (tested with gloo, not measured) (bench/RESULTS.md, issue 26)
+    # as on several GPUs (tested with gloo, not measured) (bench/RESULTS.md, Several GPUs)
     chosen = spec.gpus * spec.nodes == 1 and device == "cuda" and spec.activation_precision == "fp8"
     overlaps = [o.overlap] if o.overlap is not None else [False, True] if chosen else [False]
     overlaps = [v for v in overlaps if not (v and dims.is_moe)]
