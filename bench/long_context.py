@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
@@ -65,14 +66,19 @@ def plan_row(  # type: ignore[no-untyped-def]
     documents: int = 0,
     seq_chunk: int = 0,
     global_batch: int = 1,
+    kernel: str = "auto",
 ):
     """(spec, dims, plan, node) at `layers`, or the 32 layers when they fit the host
     budget and else 16; `documents`: under document_mask, documents of that many tokens
     (the agent reads the span from a token file's index; here every query's is known);
     `seq_chunk`: the piece length pinned (0: the planner's); `global_batch`: sequences a
-    step (the planner picks the micro-batch)."""
+    step (the planner picks the micro-batch); `kernel` "cudnn": plan and run without FA3
+    where it is installed ("auto": the fastest present)."""
     node = measured_node()  # no layer timing: a whole layer at 512K is what does not fit
     node = node.with_documents(documents)
+    if kernel == "cudnn":
+        prefix_attn.USE_FA3 = False
+        node = replace(node, fa3_attention_points=())
     last: Exception | None = None
     for n in [layers] if layers else [32, 16]:
         pinned = {"seq_chunk": seq_chunk} if seq_chunk else {}
@@ -118,16 +124,31 @@ def attention_rate(dims: ModelDims, seq: int, seq_chunk: int) -> float:
     return flops / (time.perf_counter() - t0)
 
 
+def kernel_floor_s(
+    dims: ModelDims, seq: int, sequences: int, gemm_flops: float, attn_flops: float, docs: int
+) -> float:
+    """A step's kernels alone at their measured rates, no recomputation, stall or idle: the
+    model's GEMM FLOPs (6·Ψ_active a token) at the profiled GEMM rate, each layer's
+    attention at the rate attention_rate measured (FLOPs counted as it counts them; with
+    documents, each query's document span instead of the whole prefix)."""
+    h, hd, layers = dims.num_heads, dims.head_dim, dims.num_layers
+    gemm_s = sequences * seq * dims.flops_per_token(0) / gemm_flops
+    span = docs or seq  # tokens a query's causal attention spans, doubled (half are masked)
+    attn_s = sequences * layers * 3.5 * 2 * seq * span * h * hd / attn_flops
+    return gemm_s + attn_s
+
+
 def run_row(args: argparse.Namespace) -> Row:
     seq, docs, batch = int(args.row), args.document_tokens, args.global_batch
     spec, dims, plan, node = plan_row(
-        seq, args.host_gib, args.steps, args.layers, docs, args.seq_chunk, batch
+        seq, args.host_gib, args.steps, args.layers, docs, args.seq_chunk, batch, args.kernel
     )
     log.info("plan: %s", plan.reasons)
     res = run_plan(spec, dims, plan, args.steps, args.profile, node, document_tokens=docs)
     if args.steps == 1:  # one step: timed as it is, warm-up included
         res["times"] = [0.0, *res["times"]]
     name = f"long-{seq}" + (f"-docs{docs}" if docs else "") + (f"-x{batch}" if batch > 1 else "")
+    name += f"-{args.kernel}" if args.kernel != "auto" else ""
     row = row_from(name, "working_set", dims, seq, batch, DEVICE_GIB, res)
     if docs:  # the FLOPs its documents cost, and the whole sequence's beside them
         row.plan["mfu_whole_causal"] = row.mfu  # type: ignore[index]
@@ -139,11 +160,15 @@ def run_row(args: argparse.Namespace) -> Row:
     del res
     torch.cuda.set_per_process_memory_fraction(1.0, 0)  # the kernel alone, whole-GPU
     torch.cuda.empty_cache()
-    row.plan["attention_kernel_used"] = prefix_attn.kernel_for(  # type: ignore[index]
-        torch.device("cuda"), torch.bfloat16, docs > 0
+    row.attention_kernel = prefix_attn.kernel_for(
+        torch.device("cuda"), torch.bfloat16, docs > 0, dims.head_dim
     )
-    row.plan["attention_fwd_bwd_flops"] = attention_rate(dims, seq, ws.seq_chunk)  # type: ignore[index]
-    prefix_attn.USE_CUDNN = False  # the other fused kernel, for the record
+    rate = attention_rate(dims, seq, ws.seq_chunk)
+    row.plan["attention_fwd_bwd_flops"] = rate  # type: ignore[index]
+    floor_s = kernel_floor_s(dims, seq, batch, node.matmul_flops, rate, docs)
+    row.plan["kernel_floor_step_seconds"] = floor_s  # type: ignore[index]
+    row.kernel_floor_ratio = floor_s / row.measured_step_seconds
+    prefix_attn.USE_FA3 = prefix_attn.USE_CUDNN = False  # FA2, the fallback, for the record
     row.plan["flash2_fwd_bwd_flops"] = attention_rate(dims, seq, ws.seq_chunk)  # type: ignore[index]
     row.plan["adaws_h100_mfu"] = ADAWS_H100_MFU.get(seq)  # type: ignore[index]
     row.plan["steps_timed"] = max(1, args.steps - 1)  # type: ignore[index]
@@ -168,6 +193,13 @@ def main() -> None:
     p.add_argument(
         "--profile", action="store_true", help="one more step's GPU timeline (bench/timeline.py)"
     )
+    p.add_argument(
+        "--kernels",
+        default="auto",
+        help="comma-separated: auto (FA3 where installed, else cuDNN) and/or cudnn; each "
+        "row runs once per kernel, side by side in one run",
+    )
+    p.add_argument("--kernel", default="auto", help=argparse.SUPPRESS)  # one row's, internal
     args = parse_or_run_row(p, "", run_row)
     if args is None:
         return
@@ -176,8 +208,12 @@ def main() -> None:
     common += ["--seq-chunk", str(args.seq_chunk), "--global-batch", str(args.global_batch)]
     common += ["--profile"] if args.profile else []
     children = [
-        (["bench.long_context", "--row", s, *common], {"name": f"long-{s}", "seq_len": int(s)})
+        (
+            ["bench.long_context", "--row", s, *common, "--kernel", k],
+            {"name": f"long-{s}", "seq_len": int(s), "attention_kernel": k},
+        )
         for s in args.lengths.split(",")
+        for k in args.kernels.split(",")
     ]
     rows = run_children(children, args.out)
     print(format_rows(rows))
@@ -193,7 +229,8 @@ def main() -> None:
             f"{r['predicted_step_seconds']:.1f} s  peak {r['peak_reserved_gib']:.1f} GiB "
             f"reserved of {DEVICE_GIB}  RSS {r['peak_rss_gib']:.1f} GiB  stall "
             f"{r['stall_share']:.3f}  on demand {r.get('h2d_on_demand_gb') or 0.0:.1f} GB"
-            f"  piece {plan['working_set']['seq_chunk']}"
+            f"  piece {plan['working_set']['seq_chunk']}  {r.get('attention_kernel')}"
+            f"  floor ratio {r.get('kernel_floor_ratio') or 0.0:.3f}"
         )
 
 

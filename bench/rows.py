@@ -53,6 +53,10 @@ class Row:
     precision: str | None = None  # what the matmuls compute in: bf16, tf32, fp32
     peak_flops: float | None = None  # the dense peak FLOP/s the mfu divides by
     peak_source: str | None = None  # the chip table's row
+    attention_kernel: str | None = None  # long context: the kernel a piece's attention ran
+    # long context: the step's kernels alone at their measured rates over the measured step
+    # (bench/long_context.py kernel_floor_s), = tokens/s over the floor's tokens/s
+    kernel_floor_ratio: float | None = None
 
 
 class MfuFields(TypedDict):

@@ -17,7 +17,7 @@ import pytest
 from tests.helpers.specs import working_set_spec as _spec
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.errors import InfeasibleBudget
-from wstrain.contracts.hardware import H100_ADAWS
+from wstrain.contracts.hardware import H100_ADAWS, NodeProfile
 from wstrain.contracts.model_dims import PRESETS
 from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
@@ -260,3 +260,40 @@ def test_a_lead_pass_over_the_host_budget_steps_down_to_fit() -> None:
     assert ws is not None and ws.lead_rounds == 2 and ws.seq_chunk == 0
     assert any(0 in row for row in ws.levels[: dims.num_layers - plan.window])
     assert plan.predicted.peak_host_bytes <= spec.budget.host_bytes
+
+
+def test_a_node_with_fa3_plans_pieces_on_it_at_its_measured_rate() -> None:
+    """A node whose profile carries FlashAttention-3's rates (attention_flops.fa3.SEQ) plans
+    a long sequence's pieces on FA3 and predicts them at FA3's rate: faster than the same
+    node without it; whole sequences, a head dim FA3 is not built for and fp32 keep the
+    other kernels."""
+    dims = replace(LLAMA, num_layers=32)
+    spec = _spec(dims, 131072, 1, 24, 110)
+    profile = {"matmul_flops": 761e12, "optimizer_params_per_s": 4e9}
+    profile |= {f"attention_flops.{s}": f for s, f in H100.attention_points}
+    profile |= {f"attention_flops.fa3.{s}": 1.2 * f for s, f in H100.attention_points}
+    fa3 = replace(
+        H100,
+        fa3_attention_points=NodeProfile.from_profile("cuda", profile, 1, 1).fa3_attention_points,
+    )
+    assert fa3.fa3_attention_points == tuple((s, 1.2 * f) for s, f in H100.attention_points)
+    assert NodeProfile.from_profile("cuda", profile, 1, 1).attention_points == H100.attention_points
+    with_fa3, without = make_ws_plan(spec, dims, fa3), make_ws_plan(spec, dims, H100)
+    assert with_fa3.working_set is not None and without.working_set is not None
+    assert with_fa3.working_set.attention_kernel == "fa3-hopper"
+    assert without.working_set.attention_kernel == "cudnn-prefix-diagonal"
+    assert with_fa3.predicted.compute_seconds < without.predicted.compute_seconds
+    docs = make_ws_plan(spec.model_copy(update={"document_mask": True}), dims, fa3)
+    assert docs.working_set is not None
+    assert docs.working_set.attention_kernel == "fa3-hopper-per-document"
+    wide = replace(dims, head_dim=64, num_heads=64)  # FA3 is built for head dim 128 only
+    plan = make_ws_plan(_spec(wide, 131072, 1, 24, 110), wide, fa3)
+    assert plan.working_set is not None
+    assert plan.working_set.attention_kernel == "cudnn-prefix-diagonal"
+    short = make_ws_plan(_spec(dims, 4096, 8, 24, 110, seq_chunk=0), dims, fa3)
+    assert short.working_set is not None and short.working_set.attention_kernel == ""
+    # whole sequences run SDPA: FA3's points do not change their prediction
+    assert (
+        short.predicted
+        == make_ws_plan(_spec(dims, 4096, 8, 24, 110, seq_chunk=0), dims, H100).predicted
+    )

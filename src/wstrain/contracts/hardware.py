@@ -57,6 +57,9 @@ class NodeProfile:
     both_bytes_per_s: float = 4.5e10  # each direction while both run
     # (seq_len, FLOP/s) of causal attention fwd+bwd, ascending; empty: matmul rate
     attention_points: tuple[tuple[int, float], ...] = ()
+    # the same for FlashAttention-3's kernels, where the node runs them (its wheel on a Hopper
+    # GPU, worker/ops/fa3_attn.py; profile keys attention_flops.fa3.SEQ); empty: it does not
+    fa3_attention_points: tuple[tuple[int, float], ...] = ()
     layer: LayerTimes | None = None  # the job's layer measured here, when the agent did
     # (GPUs copying at once, the slowest one's D2H bytes/s), ascending: several GPUs'
     # device-to-host copies can share a ceiling (worker/profile/shared_links.py)
@@ -78,20 +81,16 @@ class NodeProfile:
     ) -> NodeProfile:
         # Defaults for records of agents that predate a key: a CPU node's "link" is memcpy.
         link = 5.0e10 if device == "cuda" else 1.0e10
-        points = tuple(
-            sorted(
-                (int(k.split(".", 1)[1]), v)
-                for k, v in profile.items()
-                if k.startswith("attention_flops.")
+
+        def points(prefix: str) -> tuple[tuple[int, float], ...]:  # keys PREFIX.N, ascending
+            return tuple(
+                sorted(
+                    (int(k[len(prefix) :]), v)
+                    for k, v in profile.items()
+                    if k.startswith(prefix) and k[len(prefix) :].isdigit()
+                )
             )
-        )
-        d2h_by_gpus = tuple(
-            sorted(
-                (int(k.split(".", 1)[1]), v)
-                for k, v in profile.items()
-                if k.startswith("d2h_bytes_per_s.")
-            )
-        )
+
         return cls(
             device,
             profile.get("matmul_flops", 1e10),
@@ -101,8 +100,9 @@ class NodeProfile:
             profile.get("h2d_bytes_per_s", link),
             profile.get("d2h_bytes_per_s", link),
             profile.get("both_bytes_per_s", 0.9 * link),
-            points,
-            d2h_by_gpus=d2h_by_gpus,
+            points("attention_flops."),
+            points(f"attention_flops.{FA3_PROFILE_KEY}."),
+            d2h_by_gpus=points("d2h_bytes_per_s."),
         )
 
     def with_layer(self, layer: LayerTimes | None) -> NodeProfile:
@@ -131,6 +131,7 @@ class NodeProfile:
             self,
             matmul_flops=self.matmul_flops / jobs,
             attention_points=tuple((s, f / jobs) for s, f in self.attention_points),
+            fa3_attention_points=tuple((s, f / jobs) for s, f in self.fa3_attention_points),
             h2d_bytes_per_s=self.h2d_bytes_per_s / jobs,
             d2h_bytes_per_s=self.d2h_bytes_per_s / jobs,
             both_bytes_per_s=self.both_bytes_per_s / jobs,
@@ -150,6 +151,20 @@ class NodeProfile:
             d2h_bytes_per_s=measured[-1],
             both_bytes_per_s=self.both_bytes_per_s * share,
         )
+
+    def piece_kernel(self, device: str, precision: str, documents: bool, head_dim: int) -> str:
+        """The kernel a long sequence's pieces run on `device` of this node
+        (piece_attention_kernel): FA3 where the node measured it and the model's head dim is
+        one it is built for."""
+        fa3 = bool(self.fa3_attention_points) and head_dim in FA3_HEAD_DIMS
+        return piece_attention_kernel(device, precision, documents, fa3=fa3)
+
+    def for_piece_kernel(self, kernel: str) -> NodeProfile:
+        """The node as a plan whose pieces run `kernel` sees it: FA3's attention rates
+        where that kernel is FA3's (whole sequences run SDPA, the profile's own points)."""
+        if kernel.startswith(FA3_HOPPER) and self.fa3_attention_points:
+            return replace(self, attention_points=self.fa3_attention_points)
+        return self
 
     def attention_flops(self, seq_len: int) -> float:
         """Attention FLOP/s at seq_len: log-linear between measured lengths, clamped."""
@@ -192,19 +207,25 @@ H100_ADAWS = NodeProfile("cuda", 989e12, 4.1e9, 80 * GIB, 512 * GIB, 64e9, 64e9,
 # op in one call (its causal mask aligns bottom-right) 357 and 313. Else the exact fp32
 # reference, which merges the same two parts. With packed documents the same kernel runs
 # once per document a piece meets (worker/ops/document_attn.py), named with PER_DOCUMENT.
+FA3_HOPPER: Final = "fa3-hopper"
+FA3_PROFILE_KEY: Final = "fa3"  # a node profile's attention_flops.fa3.SEQ
+FA3_HEAD_DIMS: Final = (128,)  # what scripts/build_fa3.sh builds FA3's kernels for
 CUDNN_PREFIX_DIAGONAL: Final = "cudnn-prefix-diagonal"
 FLASH_LOWER_RIGHT: Final = "flash2-lower-right"
 REFERENCE_LSE_MERGE: Final = "reference-lse-merge"
 PER_DOCUMENT: Final = "-per-document"
 
 
-def piece_attention_kernel(device: str, precision: str, documents: bool, cudnn: bool = True) -> str:
+def piece_attention_kernel(
+    device: str, precision: str, documents: bool, cudnn: bool = True, fa3: bool = False
+) -> str:
     """The kernel a piece's attention runs on `device` ("cuda"/"cpu") at JobSpec precision
     `precision` (the fused kernels take 16-bit inputs only), with or without document masks,
-    where cuDNN's attention is (`cudnn`) or is not available."""
+    where FlashAttention-3 (`fa3`: its wheel on a Hopper GPU, bf16 at head dim 128 only) and
+    cuDNN's attention (`cudnn`) are or are not available, fastest first."""
     kernel = REFERENCE_LSE_MERGE
     if device == "cuda" and precision != "fp32":
-        kernel = CUDNN_PREFIX_DIAGONAL if cudnn else FLASH_LOWER_RIGHT
+        kernel = FA3_HOPPER if fa3 else CUDNN_PREFIX_DIAGONAL if cudnn else FLASH_LOWER_RIGHT
     return kernel + PER_DOCUMENT * documents
 
 

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.errors import InfeasibleBudget, InvalidSpec
-from wstrain.contracts.hardware import Device, NodeProfile, piece_attention_kernel
+from wstrain.contracts.hardware import Device, NodeProfile
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.plan import MinBudget, Plan, Predicted, WorkingSetPlan
 from wstrain.contracts.spec import JobSpec
@@ -47,20 +47,27 @@ from wstrain.planning.reasons import ws_reasons
 
 
 def _search(
-    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int], pieces: bool
+    spec: JobSpec, dims: ModelDims, whole: NodeProfile, device: str, mbs: list[int], pieces: bool
 ) -> Candidate | None:
+    """The fastest candidate over micro-batches `mbs`, whole sequences or (`pieces`) in
+    pieces too; a layout in pieces is costed at its piece kernel's attention rate."""
+    in_pieces = whole.for_piece_kernel(_piece_kernel(spec, dims, whole, device))
     ranked: list[tuple[float, int, mm.Layout, Solution, int, Window, Solution | None]] = []
     # the DP depends on the units and whether a backward runs beside the forward alone
     solutions: dict[tuple[int, int, bool], tuple[cm.LayerCost, Solution]] = {}
 
+    def node_for(lay: mm.Layout) -> NodeProfile:
+        return in_pieces if lay.pieces > 1 else whole
+
     def solved(lay: mm.Layout) -> tuple[cm.LayerCost, Solution]:
         key = (lay.micro_batch, lay.seq_chunk, lay.overlap)
         if key not in solutions:
-            lc = cm.layer_cost(dims, spec, lay, node)
+            lc = cm.layer_cost(dims, spec, lay, node_for(lay))
             solutions[key] = (lc, solve([lc] * dims.num_layers))
         return solutions[key]
 
     for i, lay in enumerate(layouts(spec, dims, mbs, pieces, device)):
+        node = node_for(lay)
         lc, sol = solved(lay)
         rounds = spec.global_batch // lay.micro_batch
         base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer
@@ -85,7 +92,7 @@ def _search(
     for est, _, lay, sol, w, win, first_sol in sorted(ranked, key=lambda r: (r[0], r[1], -r[4])):
         if best is not None and est >= best.time.total_s * (1 - 1e-9):
             break
-        cand = finish(dims, spec, node, lay, sol, w, win.rows(), device, first_sol)
+        cand = finish(dims, spec, node_for(lay), lay, sol, w, win.rows(), device, first_sol)
         if cand is not None and (best is None or cand.time.total_s < best.time.total_s):
             best = cand
     return best
@@ -190,10 +197,16 @@ def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> 
     )
 
 
+def _piece_kernel(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str) -> str:
+    return node.piece_kernel(device, spec.precision, spec.document_mask, dims.head_dim)
+
+
 def _plan(
     spec: JobSpec, dims: ModelDims, node: NodeProfile, c: Candidate, device: Device, bound: float
 ) -> Plan:
     L, lay = dims.num_layers, c.lay
+    kernel = _piece_kernel(spec, dims, node, device) if lay.pieces > 1 else ""
+    node = node.for_piece_kernel(kernel)
     return Plan(
         runtime="working_set",
         device=device,
@@ -221,9 +234,7 @@ def _plan(
             device_layers=lay.device_layers,
             lead_rounds=lay.lead_rounds,
             seq_chunk=lay.seq_chunk if lay.pieces > 1 else 0,
-            attention_kernel=piece_attention_kernel(device, spec.precision, spec.document_mask)
-            if lay.pieces > 1
-            else "",
+            attention_kernel=kernel,
             overlap=lay.overlap,
             first_levels=c.first_levels or [],
         ),

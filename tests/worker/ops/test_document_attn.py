@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.worker.ops.kernels import FUSED, use_kernel
 from tests.worker.relative_error import rel_err
 from wstrain.worker.models.dense import causal_attention, document_mask
-from wstrain.worker.ops import prefix_attn
 from wstrain.worker.ops.document_attn import (
     document_attention,
     document_attention_backward,
@@ -82,15 +82,14 @@ def test_reference_kernel_documents_equal_the_dense_mask(chunk: int) -> None:
     assert rel_err(plain[0], got[0]) > 1e-2
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("kernel", [prefix_attn.CUDNN, prefix_attn.FLASH])
+@pytest.mark.parametrize("kernel", FUSED)
 def test_fused_kernels_per_document_equal_the_dense_mask_on_cuda(
     kernel: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """bf16, GQA 32:8, head_dim 128, 4096 tokens in pieces of 768 (not a divisor), documents
-    of 100 to 1500 tokens: cuDNN's or FA2's call per (sequence, document) within bf16
+    of 100 to 1500 tokens: each fused kernel's call per (sequence, document) within bf16
     rounding of fp32 SDPA under the dense mask."""
-    monkeypatch.setattr(prefix_attn, "USE_CUDNN", kernel == prefix_attn.CUDNN)
+    use_kernel(kernel, monkeypatch)
     lengths = [[100, 1500, 700, 1, 1295, 500], [4096]]
     q, k, v, do = _case("cuda", torch.bfloat16, 4096, 32, 8, 128)
     seg = _segments(lengths)

@@ -1,7 +1,9 @@
 """A query chunk's attention against its prefix (worker/ops/prefix_attn.py) against SDPA
 over the whole sequence: the chunk's rows of the output, and its share of every gradient,
-on the reference kernel (CPU, fp32) and, on CUDA, FlashAttention-2 through aten with its
-bottom-right causal mask and the backward split into key blocks.
+on the reference kernel (CPU, fp32) and, on CUDA, every fused kernel: FlashAttention-3
+(where its wheel runs: a Hopper GPU), cuDNN (prefix and diagonal merged) and FlashAttention-2
+through aten, the last and FA3 with their bottom-right causal mask; the backward split into
+key blocks.
 
     pytest tests/worker/ops/test_prefix_attn.py
 """
@@ -13,6 +15,7 @@ import itertools
 import pytest
 import torch
 
+from tests.worker.ops.kernels import FUSED, use_kernel
 from tests.worker.relative_error import rel_err
 from wstrain.worker.models.dense import causal_attention
 from wstrain.worker.ops import prefix_attn
@@ -83,20 +86,19 @@ def test_reference_kernel_pieces_equal_sdpa(chunk: int) -> None:
         assert rel_err(a, b) < 1e-5, name
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("kernel", [prefix_attn.CUDNN, prefix_attn.FLASH])
+@pytest.mark.parametrize("kernel", FUSED)
 @pytest.mark.parametrize("block", [0, 1024], ids=["one-block", "blocks1024"])
 def test_fused_pieces_equal_sdpa_on_cuda(
     kernel: str, block: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """bf16, Llama-3's GQA 32:8 with head_dim 128, 4096 tokens in pieces of 768 (not a
-    divisor), on cuDNN (prefix and diagonal merged) and on FA2 (bottom-right mask); the
-    backward in one call per piece, then in blocks of 1024 keys."""
-    monkeypatch.setattr(prefix_attn, "USE_CUDNN", kernel == prefix_attn.CUDNN)
+    divisor), on each fused kernel; the backward in one call per piece, then in blocks of
+    1024 keys."""
+    use_kernel(kernel, monkeypatch)
     if block:
         monkeypatch.setattr(prefix_attn, "ATTENTION_KEY_BLOCK_TOKENS", block)
     q, k, v, do = _case("cuda", torch.bfloat16, 4096, 32, 8, 128)
-    assert prefix_attn.kernel_for(q.device, q.dtype, False) == kernel
+    assert prefix_attn.kernel_for(q.device, q.dtype, False, 128) == kernel
     got = _pieces(q, k, v, do, 768)
     ref = _reference(q, k, v, do)
     whole = _reference(q.float(), k.float(), v.float(), do)  # the fp32 truth twice: sanity
@@ -105,15 +107,14 @@ def test_fused_pieces_equal_sdpa_on_cuda(
         assert rel_err(b, c) < 1e-6, name
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("kernel", [prefix_attn.CUDNN, prefix_attn.FLASH])
+@pytest.mark.parametrize("kernel", FUSED)
 def test_fused_kernels_take_one_token_pieces_and_key_blocks_on_cuda(
     kernel: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The degenerate calls a packed document makes: one query over one key (a piece of one
     token at the start), one query over a prefix, and several queries whose last key block
     before the diagonal holds a single key (blocks of 1024, a piece starting at 1025)."""
-    monkeypatch.setattr(prefix_attn, "USE_CUDNN", kernel == prefix_attn.CUDNN)
+    use_kernel(kernel, monkeypatch)
     monkeypatch.setattr(prefix_attn, "ATTENTION_KEY_BLOCK_TOKENS", 1024)
     q, k, v, do = _case("cuda", torch.bfloat16, 2100, 32, 8, 128)
     spans = [(0, 1), (1, 2), (2, 3), (3, 1025), (1025, 1030), (1030, 1031), (1031, 2100)]

@@ -8,8 +8,10 @@ attention costs one chunk of queries at a time and never a score matrix on the d
     out, lse = prefix_attention(q, k[:, :, :s1], v[:, :, :s1], s0)     # (B, H, c, hd), (B, H, c)
     dq = prefix_attention_backward(dout, q, k_s1, v_s1, out, lse, s0, dk_sum, dv_sum)
 
-Kernels (names and rule: contracts/hardware.py, which the plan records). On CUDA
-in bf16/fp16 without documents: cuDNN's fused attention twice, the prefix [0, s0) with no
+Kernels (names and rule: contracts/hardware.py, which the plan records). On a Hopper GPU
+with FlashAttention-3's wheel installed, in bf16 at head dim 128: FA3, the prefix and the
+diagonal in one launch (ops/fa3_attn.py): 704/598 TFLOP/s fwd/bwd on an H100 at 32K.
+Otherwise on CUDA in bf16/fp16: cuDNN's fused attention twice, the prefix [0, s0) with no
 mask and the diagonal block [s0, s1) with its causal mask (square, so cuDNN's top-left
 alignment is right), merged by log-sum-exp: 575/561 TFLOP/s fwd/bwd on an H100 at 32K;
 without cuDNN, FlashAttention-2 through aten's flash op in one call, whose is_causal aligns
@@ -29,6 +31,7 @@ import torch
 
 from wstrain.contracts.calibration import ATTENTION_KEY_BLOCK_TOKENS
 from wstrain.contracts.hardware import CUDNN_PREFIX_DIAGONAL as CUDNN
+from wstrain.contracts.hardware import FA3_HOPPER as FA3
 from wstrain.contracts.hardware import FLASH_LOWER_RIGHT as FLASH
 from wstrain.contracts.hardware import piece_attention_kernel
 from wstrain.worker.models.chunked import (
@@ -36,9 +39,11 @@ from wstrain.worker.models.chunked import (
     chunk_attention_forward,
     merge_partials,
 )
+from wstrain.worker.ops.fa3_attn import fa3_block_backward, fa3_forward, fa3_takes
 
 ATEN = torch.ops.aten
 USE_CUDNN = True  # tests and the bench switch it off to run flash
+USE_FA3 = True  # the bench switches it off to time cuDNN beside FA3 in one process
 
 
 @functools.cache
@@ -55,11 +60,12 @@ def _cudnn_attention() -> bool:
     return USE_CUDNN and _cudnn_present()
 
 
-def kernel_for(device: torch.device, dtype: torch.dtype, documents: bool) -> str:
+def kernel_for(device: torch.device, dtype: torch.dtype, documents: bool, head_dim: int) -> str:
     """The attention kernel prefix_attention uses for these inputs (the plan records it)."""
     precision = "bf16" if dtype in (torch.bfloat16, torch.float16) else "fp32"
     cudnn = device.type == "cuda" and _cudnn_attention()
-    return piece_attention_kernel(device.type, precision, documents, cudnn)
+    fa3 = device.type == "cuda" and USE_FA3 and fa3_takes(dtype, head_dim)
+    return piece_attention_kernel(device.type, precision, documents, cudnn, fa3)
 
 
 def _call_kernel(q: torch.Tensor) -> str:
@@ -67,7 +73,7 @@ def _call_kernel(q: torch.Tensor) -> str:
     single query goes to FA2 where cuDNN was chosen. Its diagonal is one query over one key,
     which cuDNN refuses ("s_q = s_kv = 1 is not supported", cuDNN 9 under torch 2.11 on an
     H100): a one-token document, or a document's first token at a piece's last position."""
-    kernel = kernel_for(q.device, q.dtype, False)
+    kernel = kernel_for(q.device, q.dtype, False, q.shape[-1])
     return FLASH if kernel == CUDNN and q.shape[2] == 1 else kernel
 
 
@@ -91,6 +97,8 @@ def prefix_attention(
     s1 = s0 + q.shape[2]
     assert k.shape[2] == s1 == v.shape[2], (q.shape, k.shape, v.shape, s0)
     kernel = _call_kernel(q)
+    if kernel == FA3:
+        return fa3_forward(q, k, v)
     if kernel == CUDNN:
         out, lse = _cudnn_part(q, k[:, :, s0:], v[:, :, s0:], True)  # the diagonal
         if s0 == 0:
@@ -130,6 +138,8 @@ def _fused_backward(
     """The fused backward over one block of keys, (k, v, causal) -> (dq, dk, dv), with the
     whole row's out and lse; what every block's call shares is made once."""
     c = q.shape[2]
+    if kernel == FA3:
+        return lambda k, v, causal: fa3_block_backward(dout, q, out, lse, k, v, causal)
     if kernel == CUDNN:
         # no dropout: the RNG seed and offset go unread; no bias, no varlen lengths
         rng = torch.zeros((), device=q.device, dtype=torch.long)
@@ -165,7 +175,7 @@ def prefix_attention_backward(
     last block's causal mask is the diagonal's."""
     s1 = s0 + q.shape[2]
     kernel = _call_kernel(q)
-    if kernel in (CUDNN, FLASH):
+    if kernel in (FA3, CUDNN, FLASH):
         dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         block_backward = _fused_backward(kernel, dout, q, out, lse)
         for a, b in key_blocks(s0, s1, diagonal_apart=kernel == CUDNN):

@@ -6,10 +6,11 @@ Measures what the autoconfigurator's cost model needs (planning/working_set.py):
 pinned host->device, device->host and both-at-once copy bandwidth (on a CPU host the "link"
 is a host memcpy; on several GPUs also each one's D2H rate while 2..N copy at once), host
 memcpy bandwidth, practical matmul FLOP/s at a decoder layer's GEMM shape, causal-attention
-FLOP/s at several sequence lengths, and CPU AdamW parameter updates per second; it lists
-the GPUs. The agent caches the result per (GPU model, driver, torch) key. On a GPU that the
-chip table (contracts/chips.py) does not know, the bf16 matmul rate is also what
-a job's MFU divides by.
+FLOP/s at several sequence lengths (SDPA's, and FlashAttention-3's where its wheel runs
+here: the kernel a long sequence's pieces take, ops/fa3_attn.py), and CPU AdamW parameter
+updates per second; it lists the GPUs. The agent caches the result per (GPU model, driver,
+torch, FA3 present) key. On a GPU that the chip table (contracts/chips.py) does not know,
+the bf16 matmul rate is also what a job's MFU divides by.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from wstrain.contracts.hardware import FA3_PROFILE_KEY
+from wstrain.worker.ops.fa3_attn import fa3_block_backward, fa3_forward, fa3_present
 from wstrain.worker.profile.shared_links import d2h_by_gpus
 
 # Profile-key format: bump when the measured keys change meaning, so caches refresh.
@@ -116,6 +119,22 @@ def attention_flops(
     return flops / _time(fwd_bwd, 3)
 
 
+def fa3_attention_flops(seq: int, heads: int, kv_heads: int, head_dim: int) -> float:
+    """attention_flops' rate for FlashAttention-3's causal forward and backward, called as
+    a piece calls them (ops/prefix_attn.py): FLOPs counted the same way."""
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    q = torch.randn(1, heads, seq, head_dim, device=dev, dtype=bf16)
+    k = torch.randn(1, kv_heads, seq, head_dim, device=dev, dtype=bf16)
+    v = torch.randn_like(k)
+    grad = torch.randn_like(q)
+
+    def fwd_bwd() -> None:
+        out, lse = fa3_forward(q, k, v)
+        fa3_block_backward(grad, q, out, lse, k, v, True)
+
+    return 3 * 2 * seq * seq * heads * head_dim / _time(fwd_bwd, 3)
+
+
 def optimizer_params_per_s(numel: int) -> float:
     """Host AdamW updates per second as working_set/host_optim.py runs them on the working set's
     tiles (HostState.step_group): bf16 state, clipping, then fused CPU AdamW (the global norm
@@ -161,7 +180,8 @@ def cache_key() -> str:
         )
     else:
         gpu, driver = "cpu", f"{os.cpu_count()}cpus"
-    return f"v{PROFILE_VERSION}_{gpu}_{driver}_torch{torch.__version__}"
+    fa3 = "_fa3" if fa3_present() else ""  # a node that installs FA3 measures it anew
+    return f"v{PROFILE_VERSION}_{gpu}_{driver}_torch{torch.__version__}{fa3}"
 
 
 def profile() -> dict[str, object]:
@@ -181,6 +201,11 @@ def profile() -> dict[str, object]:
         measured[f"attention_flops.{seq}"] = attention_flops(
             dev, dtype, seq, heads, kv_heads, head_dim
         )
+    if cuda and fa3_present():
+        for seq in seqs:
+            measured[f"attention_flops.{FA3_PROFILE_KEY}.{seq}"] = fa3_attention_flops(
+                seq, heads, kv_heads, head_dim
+            )
     measured["optimizer_params_per_s"] = optimizer_params_per_s(256 << 20 if cuda else 4 << 20)
     measured["cpu_threads"] = float(torch.get_num_threads())
     measured["host_cpus"] = float(os.cpu_count() or 1)

@@ -82,7 +82,7 @@ class PieceLayers:
             "long context: a window of %d x %d tokens, attention kernel %s",
             batch,
             seq_len,
-            kernel_for(torch.device(device), dtype, False),
+            kernel_for(torch.device(device), dtype, False, dims.head_dim),
         )
 
     def forward(
