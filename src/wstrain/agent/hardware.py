@@ -1,6 +1,7 @@
 """What the agent learns of its host: its memory, its measured profile (GPUs, matmul and
 copy rates, attention at several lengths; run as `python -m wstrain.worker.profile.node` in
-a child process, since the agent never imports torch) and, per job on a GPU, one real
+a child process, since the agent never imports torch; a GPU-less host's cached one read
+directly) and, per job on a GPU, one real
 decoder layer of the job's model timed there (ProTrain's refinement), both cached under the
 state dir.
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from wstrain.contracts.hardware import Device, LayerTimes
+from wstrain.contracts.hardware import Device, LayerTimes, cpu_profile_cache_key
 from wstrain.contracts.jobs import GPUInfo
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import JobSpec
@@ -46,7 +48,28 @@ def host_memory() -> tuple[int, int]:
     return info["MemTotal"], info["MemAvailable"]
 
 
+def _cached_cpu_profile(cache_dir: Path) -> Measured | None:
+    """A GPU-less host's cached profile, read without the profiling child: that child's
+    torch import alone is ~2.5 CPU-s on a 2-core host, the whole of an agent's start when
+    its profile is cached. None where the host has a GPU driver (the child then reads the
+    GPUs' names and free memory) or nothing is cached under this torch's key."""
+    if Path("/dev/nvidiactl").exists():
+        return None
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    path = cache_dir / f"{cpu_profile_cache_key(os.cpu_count() or 1, torch_version)}.json"
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return Measured("cpu", [], found["profile"], found["key"], True)
+
+
 async def measure_node(state_dir: Path, use_cache: bool) -> Measured:
+    if use_cache and (cpu := _cached_cpu_profile(state_dir / "profiles")) is not None:
+        return cpu
     cache = ["--cache-dir", str(state_dir / "profiles")]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

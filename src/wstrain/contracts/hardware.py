@@ -229,6 +229,24 @@ def piece_attention_kernel(
     return kernel + PER_DOCUMENT * documents
 
 
+# Profile-key format (worker/profile/node.py): bump when the measured keys change meaning,
+# so caches refresh.
+PROFILE_VERSION: Final = 6
+
+
+def profile_cache_key(gpu: str, driver: str, torch_version: str, fa3: bool) -> str:
+    """What a cached node profile is valid for: GPU model (torch's name) and driver, or "cpu"
+    and the host's CPU count; the torch version; FA3's kernels present (a node that
+    installs them measures their rates anew); the profile format."""
+    gpu = gpu.replace(" ", "-")
+    return f"v{PROFILE_VERSION}_{gpu}_{driver}_torch{torch_version}{'_fa3' if fa3 else ''}"
+
+
+def cpu_profile_cache_key(cpus: int, torch_version: str) -> str:
+    """profile_cache_key of a host without GPUs."""
+    return profile_cache_key("cpu", f"{cpus}cpus", torch_version, False)
+
+
 # ----------------------------------------------------------------- shipped profiles
 
 

@@ -26,12 +26,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from wstrain.contracts.hardware import FA3_PROFILE_KEY
+from wstrain.contracts.hardware import FA3_PROFILE_KEY, cpu_profile_cache_key, profile_cache_key
 from wstrain.worker.ops.fa3_attn import fa3_block_backward, fa3_forward, fa3_present
 from wstrain.worker.profile.shared_links import d2h_by_gpus
-
-# Profile-key format: bump when the measured keys change meaning, so caches refresh.
-PROFILE_VERSION = 6
 
 
 def _sync() -> None:
@@ -170,18 +167,15 @@ def _gpus() -> list[dict[str, object]]:
 
 
 def cache_key() -> str:
-    """What a cached profile is valid for: GPU model, driver, torch, profile format."""
-    if torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name(0).replace(" ", "-")
-        driver = str(
-            torch.cuda.driver_version()
-            if hasattr(torch.cuda, "driver_version")
-            else torch.version.cuda
-        )
-    else:
-        gpu, driver = "cpu", f"{os.cpu_count()}cpus"
-    fa3 = "_fa3" if fa3_present() else ""  # a node that installs FA3 measures it anew
-    return f"v{PROFILE_VERSION}_{gpu}_{driver}_torch{torch.__version__}{fa3}"
+    """What a cached profile is valid for (contracts/hardware.py profile_cache_key)."""
+    if not torch.cuda.is_available():
+        return cpu_profile_cache_key(os.cpu_count() or 1, torch.__version__)
+    driver = str(
+        torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else torch.version.cuda
+    )
+    return profile_cache_key(
+        torch.cuda.get_device_name(0), driver, torch.__version__, fa3_present()
+    )
 
 
 def profile() -> dict[str, object]:
