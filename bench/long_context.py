@@ -160,8 +160,10 @@ def run_row(args: argparse.Namespace) -> Row:
     del res
     torch.cuda.set_per_process_memory_fraction(1.0, 0)  # the kernel alone, whole-GPU
     torch.cuda.empty_cache()
-    row.attention_kernel = prefix_attn.kernel_for(
-        torch.device("cuda"), torch.bfloat16, docs > 0, dims.head_dim
+    row.attention_kernel = (  # whole sequences run models/dense.py's SDPA
+        prefix_attn.kernel_for(torch.device("cuda"), torch.bfloat16, docs > 0, dims.head_dim)
+        if ws.seq_chunk
+        else "sdpa"
     )
     rate = attention_rate(dims, seq, ws.seq_chunk)
     row.plan["attention_fwd_bwd_flops"] = rate  # type: ignore[index]
