@@ -52,13 +52,24 @@ class Window:
         X = self.chunks
         return [flat[i * X : (i + 1) * X][::-1] for i in range(self.layers)][::-1]
 
-    def cost_s(self, lc: LayerCost) -> float:
+    def cost_s(
+        self, lc: LayerCost, rows: dict[tuple[int, int, int, int], float] | None = None
+    ) -> float:
         """Per round: recomputation left in the window plus its exposed backward transfer
-        (rows wholly at one level are counted in bulk; at most two rows are mixed)."""
+        (rows wholly at one level are counted in bulk; at most two rows are mixed). `rows`:
+        a row's cost by (level, chunks, n3, nl), kept across the windows of one `lc` (a row's cost
+        does not depend on the window)."""
         X = self.chunks
         rec = [lc.compute_s - v for v in lc.value_s]
+        memo = {} if rows is None else rows
 
-        def row(n3: int, nl: int) -> float:  # as rows() lays it out: level 3 last
+        def row(n3: int, nl: int) -> float:
+            key = (self.level, X, n3, nl)
+            if key not in memo:
+                memo[key] = costed_row(n3, nl)
+            return memo[key]
+
+        def costed_row(n3: int, nl: int) -> float:  # as rows() lays it out: level 3 last
             r = n3 * rec[3] + nl * rec[self.level] + (X - n3 - nl) * rec[0]
             if lc.unit_value_s:  # pieces: each by its prefix
                 pattern = [0] * (X - n3 - nl) + [self.level] * nl + [3] * n3
@@ -78,18 +89,27 @@ class Window:
         return cost
 
 
-def fill_window(window: int, lc: LayerCost, saved: list[int], spare_bytes: float) -> Window:
+def fill_window(
+    window: int, lc: LayerCost, saved: list[int], spare_bytes: float, best: int | None = None
+) -> Window:
     """The best value per byte first, then level 3, last layers first (backward meets them
-    first)."""
+    first). `best`: best_level(lc, saved), where the caller has it."""
     X = lc.chunks
     extra = [b - saved[0] for b in saved]
-    best = max(range(1, LEVELS), key=lambda lv: lc.value_s[lv] / max(extra[lv], 1))
+    if best is None:
+        best = best_level(lc, saved)
     n_best = int(min(window * X, max(0.0, spare_bytes) // max(extra[best], 1)))
     spare_bytes -= n_best * extra[best]
     n_top = 0
     if best != 3 and lc.value_s[3] > lc.value_s[best]:
         n_top = int(min(n_best, max(0.0, spare_bytes) // max(extra[3] - extra[best], 1)))
     return Window(window, X, best, n_best, n_top)
+
+
+def best_level(lc: LayerCost, saved: list[int]) -> int:
+    """The window level of the most value per byte beyond a level-0 set."""
+    extra = [b - saved[0] for b in saved]
+    return max(range(1, LEVELS), key=lambda lv: lc.value_s[lv] / max(extra[lv], 1))
 
 
 def window_costs(
@@ -101,14 +121,15 @@ def window_costs(
     windows = [spec.overrides.window] if spec.overrides.window is not None else range(L + 1)
     saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk, home=False) for lv in range(LEVELS)]
     forced_value = None if forced is None else float(lc.pattern_value(np.full((1, X), forced))[0])
+    best = best_level(lc, saved)  # the same at every window
+    rows: dict[tuple[int, int, int, int], float] = {}
     out = []
-    for w in windows:
-        spare = mm.spare_window_bytes(dims, spec, lay, w)
+    for w, spare in zip(windows, mm.spare_window_bytes_each(dims, spec, lay, windows)):
         if spare < 0:
             continue
         if forced is None:
             home_value = sol.best_s(L - w)
-            win = fill_window(w, lc, saved, spare)
+            win = fill_window(w, lc, saved, spare, best)
         else:
             if w * X * (saved[forced] - saved[0]) > spare:
                 continue
@@ -117,7 +138,7 @@ def window_costs(
         if home_value == float("-inf"):
             continue
         home_cost = (L - w) * X * lc.compute_s - home_value
-        out.append((home_cost + win.cost_s(lc), w, win))
+        out.append((home_cost + win.cost_s(lc, rows), w, win))
     return out
 
 

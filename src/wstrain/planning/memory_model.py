@@ -10,6 +10,7 @@ dimensions and the job's spec. Calibrated on H200 runs of bench/runtime.py (Llam
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -148,6 +149,14 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     fragmentation. (The window's saved sets, exact and freed in order, take none: with
     slack on every byte the H200 plans predicted 1.12-1.25x the reserved peak;
     bench/RESULTS.md.)"""
+    once, moving = _fixed_device_parts(dims, spec, lay)
+    return int(once + (moving + _home_in_flight_bytes(dims, spec, lay, window)) * ALLOCATOR_SLACK)
+
+
+def _fixed_device_parts(dims: ModelDims, spec: JobSpec, lay: Layout) -> tuple[int, int]:
+    """fixed_device_bytes's parts that do not depend on the window: (the bytes allocated
+    once, the moving bytes but the copies in flight home), both exact integers, so adding
+    a window's copies in flight after gives fixed_device_bytes's sum to the byte."""
     e = ELEMENT_BYTES[spec.precision]
     S, D = spec.seq_len, dims.hidden_size
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
@@ -156,26 +165,27 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     # LM-head block: logits, their fp32 copy and grad (the head's weight gradient
     # accumulates in place: working_set/schedule.py _head_loss)
     loss = min(lay.loss_tokens, S) * dims.vocab_size * (e + 8)
-    moving = transition + loss + layer_temporaries_bytes(dims, spec, lay, window)
+    moving = transition + loss + _layer_temporaries_but_home(dims, spec, lay)
     moving += document_bytes(dims, spec, lay) + DEVICE_RESERVE_BYTES
     moving += context_window_bytes(dims, spec, lay)
-    return int(groups + rings + moving * ALLOCATOR_SLACK)
+    return groups + rings, moving
 
 
 def layer_temporaries_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int) -> int:
     """Fixed device bytes that only a layer's pass holds (before ALLOCATOR_SLACK): its
     workspace, its weight gradients made whole, and the copies in flight home. Idle while the
     LM head runs: the sets that leave then may sit in them (bench/bound.py)."""
+    home = _home_in_flight_bytes(dims, spec, lay, window)
+    return _layer_temporaries_but_home(dims, spec, lay) + home
+
+
+def _layer_temporaries_but_home(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
+    """layer_temporaries_bytes but the copies in flight home: the workspace and the weight
+    gradients made whole, the same at every window."""
     e = ELEMENT_BYTES[spec.precision]
     piece = min(lay.seq_chunk or spec.seq_len, spec.seq_len)  # tokens a layer holds at once
     workspace = int(
         LAYER_WORKSPACE_FACTOR * activation_bytes_per_token(dims, spec.precision) * piece
-    )
-    # copies in flight home: bounded by the write buffer and by all the home layers can send;
-    # with overlap the previous pass's sets coming back (as many again) beside them
-    home_layers = dims.num_layers - window
-    home = (1 + lay.overlap) * min(
-        WRITE_BUFFER_BYTES, home_layers * lay.units * saved_bytes(dims, spec, 3, lay.seq_chunk)
     )
     # weight gradients whole before they accumulate into the slot: a MoE layer's (without
     # them OLMoE at 12 GiB measured 0.14 GiB over the model); a dense layer's GEMMs
@@ -183,7 +193,19 @@ def layer_temporaries_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window:
     # when levels 0 and 2 recompute it with autograd
     mlp = 0 if dims.is_moe else 3 * dims.hidden_size * dims.intermediate_size
     dw = (dims.layer_params - mlp) * e
-    return workspace + home + dw
+    return workspace + dw
+
+
+def _home_in_flight_bytes(
+    dims: ModelDims, spec: JobSpec, lay: Layout, window: int, level3_set: int | None = None
+) -> int:
+    """The copies in flight home: bounded by the write buffer and by all the home layers
+    can send; with overlap the previous pass's sets coming back (as many again) beside
+    them. `level3_set`: saved_bytes(dims, spec, 3, lay.seq_chunk), where the caller has it."""
+    if level3_set is None:
+        level3_set = saved_bytes(dims, spec, 3, lay.seq_chunk)
+    home_layers = dims.num_layers - window
+    return (1 + lay.overlap) * min(WRITE_BUFFER_BYTES, home_layers * lay.units * level3_set)
 
 
 def device_bytes(
@@ -197,6 +219,23 @@ def spare_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     C_dev - B - W·L_bytes with level-0 window layers); negative: W does not fit."""
     base = window * lay.units * saved_bytes(dims, spec, 0, lay.seq_chunk, home=False)
     return spec.budget.device_bytes - fixed_device_bytes(dims, spec, lay, window) - base
+
+
+def spare_window_bytes_each(
+    dims: ModelDims, spec: JobSpec, lay: Layout, windows: Iterable[int]
+) -> list[float]:
+    """spare_window_bytes at each of `windows`, equal to it to the byte: what does not
+    depend on the window (all but the copies in flight home and the window's inputs) is
+    counted once, not once a window (the planner asks at every window of every layout)."""
+    once, moving = _fixed_device_parts(dims, spec, lay)
+    level3_set = saved_bytes(dims, spec, 3, lay.seq_chunk)
+    input_set = saved_bytes(dims, spec, 0, lay.seq_chunk, home=False)
+    out: list[float] = []
+    for w in windows:
+        home = _home_in_flight_bytes(dims, spec, lay, w, level3_set)
+        fixed = int(once + (moving + home) * ALLOCATOR_SLACK)
+        out.append(spec.budget.device_bytes - fixed - w * lay.units * input_set)
+    return out
 
 
 def lead_pass_saved(lay: Layout, home_saved: int, window_inputs: int) -> int:
