@@ -47,10 +47,26 @@ class Window:
     top: int = 0
 
     def rows(self) -> list[list[int]]:
-        flat = [3] * self.top + [self.level] * (self.n - self.top)
-        flat += [0] * (self.layers * self.chunks - self.n)
-        X = self.chunks
-        return [flat[i * X : (i + 1) * X][::-1] for i in range(self.layers)][::-1]
+        X, top, n = self.chunks, self.top, self.n
+        if not 0 <= top <= n <= self.layers * X:  # never so from fill_window: as laid out
+            flat = [3] * top + [self.level] * (n - top)
+            flat += [0] * (self.layers * X - n)
+            return [flat[i * X : (i + 1) * X][::-1] for i in range(self.layers)][::-1]
+        # in backward order the flat units [0, top) at 3, [top, n) at `level`, the rest at 0;
+        # a row wholly in one of them is built whole (the search asks at every candidate)
+        out = []
+        for i in range(self.layers - 1, -1, -1):
+            lo, hi = i * X, (i + 1) * X
+            if hi <= top or lo >= n or (lo >= top and hi <= n):
+                out.append([3 if hi <= top else 0 if lo >= n else self.level] * X)
+            else:
+                out.append(
+                    [
+                        3 if k < top else self.level if k < n else 0
+                        for k in range(hi - 1, lo - 1, -1)
+                    ]
+                )
+        return out
 
     def cost_s(
         self, lc: LayerCost, rows: dict[tuple[int, int, int, int], float] | None = None
@@ -119,7 +135,7 @@ def window_costs(
     every window this layout fits."""
     L, X, forced = dims.num_layers, lay.units, spec.overrides.level
     windows = [spec.overrides.window] if spec.overrides.window is not None else range(L + 1)
-    saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk, home=False) for lv in range(LEVELS)]
+    saved = mm.saved_bytes_by_level(dims, spec, lay.seq_chunk, home=False)
     forced_value = None if forced is None else float(lc.pattern_value(np.full((1, X), forced))[0])
     best = best_level(lc, saved)  # the same at every window
     rows: dict[tuple[int, int, int, int], float] = {}
@@ -162,7 +178,7 @@ def finish(
     """The candidate at `window`: home levels from `sol` (with overlap, the later passes';
     the first pass's from `first_sol`), cut to the host budget, its bytes and its time."""
     L, X = dims.num_layers, lay.units
-    saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
+    saved = mm.saved_bytes_by_level(dims, spec, lay.seq_chunk)
     if mm.host_bytes(dims, spec, (L - window) * X * saved[0], device) > spec.budget.host_bytes:
         return None  # even level 0 everywhere does not fit the host
     home = _home_levels(spec, sol, L - window, X)
@@ -188,7 +204,7 @@ def finish(
     if lay.optimizer == "split":  # as many device layers as suit what the layers send home
         sent = cm.first_forward_sent(dims, spec, lay, home)
         lay = replace(lay, device_layers=cm.split_layers(dims, spec, lay, sent, node, device))
-    kept = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk, home=False) for lv in range(LEVELS)]
+    kept = mm.saved_bytes_by_level(dims, spec, lay.seq_chunk, home=False)
     window_saved = sum(kept[lv] for row in window_rows for lv in row)
     dev = mm.device_bytes(dims, spec, lay, window, window_saved)
     if dev > spec.budget.device_bytes:
@@ -213,7 +229,7 @@ def _finish_overlap(
     do not fit the host budget it is dropped, levels not cut, and the search goes on to the
     next candidate (another window or layout)."""
     L, X = dims.num_layers, lay.units
-    saved = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
+    saved = mm.saved_bytes_by_level(dims, spec, lay.seq_chunk)
     first = _home_levels(spec, first_sol, L - window, X)
     # each layer's home bytes: the first pass's with its lead rounds' (a lead pass's window
     # chunks past the first round's go home at level 1: memory_model.lead_pass_saved)
@@ -231,7 +247,7 @@ def _finish_overlap(
     if lay.optimizer == "split":
         sent = cm.first_forward_sent(dims, spec, lay, first)
         lay = replace(lay, device_layers=cm.split_layers(dims, spec, lay, sent, node, device))
-    kept = [mm.saved_bytes(dims, spec, lv, lay.seq_chunk, home=False) for lv in range(LEVELS)]
+    kept = mm.saved_bytes_by_level(dims, spec, lay.seq_chunk, home=False)
     dev = mm.device_bytes(dims, spec, lay, window, sum(kept[lv] for r in window_rows for lv in r))
     if dev > spec.budget.device_bytes:
         return None

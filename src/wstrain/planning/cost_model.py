@@ -44,7 +44,7 @@ from wstrain.planning.layer_time import (
 from wstrain.planning.levels import LayerCost, write_buffer_stall_s
 from wstrain.planning.memory_model import (
     Layout,
-    saved_bytes,
+    saved_bytes_by_level,
 )
 
 
@@ -85,7 +85,7 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
     span, call = attention_span(spec.seq_len, lay, node), attention_call(spec.seq_len, lay, node)
     fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node, span, call)
     fwd_s /= lay.pieces  # a piece's share (causal attention: the same total as whole)
-    saved = [saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
+    saved = saved_bytes_by_level(dims, spec, lay.seq_chunk)
     weights = dims.layer_params * ELEMENT_BYTES[spec.precision]
     # with overlap (a pass after the step's first): each forward chunk runs beside a chunk of
     # the previous pass's backward, whose sets the link drains in too, less that backward's
@@ -207,7 +207,7 @@ def first_forward_sent(
 ) -> list[int]:
     """Saved bytes each layer sends home in the step's first pass (its lead rounds' worth;
     the window's layers, after the home ones, send none)."""
-    per_level = [saved_bytes(dims, spec, lv, lay.seq_chunk) for lv in range(LEVELS)]
+    per_level = saved_bytes_by_level(dims, spec, lay.seq_chunk)
     sent = [lay.lead_rounds * sum(per_level[lv] for lv in row) for row in home]
     return sent + [0] * (dims.num_layers - len(home))
 

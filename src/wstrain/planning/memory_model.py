@@ -9,6 +9,7 @@ dimensions and the job's spec. Calibrated on H200 runs of bench/runtime.py (Llam
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from wstrain.contracts.calibration import (
     ELEMENT_BYTES,
     FP8_BLOCK_ELEMENTS,
     LAYER_WORKSPACE_FACTOR,
+    LEVELS,
     WRITE_BUFFER_BYTES,
     host_reserve_bytes,
 )
@@ -92,9 +94,47 @@ def saved_bytes(
     recomputed with the window), at 2 and 3 the MLP's lean set (gate and up; MoE: per routed
     copy, plus the routing). A unit is a sequence, or a piece of seq_chunk tokens. `home`:
     as sent home; a window layer's sets stay on the device as they are, 16-bit under fp8."""
-    e_kernel = ELEMENT_BYTES[spec.precision]
+    return _saved_bytes(
+        dims, spec.precision, spec.activation_precision, spec.seq_len, level, seq_chunk, home
+    )
+
+
+def saved_bytes_by_level(
+    dims: ModelDims, spec: JobSpec, seq_chunk: int = 0, home: bool = True
+) -> list[int]:
+    """saved_bytes at each level, 0 to LEVELS - 1 (a new list: the caller's to change)."""
+    key = (spec.precision, spec.activation_precision, spec.seq_len, seq_chunk, home)
+    return list(_saved_by_level(dims, *key))
+
+
+# the planner asks for the same few sets at every window and candidate of every layout
+@functools.lru_cache(maxsize=4096)
+def _saved_by_level(
+    dims: ModelDims,
+    precision: str,
+    activation_precision: str,
+    seq_len: int,
+    seq_chunk: int,
+    home: bool,
+) -> tuple[int, ...]:
+    return tuple(
+        _saved_bytes(dims, precision, activation_precision, seq_len, lv, seq_chunk, home)
+        for lv in range(LEVELS)
+    )
+
+
+def _saved_bytes(
+    dims: ModelDims,
+    precision: str,
+    activation_precision: str,
+    seq_len: int,
+    level: int,
+    seq_chunk: int,
+    home: bool,
+) -> int:
+    e_kernel = ELEMENT_BYTES[precision]
     e: float = e_kernel
-    if spec.activation_precision == "fp8" and e == 2 and home:
+    if activation_precision == "fp8" and e == 2 and home:
         # 1 byte and a 4-byte scale per block of a 16-bit tensor (working_set/fp8_saves.py);
         # the attention kernel's own set (whole sequences) and the fp32 log-sum-exp stay
         e = 1 + 4 / FP8_BLOCK_ELEMENTS
@@ -109,7 +149,7 @@ def saved_bytes(
         else 2 * dims.intermediate_size * e
     )
     per_token = dims.hidden_size * e + core * (level in (1, 3)) + lean * (level in (2, 3))
-    return math.ceil(min(seq_chunk or spec.seq_len, spec.seq_len) * per_token)
+    return math.ceil(min(seq_chunk or seq_len, seq_len) * per_token)
 
 
 def context_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
@@ -317,5 +357,13 @@ def host_bytes(
     ranks the state is shared, the store and the reserve are each rank's
     (planning/ranks.py)."""
     store = stored_bytes(home_saved) if stored is None else stored
-    private = store + host_reserve_bytes(dims.params, spec.precision, device)
-    return host_state_bytes(dims, spec.precision) + spec.gpus * private
+    state, reserve = _host_fixed_bytes(dims, spec.precision, device)
+    private = store + reserve
+    return state + spec.gpus * private
+
+
+# the planner asks at every candidate of every layout
+@functools.lru_cache(maxsize=4096)
+def _host_fixed_bytes(dims: ModelDims, precision: str, device: str) -> tuple[int, int]:
+    """(host_state_bytes, host_reserve_bytes) of `dims` in `precision` on `device`."""
+    return host_state_bytes(dims, precision), host_reserve_bytes(dims.params, precision, device)
