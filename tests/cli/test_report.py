@@ -35,7 +35,11 @@ IMG = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 HOSTILE = "<script>alert(1)</script>"
 WS = {"runtime": "working_set", "micro_batch": 2, "window": 1, "r_param": 2, "r_grad": 1}
 GIB = 1 << 30
-STEPS = 1200
+# The worker reports a step at most every 0.2 s (and always the last), so the page needs only
+# a second of steps for its >= 5 points a line: 300 working-set steps take 2.4 s at the 8 ms a
+# step of an idle 2-core machine (12 reports) and ~12 s at the ~40 ms of a busy one (~60),
+# with 6 held-out evaluations either way
+STEPS = 300
 
 
 def _job(name: str, device: str) -> dict[str, Any]:
@@ -119,16 +123,32 @@ def test_a_job_with_no_progress_says_so() -> None:
     assert "<img" not in page and "No progress events yet" in page
 
 
-def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli_env(stack: Stack) -> dict[str, str]:
     env = {**stack.env, "WSTRAIN_URL": stack.url}
     env.pop("WSTRAIN_TOKEN", None)  # the test stack runs without auth
+    return env
+
+
+def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "wstrain.cli.main", *args],
-        env=env,
+        env=_cli_env(stack),
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
+    )
+
+
+def _cli_start(stack: Stack, *args: str) -> subprocess.Popen[str]:
+    """The CLI started in the background; communicate() collects its output."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "wstrain.cli.main", *args],
+        env=_cli_env(stack),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -186,16 +206,18 @@ def test_report_of_a_real_job_renders_in_chromium(stack: Stack, tmp_path: Path) 
     with stack.client() as c:
         spec = tiny_spec(
             "report-ws",
-            # ~10 s on 2 cores: the worker reports at most every 0.2 s, so ~50 points a line
             steps=STEPS,
             overrides=WS,
-            eval={"heldout_fraction": 0.1, "every_steps": 100, "sequences": 2},
+            eval={"heldout_fraction": 0.1, "every_steps": 50, "sequences": 2},
         )
         # the owner header is free text without auth: a string the page must escape (a job
         # name cannot hold `<`: JobSpec's pattern refuses it)
         r = c.post("/v1/jobs", json=spec, headers={"X-Wstrain-Owner": HOSTILE})
         assert r.status_code == 201, r.text
         jid = r.json()["id"]
+        # the CLI's 404 (its own Python and httpx start) while the worker starts and trains
+        missing_out = tmp_path / "x.html"
+        missing = _cli_start(stack, "report", "no-such-job", "-o", str(missing_out))
         done = wait_terminal(c, jid)
         assert done["state"] == "succeeded", done["error"]
         events = c.get(f"/v1/jobs/{jid}/events", params={"limit": 1000}).json()
@@ -206,9 +228,9 @@ def test_report_of_a_real_job_renders_in_chromium(stack: Stack, tmp_path: Path) 
     )
     has_mfu = any("mfu" in p for p in progress)
 
-    missing = _cli(stack, "report", "no-such-job", "-o", str(tmp_path / "x.html"))
-    assert missing.returncode == 1 and "404" in missing.stderr and "no-such-job" in missing.stderr
-    assert not (tmp_path / "x.html").exists()
+    _, missing_err = missing.communicate(timeout=120)
+    assert missing.returncode == 1 and "404" in missing_err and "no-such-job" in missing_err
+    assert not missing_out.exists()
 
     out = tmp_path / "report.html"
     run = _cli(stack, "report", jid, "-o", str(out))
