@@ -29,6 +29,11 @@ pytestmark = pytest.mark.slow
 # machine) gets 120 s: it must not be the window that fires.
 FLOOR_S = 6.0
 SLACK_S = 5.0  # the agent's wake-up and the event write on a loaded CI machine
+# The stop lands just after the first checkpoint (step 25) and the retry trains the rest, 25
+# steps and a checkpoint every ~2 s on a busy 2-core machine: 300 steps keep that short, and
+# the 275 after the checkpoint (1.4 s even at 5 ms a step) are still far more than the test's
+# 0.05 s poll and the SIGSTOP take, so the stop lands mid-run.
+STEPS = 300
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +85,7 @@ def _assert_noticed_in_window(event: dict[str, Any], stopped_at: float) -> None:
 
 def test_a_stopped_worker_is_killed_and_its_job_retried_to_success(hang_stack: Stack) -> None:
     with hang_stack.client() as c:
-        spec = tiny_spec("frozen", steps=600, seed=5, checkpoint_every=25, max_retries=2)
+        spec = tiny_spec("frozen", steps=STEPS, seed=5, checkpoint_every=25, max_retries=2)
         job = c.post("/v1/jobs", json=spec).json()
         pid, ticks, stopped_at = _freeze_mid_run(c, job["id"])
         try:
@@ -95,7 +100,7 @@ def test_a_stopped_worker_is_killed_and_its_job_retried_to_success(hang_stack: S
                 os.kill(pid, signal.SIGKILL)
         done = wait_terminal(c, job["id"])
         assert done["state"] == "succeeded", done["error"]
-        assert done["attempt"] == 2 and done["retries"] == 1 and done["step"] == 600
+        assert done["attempt"] == 2 and done["retries"] == 1 and done["step"] == STEPS
         events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
         retry = [e["message"] for e in events if e["message"].startswith("retry 1 of 2")]
         assert retry and "hung: no progress" in retry[0], [e["message"] for e in events]
@@ -105,7 +110,7 @@ def test_a_stopped_worker_is_killed_and_its_job_retried_to_success(hang_stack: S
 
 def test_a_stopped_worker_without_retries_fails_with_the_hung_cause(hang_stack: Stack) -> None:
     with hang_stack.client() as c:
-        spec = tiny_spec("frozen-once", steps=600, seed=5, checkpoint_every=25, max_retries=0)
+        spec = tiny_spec("frozen-once", steps=STEPS, seed=5, checkpoint_every=25, max_retries=0)
         job = c.post("/v1/jobs", json=spec).json()
         pid, ticks, stopped_at = _freeze_mid_run(c, job["id"])
         try:
@@ -116,6 +121,6 @@ def test_a_stopped_worker_without_retries_fails_with_the_hung_cause(hang_stack: 
         assert failed["state"] == "failed" and failed["retries"] == 0, failed
         assert failed["error"].startswith("hung: no progress reported for "), failed["error"]
         assert "WSTRAIN_HANG_FLOOR_S" in failed["error"]  # the fix, where the window is wrong
-        assert failed["step"] < 600, "the stop must land mid-run for this test to mean much"
+        assert failed["step"] < STEPS, "the stop must land mid-run for this test to mean much"
         _assert_noticed_in_window(_hung_event(c, job["id"]), stopped_at)
         assert not is_running(pid, ticks)
