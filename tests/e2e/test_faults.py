@@ -85,6 +85,12 @@ def _start_agent(stack: Stack) -> subprocess.Popen[bytes]:
 
 
 SPEC = dict(steps=300, seed=11)
+# A worker SIGKILLed just after its first checkpoint (step 25): 150 steps leave the resumed
+# run 125 steps to match the straight run bit-exactly, and the kill 125 steps to land
+# mid-run (0.6 s even at an idle machine's 5 ms a step; the test's 0.05 s poll and the kill
+# take a fraction of that; ~7 s on a busy 2-core machine, which runs both jobs at ~55 ms).
+KILL_STEPS = 150
+KILL_SPEC = dict(steps=KILL_STEPS, seed=11)
 
 
 def test_a_sigkilled_agent_is_replaced_and_its_job_resumes_bit_exact(
@@ -134,15 +140,17 @@ def test_a_sigkilled_worker_without_retries_fails_and_resumes_bit_exact(
     stack = make_stack(redis_url, tmp_path, "workerkill", with_agent=True)
     try:
         with stack.client() as c:
-            straight = c.post("/v1/jobs", json=tiny_spec("straight", **SPEC)).json()
-            spec = tiny_spec("victim", checkpoint_every=25, max_retries=0, **SPEC)
+            straight = c.post("/v1/jobs", json=tiny_spec("straight", **KILL_SPEC)).json()
+            spec = tiny_spec("victim", checkpoint_every=25, max_retries=0, **KILL_SPEC)
             job = c.post("/v1/jobs", json=spec).json()
             running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
             os.kill(running["worker_pid"], signal.SIGKILL)
             failed = wait_terminal(c, job["id"])
             assert failed["state"] == "failed" and "SIGKILL" in failed["error"]
             assert failed["retries"] == 0  # max_retries 0: no automatic retry
-            assert failed["step"] < 300, "the kill must land mid-run for this test to mean much"
+            assert failed["step"] < KILL_STEPS, (
+                "the kill must land mid-run for this test to mean much"
+            )
             assert c.post(f"/v1/jobs/{job['id']}/resume").status_code == 202
             done = wait_terminal(c, job["id"])
             assert done["state"] == "succeeded" and done["attempt"] == 2, done["error"]
@@ -160,8 +168,10 @@ def test_a_sigkilled_worker_is_retried_from_its_checkpoint_and_finishes_bit_exac
     )
     try:
         with stack.client() as c:
-            straight = c.post("/v1/jobs", json=tiny_spec("straight", **SPEC)).json()
-            job = c.post("/v1/jobs", json=tiny_spec("victim", checkpoint_every=25, **SPEC)).json()
+            straight = c.post("/v1/jobs", json=tiny_spec("straight", **KILL_SPEC)).json()
+            job = c.post(
+                "/v1/jobs", json=tiny_spec("victim", checkpoint_every=25, **KILL_SPEC)
+            ).json()
             running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
             killed_at = time.monotonic()
             os.kill(running["worker_pid"], signal.SIGKILL)
@@ -171,7 +181,7 @@ def test_a_sigkilled_worker_is_retried_from_its_checkpoint_and_finishes_bit_exac
             assert retried["state"] == "running" and retried["error"] is None, retried
             done = wait_terminal(c, job["id"])
             assert done["state"] == "succeeded", done["error"]
-            assert done["attempt"] == 2 and done["retries"] == 1 and done["step"] == 300
+            assert done["attempt"] == 2 and done["retries"] == 1 and done["step"] == KILL_STEPS
             assert done["error"] is None  # no stale cause on a job that succeeded
             assert time.monotonic() - killed_at >= 1.0  # the back-off was waited
             events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
