@@ -211,8 +211,9 @@ def test_a_time_limited_job_ends_timeout_with_a_checkpoint_and_resumes(
     )
     try:
         with stack.client() as c:
-            # 12 s: a worker on a loaded 2-core machine took over 6 s to its first step
-            spec = tiny_spec("limited", steps=100000, time_limit_s=12)
+            # 20 s: a worker on a loaded 2-core machine took over 6 s to its first step, and
+            # 12 s with torch compiled from source in every process
+            spec = tiny_spec("limited", steps=100000, time_limit_s=20)
             job = c.post("/v1/jobs", json=spec).json()
             ended = wait_terminal(c, job["id"])
             assert ended["state"] == "timeout", ended

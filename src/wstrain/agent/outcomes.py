@@ -46,6 +46,10 @@ class Exit:
 async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit) -> None:
     jid = job.id
     stopped = code == WorkerExit.cancelled and not ex.cancel_sent  # by us, at a checkpoint
+    # SIGTERM'd by us before its handler was installed (torch's import alone takes ~2.5 s,
+    # over 10 s on a loaded host): the signal's meaning stands, a retry would be wrong; the
+    # job keeps its last checkpoint
+    killed_early = code == -signal.SIGTERM and not ex.cancel_sent
     try:
         if code == WorkerExit.succeeded:
             # error=None: a retried job's earlier cause ("worker killed by SIGKILL") stays in
@@ -58,13 +62,14 @@ async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit
             await store.transition(
                 jid, JobState.failed, f"failed: {cause}", sources=_LIVE, fence=fence, error=cause
             )
-        elif stopped and ex.timed_out:
+        elif (stopped or killed_early) and ex.timed_out:
             limit = job.spec.time_limit_s
+            saved = "checkpoint written" if stopped else "killed before this attempt's first step"
             await store.transition(
                 jid,
                 JobState.timeout,
                 f"stopped at step {ex.last_step}: ran past its time limit of {limit:.0f} s; "
-                "checkpoint written, resume it to continue",
+                f"{saved}, resume it to continue",
                 sources=frozenset({JobState.running}),
                 fence=fence,
                 state_reason=f"time limit {limit:.0f} s",
@@ -72,7 +77,7 @@ async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit
         elif ex.preempted_by and not ex.cancel_sent:  # a SIGKILL past the grace too
             why = f"preempted by {ex.preempted_by}"  # scheduling.py's preemptor_text
             await requeue(store, job, fence, why, f"{why} at step {ex.last_step}")
-        elif stopped and ex.shutting_down:
+        elif (stopped or killed_early) and ex.shutting_down:
             await requeue(store, job, fence, "agent shut down")
         elif code == WorkerExit.cancelled or (ex.cancel_sent and code == -signal.SIGTERM):
             await store.transition(
