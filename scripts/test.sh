@@ -27,6 +27,9 @@ fi
 # ---- end of lint gates
 
 echo "== pytest"
+# bytecode for the project's own modules (only what changed): with PYTHONDONTWRITEBYTECODE set,
+# as on CI, each of the ~100 agent and worker processes the suite starts compiles them again
+"$V/python" -m compileall -q -j 0 src tests >/dev/null
 # One xdist worker per core (2 on CI: about 28 minutes serially); tests/conftest.py gives each
 # worker one BLAS thread, its own redis-server and free ports. --dist loadscope keeps a
 # module's tests on one worker, so a module-scoped stack (API, agent) starts once, not once
