@@ -1,14 +1,26 @@
 """What the data-parallel tests share (runtime/test_distributed.py,
 working_set/test_data_parallel.py): the batch shape, the optimizer, a fixed token pool cut
-as TokenStream cuts it, and a free loopback port for a gang's rendezvous."""
+as TokenStream cuts it, a free loopback port for a gang's rendezvous, and the ranks' start."""
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.multiprocessing as mp
 
 from wstrain.contracts.spec import OptimizerSpec
+
+# what a rank imports, once, in this test process's fork server (a rank forks from it)
+_RANK_IMPORTS = [
+    "torch",
+    "torch.distributed",
+    "wstrain.worker.runtime.resident",
+    "wstrain.worker.runtime.working_set.schedule",
+    "wstrain.worker.io.checkpoint",
+]
 
 GLOBAL_BATCH, MICRO_BATCH, SEQ, STEPS = 8, 2, 16, 3
 RESUMED_STEPS = STEPS + 2  # a checkpoint at STEPS resumed for two more
@@ -46,3 +58,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def spawn_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
+    """`fn(rank, *args)` in `nprocs` processes, joined, as mp.spawn; the processes fork from
+    a server that imported torch and the runtime once, not each from a fresh interpreter
+    (~2.7 CPU-s a rank on CI's 2 cores, ~50 ranks in these tests)."""
+    mp.set_forkserver_preload(_RANK_IMPORTS)
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")

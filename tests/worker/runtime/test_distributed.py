@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.worker.runtime.rank_data import (
     GLOBAL_BATCH,
@@ -26,6 +25,7 @@ from tests.worker.runtime.rank_data import (
     STEPS,
     Pool,
     free_port,
+    spawn_ranks,
 )
 from wstrain.contracts.model_dims import PRESETS, ModelDims
 from wstrain.worker.io import checkpoint
@@ -86,7 +86,7 @@ def _rank(
 def test_ranks_train_the_one_rank_job(world: int, preset: str, tmp_path: Path) -> None:
     one_losses, one_weights = _train(PRESETS[preset], 1, None)
     out = str(tmp_path / "rank")
-    mp.spawn(_rank, args=(world, free_port(), preset, out), nprocs=world, join=True)
+    spawn_ranks(_rank, (world, free_port(), preset, out), world)
     for rank in range(world):
         losses, weights = torch.load(f"{out}.{rank}")
         for a, b in zip(losses, one_losses):
@@ -99,7 +99,7 @@ def test_ranks_train_the_one_rank_job(world: int, preset: str, tmp_path: Path) -
 def test_a_checkpoint_of_two_ranks_resumes_on_one_and_on_four(tmp_path: Path) -> None:
     dims, half = PRESETS["micro-llama"], range(STEPS)
     args = (2, free_port(), "micro-llama", str(tmp_path / "two"), half, "", str(tmp_path / "c"))
-    mp.spawn(_rank, args=args, nprocs=2, join=True)
+    spawn_ranks(_rank, args, 2)
     ckpt = checkpoint.latest(tmp_path / "c")
     assert ckpt is not None
     rest = range(STEPS, RESUMED_STEPS)
@@ -107,7 +107,7 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one_and_on_four(tmp_path: Path) ->
     want = (whole[0][STEPS:], whole[1])
     got = [_train(dims, 1, None, rest, resume=str(ckpt))]
     out = str(tmp_path / "four")
-    mp.spawn(_rank, args=(4, free_port(), "micro-llama", out, rest, str(ckpt)), nprocs=4)
+    spawn_ranks(_rank, (4, free_port(), "micro-llama", out, rest, str(ckpt)), 4)
     got += [torch.load(f"{out}.{rank}") for rank in range(4)]
     for who, (losses, weights) in enumerate(got):
         for a, b in zip(losses, want[0], strict=True):

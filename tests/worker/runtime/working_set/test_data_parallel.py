@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.worker.runtime.rank_data import GLOBAL_BATCH, OPT, SEQ, Pool, free_port
+from tests.worker.runtime.rank_data import GLOBAL_BATCH, OPT, SEQ, Pool, free_port, spawn_ranks
 from wstrain.contracts.model_dims import PRESETS, ModelDims
 from wstrain.worker.io import checkpoint
 from wstrain.worker.models.dense import LlamaModel
@@ -141,7 +140,7 @@ def _spawn(
 ) -> list[tuple[list[float], dict]]:  # type: ignore[type-arg]
     """Each rank's (losses, weights); the ranks share their host copy's tiles in `shm`."""
     args = (world, free_port(), preset, out, resume, steps, local or world, str(shm))
-    mp.spawn(_rank, args=args, nprocs=world, join=True)
+    spawn_ranks(_rank, args, world)
     return [torch.load(f"{out}.{rank}") for rank in range(world)]
 
 
