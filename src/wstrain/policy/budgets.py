@@ -1,0 +1,158 @@
+"""Budgets inside ranges: which point of each ranged job's range the memory of one GPU (and
+its host) buys, by the planner's predicted speed. Pure, like the rest of the policy.
+
+A ranged job comes with a few points of its range, each a (device, host) budget and the
+tokens/s the planner predicts there; its first point is its min, which is all it is promised.
+Two decisions read them:
+
+- `choose_points`: the jobs sharing a GPU get their mins, then the memory left goes where it
+  buys the most weighted tokens/s (weights as fair share weighs owners) per share of what
+  is left, one upgrade at a time. A job whose speed does not grow with memory keeps its min,
+  so the memory stays free for the next job rather than idle inside one.
+- `shrink_to_free`: before a running job is preempted to make room, ranged running jobs are
+  moved down their ranges, the cheapest loss of weighted tokens/s per byte freed first; None
+  when even every one at its min frees too little (then preemption decides).
+
+Greedy by marginal gain is exact where the speed curve is concave in memory (it is: more
+window buys less and less once the stream is hidden) and within one upgrade of the best
+otherwise; the points are few (the planner is asked at ~5 per range), so it is cheap.
+
+    a = RangedJob("a", 1.0, (BudgetPoint(12 * GIB, 24 * GIB, 900.0), BudgetPoint(...)))
+    choose_points([a, b], free_device_bytes=40 * GIB, free_host_bytes=96 * GIB)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from wstrain.policy.state import gib_text
+
+
+@dataclass(frozen=True)
+class BudgetPoint:
+    device_bytes: int
+    host_bytes: int
+    tokens_per_s: float  # the planner's prediction at this budget
+
+
+@dataclass(frozen=True)
+class RangedJob:
+    """A job with a budget range: its points from min up, and its owner's weight."""
+
+    id: str
+    weight: float  # fair share's weight of its owner (1.0 when shares are equal)
+    points: tuple[BudgetPoint, ...]  # ascending device bytes; points[0] is the min
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ValueError(f"job {self.id}: a ranged job needs at least its min point")
+        sizes = [p.device_bytes for p in self.points]
+        if sizes != sorted(sizes):
+            raise ValueError(f"job {self.id}: points must ascend by device bytes, got {sizes}")
+
+
+def _value(job: RangedJob, k: int) -> float:
+    return job.weight * job.points[k].tokens_per_s
+
+
+def _cost(extra_device: int, extra_host: int, room_device: int, room_host: int) -> float:
+    """An upgrade's share of what is left to give: the scarcer resource counts more."""
+    return extra_device / max(room_device, 1) + extra_host / max(room_host, 1)
+
+
+def choose_points(
+    jobs: Sequence[RangedJob], free_device_bytes: int, free_host_bytes: int
+) -> dict[str, BudgetPoint] | None:
+    """Each job's point: mins first, then upgrades by weighted tokens/s gained per share of
+    the room left, while one fits. None when the mins alone do not fit."""
+    at = dict.fromkeys((j.id for j in jobs), 0)
+    left_device = free_device_bytes - sum(j.points[0].device_bytes for j in jobs)
+    left_host = free_host_bytes - sum(j.points[0].host_bytes for j in jobs)
+    if left_device < 0 or left_host < 0:
+        return None
+    while True:
+        best: tuple[float, RangedJob, int] | None = None
+        for job in jobs:
+            now = job.points[at[job.id]]
+            for k in range(at[job.id] + 1, len(job.points)):
+                extra_device = job.points[k].device_bytes - now.device_bytes
+                extra_host = job.points[k].host_bytes - now.host_bytes
+                gain = _value(job, k) - _value(job, at[job.id])
+                if gain <= 0 or extra_device > left_device or extra_host > left_host:
+                    continue
+                ratio = gain / max(_cost(extra_device, extra_host, left_device, left_host), 1e-12)
+                if best is None or ratio > best[0]:
+                    best = (ratio, job, k)
+        if best is None:
+            return {j.id: j.points[at[j.id]] for j in jobs}
+        _, job, k = best
+        left_device -= job.points[k].device_bytes - job.points[at[job.id]].device_bytes
+        left_host -= job.points[k].host_bytes - job.points[at[job.id]].host_bytes
+        at[job.id] = k
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """A running job moved down its range: from its current point to `to`."""
+
+    job_id: str
+    to: BudgetPoint
+    freed_device_bytes: int
+    freed_host_bytes: int
+
+
+def shrink_to_free(
+    running: Sequence[tuple[RangedJob, int]], need_device_bytes: int, need_host_bytes: int
+) -> list[Shrink] | None:
+    """Moves of ranged running jobs, each given with the index of its current point, down
+    their ranges until `need_*` bytes are freed, losing the least weighted tokens/s per byte
+    freed first. [] when nothing is needed; None when every job at its min frees too little."""
+    at = {job.id: k for job, k in running}
+    start = dict(at)
+    freed_device = freed_host = 0
+    by_id = {job.id: job for job, _ in running}
+    while freed_device < need_device_bytes or freed_host < need_host_bytes:
+        best: tuple[float, RangedJob, int] | None = None
+        for job in by_id.values():
+            now = job.points[at[job.id]]
+            for k in range(at[job.id]):
+                dev = now.device_bytes - job.points[k].device_bytes
+                host = now.host_bytes - job.points[k].host_bytes
+                useful = min(dev, max(need_device_bytes - freed_device, 0)) + min(
+                    host, max(need_host_bytes - freed_host, 0)
+                )
+                if useful <= 0:
+                    continue
+                loss = _value(job, at[job.id]) - _value(job, k)
+                ratio = max(loss, 0.0) / useful
+                if best is None or ratio < best[0]:
+                    best = (ratio, job, k)
+        if best is None:
+            return None
+        _, job, k = best
+        now = job.points[at[job.id]]
+        freed_device += now.device_bytes - job.points[k].device_bytes
+        freed_host += now.host_bytes - job.points[k].host_bytes
+        at[job.id] = k
+    return [
+        Shrink(
+            jid,
+            by_id[jid].points[k],
+            by_id[jid].points[start[jid]].device_bytes - by_id[jid].points[k].device_bytes,
+            by_id[jid].points[start[jid]].host_bytes - by_id[jid].points[k].host_bytes,
+        )
+        for jid, k in at.items()
+        if k != start[jid]
+    ]
+
+
+def budget_reason(job: RangedJob, point: BudgetPoint) -> str:
+    """What a ranged job got and why, for its state reason."""
+    low, high = job.points[0], job.points[-1]
+    return (
+        f"budget {gib_text(point.device_bytes)} device, {gib_text(point.host_bytes)} host "
+        f"of its range {gib_text(low.device_bytes)}-{gib_text(high.device_bytes)}: "
+        f"{point.tokens_per_s:,.0f} predicted tokens/s "
+        f"({high.tokens_per_s:,.0f} at its max, {low.tokens_per_s:,.0f} at its min)"
+    )
