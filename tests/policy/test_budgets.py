@@ -1,6 +1,7 @@
 """Budgets inside ranges (policy/budgets.py): mins first, the rest where it buys the most
 weighted tokens/s, nothing spent where speed does not grow; shrinking frees what is asked at
-the least loss, or says it cannot."""
+the least loss, or says it cannot; a decision round (policy/decide.py) starts ranged jobs at
+their min and gives them what their GPU has left."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import itertools
 import pytest
 
 from wstrain.contracts.calibration import GIB
+from wstrain.policy import Gpu, NodeState, PendingJob, RunningJob, decide
 from wstrain.policy.budgets import (
     BudgetPoint,
     RangedJob,
@@ -104,3 +106,62 @@ def test_the_reason_names_the_point_and_the_range() -> None:
     text = budget_reason(job, job.points[1])
     assert text.startswith("budget 20.0 GiB device, 8.0 GiB host of its range 10.0 GiB-40.0 GiB")
     assert "1,600 predicted tokens/s" in text
+
+
+# ---- in the round: decide() places ranged jobs at their min, then spends what is left
+
+
+def _pending(
+    jid: str, owner: str, curve: dict[int, float], host_gib: int = 8, priority: int = 0
+) -> PendingJob:
+    points = tuple(BudgetPoint(g * GIB, host_gib * GIB, t) for g, t in curve.items())
+    low = points[0]
+    return PendingJob(jid, owner, priority, 1.0, low.device_bytes, low.host_bytes, points=points)
+
+
+def _running(jid: str, gpu: int, dev_gib: int) -> RunningJob:
+    return RunningJob(jid, "dan", 0, gpu, dev_gib * GIB, 8 * GIB, 0.0)
+
+
+def test_a_round_starts_ranged_jobs_at_their_min_and_spends_what_the_gpu_has_left() -> None:
+    node = NodeState((Gpu(0, 80 * GIB),), 256 * GIB)
+    fixed = PendingJob("fixed", "cara", 0, 0.5, 10 * GIB, 8 * GIB)
+    pending = [fixed, _pending("a", "ana", CONCAVE), _pending("b", "ben", FLAT)]
+    d = decide(10.0, pending, [_running("r", 0, 20)], node, {})
+    assert {s.job_id for s in d.start} == {"fixed", "a", "b"}
+    assert _gib(dict(d.budgets)) == {"a": 40, "b": 10}  # 80 - 20 - 10 = 50 left: a's max
+    assert "fixed" not in d.budgets
+
+
+def test_ranged_jobs_that_only_fit_at_their_min_start_there() -> None:
+    node = NodeState((Gpu(0, 40 * GIB),), 256 * GIB)
+    pending = [_pending("a", "ana", CONCAVE), _pending("b", "ben", CONCAVE)]
+    d = decide(10.0, pending, [_running("r", 0, 20)], node, {})
+    assert _gib(dict(d.budgets)) == {"a": 10, "b": 10}
+
+
+def test_a_gpu_held_for_a_waiting_job_keeps_what_is_left() -> None:
+    """A class-5 ranged job starts first; a 70 GiB job that then finds no room drains the
+    GPU: the ranged job keeps its min, the rest is left to the hold."""
+    node = NodeState((Gpu(0, 80 * GIB),), 256 * GIB)
+    ranged = _pending("s", "ana", CONCAVE, priority=5)
+    big = PendingJob("big", "ben", 0, 0.5, 70 * GIB, 8 * GIB)
+    d = decide(10.0, [ranged, big], [_running("r", 0, 20)], node, {})
+    assert [s.job_id for s in d.start] == ["s"] and d.held == {"big": 0}
+    assert _gib(dict(d.budgets)) == {"s": 10}
+    d = decide(10.0, [ranged], [_running("r", 0, 20)], node, {})  # no hold: 60 GiB left
+    assert _gib(dict(d.budgets)) == {"s": 40}
+
+
+def test_on_a_cpu_node_device_and_host_come_out_of_one_pool() -> None:
+    node = NodeState((), 60 * GIB)
+    d = decide(10.0, [_pending("a", "ana", CONCAVE, host_gib=16)], [], node, {})
+    # 40 + 16 = 56 of the 60 GiB pool
+    assert _gib(dict(d.budgets)) == {"a": 40}
+    d = decide(10.0, [_pending("a", "ana", CONCAVE, host_gib=16)], [], NodeState((), 50 * GIB), {})
+    assert _gib(dict(d.budgets)) == {"a": 30}
+
+
+def test_a_ranged_job_is_given_at_its_min() -> None:
+    with pytest.raises(ValueError, match="first point"):
+        PendingJob("a", "ana", 0, 1.0, 20 * GIB, 8 * GIB, points=_job("a", CONCAVE).points)

@@ -26,14 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from wstrain.policy.state import gib_text
+from wstrain.policy.state import BudgetPoint, gib_text
 
-
-@dataclass(frozen=True)
-class BudgetPoint:
-    device_bytes: int
-    host_bytes: int
-    tokens_per_s: float  # the planner's prediction at this budget
+__all__ = ["BudgetPoint", "RangedJob", "Shrink", "budget_reason", "choose_points", "shrink_to_free"]
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from wstrain.contracts.jobs import JobState
+from wstrain.policy.budgets import RangedJob, choose_points
 from wstrain.policy.fairshare import (
     Usage,
     fair_share_factors,
@@ -67,6 +68,7 @@ from wstrain.policy.gates import QuotaBook, back_off_wait, dependency_wait
 from wstrain.policy.placement import Hold, Ledger
 from wstrain.policy.preemption import choose_victims
 from wstrain.policy.state import (
+    BudgetPoint,
     Decision,
     NodeState,
     PendingJob,
@@ -239,6 +241,47 @@ def _gang(
     out.wait(job, WaitKind.resources, text)
 
 
+def _choose_budgets(
+    out: _Round, queue: Sequence[PendingJob], ledger: Ledger, config: PolicyConfig
+) -> dict[str, BudgetPoint]:
+    """The ranged jobs this round started, each placed at its min: what their GPU has left
+    once every start of the round is placed goes where it buys the most tokens/s, weighted
+    by their owners' shares. A GPU held for a job keeps what is left for it, the host keeps
+    what holds set aside; a gang keeps its min (its GPUs would have to agree). On a CPU node
+    device and host budgets come out of its one pool."""
+    by_id = {j.id: j for j in queue}
+    on_slot: dict[int | None, list[PendingJob]] = {}
+    for start in out.starts:
+        job = by_id[start.job_id]
+        if job.points and job.id not in out.gangs:
+            on_slot.setdefault(start.gpu_index, []).append(job)
+    chosen: dict[str, BudgetPoint] = {}
+    host_left = ledger.host_free_bytes - sum(h.host_bytes for h in ledger.holds)
+    for index, jobs in on_slot.items():
+        slot = ledger.slots[index]
+        device_left = 0 if slot.hold is not None else slot.free_bytes
+        pool = ledger.cpu_only
+        ranged = [
+            RangedJob(
+                j.id,
+                config.share(j.owner),
+                tuple(
+                    BudgetPoint(p.device_bytes + p.host_bytes, 0, p.tokens_per_s) if pool else p
+                    for p in j.points
+                ),
+            )
+            for j in jobs
+        ]
+        device_room = device_left + sum(r.points[0].device_bytes for r in ranged)
+        host_room = max(host_left, 0) + sum(r.points[0].host_bytes for r in ranged)
+        points = choose_points(ranged, device_room, host_room)
+        for job, r in zip(jobs, ranged, strict=True):
+            k = r.points.index(points[job.id]) if points else 0
+            chosen[job.id] = job.points[k]
+            host_left -= 0 if pool else job.points[k].host_bytes - job.host_bytes
+    return chosen
+
+
 def decide(
     now_s: float,
     pending: Sequence[PendingJob],
@@ -259,7 +302,8 @@ def decide(
     factors = fair_share_factors(usage, owners, config, now_s)
     queue = ordered(pending, factors)
     book = QuotaBook.of([*running, *elsewhere], config.quotas)
-    out = _pass(now_s, queue, Ledger.of(node, running), book, config, states)
+    ledger = Ledger.of(node, running)
+    out = _pass(now_s, queue, ledger, book, config, states)
     return Decision(
         start=tuple(out.starts),
         preempt=tuple(out.preempt),
@@ -270,4 +314,5 @@ def decide(
         unsatisfiable=tuple(out.unsatisfiable),
         factors=factors,
         gangs=out.gangs,
+        budgets=_choose_budgets(out, queue, ledger, config),
     )

@@ -71,6 +71,15 @@ class NodeState:
 
 
 @dataclass(frozen=True)
+class BudgetPoint:
+    """One point of a ranged job's budget range and the tokens/s the planner predicts there."""
+
+    device_bytes: int
+    host_bytes: int
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
 class PendingJob:
     """A queued job the policy may start. `submitted_s` orders jobs within an owner's equal
     factor (a requeued job keeps its first submission time, so it keeps its place)."""
@@ -86,6 +95,21 @@ class PendingJob:
     not_before_s: float | None = None  # retry back-off: not started before this time
     retries: int = 0  # automatic retries so far (the back-off reason names the next one)
     gpus: int = 1  # GPUs of one node it takes at once, all or none, device_bytes on each
+    # a ranged budget's points from its min up (device_bytes, host_bytes are the min's): it
+    # is placed at its min, then given what its GPU has left by predicted speed (budgets.py)
+    points: tuple[BudgetPoint, ...] = ()
+
+    def __post_init__(self) -> None:
+        low = self.points[0] if self.points else None
+        if low is not None and (low.device_bytes, low.host_bytes) != (
+            self.device_bytes,
+            self.host_bytes,
+        ):
+            raise ValueError(
+                f"job {self.id}: a ranged job is placed at its min, so its budget "
+                f"({self.device_bytes}, {self.host_bytes}) must be its first point's "
+                f"({low.device_bytes}, {low.host_bytes})"
+            )
 
 
 @dataclass(frozen=True)
@@ -174,6 +198,7 @@ class Decision:
     unsatisfiable: pending jobs with a dependency that ended failed, cancelled, timed out or
     is unknown: they can never start as they are. factors: each owner's fair-share factor.
     gangs: every GPU of each job started on several (policy/gangs.py), its Start's first.
+    budgets: each ranged job started, the point of its range it starts at (budgets.py).
     """
 
     start: tuple[Start, ...]
@@ -185,3 +210,4 @@ class Decision:
     unsatisfiable: tuple[str, ...]
     factors: Mapping[str, float]
     gangs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    budgets: Mapping[str, BudgetPoint] = field(default_factory=dict)
