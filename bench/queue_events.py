@@ -19,7 +19,7 @@ import enum
 import heapq
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bench.queue_check import check_round
@@ -36,6 +36,7 @@ from wstrain.policy import (
     decide,
     job_weight,
 )
+from wstrain.policy.state import BudgetPoint
 
 CHECKPOINT_EVERY_S = 600.0
 STOP_GRACE_S = 30.0  # SIGTERM to exit: the checkpoint write
@@ -87,6 +88,23 @@ class _Job:
     lost_s: float = 0.0
     waits: Counter[str] = field(default_factory=Counter)
     last_reason: str = ""
+    points: tuple[BudgetPoint, ...] = ()  # a ranged budget's (bench/queue_ranges.py)
+    point: BudgetPoint | None = None  # the point it runs at; tokens_per_s: its speed ratio
+
+    @property
+    def rate(self) -> float:
+        """Work done a second of run time: the trace's work counts at the asked budget."""
+        return self.point.tokens_per_s if self.point is not None else 1.0
+
+    @property
+    def held_bytes(self) -> tuple[int, int]:
+        """(device, host) bytes it holds while it runs, or asks for while it waits (a
+        ranged job: its min)."""
+        if self.point is not None:
+            return self.point.device_bytes, self.point.host_bytes
+        if self.points:
+            return self.points[0].device_bytes, self.points[0].host_bytes
+        return self.spec.device_bytes, self.spec.host_bytes
 
 
 _JOB_STATE = {
@@ -104,8 +122,14 @@ _HOLDING = (State.running, State.stopping)
 class QueueSim:
     """One node's queue replayed event by event; `run` plays the trace to its end."""
 
-    def __init__(self, trace: Sequence[TraceJob], config: PolicyConfig, node: NodeState) -> None:
-        self.jobs = {t.id: _Job(t) for t in trace}
+    def __init__(
+        self,
+        trace: Sequence[TraceJob],
+        config: PolicyConfig,
+        node: NodeState,
+        ranges: Mapping[str, tuple[BudgetPoint, ...]] | None = None,
+    ) -> None:
+        self.jobs = {t.id: _Job(t, points=(ranges or {}).get(t.id, ())) for t in trace}
         self.config = config
         self.node = node
         self.events: list[tuple[float, int, Event, str, int]] = []
@@ -151,7 +175,7 @@ class QueueSim:
     def weight(self, j: _Job) -> float:
         """Its GPU-seconds a second; a pending job as on GPU 0 (the GPUs are alike)."""
         s, gpu = j.spec, self.node.gpus[0].index if j.gpu is None else j.gpu
-        return job_weight(s.device_bytes, s.host_bytes, s.exclusive, gpu, self.node)
+        return job_weight(*j.held_bytes, s.exclusive, gpu, self.node)
 
     def _advance(self, to_s: float) -> None:
         """Integrate the figures over (now, to_s], in which nothing changes."""
@@ -171,8 +195,12 @@ class QueueSim:
         """Work kept at a stop: the last periodic checkpoint of this run."""
         ran = max(0.0, progress_s - j.done_s)
         kept = j.done_s + math.floor(ran / CHECKPOINT_EVERY_S) * CHECKPOINT_EVERY_S
-        j.lost_s += (self.now_s - j.run_start_s) - (kept - j.done_s)
+        j.lost_s += (self.now_s - j.run_start_s) - (kept - j.done_s) / j.rate
         return kept
+
+    def _progress(self, j: _Job, until_s: float) -> float:
+        """Its work done by `until_s` of this run."""
+        return j.done_s + (until_s - j.run_start_s) * j.rate
 
     def _event(self, kind: Event, j: _Job, gen: int) -> None:
         now = self.now_s
@@ -181,9 +209,10 @@ class QueueSim:
         elif kind == Event.finish and j.state == State.running and gen == j.gen:
             j.state, j.end_s, j.done_s = State.succeeded, now, j.spec.work_s
         elif kind == Event.crash and j.state == State.running and gen == j.gen:
-            j.done_s = self._kept(j, j.done_s + now - j.run_start_s)
+            j.done_s = self._kept(j, self._progress(j, now))
             j.crashes += 1
             j.gen += 1
+            j.point = None
             if j.retries >= MAX_RETRIES:
                 j.state, j.end_s = State.failed, now
             else:
@@ -192,8 +221,9 @@ class QueueSim:
                 j.not_before_s = now + min(RETRY_BACKOFF_S * 2 ** (j.retries - 1), 900.0)
                 self._push(j.not_before_s, Event.wake, j.spec.id)
         elif kind == Event.stopped and j.state == State.stopping and gen == j.gen:
-            j.done_s = self._kept(j, j.done_s + now - STOP_GRACE_S - j.run_start_s)
+            j.done_s = self._kept(j, self._progress(j, now - STOP_GRACE_S))
             j.gen += 1
+            j.point = None
             if j.stop_kind == StopKind.preempted:
                 j.state = State.pending
             else:
@@ -209,17 +239,17 @@ class QueueSim:
         j.gen += 1
         self._push(self.now_s + STOP_GRACE_S, Event.stopped, j.spec.id, j.gen)
 
-    def _start(self, j: _Job, gpu: int | None) -> None:
+    def _start(self, j: _Job, gpu: int | None, point: BudgetPoint | None = None) -> None:
         now = self.now_s
-        j.state, j.gpu, j.run_start_s = State.running, gpu, now
+        j.state, j.gpu, j.run_start_s, j.point = State.running, gpu, now, point
         j.gen += 1
         if j.first_start_s is None:
             j.first_start_s = now
         crash = next((c for c in j.spec.crash_at_work_s[j.crashes :] if c > j.done_s), None)
         if crash is not None and crash < j.spec.work_s:
-            self._push(now + crash - j.done_s, Event.crash, j.spec.id, j.gen)
+            self._push(now + (crash - j.done_s) / j.rate, Event.crash, j.spec.id, j.gen)
         else:
-            self._push(now + j.spec.work_s - j.done_s, Event.finish, j.spec.id, j.gen)
+            self._push(now + (j.spec.work_s - j.done_s) / j.rate, Event.finish, j.spec.id, j.gen)
 
     # ------------------------------------------------------------------ one decision
 
@@ -235,12 +265,12 @@ class QueueSim:
                         s.owner,
                         s.priority,
                         s.submit_s,
-                        s.device_bytes,
-                        s.host_bytes,
+                        *j.held_bytes,
                         s.exclusive,
                         s.after,
                         j.not_before_s,
                         j.retries,
+                        points=j.points,
                     )
                 )
                 for dep in s.after:
@@ -252,8 +282,7 @@ class QueueSim:
                         s.owner,
                         s.priority,
                         j.gpu,
-                        s.device_bytes,
-                        s.host_bytes,
+                        *j.held_bytes,
                         j.run_start_s,
                         s.exclusive,
                         j.state == State.stopping,
@@ -277,7 +306,7 @@ class QueueSim:
             now, decision, pending, running, deps, self.node, self.config
         )
         for job_id, gpu, _share in decision.start:
-            self._start(self.jobs[job_id], gpu)
+            self._start(self.jobs[job_id], gpu, decision.budgets.get(job_id))
         for job_id in decision.preempt:
             self.jobs[job_id].preemptions += 1
             self.preempted += 1
@@ -306,12 +335,17 @@ class QueueSim:
                 for o in OWNERS
             }
         for owner, peak in self.peak.items():
-            mine = [j.spec for j in self._holding() if j.spec.owner == owner]
-            held = (len(mine), sum(s.device_bytes for s in mine), sum(s.host_bytes for s in mine))
+            mine = [j.held_bytes for j in self._holding() if j.spec.owner == owner]
+            held = (len(mine), sum(d for d, _ in mine), sum(h for _, h in mine))
             self.peak[owner] = [max(a, b) for a, b in zip(peak, held)]
 
 
-def run_sim(trace: Sequence[TraceJob], config: PolicyConfig, node: NodeState = NODE) -> QueueSim:
-    sim = QueueSim(trace, config, node)
+def run_sim(
+    trace: Sequence[TraceJob],
+    config: PolicyConfig,
+    node: NodeState = NODE,
+    ranges: Mapping[str, tuple[BudgetPoint, ...]] | None = None,
+) -> QueueSim:
+    sim = QueueSim(trace, config, node, ranges)
     sim.run()
     return sim
