@@ -90,6 +90,7 @@ class _Job:
     last_reason: str = ""
     points: tuple[BudgetPoint, ...] = ()  # a ranged budget's (bench/queue_ranges.py)
     point: BudgetPoint | None = None  # the point it runs at; tokens_per_s: its speed ratio
+    first_point: BudgetPoint | None = None  # the point of its first start
 
     @property
     def rate(self) -> float:
@@ -244,7 +245,7 @@ class QueueSim:
         j.state, j.gpu, j.run_start_s, j.point = State.running, gpu, now, point
         j.gen += 1
         if j.first_start_s is None:
-            j.first_start_s = now
+            j.first_start_s, j.first_point = now, point
         crash = next((c for c in j.spec.crash_at_work_s[j.crashes :] if c > j.done_s), None)
         if crash is not None and crash < j.spec.work_s:
             self._push(now + (crash - j.done_s) / j.rate, Event.crash, j.spec.id, j.gen)
