@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from wstrain.contracts.calibration import GIB
-from wstrain.policy import Gpu, NodeState, PendingJob, RunningJob, decide
+from wstrain.policy import Gpu, NodeState, PendingJob, PolicyConfig, Quota, RunningJob, decide
 from wstrain.policy.budgets import (
     BudgetPoint,
     RangedJob,
@@ -165,3 +165,14 @@ def test_on_a_cpu_node_device_and_host_come_out_of_one_pool() -> None:
 def test_a_ranged_job_is_given_at_its_min() -> None:
     with pytest.raises(ValueError, match="first point"):
         PendingJob("a", "ana", 0, 1.0, 20 * GIB, 8 * GIB, points=_job("a", CONCAVE).points)
+
+
+def test_an_upgrade_stays_within_its_owners_quota() -> None:
+    node = NodeState((Gpu(0, 80 * GIB),), 256 * GIB)
+    pending = [_pending("a", "ana", CONCAVE)]
+    quota = {"ana": Quota.from_gib(device_gib=25)}
+    d = decide(10.0, pending, [], node, {}, PolicyConfig(quotas=quota))
+    assert _gib(dict(d.budgets)) == {"a": 20}  # 30 would pass ana's 25 GiB
+    two = [_pending("a", "ana", CONCAVE), _pending("b", "ana", CONCAVE)]
+    d = decide(10.0, two, [], node, {}, PolicyConfig(quotas=quota))
+    assert sum(p.device_bytes for p in d.budgets.values()) <= 25 * GIB

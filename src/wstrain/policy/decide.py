@@ -242,13 +242,13 @@ def _gang(
 
 
 def _choose_budgets(
-    out: _Round, queue: Sequence[PendingJob], ledger: Ledger, config: PolicyConfig
+    out: _Round, queue: Sequence[PendingJob], ledger: Ledger, book: QuotaBook, config: PolicyConfig
 ) -> dict[str, BudgetPoint]:
     """The ranged jobs this round started, each placed at its min: what their GPU has left
     once every start of the round is placed goes where it buys the most tokens/s, weighted
-    by their owners' shares. A GPU held for a job keeps what is left for it, the host keeps
-    what holds set aside; a gang keeps its min (its GPUs would have to agree). On a CPU node
-    device and host budgets come out of its one pool."""
+    by their owners' shares, within each owner's quota. A GPU held for a job keeps what is
+    left for it, the host keeps what holds set aside; a gang keeps its min (its GPUs would
+    have to agree). On a CPU node device and host budgets come out of its one pool."""
     by_id = {j.id: j for j in queue}
     on_slot: dict[int | None, list[PendingJob]] = {}
     for start in out.starts:
@@ -257,29 +257,60 @@ def _choose_budgets(
             on_slot.setdefault(start.gpu_index, []).append(job)
     chosen: dict[str, BudgetPoint] = {}
     host_left = ledger.host_free_bytes - sum(h.host_bytes for h in ledger.holds)
+    quota_left = {o: _quota_room(book, config, o) for o in {j.owner for j in by_id.values()}}
     for index, jobs in on_slot.items():
         slot = ledger.slots[index]
         device_left = 0 if slot.hold is not None else slot.free_bytes
         pool = ledger.cpu_only
-        ranged = [
-            RangedJob(
-                j.id,
-                config.share(j.owner),
-                tuple(
-                    BudgetPoint(p.device_bytes + p.host_bytes, 0, p.tokens_per_s) if pool else p
-                    for p in j.points
-                ),
+        ranged = []
+        for j in jobs:  # the points its owner's quota still allows
+            room_device, room_host = quota_left[j.owner]
+            allowed = tuple(
+                p
+                for p in j.points
+                if p.device_bytes - j.device_bytes <= room_device
+                and p.host_bytes - j.host_bytes <= room_host
             )
-            for j in jobs
-        ]
+            pts = tuple(
+                BudgetPoint(p.device_bytes + p.host_bytes, 0, p.tokens_per_s) if pool else p
+                for p in allowed
+            )
+            ranged.append(RangedJob(j.id, config.share(j.owner), pts))
         device_room = device_left + sum(r.points[0].device_bytes for r in ranged)
         host_room = max(host_left, 0) + sum(r.points[0].host_bytes for r in ranged)
-        points = choose_points(ranged, device_room, host_room)
+        points = choose_points(ranged, device_room, host_room) or {}
+        extra: dict[str, tuple[int, int]] = {}
         for job, r in zip(jobs, ranged, strict=True):
-            k = r.points.index(points[job.id]) if points else 0
-            chosen[job.id] = job.points[k]
-            host_left -= 0 if pool else job.points[k].host_bytes - job.host_bytes
+            point = job.points[r.points.index(points[job.id])] if job.id in points else None
+            chosen[job.id] = point or job.points[0]
+            d, h = extra.get(job.owner, (0, 0))
+            extra[job.owner] = (
+                d + chosen[job.id].device_bytes - job.device_bytes,
+                h + chosen[job.id].host_bytes - job.host_bytes,
+            )
+        for owner, (d, h) in extra.items():
+            room_device, room_host = quota_left[owner]
+            if d > room_device or h > room_host:  # two of its jobs here took its room twice
+                for job in jobs:
+                    if job.owner == owner:
+                        chosen[job.id] = job.points[0]
+                d = h = 0
+            quota_left[owner] = (room_device - d, room_host - h)
+            host_left -= 0 if pool else h
     return chosen
+
+
+def _quota_room(book: QuotaBook, config: PolicyConfig, owner: str) -> tuple[int, int]:
+    """(device, host) bytes the owner's quota still allows past what it holds this round."""
+    quota = config.quotas.get(owner)
+    _, device, host = book.usage(owner)
+    unlimited = 1 << 62
+    if quota is None:
+        return unlimited, unlimited
+    return (
+        unlimited if quota.max_device_bytes is None else quota.max_device_bytes - device,
+        unlimited if quota.max_host_bytes is None else quota.max_host_bytes - host,
+    )
 
 
 def decide(
@@ -314,5 +345,5 @@ def decide(
         unsatisfiable=tuple(out.unsatisfiable),
         factors=factors,
         gangs=out.gangs,
-        budgets=_choose_budgets(out, queue, ledger, config),
+        budgets=_choose_budgets(out, queue, ledger, book, config),
     )

@@ -1,0 +1,31 @@
+"""bench/queue_ranges.py: each packable size class gets a range from 12 GiB to what it asked,
+its speed the planner's relative to the asked budget; a small day with ranges keeps every
+quota and every wait reason true, as the fixed day does."""
+
+from __future__ import annotations
+
+from bench.queue_ranges import MIN_DEVICE_GIB, compare, points_for
+from bench.queue_trace import make_trace
+from wstrain.contracts.calibration import GIB
+
+
+def test_a_range_runs_from_the_min_to_what_the_job_asked() -> None:
+    trace = make_trace(7, jobs_per_owner=20)
+    for job in trace:
+        points = points_for(job)
+        if job.exclusive or job.device_bytes // GIB in (12, 141):
+            assert points == ()
+            continue
+        sizes = [p.device_bytes for p in points]
+        assert sizes == sorted(sizes) and sizes[0] == MIN_DEVICE_GIB * GIB
+        assert sizes[-1] == job.device_bytes and points[-1].tokens_per_s == 1.0
+        assert all(0.5 < p.tokens_per_s <= 1.0 for p in points)  # the planner's: flat-ish
+        assert {p.host_bytes for p in points} == {job.host_bytes}
+
+
+def test_a_ranged_day_keeps_quotas_and_true_reasons() -> None:
+    row = compare(7, jobs_per_owner=20)
+    assert row["ranged_jobs"] > 0
+    assert row["quotas_kept"]
+    assert row["fixed"]["violations"] == row["ranged"]["violations"] == 0
+    assert row["ranged"]["succeeded"] == row["fixed"]["succeeded"]
