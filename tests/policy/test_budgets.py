@@ -176,3 +176,44 @@ def test_an_upgrade_stays_within_its_owners_quota() -> None:
     two = [_pending("a", "ana", CONCAVE), _pending("b", "ana", CONCAVE)]
     d = decide(10.0, two, [], node, {}, PolicyConfig(quotas=quota))
     assert sum(p.device_bytes for p in d.budgets.values()) <= 25 * GIB
+
+
+# ---- shrink, do not evict: a ranged running job restarts lower in its range to make room
+
+
+def _ranged_running(jid: str, at_gib: int, priority: int = 0) -> RunningJob:
+    points = tuple(BudgetPoint(g * GIB, 8 * GIB, t) for g, t in CONCAVE.items())
+    return RunningJob(jid, "dan", priority, 0, at_gib * GIB, 8 * GIB, 0.0, points=points)
+
+
+def test_a_job_that_needs_room_shrinks_a_ranged_job_instead_of_waiting() -> None:
+    node = NodeState((Gpu(0, 80 * GIB),), 256 * GIB)
+    new = PendingJob("new", "ana", 0, 5.0, 50 * GIB, 8 * GIB)
+    d = decide(10.0, [new], [_ranged_running("r", 40), _running("f", 0, 20)], node, {})
+    # 80 - 40 - 20 = 20 free; 50 needed: r goes from 40 to 10 GiB
+    assert {k: p.device_bytes // GIB for k, p in d.shrink.items()} == {"r": 10}
+    assert d.preempt == () and d.held == {"new": 0}
+    assert d.reasons["new"].startswith("preemption: shrinking 1 ranged job on GPU 0")
+
+
+def test_shrinking_takes_the_least_and_preemption_what_shrinking_cannot_free() -> None:
+    node = NodeState((Gpu(0, 80 * GIB),), 256 * GIB)
+    running = [_ranged_running("r", 40), _running("f", 0, 20)]
+    small = PendingJob("small", "ana", 0, 5.0, 30 * GIB, 8 * GIB)
+    d = decide(10.0, [small], running, node, {})
+    assert {k: p.device_bytes // GIB for k, p in d.shrink.items()} == {"r": 30}
+    huge = PendingJob("huge", "ana", 5, 5.0, 75 * GIB, 8 * GIB)  # r at its min frees 30
+    d = decide(10.0, [huge], running, node, {})
+    assert d.shrink == {} and set(d.preempt) == {"r", "f"}
+
+
+def test_a_higher_class_ranged_job_is_not_shrunk_for_a_lower_one() -> None:
+    node = NodeState((Gpu(0, 80 * GIB),), 256 * GIB)
+    d = decide(
+        10.0,
+        [PendingJob("new", "ana", 0, 5.0, 50 * GIB, 8 * GIB)],
+        [_ranged_running("r", 40, priority=5), _running("f", 0, 20)],
+        node,
+        {},
+    )
+    assert d.shrink == {} and d.preempt == () and d.kinds["new"].value == "resources"

@@ -26,9 +26,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from wstrain.policy.state import BudgetPoint, gib_text
+from wstrain.policy.placement import Ledger
+from wstrain.policy.state import BudgetPoint, PendingJob, PolicyConfig, RunningJob, gib_text
 
-__all__ = ["BudgetPoint", "RangedJob", "Shrink", "budget_reason", "choose_points", "shrink_to_free"]
+__all__ = [
+    "BudgetPoint",
+    "RangedJob",
+    "Shrink",
+    "budget_reason",
+    "choose_points",
+    "choose_shrink",
+    "shrink_to_free",
+]
 
 
 @dataclass(frozen=True)
@@ -140,6 +149,49 @@ def shrink_to_free(
         for jid, k in at.items()
         if k != start[jid]
     ]
+
+
+def _current(job: RunningJob) -> int | None:
+    """The index of the point a running ranged job holds, None when it holds none of them."""
+    for k, p in enumerate(job.points):
+        if (p.device_bytes, p.host_bytes) == (job.device_bytes, job.host_bytes):
+            return k
+    return None
+
+
+def choose_shrink(
+    job: PendingJob, device_bytes: int, host_bytes: int, ledger: Ledger, config: PolicyConfig
+) -> tuple[int | None, list[Shrink]] | None:
+    """Room for `job` on one GPU by shrinking ranged running jobs of its class or below that
+    are on that GPU alone, at the least loss of weighted tokens/s: (GPU index, moves), or
+    None. Not on a CPU node (one pool: the agent would have to restart every job in it) and
+    not for an exclusive job (shrunk jobs stay)."""
+    if ledger.cpu_only or job.exclusive:
+        return None
+    host_later = ledger.host_unheld_bytes(job) + ledger.host_stopping_bytes
+    need_host = max(0, host_bytes - host_later)
+    best: tuple[float, int | None, list[Shrink]] | None = None
+    for slot in ledger.slots.values():
+        if ledger.held_from(slot, job) or slot.total_bytes < device_bytes or slot.exclusive:
+            continue
+        ranged = []
+        for r in slot.running:
+            k = _current(r) if r.points and not r.stopping and r.gpus == 1 else None
+            if k is not None and r.priority <= job.priority:
+                ranged.append((RangedJob(r.id, config.share(r.owner), r.points), k))
+        free = slot.total_bytes - slot.used_bytes + slot.stopping_bytes
+        moves = shrink_to_free(ranged, device_bytes - free, need_host) if ranged else None
+        if not moves:  # None: not enough; []: it fits already (after_stops took it)
+            continue
+        at = {rj.id: (rj, k) for rj, k in ranged}
+        loss = sum(
+            at[m.job_id][0].weight * (at[m.job_id][0].points[at[m.job_id][1]].tokens_per_s)
+            - at[m.job_id][0].weight * m.to.tokens_per_s
+            for m in moves
+        )
+        if best is None or (loss, slot.index or 0) < (best[0], best[1] or 0):
+            best = (loss, slot.index, moves)
+    return None if best is None else (best[1], best[2])
 
 
 def budget_reason(job: RangedJob, point: BudgetPoint) -> str:

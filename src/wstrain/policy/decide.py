@@ -16,18 +16,23 @@ the node that each start or hold updates:
  3. else, if it fits nowhere now but some GPU takes it once its jobs being stopped have
     exited, it holds that GPU and waits (`resources: waiting for 2 stopping jobs to leave
     GPU 3`);
- 4. else, if evicting lower-class jobs on one GPU makes it fit (preemption.py), those jobs
+ 4. else, if shrinking ranged jobs of its class or below on one GPU, each restarted lower
+    in its range, makes it fit (budgets.py), they are shrunk and the job holds that GPU
+    (`preemption: shrinking 2 ranged jobs on GPU 3 ...`); a job is preempted only when
+    shrinking cannot make room;
+ 5. else, if evicting lower-class jobs on one GPU makes it fit (preemption.py), those jobs
     are preempted and the job holds that GPU (`preemption: stopping 2 jobs of class -10
     on GPU 3`);
- 5. else, if it would fit now but for holds, it waits behind their jobs (`priority: 4 jobs
+ 6. else, if it would fit now but for holds, it waits behind their jobs (`priority: 4 jobs
     ahead; GPU 3 is held for <id>`);
- 6. else it waits on resources (`resources: no GPU has 20.0 GiB free (largest free 12.0
+ 7. else it waits on resources (`resources: no GPU has 20.0 GiB free (largest free 12.0
     GiB)`); the first such job of the round that the empty node would take (with
     `config.drain`, the default) holds the GPU closest to taking it (`; GPU 5 drains for
     it`).
 
-A job on several GPUs (a gang, policy/gangs.py) takes steps 2, 5 and 6 on all its GPUs at
-once: it starts on every one of them or holds none but a drain hold, and preempts nothing.
+A job on several GPUs (a gang, policy/gangs.py) takes steps 2, 6 and 7 on all its GPUs at
+once: it starts on every one of them or holds none but a drain hold, and preempts or shrinks
+nothing.
 
 A hold binds every job of the same or a lower class considered after it in the round: it
 keeps the GPU and sets aside the holder's host budget and its owner's quota, so a
@@ -50,7 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from wstrain.contracts.jobs import JobState
-from wstrain.policy.budgets import RangedJob, choose_points
+from wstrain.policy.budgets import RangedJob, choose_points, choose_shrink
 from wstrain.policy.fairshare import (
     Usage,
     fair_share_factors,
@@ -114,6 +119,7 @@ class _Round:
     held: dict[str, int | None] = field(default_factory=dict)
     unsatisfiable: list[str] = field(default_factory=list)
     gangs: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    shrink: dict[str, BudgetPoint] = field(default_factory=dict)
     drains: int = 0  # drain holds made
 
     def wait(self, job: PendingJob, kind: WaitKind, text: str) -> None:
@@ -168,13 +174,27 @@ def _pass(
         # hold a GPU whose stopping jobs are leaving as well
         blocking = ledger.hold_blocking(dev, host, job.exclusive, job)
         slot = None if blocking else ledger.after_stops(dev, host, job.exclusive, job)
-        eviction = None if slot else choose_victims(job, dev, host, ledger, config)
+        shrink = None if slot else choose_shrink(job, dev, host, ledger, config)
+        eviction = None if slot or shrink else choose_victims(job, dev, host, ledger, config)
         if slot is not None:
             out.wait(
                 job,
                 WaitKind.resources,
                 f"resources: waiting for {_plural(slot.stopping, 'stopping job')} to leave "
                 f"{slot.name}",
+            )
+        elif shrink is not None:
+            index, moves = shrink
+            slot = ledger.slots[index]
+            ledger.mark_shrinking(
+                {m.job_id: (m.freed_device_bytes, m.freed_host_bytes) for m in moves}
+            )
+            out.shrink.update({m.job_id: m.to for m in moves})
+            out.wait(
+                job,
+                WaitKind.preemption,
+                f"preemption: shrinking {_plural(len(moves), 'ranged job')} on {slot.name} "
+                "to a smaller budget of its range",
             )
         elif eviction is not None:
             slot = ledger.slots[eviction.slot_index]
@@ -346,4 +366,5 @@ def decide(
         factors=factors,
         gangs=out.gangs,
         budgets=_choose_budgets(out, queue, ledger, book, config),
+        shrink=out.shrink,
     )

@@ -35,7 +35,7 @@ them and its host_bytes once; on a CPU node's pseudo-device, gpus x device_bytes
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from wstrain.policy.state import NodeState, PendingJob, RunningJob, gib_text
@@ -209,6 +209,18 @@ class Ledger:
                     if job.id not in counted:
                         self.host_stopping_bytes += host
                         counted.add(job.id)
+
+    def mark_shrinking(self, freed: Mapping[str, tuple[int, int]]) -> None:
+        """Shrunk this round (id -> device, host bytes it gives back): each still holds its
+        bytes until it restarts lower, and is shrunk or preempted no more."""
+        for slot in self.slots.values():
+            for i, job in enumerate(slot.running):
+                if job.id in freed and not job.stopping:
+                    slot.running[i] = replace(job, stopping=True)
+                    slot.live -= 1
+                    slot.stopping += 1
+                    slot.stopping_bytes += freed[job.id][0]
+                    self.host_stopping_bytes += freed[job.id][1]
 
     def after_stops(
         self, device_bytes: int, host_bytes: int, exclusive: bool, job: PendingJob

@@ -129,6 +129,9 @@ class RunningJob:
     stopping: bool = False
     gpus: int = 1  # GPUs it holds, device_bytes on each (on a CPU node: of the one pool)
     gang: tuple[int, ...] = ()  # with gpus > 1 on a GPU node: all its GPUs, gpu_index first
+    # a ranged budget's points from its min up, its current one among them: a job that can
+    # be shrunk (restarted lower in its range) rather than preempted (budgets.py)
+    points: tuple[BudgetPoint, ...] = ()
 
     @property
     def gpu_indices(self) -> tuple[int | None, ...]:
@@ -199,6 +202,8 @@ class Decision:
     is unknown: they can never start as they are. factors: each owner's fair-share factor.
     gangs: every GPU of each job started on several (policy/gangs.py), its Start's first.
     budgets: each ranged job started, the point of its range it starts at (budgets.py).
+    shrink: running ranged jobs to stop at a checkpoint and restart on their GPU lower in
+    their range, each with the point to restart at, to make room instead of preempting.
     """
 
     start: tuple[Start, ...]
@@ -211,3 +216,4 @@ class Decision:
     factors: Mapping[str, float]
     gangs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     budgets: Mapping[str, BudgetPoint] = field(default_factory=dict)
+    shrink: Mapping[str, BudgetPoint] = field(default_factory=dict)
