@@ -6,7 +6,7 @@ owner's quota, and every job left waiting has a reason that is true at that poin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from wstrain.contracts.jobs import JobState
@@ -27,11 +27,18 @@ class _Gpu:
     total_bytes: int
     jobs: list[tuple[str, int, bool, int, bool]] = field(default_factory=list)
 
-    def takes(self, job: PendingJob, leaving: frozenset[str] = frozenset()) -> bool:
+    def takes(
+        self,
+        job: PendingJob,
+        leaving: frozenset[str] = frozenset(),
+        smaller: Mapping[str, int] | None = None,
+    ) -> bool:
+        """Whether `job` fits once `leaving` have gone and `smaller` (id -> device bytes)
+        have restarted lower in their ranges."""
         staying = [j for j in self.jobs if j[0] not in leaving]
         if job.exclusive:
             return not staying and self.total_bytes >= job.device_bytes
-        used = sum(j[1] for j in staying)
+        used = sum((smaller or {}).get(j[0], j[1]) for j in staying)
         return not any(j[2] for j in staying) and self.total_bytes - used >= job.device_bytes
 
 
@@ -52,6 +59,9 @@ def check_round(
     owner_use: dict[str, list[int]] = {}
     leaving = {r.id for r in running if r.stopping} | set(decision.preempt)
     host_leaving = sum(r.host_bytes for r in running if r.id in leaving)
+    host_shrunk = sum(
+        r.host_bytes - decision.shrink[r.id].host_bytes for r in running if r.id in decision.shrink
+    )
     classes = {r.id: r.priority for r in running}
 
     def book(owner: str, gpu: int, key: tuple[str, int, bool, int, bool], host: int) -> None:
@@ -105,11 +115,14 @@ def check_round(
             gpu = decision.held.get(job_id)
             assert gpu is not None
             evicted = [k for k in gpus[gpu].jobs if k[0] in set(decision.preempt)]
+            shrunk = [k for k in gpus[gpu].jobs if k[0] in decision.shrink]
+            smaller = {k: p.device_bytes for k, p in decision.shrink.items()}
             true = (
-                bool(evicted)
+                bool(evicted or shrunk)
                 and all(classes[k[0]] < job.priority for k in evicted)
-                and gpus[gpu].takes(job, frozenset(leaving))
-                and host_free - set_aside + host_leaving >= job.host_bytes
+                and all(classes[k[0]] <= job.priority for k in shrunk)
+                and gpus[gpu].takes(job, frozenset(leaving), smaller)
+                and host_free - set_aside + host_leaving + host_shrunk >= job.host_bytes
             )
         else:
             true = {

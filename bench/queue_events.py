@@ -66,6 +66,7 @@ class Event(str, enum.Enum):  # noqa: UP042
 class StopKind(str, enum.Enum):  # noqa: UP042
     preempted = "preempted"  # back to the queue
     cancelled = "cancelled"
+    shrunk = "shrunk"  # restarts at once on its GPU, lower in its range
 
 
 @dataclass
@@ -91,6 +92,8 @@ class _Job:
     points: tuple[BudgetPoint, ...] = ()  # a ranged budget's (bench/queue_ranges.py)
     point: BudgetPoint | None = None  # the point it runs at; tokens_per_s: its speed ratio
     first_point: BudgetPoint | None = None  # the point of its first start
+    shrink_to: BudgetPoint | None = None  # where a shrunk job restarts
+    shrinks: int = 0
 
     @property
     def rate(self) -> float:
@@ -149,6 +152,7 @@ class QueueSim:
         self.violations: list[str] = []
         self.peak: dict[str, list[int]] = {o: [0, 0, 0] for o in OWNERS}
         self.preempted = 0
+        self.shrunk = 0
         self.reason_rounds: Counter[str] = Counter()
         for t in trace:
             self._push(t.submit_s, Event.submit, t.id)
@@ -225,7 +229,9 @@ class QueueSim:
             j.done_s = self._kept(j, self._progress(j, now - STOP_GRACE_S))
             j.gen += 1
             j.point = None
-            if j.stop_kind == StopKind.preempted:
+            if j.stop_kind == StopKind.shrunk:  # its agent restarts it on its GPU, smaller
+                self._start(j, j.gpu, j.shrink_to)
+            elif j.stop_kind == StopKind.preempted:
                 j.state = State.pending
             else:
                 j.state, j.end_s = State.cancelled, now
@@ -234,6 +240,8 @@ class QueueSim:
                 j.state, j.end_s = State.cancelled, now
             elif j.state == State.running:
                 self._stop(j, StopKind.cancelled)
+            elif j.state == State.stopping and j.stop_kind == StopKind.shrunk:
+                j.stop_kind = StopKind.cancelled  # it will not restart
 
     def _stop(self, j: _Job, why: StopKind) -> None:
         j.state, j.stop_kind = State.stopping, why
@@ -287,6 +295,7 @@ class QueueSim:
                         j.run_start_s,
                         s.exclusive,
                         j.state == State.stopping,
+                        points=j.points,
                     )
                 )
         return pending, running, deps
@@ -308,6 +317,12 @@ class QueueSim:
         )
         for job_id, gpu, _share in decision.start:
             self._start(self.jobs[job_id], gpu, decision.budgets.get(job_id))
+        for job_id, point in decision.shrink.items():
+            j = self.jobs[job_id]
+            j.shrinks += 1
+            self.shrunk += 1
+            j.shrink_to = point
+            self._stop(j, StopKind.shrunk)
         for job_id in decision.preempt:
             self.jobs[job_id].preemptions += 1
             self.preempted += 1

@@ -131,6 +131,7 @@ def figures(sim: QueueSim, config: PolicyConfig) -> dict[str, Any]:
         "share_err": max(abs(v) for v in share_err.values()),
         "quotas_kept": quota_ok,
         "preemptions": sim.preempted,
+        "shrinks": sim.shrunk,
         "violations": len(sim.violations),
     }
 
