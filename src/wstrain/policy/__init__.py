@@ -10,7 +10,8 @@ Modules, one rule each: state.py (the inputs and the Decision), fairshare.py (de
 Slurm's fair-share factor, the order), gates.py (back-off, dependencies, quotas),
 placement.py (best-fit packing by budgets, holds, resource reasons), gangs.py (a job on
 several GPUs: all of them or none), preemption.py (the
-fewest lowest-class victims on one GPU), decide.py (the round). docs/OPERATIONS.md,
+fewest lowest-class victims on one GPU), decide.py (the round), forecast.py (each queued
+job's predicted start and end, the queue replayed forward in time). docs/OPERATIONS.md,
 "Scheduling policy", has the formulas and the defaults.
 """
 
@@ -23,6 +24,7 @@ from wstrain.policy.fairshare import (
     order_key,
     running_weight,
 )
+from wstrain.policy.forecast import Forecast, ForecastNode, forecast, run_seconds
 from wstrain.policy.state import (
     DEFAULT_HALF_LIFE_S,
     DEFAULT_SHARE,
@@ -41,6 +43,8 @@ __all__ = [
     "DEFAULT_HALF_LIFE_S",
     "DEFAULT_SHARE",
     "Decision",
+    "Forecast",
+    "ForecastNode",
     "Gpu",
     "NodeState",
     "PendingJob",
@@ -53,7 +57,9 @@ __all__ = [
     "charge",
     "decide",
     "fair_share_factors",
+    "forecast",
     "job_weight",
     "order_key",
+    "run_seconds",
     "running_weight",
 ]

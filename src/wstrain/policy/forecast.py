@@ -1,0 +1,345 @@
+"""When each queued job will start and end: the queue replayed forward in time on the
+policy's own fit rules. Pure: the same inputs give the same forecast; no clock, no I/O.
+
+    ends = {job.id: now_s + run_seconds(steps - step, step_s) for each running job}
+    got = forecast(now_s, pending, nodes, ends, durations, usage, config, dependencies)
+    got[job_id].start_s, got[job_id].end_s, got[job_id].reason
+
+Rules. The pending jobs are taken in the policy's order (fairshare.py: class, owner's
+factor, submission, id). Running jobs hold their budgets until their predicted end (remaining
+steps x predicted step seconds, clamped >= 0; None: no predicted end, they hold forever).
+Each pending job, the jobs ahead of it booked first, starts at the earliest time t >= now,
+>= its back-off's not_before, >= the predicted end of every job of its `after`, at which one
+node takes it for the whole of [t, t + its run seconds): a GPU whose every moment of that
+span passes `Slot.takes` (device bytes free, or empty for an exclusive job) with the host
+memory's `Ledger.host_fits`, or a gang's N such GPUs (gangs.py); the GPUs are then chosen by
+the policy's own best fit (`Ledger.best_fit`, `gang_fit`) over the span's peak use. It ends at
+t + its run seconds (None when its step time is unknown: it then holds its room for good).
+Among nodes, the earliest start wins, the first node on a tie.
+
+These are reservations, as in conservative backfill: a job behind never delays one ahead, so
+a job that the policy would let jump into a hole now is forecast later than it starts. Not
+modelled: preemption (a higher class arriving or waiting), quotas, the drain hold's choice
+of GPU, jobs submitted later. A job gets None with a reason when no node could ever take it
+(`resources: ...`, the policy's reason on an empty node), when a dependency can never
+succeed (`dependency: ...`), or when its room frees only as jobs without a predicted end
+finish.
+
+Work: the timeline has a breakpoint per predicted start and end (at most 2 x jobs); a job's
+search visits each breakpoint about once per GPU, skipping past the last interval at which a
+GPU failed, so 500 jobs on 8 GPUs are ~10^6 slot checks in the worst case.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from wstrain.contracts.jobs import JobState
+from wstrain.policy.fairshare import Usage, fair_share_factors, ordered, owners_in_play
+from wstrain.policy.gangs import could_ever_fit as gang_could_ever_fit
+from wstrain.policy.gangs import gang_fit, gang_reason
+from wstrain.policy.gates import dependency_wait
+from wstrain.policy.placement import Ledger, Slot
+from wstrain.policy.state import NodeState, PendingJob, PolicyConfig, RunningJob
+
+__all__ = ["Forecast", "ForecastNode", "forecast", "run_seconds"]
+
+_LIVE = {JobState.queued, JobState.planning, JobState.running}
+
+
+@dataclass(frozen=True)
+class ForecastNode:
+    """One node and the jobs running on it (their budgets, GPUs, exclusivity)."""
+
+    name: str
+    state: NodeState
+    running: tuple[RunningJob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A pending job's predicted start and end, epoch seconds; None with `reason` when it
+    cannot be predicted. `node`: where it is forecast to start."""
+
+    job_id: str
+    start_s: float | None
+    end_s: float | None
+    reason: str = ""
+    node: str = ""
+
+
+def run_seconds(steps_left: int, step_s: float | None) -> float | None:
+    """Remaining steps x seconds a step, never negative; None when the step time is unknown."""
+    if step_s is None or not math.isfinite(step_s) or step_s < 0:
+        return None
+    return max(0, steps_left) * step_s
+
+
+class _Timeline:
+    """One node's future: breakpoints `times` (the first is now) and, for each interval
+    [times[i], times[i+1]) (the last one open-ended), the ledger of what it holds then."""
+
+    def __init__(self, now_s: float, node: ForecastNode, ends: Mapping[str, float | None]) -> None:
+        self.name, self.node = node.name, node.state
+        end_of = {j.id: ends.get(j.id) for j in node.running}
+        finite = sorted({max(now_s, e) for e in end_of.values() if e is not None})
+        self.times = [now_s, *(t for t in finite if t > now_s)]
+        self.ledgers = [
+            Ledger.of(
+                node.state,
+                [j for j in node.running if (e := end_of[j.id]) is None or e > t],
+            )
+            for t in self.times
+        ]
+        # (device, host, exclusive) demand, GPU -> every interval before this refuses it
+        self.full_until: dict[tuple[tuple[int, int, bool], int | None], float] = {}
+
+    def _split(self, t: float) -> int:
+        """The index of the interval starting at t, splitting the one containing it."""
+        i = bisect.bisect_right(self.times, t) - 1
+        if self.times[i] == t:
+            return i
+        self.times.insert(i + 1, t)
+        self.ledgers.insert(i + 1, _copy(self.node, self.ledgers[i]))
+        return i + 1
+
+    def _span(self, i: int, start_s: float, run_s: float | None) -> int:
+        """One past the last interval that [start_s, start_s + run_s) overlaps."""
+        if run_s is None:
+            return len(self.times)
+        return max(i + 1, bisect.bisect_left(self.times, start_s + run_s))
+
+    def earliest(
+        self, job: PendingJob, from_s: float, run_s: float | None
+    ) -> tuple[float, list[Slot]] | None:
+        """The earliest start >= from_s at which the job fits for its whole run, with the
+        slots the policy's best fit picks over the span's peak; None: never."""
+        probe = Ledger(self.node)
+        dev, host = probe.demand(job)
+        gang = job.gpus if job.gpus > 1 and not probe.cpu_only else 1
+        first = max(0, bisect.bisect_right(self.times, from_s) - 1)
+        host_ok: dict[int, bool] = {}
+
+        def fits(m: int, index: int | None) -> bool:
+            ledger = self.ledgers[m]
+            if m not in host_ok:
+                host_ok[m] = ledger.host_fits(host, None)
+            return host_ok[m] and ledger.slots[index].takes(dev, job.exclusive)
+
+        start_s = self._gang_start(first, from_s, run_s, gang, fits) if gang > 1 else None
+        if gang == 1:  # each GPU's own earliest run of fitting intervals; the soonest wins
+            key = (dev, host, job.exclusive)
+            known = {i: self.full_until.get((key, i), self.times[0]) for i in probe.slots}
+            for index in sorted(probe.slots, key=lambda i: (known[i], i or 0)):
+                got = self._gpu_start(first, from_s, run_s, index, fits, start_s, key)
+                if got is not None and (start_s is None or got < start_s):
+                    start_s = got
+        if start_s is None:
+            return None
+        i = bisect.bisect_right(self.times, start_s) - 1
+        peak = _peak(self.node, self.ledgers[i : self._span(i, start_s, run_s)])
+        if gang > 1:
+            return start_s, gang_fit(peak, job, dev, host, None) or []
+        slot = peak.best_fit(dev, host, job.exclusive, None)
+        return None if slot is None else (start_s, [slot])
+
+    def _gpu_start(
+        self,
+        first: int,
+        from_s: float,
+        run_s: float | None,
+        index: int | None,
+        fits: Callable[[int, int | None], bool],
+        bound_s: float | None,
+        key: tuple[int, int, bool],
+    ) -> float | None:
+        """The earliest start on one GPU (None: never, or not before `bound_s`): a run of
+        intervals that each take the job, from a start until start + run_s. Bookings only
+        add, so an interval that refuses a demand refuses it for good: `full_until` keeps,
+        per demand and GPU, the time before which every interval refused it."""
+        known_s = self.full_until.get((key, index), self.times[0])
+        known = bisect.bisect_right(self.times, known_s) - 1
+        scan = max(first, known)
+        run_from, prefix = scan, first <= known  # the scan starts where the refusals end
+        for m in range(scan, len(self.times)):
+            start_s = max(from_s, self.times[run_from])
+            if bound_s is not None and start_s > bound_s:
+                return None
+            if not fits(m, index):
+                run_from = m + 1
+                if prefix and m + 1 < len(self.times):
+                    self.full_until[(key, index)] = self.times[m + 1]
+                continue
+            prefix = False
+            if run_s is None:
+                continue  # it holds its room for good: every interval to the end must take it
+            if m + 1 == len(self.times) or self.times[m + 1] >= start_s + run_s:
+                return start_s
+        if run_from < len(self.times) and run_s is None:
+            return max(from_s, self.times[run_from])
+        return None
+
+    def _gang_start(
+        self,
+        first: int,
+        from_s: float,
+        run_s: float | None,
+        gang: int,
+        fits: Callable[[int, int | None], bool],
+    ) -> float | None:
+        """The earliest start at which `gang` GPUs take the job for its whole run: a window
+        starting at or before a GPU's last failing interval fails on it too."""
+        i = first
+        while i < len(self.times):
+            start_s = max(from_s, self.times[i])
+            last_fail = dict.fromkeys(self.ledgers[i].slots, -1)
+            for m in range(i, self._span(i, start_s, run_s)):
+                for index in last_fail:
+                    if not fits(m, index):
+                        last_fail[index] = m
+                if sum(f < 0 for f in last_fail.values()) < gang:
+                    break
+            passing = sorted(last_fail.values())
+            if passing[gang - 1] < 0:
+                return start_s
+            i = max(i + 1, passing[gang - 1] + 1)
+        return None
+
+    def book(self, job: PendingJob, start_s: float, run_s: float | None, slots: list[Slot]) -> None:
+        i = self._split(start_s)
+        stop = len(self.times) if run_s is None else self._split(start_s + run_s)
+        for ledger in self.ledgers[i:stop]:
+            ledger.place(job, *(ledger.slots[s.index] for s in slots))
+
+
+def _copy(node: NodeState, ledger: Ledger) -> Ledger:
+    out = Ledger(node)
+    out.host_used_bytes = ledger.host_used_bytes
+    out.host_stopping_bytes = ledger.host_stopping_bytes
+    out.slots = {i: replace(s, running=list(s.running)) for i, s in ledger.slots.items()}
+    return out
+
+
+def _peak(node: NodeState, ledgers: Sequence[Ledger]) -> Ledger:
+    """A ledger holding, per GPU and for the host, the most any of `ledgers` holds: a job
+    fits it iff it fits each of them (Slot.takes and host_fits only grow stricter)."""
+    out = _copy(node, ledgers[0])
+    for ledger in ledgers[1:]:
+        out.host_used_bytes = max(out.host_used_bytes, ledger.host_used_bytes)
+        for index, slot in ledger.slots.items():
+            peak = out.slots[index]
+            peak.used_bytes = max(peak.used_bytes, slot.used_bytes)
+            peak.occupants = max(peak.occupants, slot.occupants)
+            peak.exclusive = max(peak.exclusive, slot.exclusive)
+    return out
+
+
+def _never(job: PendingJob, node: NodeState) -> str | None:
+    """The policy's reason why the empty node would not take the job, else None."""
+    empty = Ledger(node)
+    dev, host = empty.demand(job)
+    if job.gpus > 1 and not empty.cpu_only:
+        if gang_could_ever_fit(empty, job, dev, host):
+            return None
+        return gang_reason(empty, job, dev, host)
+    if empty.could_ever_fit(dev, host):
+        return None
+    return empty.resource_reason(dev, host, job.exclusive)
+
+
+def forecast(
+    now_s: float,
+    pending: Sequence[PendingJob],
+    nodes: Sequence[ForecastNode],
+    ends: Mapping[str, float | None],
+    durations: Mapping[str, float | None],
+    usage: Mapping[str, Usage] | None = None,
+    config: PolicyConfig | None = None,
+    dependencies: Mapping[str, JobState] | None = None,
+) -> dict[str, Forecast]:
+    """Every pending job's Forecast. `ends`: each running job's predicted end (epoch s; None
+    or missing: unknown); `durations`: each pending job's run seconds (None or missing:
+    unknown); `dependencies`: the state of every job an `after` names (missing: unknown).
+    The order is the policy's, from `usage` and `config` as `decide` computes it."""
+    config = config or PolicyConfig()
+    usage = usage or {}
+    states = dependencies or {}
+    running = [j for n in nodes for j in n.running]
+    factors = fair_share_factors(
+        usage, owners_in_play(usage, pending, running, config), config, now_s
+    )
+    queue = ordered(pending, factors)
+    queued = {j.id for j in queue}
+    timelines = [_Timeline(now_s, n, ends) for n in nodes]
+    out: dict[str, Forecast] = {}
+
+    def dep_ready(job: PendingJob) -> float | str | None:
+        """When its dependencies have ended, a reason it never starts, or None: not yet
+        forecast (a dependency behind it in the order)."""
+        ready = now_s
+        for dep in job.after:
+            state = states.get(dep)
+            if state is JobState.succeeded:
+                continue
+            if state is JobState.cancelling:
+                return f"dependency: {dep} is being cancelled"
+            if state is None or state not in _LIVE:
+                return dependency_wait(job, states)[0] or f"dependency: {dep} ended"
+            if dep in queued:
+                got = out.get(dep)
+                if got is None:
+                    return None
+                if got.end_s is None:
+                    return f"dependency: {dep} has no predicted end ({got.reason or 'unknown'})"
+                ready = max(ready, got.end_s)
+            elif dep in ends and ends[dep] is not None:
+                ready = max(ready, float(ends[dep] or 0.0))
+            else:
+                return f"dependency: {dep} ({state.value}) has no predicted end"
+        return ready
+
+    def place(job: PendingJob, ready_s: float) -> Forecast:
+        never = [r for n in nodes if (r := _never(job, n.state)) is not None]
+        if not nodes or len(never) == len(nodes):
+            return Forecast(job.id, None, None, never[0] if never else "resources: no node")
+        from_s = max(ready_s, job.not_before_s or now_s)
+        run_s = durations.get(job.id)
+        best: tuple[float, _Timeline, list[Slot]] | None = None
+        for tl in timelines:
+            got = tl.earliest(job, from_s, run_s)
+            if got is not None and (best is None or got[0] < best[0]):
+                best = (got[0], tl, got[1])
+        if best is None:
+            return Forecast(
+                job.id,
+                None,
+                None,
+                "resources: it fits only where jobs without a predicted end run",
+            )
+        start_s, tl, slots = best
+        tl.book(job, start_s, run_s, slots)
+        end_s = None if run_s is None else start_s + run_s
+        why = "" if run_s is not None else "its end is unknown: no predicted step time"
+        return Forecast(job.id, start_s, end_s, why, tl.name)
+
+    waiting = list(queue)
+    progress = True
+    while waiting and progress:
+        progress, rest = False, []
+        for job in waiting:
+            ready = dep_ready(job)
+            if ready is None:
+                rest.append(job)
+                continue
+            progress = True
+            if isinstance(ready, str):
+                out[job.id] = Forecast(job.id, None, None, ready)
+            else:
+                out[job.id] = place(job, ready)
+        waiting = rest
+    for job in waiting:  # a cycle of dependencies among queued jobs
+        out[job.id] = Forecast(job.id, None, None, "dependency: a cycle among queued jobs")
+    return out

@@ -1,0 +1,124 @@
+"""The queue forecast (policy/forecast.py): exact predicted starts on one GPU, an exclusive
+job waiting for a whole GPU, a dependency, a back-off, and a job no node fits.
+
+    pytest tests/policy/test_forecast.py
+"""
+
+from __future__ import annotations
+
+from wstrain.contracts.calibration import GIB
+from wstrain.contracts.jobs import JobState
+from wstrain.policy import Gpu, NodeState, PendingJob, RunningJob
+from wstrain.policy.forecast import ForecastNode, forecast, run_seconds
+
+NOW = 1_000.0
+ONE_GPU = NodeState((Gpu(0, 100 * GIB),), 1024 * GIB)
+
+
+def _p(jid: str, dev_gib: int, submitted_s: float, **kw: object) -> PendingJob:
+    return PendingJob(jid, "ana", 0, submitted_s, dev_gib * GIB, 8 * GIB, **kw)  # type: ignore[arg-type]
+
+
+def _r(jid: str, dev_gib: int, gpu: int = 0, exclusive: bool = False) -> RunningJob:
+    return RunningJob(jid, "ben", 0, gpu, dev_gib * GIB, 8 * GIB, 0.0, exclusive)
+
+
+def test_run_seconds_is_remaining_steps_times_step_time_never_negative() -> None:
+    assert run_seconds(100, 0.5) == 50.0
+    assert run_seconds(-3, 0.5) == 0.0  # a job past its steps ends now
+    assert run_seconds(10, None) is None
+
+
+def test_three_jobs_behind_two_running_ones_start_as_room_frees() -> None:
+    # GPU of 100 GiB: r1 (60 GiB) ends at +100 s, r2 (30 GiB) at +300 s; 10 GiB free now
+    node = ForecastNode("n", ONE_GPU, (_r("r1", 60), _r("r2", 30)))
+    pending = [_p("a", 50, 1.0), _p("b", 40, 2.0), _p("c", 10, 3.0)]
+    got = forecast(
+        NOW,
+        pending,
+        [node],
+        {"r1": NOW + 100, "r2": NOW + 300},
+        {"a": 500.0, "b": 50.0, "c": 1000.0},
+    )
+    # a: 50 GiB fits once r1 ends; b: 40 GiB beside r2 (30) and a (50) only once r2 ends;
+    # c: 10 GiB fits now and for its whole 1000 s it never needs more than is left
+    assert (got["a"].start_s, got["a"].end_s) == (NOW + 100, NOW + 600)
+    assert (got["b"].start_s, got["b"].end_s) == (NOW + 300, NOW + 350)
+    assert (got["c"].start_s, got["c"].end_s) == (NOW, NOW + 1000)
+    assert got["a"].node == "n" and got["a"].reason == ""
+
+
+def test_a_job_behind_does_not_take_room_the_job_ahead_is_booked_for() -> None:
+    node = ForecastNode("n", ONE_GPU, (_r("r1", 60),))
+    got = forecast(
+        NOW, [_p("a", 80, 1.0), _p("b", 30, 2.0)], [node], {"r1": NOW + 100}, {"a": 100, "b": 500}
+    )
+    # b fits now (40 free) but would still run when a starts at +100: it waits for a's end
+    assert got["a"].start_s == NOW + 100
+    assert got["b"].start_s == NOW + 200
+
+
+def test_an_exclusive_job_waits_for_a_whole_gpu() -> None:
+    node = NodeState((Gpu(0, 100 * GIB), Gpu(1, 100 * GIB)), 1024 * GIB)
+    running = (_r("r0", 10, gpu=0), _r("r1", 5, gpu=1))
+    got = forecast(
+        NOW,
+        [_p("x", 20, 1.0, exclusive=True)],
+        [ForecastNode("n", node, running)],
+        {"r0": NOW + 400, "r1": NOW + 200},
+        {"x": 60.0},
+    )
+    assert got["x"].start_s == NOW + 200  # GPU 1 empties first, though 95 GiB is free now
+
+
+def test_a_dependency_starts_after_its_predicted_end_and_a_back_off_is_kept() -> None:
+    node = ForecastNode("n", ONE_GPU, ())
+    pending = [
+        _p("child", 10, 1.0, after=("parent",)),  # ahead of its parent in the order
+        _p("parent", 10, 2.0),
+        _p("retry", 10, 3.0, not_before_s=NOW + 45),
+    ]
+    states = {"parent": JobState.queued}
+    got = forecast(
+        NOW, pending, [node], {}, {"child": 10, "parent": 120, "retry": 5}, dependencies=states
+    )
+    assert got["parent"].start_s == NOW
+    assert got["child"].start_s == NOW + 120
+    assert got["retry"].start_s == NOW + 45
+    failed = forecast(
+        NOW,
+        [_p("child", 10, 1.0, after=("gone",))],
+        [node],
+        {},
+        {"child": 10},
+        dependencies={"gone": JobState.failed},
+    )["child"]
+    assert failed.start_s is None and failed.reason == "dependency: gone failed"
+
+
+def test_a_job_no_node_fits_is_not_predicted_and_says_why() -> None:
+    got = forecast(NOW, [_p("big", 120, 1.0)], [ForecastNode("n", ONE_GPU, ())], {}, {"big": 1})
+    assert got["big"].start_s is None and got["big"].end_s is None
+    assert got["big"].reason == (
+        "resources: needs 120.0 GiB of device memory, the largest GPU has 100.0 GiB"
+    )
+
+
+def test_a_running_job_without_a_predicted_end_holds_its_room() -> None:
+    node = ForecastNode("n", ONE_GPU, (_r("r1", 60),))
+    got = forecast(NOW, [_p("a", 50, 1.0), _p("b", 20, 2.0)], [node], {"r1": None}, {"a": 1})
+    assert got["a"].start_s is None and "without a predicted end" in got["a"].reason
+    assert got["b"].start_s == NOW and got["b"].end_s is None  # its own step time unknown
+
+
+def test_a_gang_starts_when_two_gpus_have_room_together() -> None:
+    node = NodeState((Gpu(0, 100 * GIB), Gpu(1, 100 * GIB)), 1024 * GIB)
+    running = (_r("r0", 90, gpu=0), _r("r1", 90, gpu=1))
+    got = forecast(
+        NOW,
+        [_p("g", 50, 1.0, gpus=2)],
+        [ForecastNode("n", node, running)],
+        {"r0": NOW + 50, "r1": NOW + 70},
+        {"g": 10},
+    )
+    assert got["g"].start_s == NOW + 70
