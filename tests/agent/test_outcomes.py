@@ -1,6 +1,7 @@
 """How a worker's end settles its job, on a real Redis: a worker SIGTERM'd by its agent
 before its own handler was installed (still importing torch) ends as the signal meant, a
-time limit as `timeout` and an agent shutdown as a requeue, never as a crash to retry."""
+time limit as `timeout` and an agent shutdown as a requeue, never as a crash to retry; a
+worker that ran out of its budget fails the job at once."""
 
 from __future__ import annotations
 
@@ -68,3 +69,8 @@ def test_a_sigterm_the_agent_sent_ends_as_it_meant(
 def test_a_sigterm_nobody_sent_is_a_crash_to_retry(redis_url: str) -> None:
     state, retries = asyncio.run(_settle(redis_url, -signal.SIGTERM, _exit()))
     assert (state, retries) == (JobState.queued, 1)
+
+
+def test_a_worker_out_of_its_budget_fails_at_once_not_retried(redis_url: str) -> None:
+    state, retries = asyncio.run(_settle(redis_url, int(WorkerExit.out_of_memory), _exit()))
+    assert (state, retries) == (JobState.failed, 0)

@@ -1,11 +1,13 @@
 """What becomes of a job once its worker has exited: succeeded; cancelled; `timeout` at its
 time limit; failed at once when the worker refused the spec before training
 (WorkerExit.refused: a path into the state dir or outside the data roots, which no retry
-changes); requeued when the agent shut down or the job was preempted (it wrote a checkpoint,
-the next attempt resumes there); and when the worker died (killed, OOM, a CUDA error, hung:
-SIGKILLed by the agent after its no-progress window, agent/hang.py; a lost node) requeued
-again as an automatic retry, with back-off, until the spec's `max_retries` are spent, then
-failed with the cause. Every write is fenced by the agent's lease on the job.
+changes) or ran out of a memory budget (WorkerExit.out_of_memory: the same plan would again;
+the error names the budget that fits); requeued when the agent shut down or the job was
+preempted (it wrote a checkpoint, the next attempt resumes there); and when the worker died
+(killed, OOM-killed, a CUDA error, hung: SIGKILLed by the agent after its no-progress window,
+agent/hang.py; a lost node) requeued again as an automatic retry, with back-off, until the
+spec's `max_retries` are spent, then failed with the cause. Every write is fenced by the
+agent's lease on the job.
 
 Used by agent/supervisor.py (a worker's exit) and recovery.py (a dead node's jobs).
 """
@@ -56,6 +58,11 @@ async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit
             # its events, not on a job that succeeded
             await store.transition(
                 jid, JobState.succeeded, "training finished", sources=_LIVE, fence=fence, error=None
+            )
+        elif code == WorkerExit.out_of_memory:  # the same plan would run out again
+            cause = ex.error or "ran out of a memory budget; see worker.log"
+            await store.transition(
+                jid, JobState.failed, f"failed: {cause}", sources=_LIVE, fence=fence, error=cause
             )
         elif code == WorkerExit.refused:  # the spec itself: a retry would be refused alike
             cause = ex.error or "the worker refused the spec before training; see worker.log"

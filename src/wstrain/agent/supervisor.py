@@ -204,7 +204,8 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
         )
     elif msg.kind == "error":
         h.error = msg.message
-        await store.report(jid, fence, ("error", msg.message or "worker error", {}))
+        data = {"needs_gib": msg.needs_gib} if msg.needs_gib else {}
+        await store.report(jid, fence, ("error", msg.message or "worker error", data))
     elif msg.kind == "started":
         h.started = True
         # a resumed worker starts at its checkpoint's step, which may be behind the last

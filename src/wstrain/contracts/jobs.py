@@ -219,6 +219,9 @@ class WorkerMessage(BaseModel):
     peak_flops: float | None = None  # FLOP/s, dense, for `precision`
     peak_source: str | None = None  # a chip-table row, "measured" or "configured"
     precision: str | None = None  # the compute precision: bf16, fp32, tf32
+    # on an `error` of exit 5: the smallest budgets (GiB, keyed "device_gib" or "host_gib")
+    # that would have held what the job asked for when it ran out
+    needs_gib: dict[str, float] = {}
 
 
 class WorkerExit(int, enum.Enum):
@@ -229,6 +232,10 @@ class WorkerExit(int, enum.Enum):
     # inside the state dir, a file that does not fit the model): another attempt would be
     # refused the same way, so the job fails at once
     refused = 4
+    # the job ran out of a memory budget (CUDA out of memory inside its device budget, or
+    # its host arena refused a tile past its host budget): the same plan would again, so the
+    # job is not retried as is; its error names the budget that fits
+    out_of_memory = 5
 
 
 # ---------------------------------------------------------------- redis keys

@@ -40,12 +40,13 @@ import torch
 
 from wstrain.contracts.access import DataAccess
 from wstrain.contracts.chips import ComputePrecision, compute_precision
-from wstrain.contracts.errors import InvalidSpec
+from wstrain.contracts.errors import BudgetExceeded, InvalidSpec
 from wstrain.contracts.jobs import WorkerExit, WorkerMessage
 from wstrain.contracts.model_dims import resolve_dims
 from wstrain.contracts.plan import Plan
 from wstrain.contracts.spec import JobSpec
 from wstrain.contracts.step_shape import step_tokens
+from wstrain.worker.budget_exits import device_needs, host_needs
 from wstrain.worker.build import build_runtime, mfu_peak
 from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv,
         args.shm_dir,
     )
-    code = WorkerExit.failed
+    code, needs = WorkerExit.failed, dict[str, float]()
     try:
         return int(worker.run())
     except InvalidSpec as exc:
@@ -376,11 +377,13 @@ def main(argv: list[str] | None = None) -> int:
         if not worker.training:
             msg = f"{exc.message} (refused by the worker before training; not retried)"
             code = WorkerExit.refused
-    except torch.cuda.OutOfMemoryError as exc:
-        msg = (
-            f"device memory budget {worker.spec.budget.device_gib} GiB exceeded: {exc}; "
-            "this is a planner bug, please report it with the plan"
-        )
+    except torch.cuda.OutOfMemoryError as exc:  # the plan under-counted: not retried as is
+        peak = torch.cuda.max_memory_reserved()
+        msg, needs = device_needs(str(exc), peak, worker.spec.budget.device_gib)
+        code = WorkerExit.out_of_memory
+    except BudgetExceeded as exc:
+        msg, needs = host_needs(exc, worker.spec.budget.host_gib)
+        code = WorkerExit.out_of_memory
     except Exception as exc:  # every failure becomes a reported error with its reason
         msg = f"{type(exc).__name__}: {exc}"
         gang = worker.gang
@@ -392,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     if worker.gang is not None:  # the other ranks would wait in a collective for rank 0
         worker.gang.kill()
     log.error("job %s: failed: %s\n%s", worker.job_id, msg, traceback.format_exc())
-    worker.emit(WorkerMessage(kind="error", message=msg))
+    worker.emit(WorkerMessage(kind="error", message=msg, needs_gib=needs))
     return int(code)
 
 
