@@ -34,8 +34,10 @@ from wstrain.policy import (
     WaitKind,
     charge,
     decide,
+    forecast,
     job_weight,
 )
+from wstrain.policy.forecast import ForecastNode
 from wstrain.policy.state import BudgetPoint
 
 CHECKPOINT_EVERY_S = 600.0
@@ -92,6 +94,8 @@ class _Job:
     points: tuple[BudgetPoint, ...] = ()  # a ranged budget's (bench/queue_ranges.py)
     point: BudgetPoint | None = None  # the point it runs at; tokens_per_s: its speed ratio
     first_point: BudgetPoint | None = None  # the point of its first start
+    predicted_start_s: float | None = None  # the forecast at its submission (policy/forecast)
+    predicted_reason: str = ""  # why the forecast gave none
     shrink_to: BudgetPoint | None = None  # where a shrunk job restarts
     shrinks: int = 0
 
@@ -132,7 +136,10 @@ class QueueSim:
         config: PolicyConfig,
         node: NodeState,
         ranges: Mapping[str, tuple[BudgetPoint, ...]] | None = None,
+        predict: bool = False,
     ) -> None:
+        self.predict = predict  # forecast each job's start when it is submitted
+        self.submitted: list[str] = []  # submitted at this instant, not yet forecast
         self.jobs = {t.id: _Job(t, points=(ranges or {}).get(t.id, ())) for t in trace}
         self.config = config
         self.node = node
@@ -211,6 +218,7 @@ class QueueSim:
         now = self.now_s
         if kind == Event.submit and j.state == State.future:
             j.state = State.pending
+            self.submitted.append(j.spec.id)
         elif kind == Event.finish and j.state == State.running and gen == j.gen:
             j.state, j.end_s, j.done_s = State.succeeded, now, j.spec.work_s
         elif kind == Event.crash and j.state == State.running and gen == j.gen:
@@ -307,6 +315,9 @@ class QueueSim:
             self.usage, running, self.node, self.last_round_s, now, self.config.half_life_s
         )
         self.last_round_s = now
+        if self.predict and self.submitted:
+            self._forecast(pending, running, deps)
+        self.submitted = []
         if not pending:
             self.backlogged = {}
             return
@@ -355,13 +366,35 @@ class QueueSim:
             held = (len(mine), sum(d for d, _ in mine), sum(h for _, h in mine))
             self.peak[owner] = [max(a, b) for a, b in zip(peak, held)]
 
+    def _forecast(
+        self, pending: list[PendingJob], running: list[RunningJob], deps: dict[str, JobState]
+    ) -> None:
+        """What `wstrain queue` would say of the jobs just submitted: the queue replayed
+        forward from the jobs' remaining work (crashes and cancellations unknown to it)."""
+        now = self.now_s
+        ends = {}
+        for r in running:
+            j = self.jobs[r.id]
+            if j.state == State.stopping:
+                ends[r.id] = now + STOP_GRACE_S
+            else:
+                ends[r.id] = now + max(0.0, j.spec.work_s - self._progress(j, now)) / j.rate
+        durations = {p.id: self.jobs[p.id].spec.work_s - self.jobs[p.id].done_s for p in pending}
+        node = ForecastNode("node", self.node, tuple(running))
+        got = forecast(now, pending, [node], ends, durations, self.usage, self.config, deps)
+        for job_id in self.submitted:
+            if job_id in got:
+                self.jobs[job_id].predicted_start_s = got[job_id].start_s
+                self.jobs[job_id].predicted_reason = got[job_id].reason
+
 
 def run_sim(
     trace: Sequence[TraceJob],
     config: PolicyConfig,
     node: NodeState = NODE,
     ranges: Mapping[str, tuple[BudgetPoint, ...]] | None = None,
+    predict: bool = False,
 ) -> QueueSim:
-    sim = QueueSim(trace, config, node, ranges)
+    sim = QueueSim(trace, config, node, ranges, predict)
     sim.run()
     return sim

@@ -4,6 +4,7 @@ seeded 24-hour trace of jobs from 4 owners. CPU only, a few seconds.
 
     python -m bench.queue_sim --out bench/results/queue/policy-simulated-day-cpu-2026-11-25.json
     python -m bench.queue_sim --sweep-seeds 12   # the same figures for 12 other days
+    python -m bench.queue_sim --out bench/results/queue/forecast-simulated-day-cpu-2026-11-28.json
 
 The node, owners and trace: bench/queue_trace.py. The events and what a round does:
 bench/queue_events.py. Each round's reasons checked: bench/queue_check.py.
@@ -28,6 +29,12 @@ The figures:
   that some GPU not held by a job ahead takes, and the host memory not set aside, with no
   back-off, dependency or quota block, is never left waiting (`violations` counts it).
 - Quotas. The most jobs and GiB each owner held at once, against its quota (dara has one).
+- Start forecast. At each job's submission, `policy.forecast` on the simulator's state
+  (running jobs ending at their remaining work, pending jobs lasting theirs) predicts its
+  start; over the jobs that started, err = |predicted − actual start| / max(actual wait,
+  60 s): `start_median_err`, `start_mean_err`, `start_p90_err` (`forecast_none`: started
+  jobs it gave no start). It cannot know crashes, cancellations, or the jobs submitted
+  after (a higher class, an owner the fair-share factor ranks higher).
 - Packing. Mean jobs running (GPU slots used) over the 24 h, against the same trace and
   policy with every job exclusive (whole-GPU placement).
 """
@@ -94,13 +101,39 @@ def _run_row(sim: QueueSim, label: str) -> dict[str, Any]:
     }
 
 
-def simulate(seed: int = 20261125, jobs_per_owner: int = 80) -> list[dict[str, Any]]:
+def _forecast_figures(sim: QueueSim) -> dict[str, Any]:
+    """The forecast made at each job's submission against its first start: |predicted -
+    actual| / max(actual wait, 60 s) over the jobs that started with a prediction."""
+    errs, none, early = [], 0, 0
+    for j in sim.jobs.values():
+        if j.first_start_s is None:
+            continue
+        if j.predicted_start_s is None:
+            none += 1
+            continue
+        wait_s = j.first_start_s - j.spec.submit_s
+        errs.append(abs(j.predicted_start_s - j.first_start_s) / max(wait_s, 60.0))
+        early += j.predicted_start_s < j.first_start_s
+    return {
+        "forecast_jobs": len(errs),
+        "forecast_none": none,
+        "forecast_early": early,  # predicted to start before it did
+        "start_median_err": round(statistics.median(errs), 4) if errs else None,
+        "start_mean_err": round(statistics.fmean(errs), 4) if errs else None,
+        "start_p90_err": round(_pct(errs, 0.90), 4) if errs else None,
+    }
+
+
+def simulate(
+    seed: int = 20261125, jobs_per_owner: int = 80, predict: bool = False
+) -> list[dict[str, Any]]:
     """Both runs of one trace; rows: the packed run, the whole-GPU run, one per owner (packed
-    run), one per job (packed run)."""
+    run), one per job (packed run). `predict`: forecast each job's start at its submission
+    in the packed run (policy/forecast.py; ~10 s more) and report the error."""
     trace = make_trace(seed, jobs_per_owner)
     config = PolicyConfig(quotas=QUOTAS)
     start = time.perf_counter()
-    packed = run_sim(trace, config)
+    packed = run_sim(trace, config, predict=predict)
     whole = run_sim([replace(t, exclusive=True) for t in trace], config)
     elapsed_s = time.perf_counter() - start
     total_gpu_s = sum(packed.window_gpu_s.values()) or 1.0
@@ -118,6 +151,7 @@ def simulate(seed: int = 20261125, jobs_per_owner: int = 80) -> list[dict[str, A
         "backlogged_window_h": round(packed.window_s / 3600, 2),
         "packing_vs_whole_gpu": round(packed.slots_day_s / max(1e-9, whole.slots_day_s), 3),
         "sim_wall_s": round(elapsed_s, 2),
+        **(_forecast_figures(packed) if predict else {}),
         "python": platform.python_version(),
     }
     rows = [summary, _run_row(whole, "whole-gpu")]
@@ -167,6 +201,9 @@ def simulate(seed: int = 20261125, jobs_per_owner: int = 80) -> list[dict[str, A
                 "exclusive": s.exclusive,
                 "submit_s": round(s.submit_s, 1),
                 "first_start_s": None if j.first_start_s is None else round(j.first_start_s, 1),
+                "predicted_start_s": None
+                if j.predicted_start_s is None
+                else round(j.predicted_start_s, 1),
                 "end_s": None if j.end_s is None else round(j.end_s, 1),
                 "state": j.state.value,
                 "preemptions": j.preemptions,
@@ -206,9 +243,10 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=20261125)
     p.add_argument("--jobs-per-owner", type=int, default=80)
     p.add_argument("--sweep-seeds", type=int, default=0, help="also seeds 1..N, a row each")
+    p.add_argument("--no-forecast", action="store_true", help="skip the start forecasts")
     p.add_argument("--out")
     args = p.parse_args()
-    rows = simulate(args.seed, args.jobs_per_owner)
+    rows = simulate(args.seed, args.jobs_per_owner, predict=not args.no_forecast)
     rows += sweep(args.sweep_seeds, args.jobs_per_owner)
     for row in rows:
         if not row["row"].startswith("job:"):

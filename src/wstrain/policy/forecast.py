@@ -5,25 +5,28 @@ policy's own fit rules. Pure: the same inputs give the same forecast; no clock, 
     got = forecast(now_s, pending, nodes, ends, durations, usage, config, dependencies)
     got[job_id].start_s, got[job_id].end_s, got[job_id].reason
 
-Rules. The pending jobs are taken in the policy's order (fairshare.py: class, owner's
-factor, submission, id). Running jobs hold their budgets until their predicted end (remaining
-steps x predicted step seconds, clamped >= 0; None: no predicted end, they hold forever).
-Each pending job, the jobs ahead of it booked first, starts at the earliest time t >= now,
->= its back-off's not_before, >= the predicted end of every job of its `after`, at which one
-node takes it for the whole of [t, t + its run seconds): a GPU whose every moment of that
-span passes `Slot.takes` (device bytes free, or empty for an exclusive job) with the host
-memory's `Ledger.host_fits`, or a gang's N such GPUs (gangs.py); the GPUs are then chosen by
-the policy's own best fit (`Ledger.best_fit`, `gang_fit`) over the span's peak use. It ends at
-t + its run seconds (None when its step time is unknown: it then holds its room for good).
-Among nodes, the earliest start wins, the first node on a tie.
+Rules. Now: the jobs the policy's own round (`decide`, node after node) starts or preempts
+for start now; its victims leave `stop_s` later. Then the other pending jobs, in the
+policy's order (fairshare.py: class, owner's factor, submission, id), the jobs ahead of each
+booked first: running jobs hold their budgets until their predicted end (remaining steps x
+predicted step seconds, clamped >= 0; None: they hold for good), and a job starts at the
+earliest t >= now, >= its back-off's not_before and >= the predicted end of every job of its
+`after`, at which a node takes it for the whole of [t, t + its run seconds): a GPU whose
+every interval of that span passes `Slot.takes` (device bytes free, or empty for an
+exclusive job) with `Ledger.host_fits`, or a gang's N such GPUs (gangs.py), the GPUs chosen
+by the policy's best fit (`Ledger.best_fit`, `gang_fit`) over the span's peak; its owner's
+quota (gates.py's rule) must hold over that span too. It ends at t + its run seconds (None
+when its step time is unknown: it then holds its room for good). Among nodes the earliest
+start wins, the first node on a tie.
 
-These are reservations, as in conservative backfill: a job behind never delays one ahead, so
-a job that the policy would let jump into a hole now is forecast later than it starts. Not
-modelled: preemption (a higher class arriving or waiting), quotas, the drain hold's choice
-of GPU, jobs submitted later. A job gets None with a reason when no node could ever take it
-(`resources: ...`, the policy's reason on an empty node), when a dependency can never
-succeed (`dependency: ...`), or when its room frees only as jobs without a predicted end
-finish.
+These later starts are reservations, as in conservative backfill: a job behind never delays
+one ahead, where the policy lets it take a hole unless the round's drain hold keeps it, so a
+job that jumps into a hole is forecast later than it starts. Not modelled: preemption after
+now, jobs submitted later (a higher class, an owner the factor ranks higher), factors moving
+as usage accrues, crashes and cancellations. None with a reason: no node could ever take
+the job (the policy's `resources: ...` on an empty node), more than its owner's whole quota,
+a dependency that can never succeed (`dependency: ...`), or room that frees only as jobs
+without a predicted end finish.
 
 Work: the timeline has a breakpoint per predicted start and end (at most 2 x jobs); a job's
 search visits each breakpoint about once per GPU, skipping past the last interval at which a
@@ -35,18 +38,22 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from wstrain.contracts.jobs import JobState
+from wstrain.policy.decide import decide
 from wstrain.policy.fairshare import Usage, fair_share_factors, ordered, owners_in_play
 from wstrain.policy.gangs import could_ever_fit as gang_could_ever_fit
 from wstrain.policy.gangs import gang_fit, gang_reason
-from wstrain.policy.gates import dependency_wait
+from wstrain.policy.gates import QuotaBook, dependency_wait
 from wstrain.policy.placement import Ledger, Slot
-from wstrain.policy.state import NodeState, PendingJob, PolicyConfig, RunningJob
+from wstrain.policy.state import NodeState, PendingJob, PolicyConfig, Quota, RunningJob
 
 __all__ = ["Forecast", "ForecastNode", "forecast", "run_seconds"]
 
+_FOREVER = "resources: it fits only where jobs without a predicted end run"
+_QUOTA_FOREVER = "quota: its owner's quota frees only as jobs without a predicted end finish"
+_NO_END = "its end is unknown: no predicted step time"
 _LIVE = {JobState.queued, JobState.planning, JobState.running}
 
 
@@ -130,16 +137,21 @@ class _Timeline:
             return host_ok[m] and ledger.slots[index].takes(dev, job.exclusive)
 
         start_s = self._gang_start(first, from_s, run_s, gang, fits) if gang > 1 else None
+        tied: list[int | None] = []
         if gang == 1:  # each GPU's own earliest run of fitting intervals; the soonest wins
             key = (dev, host, job.exclusive)
             known = {i: self.full_until.get((key, i), self.times[0]) for i in probe.slots}
             for index in sorted(probe.slots, key=lambda i: (known[i], i or 0)):
                 got = self._gpu_start(first, from_s, run_s, index, fits, start_s, key)
                 if got is not None and (start_s is None or got < start_s):
-                    start_s = got
+                    start_s, tied = got, [index]
+                elif got is not None and got == start_s:
+                    tied.append(index)
         if start_s is None:
             return None
         i = bisect.bisect_right(self.times, start_s) - 1
+        if len(tied) == 1:  # one GPU takes it first: no choice for best fit to make
+            return start_s, [self.ledgers[i].slots[tied[0]]]
         peak = _peak(self.node, self.ledgers[i : self._span(i, start_s, run_s)])
         if gang > 1:
             return start_s, gang_fit(peak, job, dev, host, None) or []
@@ -164,14 +176,17 @@ class _Timeline:
         known = bisect.bisect_right(self.times, known_s) - 1
         scan = max(first, known)
         run_from, prefix = scan, first <= known  # the scan starts where the refusals end
+        bound = math.inf if bound_s is None else bound_s
+        start_s = max(from_s, self.times[run_from])
         for m in range(scan, len(self.times)):
-            start_s = max(from_s, self.times[run_from])
-            if bound_s is not None and start_s > bound_s:
+            if start_s > bound:
                 return None
             if not fits(m, index):
                 run_from = m + 1
-                if prefix and m + 1 < len(self.times):
-                    self.full_until[(key, index)] = self.times[m + 1]
+                if m + 1 < len(self.times):
+                    start_s = max(from_s, self.times[m + 1])
+                    if prefix:
+                        self.full_until[(key, index)] = self.times[m + 1]
                 continue
             prefix = False
             if run_s is None:
@@ -208,18 +223,64 @@ class _Timeline:
             i = max(i + 1, passing[gang - 1] + 1)
         return None
 
-    def book(self, job: PendingJob, start_s: float, run_s: float | None, slots: list[Slot]) -> None:
+    def book(
+        self, job: PendingJob, start_s: float, run_s: float | None, gpus: Sequence[int | None]
+    ) -> None:
         i = self._split(start_s)
         stop = len(self.times) if run_s is None else self._split(start_s + run_s)
         for ledger in self.ledgers[i:stop]:
-            ledger.place(job, *(ledger.slots[s.index] for s in slots))
+            ledger.place(job, *(ledger.slots[g] for g in gpus))
+
+
+class _QuotaLine:
+    """What each owner with a quota holds over time: (start, end, device, host) a job."""
+
+    def __init__(self, quotas: Mapping[str, Quota]) -> None:
+        self.quotas = quotas
+        self.held: dict[str, list[tuple[float, float, int, int]]] = {}
+
+    def add(self, job: PendingJob | RunningJob, start_s: float, end_s: float | None) -> None:
+        if job.owner in self.quotas:
+            end = math.inf if end_s is None else end_s
+            booking = (start_s, end, job.device_bytes * job.gpus, job.host_bytes)
+            self.held.setdefault(job.owner, []).append(booking)
+
+    def next_ok(self, job: PendingJob, start_s: float, run_s: float | None) -> float | None:
+        """start_s when the owner's quota (gates.py's rule) takes the job for its whole run,
+        else the next end of one of its jobs after start_s (None: none ends)."""
+        quota = self.quotas.get(job.owner)
+        mine = self.held.get(job.owner, [])
+        if quota is None or not mine:
+            return start_s
+        stop = math.inf if run_s is None else start_s + run_s
+        near = [b for b in mine if b[0] < stop and b[1] > start_s]
+        for at in {start_s, *(b[0] for b in near if b[0] > start_s)}:
+            on = [b for b in near if b[0] <= at < b[1]]
+            jobs, dev, host = len(on), sum(b[2] for b in on), sum(b[3] for b in on)
+            if (
+                (quota.max_jobs is not None and jobs + 1 > quota.max_jobs)
+                or (
+                    quota.max_device_bytes is not None
+                    and dev + job.device_bytes * job.gpus > quota.max_device_bytes
+                )
+                or (
+                    quota.max_host_bytes is not None
+                    and host + job.host_bytes > quota.max_host_bytes
+                )
+            ):
+                later = [b[1] for b in mine if start_s < b[1] < math.inf]
+                return min(later) if later else None
+        return start_s
 
 
 def _copy(node: NodeState, ledger: Ledger) -> Ledger:
+    """What `ledger` holds, without the running jobs (the timeline books, never evicts)."""
     out = Ledger(node)
     out.host_used_bytes = ledger.host_used_bytes
-    out.host_stopping_bytes = ledger.host_stopping_bytes
-    out.slots = {i: replace(s, running=list(s.running)) for i, s in ledger.slots.items()}
+    for i, s in ledger.slots.items():
+        copy = out.slots[i]
+        copy.used_bytes, copy.occupants, copy.live = s.used_bytes, s.occupants, s.live
+        copy.exclusive = s.exclusive
     return out
 
 
@@ -259,10 +320,12 @@ def forecast(
     usage: Mapping[str, Usage] | None = None,
     config: PolicyConfig | None = None,
     dependencies: Mapping[str, JobState] | None = None,
+    stop_s: float = 30.0,
 ) -> dict[str, Forecast]:
     """Every pending job's Forecast. `ends`: each running job's predicted end (epoch s; None
     or missing: unknown); `durations`: each pending job's run seconds (None or missing:
-    unknown); `dependencies`: the state of every job an `after` names (missing: unknown).
+    unknown); `dependencies`: the state of every job an `after` names (missing: unknown);
+    `stop_s`: how long a job preempted now takes to exit (its checkpoint).
     The order is the policy's, from `usage` and `config` as `decide` computes it."""
     config = config or PolicyConfig()
     usage = usage or {}
@@ -273,8 +336,29 @@ def forecast(
     )
     queue = ordered(pending, factors)
     queued = {j.id for j in queue}
-    timelines = [_Timeline(now_s, n, ends) for n in nodes]
+    # now: the round the policy would run (backfill into any hole, the drain hold, quotas,
+    # preemption), node after node as agents take turns; later starts are booked in order
+    left, now_starts = list(queue), []
+    ends = dict(ends)
+    for n in nodes:
+        elsewhere = [j for m in nodes if m is not n for j in m.running]
+        decision = decide(now_s, left, n.running, n.state, usage, config, states, elsewhere)
+        started = {s.job_id for s in decision.start}
+        now_starts += [(n, s, decision.gangs.get(s.job_id)) for s in decision.start]
+        ends.update(dict.fromkeys(decision.preempt, now_s + stop_s))  # its victims leave
+        left = [j for j in left if j.id not in started]
+    timelines = {n.name: _Timeline(now_s, n, ends) for n in nodes}
+    quotas = _QuotaLine(config.quotas)
+    for r in running:
+        quotas.add(r, now_s, ends.get(r.id))
     out: dict[str, Forecast] = {}
+    by_id = {j.id: j for j in queue}
+    for n, start, gang in now_starts:
+        job, run_s = by_id[start.job_id], durations.get(start.job_id)
+        timelines[n.name].book(job, now_s, run_s, gang or (start.gpu_index,))
+        end_s = None if run_s is None else now_s + run_s
+        quotas.add(job, now_s, end_s)
+        out[job.id] = Forecast(job.id, now_s, end_s, "" if run_s is not None else _NO_END, n.name)
 
     def dep_ready(job: PendingJob) -> float | str | None:
         """When its dependencies have ended, a reason it never starts, or None: not yet
@@ -305,27 +389,33 @@ def forecast(
         never = [r for n in nodes if (r := _never(job, n.state)) is not None]
         if not nodes or len(never) == len(nodes):
             return Forecast(job.id, None, None, never[0] if never else "resources: no node")
+        over = QuotaBook(config.quotas).block(job)
+        if over is not None:  # more than its owner's whole quota
+            return Forecast(job.id, None, None, over)
         from_s = max(ready_s, job.not_before_s or now_s)
         run_s = durations.get(job.id)
-        best: tuple[float, _Timeline, list[Slot]] | None = None
-        for tl in timelines:
-            got = tl.earliest(job, from_s, run_s)
-            if got is not None and (best is None or got[0] < best[0]):
-                best = (got[0], tl, got[1])
-        if best is None:
-            return Forecast(
-                job.id,
-                None,
-                None,
-                "resources: it fits only where jobs without a predicted end run",
-            )
+        while True:
+            best: tuple[float, _Timeline, list[Slot]] | None = None
+            for tl in timelines.values():
+                got = tl.earliest(job, from_s, run_s)
+                if got is not None and (best is None or got[0] < best[0]):
+                    best = (got[0], tl, got[1])
+            if best is None:
+                return Forecast(job.id, None, None, _FOREVER)
+            ok_s = quotas.next_ok(job, best[0], run_s)
+            if ok_s is None:
+                return Forecast(job.id, None, None, _QUOTA_FOREVER)
+            if ok_s == best[0]:
+                break
+            from_s = ok_s
         start_s, tl, slots = best
-        tl.book(job, start_s, run_s, slots)
+        quotas.add(job, start_s, None if run_s is None else start_s + run_s)
+        tl.book(job, start_s, run_s, [s.index for s in slots])
         end_s = None if run_s is None else start_s + run_s
-        why = "" if run_s is not None else "its end is unknown: no predicted step time"
+        why = "" if run_s is not None else _NO_END
         return Forecast(job.id, start_s, end_s, why, tl.name)
 
-    waiting = list(queue)
+    waiting = left
     progress = True
     while waiting and progress:
         progress, rest = False, []
