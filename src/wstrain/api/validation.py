@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from wstrain.api.data_checks import check_data_path, check_tokenizer
+from wstrain.api.ranges import choose_point, range_points
 from wstrain.contracts.access import DataAccess
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.chips import GpuName
@@ -73,21 +74,23 @@ def gpu_node(spec: JobSpec, gpu: GpuName) -> tuple[Node, str]:
     """A node of `spec.gpus` `gpu`s with wstrain's shipped profile for that chip
     (contracts/hardware.py), to plan `spec` for a chip no node of the queue has (POST
     /v1/plans?gpu=), and the note the plan carries that says so. Its host is the profile's
-    or the spec's host budget, whichever is larger: the chip is what is asked about."""
+    or the spec's host budget, whichever is larger: the chip is what is asked about. A
+    ranged device budget is refused only when its min is more than the chip holds."""
     shipped = SHIPPED_PROFILES[gpu]
-    if spec.budget.device_bytes > shipped.device_total_bytes:
+    (device_gib, _), (_, host_max_gib) = spec.budget.device_range_gib, spec.budget.host_range_gib
+    if device_gib * GIB > shipped.device_total_bytes:  # a range: its min
         larger = [
             f"{name} ({p.device_total_bytes / GIB:.1f} GiB)"
             for name, p in SHIPPED_PROFILES.items()
-            if p.device_total_bytes >= spec.budget.device_bytes
+            if p.device_total_bytes >= device_gib * GIB
         ]
         raise InvalidSpec(
-            f"budget device_gib={spec.budget.device_gib} is more than one {shipped.label} "
+            f"budget device_gib={device_gib:g} is more than one {shipped.label} "
             f"holds ({shipped.device_total_bytes / GIB:.1f} GiB); lower it"
             + (f", or plan for a larger chip: --gpu {', '.join(larger)}" if larger else ""),
             field="budget",
         )
-    host_bytes = max(shipped.host_total_bytes, spec.budget.host_bytes)
+    host_bytes = max(shipped.host_total_bytes, int(host_max_gib * GIB))
     gpus = [
         GPUInfo(
             index=i,
@@ -190,14 +193,19 @@ def _with_documents(
 
 def validate_and_plan(spec: JobSpec, nodes: list[Node], access: DataAccess) -> Plan:
     """The plan for `spec` on the largest node of `nodes` that holds its budgets, once every
-    check passed; otherwise every failure at once (see the module's docstring)."""
+    check passed; otherwise every failure at once (see the module's docstring). A ranged
+    budget is planned at the point choose_point picks, and its plan lists a few points of
+    the range, each planned (Plan.range_points)."""
     checks = _Checks(spec)
     dims = checks.run(_model_field(spec), lambda: _resolve_model(spec, access))
     data_ok = checks.run("data.path", lambda: check_data_path(spec, dims, access))
     if isinstance(spec.data, TextData):
         text = spec.data
         checks.run("data.tokenizer", lambda: check_tokenizer(text, dims, access))
-    node = checks.run("budget", lambda: pick_node(spec, nodes))
+    # a ranged budget is planned at one point of it (api/ranges.py), which the plan records
+    point = checks.run("budget", lambda: choose_point(spec, nodes))
+    at = spec.at_budget(*point) if point is not None else None
+    node = checks.run("budget", lambda: pick_node(at, nodes)) if at is not None else None
     if node is not None and spec.document_mask and isinstance(spec.data, TokenData):
         # long sequences' pieces cost their documents: the span reads the index data.path's
         # check vouched for, so without that check's pass there is no price and no plan
@@ -208,11 +216,14 @@ def validate_and_plan(spec: JobSpec, nodes: list[Node], access: DataAccess) -> P
             else None
         )
     plan = None
-    if dims is not None and node is not None:  # a refusal names the budget or an override
-        known = dims, node
-        plan = checks.run("overrides", lambda: _plan(spec, *known))
+    if dims is not None and node is not None and at is not None:  # a refusal names the
+        known = at, dims, node  # budget or an override
+        plan = checks.run("overrides", lambda: _plan(*known))
     checks.raise_failures()
     assert plan is not None, "no failure kept, so every check ran and planning passed"
+    if spec.budget.ranged and dims is not None and node is not None:
+        where = dims, node
+        plan.range_points = range_points(spec, node, lambda s: _plan(s, *where))
     return plan
 
 

@@ -10,7 +10,8 @@ from pydantic import (
     Field,
 )
 
-from wstrain.contracts.spec import Runtime
+from wstrain.contracts.spec import JobSpec, Runtime
+from wstrain.contracts.spec_fields import MAX_BUDGET_GIB
 
 # ---------------------------------------------------------------- plan
 
@@ -80,6 +81,20 @@ class WorkingSetPlan(BaseModel):
     )
 
 
+class RangePoint(BaseModel):
+    """A ranged budget's point and what the planner predicts there (POST /v1/plans shows
+    what memory buys): tokens/s, or why it cannot plan that point."""
+
+    device_gib: float = Field(gt=0, le=MAX_BUDGET_GIB)
+    host_gib: float = Field(gt=0, le=MAX_BUDGET_GIB)
+    runtime: Runtime | None = None
+    step_seconds: float | None = Field(default=None, ge=0)
+    tokens_per_s: float | None = Field(
+        default=None, ge=0, description="the job's tokens a step over the predicted step time"
+    )
+    refused: str | None = Field(default=None, description="why no plan fits this point")
+
+
 class Plan(BaseModel):
     runtime: Runtime = "resident"
     device: Literal["cpu", "cuda"]
@@ -97,6 +112,24 @@ class Plan(BaseModel):
     predicted: Predicted
     reasons: dict[str, str]
     working_set: WorkingSetPlan | None = None
+    device_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_BUDGET_GIB,
+        description="the device budget (GiB, per GPU) it was planned for: a fixed budget's, "
+        "or the point of a ranged one; the worker enforces this one",
+    )
+    host_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_BUDGET_GIB,
+        description="the host budget (GiB) it was planned for; the worker enforces this one",
+    )
+    range_points: list[RangePoint] = Field(
+        default_factory=list,
+        max_length=8,
+        description="a ranged budget: a few points from its min to its max, each planned",
+    )
     inputs_digest: str = Field(
         default="",
         description="sha256 of what it was planned from: the spec less its name, the model's "
@@ -109,3 +142,11 @@ class Plan(BaseModel):
 class MinBudget(BaseModel):
     device_gib: float
     host_gib: float
+
+
+def at_plan_budget(spec: JobSpec, plan: Plan) -> JobSpec:
+    """`spec` with fixed budgets at the point `plan` was made for (what a worker enforces);
+    `spec` at its chosen point for a plan that does not record one."""
+    if plan.device_gib is None or plan.host_gib is None:
+        return spec.at_chosen()
+    return spec.at_budget(plan.device_gib, plan.host_gib)

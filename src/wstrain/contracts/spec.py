@@ -13,10 +13,9 @@ from pydantic import (
     model_validator,
 )
 
-from wstrain.contracts.calibration import GIB
+from wstrain.contracts.budget import Budget, ChosenBudget
 from wstrain.contracts.model_refs import ModelRef
 from wstrain.contracts.spec_fields import (
-    MAX_BUDGET_GIB,
     MAX_GLOBAL_BATCH,
     MAX_GPUS,
     MAX_NODES,
@@ -98,21 +97,6 @@ class OptimizerSpec(StrictModel):
         if not all(0.0 <= b < 1.0 for b in v):
             raise ValueError(f"betas={list(v)} must each lie in [0, 1)")
         return v
-
-
-class Budget(StrictModel):
-    device_gib: float = Field(
-        gt=0, le=MAX_BUDGET_GIB, description="hard device-memory budget in GiB"
-    )
-    host_gib: float = Field(gt=0, le=MAX_BUDGET_GIB, description="hard host-memory budget in GiB")
-
-    @property
-    def device_bytes(self) -> int:
-        return int(self.device_gib * GIB)
-
-    @property
-    def host_bytes(self) -> int:
-        return int(self.host_gib * GIB)
 
 
 Runtime = Literal["resident", "working_set"]
@@ -317,3 +301,22 @@ class JobSpec(StrictModel):
                 'precision="fp32" use activation_precision="bf16" or precision "bf16"/"mixed"'
             )
         return activation
+
+    def at_budget(self, device_gib: float, host_gib: float) -> JobSpec:
+        """A copy with fixed budgets at this point of its ranges (what a planner plans);
+        ValueError for a point outside them."""
+        return self.model_copy(update={"budget": self.budget.at(device_gib, host_gib)})
+
+    def at_chosen(self) -> JobSpec:
+        """A copy with fixed budgets at the point it is planned at (itself when fixed)."""
+        if not self.budget.ranged:
+            return self
+        return self.at_budget(self.budget.device_gib, self.budget.host_gib)
+
+    def choosing(self, device_gib: float, host_gib: float) -> JobSpec:
+        """A copy that keeps its ranges and runs at this point of them (budget.chosen)."""
+        self.budget.at(device_gib, host_gib)  # ValueError outside the ranges
+        if not self.budget.ranged:
+            return self
+        chosen = ChosenBudget(device_gib=device_gib, host_gib=host_gib)
+        return self.model_copy(update={"budget": self.budget.model_copy(update={"chosen": chosen})})

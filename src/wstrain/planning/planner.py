@@ -39,7 +39,9 @@ def make_plan(
     memory. A seq_len past the model's max_position_embeddings is planned, with a warning
     in reasons["seq_len"]: RoPE has no table to outgrow, and the bench trains 4K-position
     models at 8K. A job on several GPUs is planned as one rank of global_batch/gpus
-    sequences (planning/ranks.py)."""
+    sequences (planning/ranks.py). A ranged budget is planned at its chosen point
+    (JobSpec.at_chosen), which the plan records (device_gib, host_gib)."""
+    spec = spec.at_chosen()
     digest = plan_inputs_digest(spec, dims, node, resumes_runtime)
     if resumes_runtime is not None and spec.overrides.runtime is None:
         pinned = spec.overrides.model_copy(update={"runtime": resumes_runtime})
@@ -47,6 +49,7 @@ def make_plan(
     rank_node = node.for_ranks(spec.gpus)  # its GPU's link as the node's ranks share it
     plan = with_ranks(_fastest(rank_spec(spec), dims, rank_node), spec, dims, node)
     plan.inputs_digest = digest
+    plan.device_gib, plan.host_gib = spec.budget.device_gib, spec.budget.host_gib
     if rank_node is not node:
         plan.reasons["ranks"] += (
             f"; each rank's device-to-host rate {rank_node.d2h_bytes_per_s / 1e9:.0f} GB/s "
@@ -72,9 +75,15 @@ def plan_inputs_digest(
 ) -> str:
     """sha256 of everything make_plan reads: the spec less its name (no plan depends on
     it), the model's dims, the node profile (its measured layer and document span
-    included) and the runtime a resumed attempt keeps. Floats go in by repr, exactly."""
+    included) and the runtime a resumed attempt keeps. Floats go in by repr, exactly. A
+    ranged budget counts as the fixed budget of its chosen point: the same plan."""
     text = "\0".join(
-        (spec.model_dump_json(exclude={"name"}), repr(dims), repr(node), resumes_runtime or "")
+        (
+            spec.at_chosen().model_dump_json(exclude={"name"}),
+            repr(dims),
+            repr(node),
+            resumes_runtime or "",
+        )
     )
     return hashlib.sha256(text.encode()).hexdigest()
 

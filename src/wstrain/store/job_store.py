@@ -132,6 +132,10 @@ class JobStore(JobReads):
     # ------------------------------------------------------------ jobs
 
     async def create(self, spec: JobSpec, owner: str, plan: Plan) -> Job:
+        if spec.budget.ranged and plan.device_gib is not None and plan.host_gib is not None:
+            # a ranged budget runs at the point it was planned at: its budget.chosen is what
+            # the agent reserves and plans again at (device_bytes, host_bytes below)
+            spec = spec.choosing(plan.device_gib, plan.host_gib)
         job_id = uuid.uuid4().hex[:12]
         now = time.time()
         # Higher priority first, then first come first served.

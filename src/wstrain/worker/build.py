@@ -15,7 +15,7 @@ from wstrain.contracts.calibration import host_arena_limit_bytes
 from wstrain.contracts.chips import ComputePrecision, peak_flops
 from wstrain.contracts.model_dims import resolve_dims
 from wstrain.contracts.model_refs import PathModel
-from wstrain.contracts.plan import Plan
+from wstrain.contracts.plan import Plan, at_plan_budget
 from wstrain.contracts.spec import JobSpec
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.models.dense import LlamaModel
@@ -38,7 +38,9 @@ def build_runtime(
     """The runtime the plan names, initialised from the spec's seed, or from the weights of
     the Hugging Face directory the spec's model names (read through `access`). With
     `group`, this rank's: a working set shares one host copy through `shm_dir` (tmpfs),
-    which rank 0 fills while the others wait."""
+    which rank 0 fills while the others wait. The host arena is capped at the host budget
+    the plan was made for (a ranged budget's point)."""
+    spec = at_plan_budget(spec, plan)
     dims = resolve_dims(spec.model, access)  # config.json by descriptor, capped
     pretrained = Path(spec.model.path) if isinstance(spec.model, PathModel) else None
     if plan.runtime == "resident":

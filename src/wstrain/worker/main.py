@@ -43,7 +43,7 @@ from wstrain.contracts.chips import ComputePrecision, compute_precision
 from wstrain.contracts.errors import BudgetExceeded, InvalidSpec
 from wstrain.contracts.jobs import WorkerExit, WorkerMessage
 from wstrain.contracts.model_dims import resolve_dims
-from wstrain.contracts.plan import Plan
+from wstrain.contracts.plan import Plan, at_plan_budget
 from wstrain.contracts.spec import JobSpec
 from wstrain.contracts.step_shape import step_tokens
 from wstrain.worker.budget_exits import device_needs, host_needs
@@ -86,8 +86,11 @@ class Worker:
         self.gang: RankGang | None = None
         self._emit_lock = threading.Lock()  # the gang's watcher reports from its thread
         self.measured_peak_flops, self.cpu_peak_flops = measured_peak_flops, cpu_peak_flops
-        self.spec = JobSpec.model_validate_json((job_dir / "spec.json").read_text())
+        spec = JobSpec.model_validate_json((job_dir / "spec.json").read_text())
         self.plan = Plan.model_validate_json((job_dir / "plan.json").read_text())
+        # the budgets this attempt enforces are those its plan was made for (a ranged
+        # budget's point), not the spec's range
+        self.spec = at_plan_budget(spec, self.plan)
         self.node = NodeOf.from_env()  # None: a job on one node
         self.rank = rank_of_env(self.plan.ranks)  # global: only 0 reports and checkpoints
         self.job_id = job_dir.name
