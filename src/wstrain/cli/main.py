@@ -2,7 +2,8 @@
 
     wstrain serve [--host 127.0.0.1] [--port 8000] [--state-dir DIR] [--metrics-port 9464]
     wstrain submit SPEC.yaml [--follow] [--sweep KEY=V1,V2 ...] [--gpus N] [--nodes M]
-    wstrain plan SPEC.yaml [--gpus N] [--nodes M] [--gpu h100|h200|a100|...]
+                          [--device-gib 40 | 12:40] [--host-gib 64 | 16:64]
+    wstrain plan SPEC.yaml [--gpus N] [--nodes M] [--gpu h100|h200|a100|...] [--device-gib ..]
     wstrain ls [--state S] [--json]    wstrain status ID [--json]    wstrain queue
     wstrain watch ID     wstrain logs [-f] ID     wstrain cancel ID     wstrain resume ID
     wstrain presets      wstrain report ID [-o report-ID.html]     wstrain prepare IN OUT
@@ -37,11 +38,13 @@ from wstrain.cli import watch as cli_watch
 from wstrain.cli.client import CliError, call, client, resolve
 from wstrain.cli.spec import (
     MAX_SWEEP_POINTS,
+    gib_or_range,
     load_spec,
     parse_sweeps,
     submit_sweep,
     sweep_specs,
     usage_error,
+    with_budget,
     with_gpus,
     with_nodes,
 )
@@ -64,6 +67,19 @@ NODES_HELP = (
 )
 
 
+DEVICE_GIB_HELP = (
+    "sets budget.device_gib: GiB per GPU, or a range MIN:MAX (e.g. 12:40) the service "
+    "chooses a point of"
+)
+HOST_GIB_HELP = "sets budget.host_gib: GiB, or a range MIN:MAX (e.g. 16:64)"
+
+
+def _flag_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec file with --gpus, --nodes, --device-gib and --host-gib applied."""
+    spec = with_nodes(with_gpus(load_spec(args.spec), args.gpus), args.nodes)
+    return with_budget(spec, args.device_gib, args.host_gib)
+
+
 def _print_plan(plan: dict[str, Any]) -> None:
     pred, ws = plan["predicted"], plan.get("working_set")
     rows = [
@@ -76,6 +92,8 @@ def _print_plan(plan: dict[str, Any]) -> None:
         ("window", plan["window"]),
         ("params", f"{plan['params'] / 1e6:.2f} M"),
     ]
+    if plan.get("device_gib") is not None:  # the budgets it was planned at (a range's point)
+        rows.append(("device/host", f"{plan['device_gib']:g} / {plan['host_gib']:g} GiB"))
     if ws:
         rows += [
             ("rings", f"{ws['r_param']} / {ws['r_grad']}"),
@@ -114,7 +132,7 @@ def _report(client: httpx.Client, job_id: str, out: str | None) -> None:
 
 
 def _submit(c: httpx.Client, args: argparse.Namespace) -> int:
-    spec = with_nodes(with_gpus(load_spec(args.spec), args.gpus), args.nodes)
+    spec = _flag_spec(args)
     if args.sweep:
         if args.follow:
             raise usage_error("--follow watches one job; submit the sweep, then watch its jobs")
@@ -150,9 +168,10 @@ def _run_client(args: argparse.Namespace) -> int:
         if args.cmd in cli_grants.GRANT_COMMANDS:
             return cli_grants.run(c, args)
         if args.cmd == "plan":
-            spec = with_nodes(with_gpus(load_spec(args.spec), args.gpus), args.nodes)
             params = {"gpu": args.gpu} if args.gpu else None
-            _print_plan(call(c, "POST", "/v1/plans", json=spec, params=params))
+            plan = call(c, "POST", "/v1/plans", json=_flag_spec(args), params=params)
+            _print_plan(plan)
+            cli_tables.range_points(plan)
         elif args.cmd == "presets":
             cli_tables.presets(call(c, "GET", "/v1/presets"))
         elif args.cmd == "report":
@@ -193,6 +212,18 @@ SPEC_PATHS_HELP = (
     "relative model.path, data.path and data.tokenizer in the spec are taken from the "
     "spec file's directory and sent as absolute paths"
 )
+
+
+def _budget_flags(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--device-gib",
+        type=gib_or_range("--device-gib"),
+        metavar="GIB|MIN:MAX",
+        help=DEVICE_GIB_HELP,
+    )
+    s.add_argument(
+        "--host-gib", type=gib_or_range("--host-gib"), metavar="GIB|MIN:MAX", help=HOST_GIB_HELP
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -243,11 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--gpus", type=int, metavar="N", help=GPUS_HELP)
     s.add_argument("--nodes", type=int, metavar="M", help=NODES_HELP)
+    _budget_flags(s)
     s = cmd("plan", "show the plan a spec would get")
     s.add_argument("spec", help="the JobSpec file; " + SPEC_PATHS_HELP)
     s.add_argument("--gpus", type=int, metavar="N", help=GPUS_HELP)
     s.add_argument("--nodes", type=int, metavar="M", help=NODES_HELP)
     s.add_argument("--gpu", type=str.lower, metavar="NAME", help=GPU_HELP)
+    _budget_flags(s)
     s = cmd("ls", "list jobs, newest first")
     s.add_argument("--state", choices=[st.value for st in JobState])
     s.add_argument("--owner")

@@ -187,9 +187,24 @@ def _keys(progress: list[Progress], prefix: str) -> list[str]:
     return sorted({k for p in progress for k in p.metrics if k.startswith(prefix)})
 
 
+def _budget_point(job: dict[str, Any]) -> dict[str, float]:
+    """The budgets the job runs at in GiB: its plan's point (a ranged budget's), else the
+    spec's chosen point or numbers."""
+    plan, budget = job.get("plan") or {}, job["spec"]["budget"]
+    if plan.get("device_gib") is not None and plan.get("host_gib") is not None:
+        return {"device_gib": plan["device_gib"], "host_gib": plan["host_gib"]}
+    chosen: dict[str, float] = budget.get("chosen") or {}
+    point: dict[str, float] = {}
+    for key in ("device_gib", "host_gib"):
+        sent = budget[key]
+        value = chosen[key] if key in chosen else sent["max"] if isinstance(sent, dict) else sent
+        point[key] = float(value)
+    return point
+
+
 def plots(h: History, job: dict[str, Any]) -> list[Section]:
     """Every section of the page below the summary, in order: a plot, or a line saying why not."""
-    pr, budget = h.progress, job["spec"]["budget"]
+    pr, budget = h.progress, _budget_point(job)
     device = (job.get("plan") or {}).get("device", "cpu")
     return [
         _loss(h),
@@ -303,7 +318,7 @@ def _num(v: Any) -> str:
 
 
 def summary(job: dict[str, Any], h: History, n_events: int) -> list[tuple[str, str]]:
-    plan, budget = job.get("plan") or {}, job["spec"]["budget"]
+    plan, budget = job.get("plan") or {}, _budget_point(job)
     first = h.progress[0].step if h.progress else None
     return [
         ("id", job["id"]),

@@ -4,6 +4,7 @@ point.
 
     spec = load_spec("runs/lr.yaml")      # data.path: ../data/web.bin -> /home/me/data/web.bin
     spec = with_gpus(spec, 2)             # submit --gpus 2
+    spec = with_budget(spec, {"min": 12.0, "max": 40.0}, None)   # --device-gib 12:40
     points = sweep_specs(spec, parse_sweeps(["optimizer.lr=1e-4,3e-4", "seed=0,1"]))
     ids = submit_sweep(client, points)    # 4 jobs named NAME-0..3, one shared `group`
 
@@ -15,13 +16,16 @@ that cannot be used exits 2 with the reason, as does a malformed --sweep.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import itertools
 import logging
+import math
 import os
 import re
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +107,54 @@ def with_nodes(spec: dict[str, Any], nodes: int | None) -> dict[str, Any]:
     """`submit --nodes M`: the spec spans M nodes, `gpus` on each (the server checks M:
     1..16, gpus x nodes dividing global_batch); None leaves the spec's own `nodes`."""
     return spec if nodes is None else {**spec, "nodes": nodes}
+
+
+GibArg = float | dict[str, float]  # a budget flag's value: GiB, or a range {min, max}
+
+
+def gib_or_range(flag: str) -> Callable[[str], GibArg]:
+    """The argparse type of `flag` (--device-gib, --host-gib): a number of GiB ("40") or a
+    range MIN:MAX ("12:40"); a bad value is an error naming the flag (argparse exits 2)."""
+
+    def parse(text: str) -> GibArg:
+        parts = text.split(":")
+        try:
+            numbers = [float(p) for p in parts]
+        except ValueError:
+            numbers = []
+        if len(parts) > 2 or not numbers or not all(0 < n < math.inf for n in numbers):
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text!r} is not a number of GiB above 0 or a range MIN:MAX; e.g. "
+                f"{flag} 40 or {flag} 12:40"
+            )
+        if len(numbers) == 1:
+            return numbers[0]
+        low, high = numbers
+        if low > high:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text!r}: min {low:g} is above max {high:g}; write MIN:MAX, e.g. "
+                f"{flag} {high:g}:{low:g}"
+            )
+        return {"min": low, "max": high}
+
+    return parse
+
+
+def with_budget(spec: dict[str, Any], device: GibArg | None, host: GibArg | None) -> dict[str, Any]:
+    """`--device-gib`/`--host-gib`: the spec's budget.device_gib/host_gib (a number or a
+    range {min, max}); None leaves the spec's own."""
+    if device is None and host is None:
+        return spec
+    current = spec.get("budget")
+    # the service chooses the point of the new budget: a chosen one sent along is dropped
+    budget = (
+        {k: v for k, v in current.items() if k != "chosen"} if isinstance(current, dict) else {}
+    )
+    if device is not None:
+        budget["device_gib"] = device
+    if host is not None:
+        budget["host_gib"] = host
+    return {**spec, "budget": budget}
 
 
 def _split_values(text: str) -> list[str]:

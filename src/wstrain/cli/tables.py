@@ -229,3 +229,23 @@ def presets(body: dict[str, Any]) -> None:
             f"{count_text(p['params_active']):>9} "
             f"{bytes_text(p['training_state_bytes']['bf16']):>11}"
         )
+
+
+def range_points(plan: dict[str, Any]) -> None:
+    """A ranged budget's points from POST /v1/plans (Plan.range_points): the budgets, the
+    runtime and predicted tokens/s at each, or why it has no plan: what memory buys."""
+    points: list[dict[str, Any]] = plan.get("range_points") or []
+    if not points:
+        return
+    print(f"\n{'device GiB':>10} {'host GiB':>9} {'runtime':<12} {'tokens/s':>10}  note")
+    for p in points:
+        planned = p["device_gib"] == plan.get("device_gib") and p["host_gib"] == plan.get(
+            "host_gib"
+        )
+        tok_s = p.get("tokens_per_s")
+        speed = "-" if tok_s is None else f"{tok_s:,.0f}"
+        note = p.get("refused") or ("the plan above" if planned else "")
+        print(
+            f"{p['device_gib']:>10g} {p['host_gib']:>9g} {p.get('runtime') or '-':<12} "
+            f"{speed:>10}  {note}"
+        )
