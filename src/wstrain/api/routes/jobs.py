@@ -5,7 +5,9 @@ the store's Lua script applies each state transition atomically.
     POST /v1/jobs                     201 queued job; 422 with the fix; nothing left behind;
                                       403 for a priority above the owner's grant (grants.py)
     GET  /v1/jobs?state=&owner=&offset=&limit=
-    GET  /v1/jobs/{id}, /plan, /events?after=&limit=        404 for an unknown job
+    GET  /v1/jobs/{id}, /plan, /events?after=&limit=        404 for an unknown job; a
+                                      queued job with its predicted_start/_end
+                                      (api/forecast.py)
     POST /v1/jobs/{id}/cancel         202; 409 once finished
     POST /v1/jobs/{id}/resume         202 back to queued as a new attempt; 409 unless
                                       cancelled or failed
@@ -13,13 +15,15 @@ the store's Lua script applies each state transition atomically.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from wstrain.api.deps import CallerDep, PlannerDep, Store, VisibleJob
+from wstrain.api.deps import CallerDep, PlannerDep, Settings, Store, VisibleJob
+from wstrain.api.forecast import queue_forecast
 from wstrain.api.responses import BODY, CALLER, JOB, error_responses
 from wstrain.api.routes.grants import Grants, admit_class, class_place
 from wstrain.contracts.errors import Conflict, InvalidSpec, NotFound
@@ -93,12 +97,31 @@ async def list_jobs(
     return Response(body, media_type="application/json")
 
 
-@router.get("/{job_id}", response_model=Job, responses=JOB)
-async def get_job(job_id: str, st: Store, caller: CallerDep) -> Response:
+class JobView(Job):
+    """A job as GET /v1/jobs/{id} shows it: a queued one with its forecast."""
+
+    predicted_start: float | None = Field(
+        default=None,
+        description="queued jobs only: epoch seconds it is predicted to start (as GET "
+        "/v1/queue); null when it cannot be predicted or the job is not queued",
+    )
+    predicted_end: float | None = Field(
+        default=None,
+        description="queued jobs only: epoch seconds it is predicted to end; null when unknown",
+    )
+
+
+@router.get("/{job_id}", response_model=JobView, responses=JOB)
+async def get_job(job_id: str, st: Store, caller: CallerDep, settings: Settings) -> Response:
     # the store's JSON of this revision of the job: no parse, no dump (bench/api_load.py)
     owner, body = await st.get_json(job_id)
     if not caller.may_see_owner(owner):
         raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /v1/jobs")
+    if '"state":"queued"' in body and body.endswith("}"):  # only a queued job replays the queue
+        got = (await queue_forecast(st, settings.policy_config())).get(job_id)
+        if got is not None:
+            extra = json.dumps({"predicted_start": got.start_s, "predicted_end": got.end_s})
+            body = f"{body[:-1]},{extra[1:]}"
     return Response(body, media_type="application/json")
 
 
