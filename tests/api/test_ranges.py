@@ -1,8 +1,8 @@
 """Budgets as ranges at the API: a ranged job is admitted and GET shows the range it was
 sent with and the point chosen (the largest that fits the largest node: the shared API's
-16 GiB CPU node); min above max and a min above every node are 422s naming
-budget.device_gib; POST /v1/plans lists a few points of the range with predicted tokens/s,
-or why a point has no plan (api/ranges.py).
+16 GiB CPU node, whose one pool holds device and host); min above max and a min above
+every node are 422s naming budget.device_gib; POST /v1/plans lists a few points of the
+range with predicted tokens/s, or why a point has no plan (api/ranges.py).
 
     pytest tests/api/test_ranges.py
 """
@@ -19,7 +19,7 @@ from wstrain.api.validation import validate_and_plan
 from wstrain.contracts.access import DataAccess
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.errors import InvalidSpec
-from wstrain.contracts.jobs import Node
+from wstrain.contracts.jobs import GPUInfo, Node
 from wstrain.contracts.spec import JobSpec
 
 pytestmark = pytest.mark.usefixtures("leave_the_queue_as_found")
@@ -42,6 +42,11 @@ def _node(host_gib: float) -> Node:
     )
 
 
+def _gpu_node(gpu_gib: float, host_gib: float) -> Node:
+    gpu = GPUInfo(index=0, name="H200", total_bytes=int(gpu_gib * GIB), free_bytes=0)
+    return _node(host_gib).model_copy(update={"device": "cuda", "gpus": [gpu]})
+
+
 def _spec(budget: dict[str, Any]) -> JobSpec:
     return JobSpec.model_validate(tiny_spec("ranged", budget=budget))
 
@@ -49,7 +54,13 @@ def _spec(budget: dict[str, Any]) -> JobSpec:
 def test_the_point_is_the_largest_the_largest_node_holds_or_the_max_without_nodes() -> None:
     spec = _spec(RANGED)
     assert choose_point(spec, []) == (40.0, 2.0)
-    assert choose_point(spec, [_node(8), _node(12.345)]) == (12.34, 2.0)
+    # a GPU node holds each budget on its own: its largest GPU, its host memory
+    assert choose_point(spec, [_gpu_node(8, 64), _gpu_node(12.345, 64)]) == (12.34, 2.0)
+    # a CPU node holds both in one pool: each grows from its min by the same share
+    assert choose_point(spec, [_node(NODE_GIB)]) == (14.0, 2.0)
+    both = _spec({"device_gib": {"min": 1, "max": 9}, "host_gib": {"min": 2, "max": 10}})
+    # 13 GiB spare over the mins, 16 of range: each grows 13/16 of its 8
+    assert choose_point(both, [_node(NODE_GIB)]) == (7.5, 8.5)
     with pytest.raises(InvalidSpec, match=r"budget.device_gib: the range's min=20 GiB") as err:
         choose_point(_spec({"device_gib": {"min": 20, "max": 40}, "host_gib": 2}), [_node(8)])
     assert err.value.detail["field"] == "budget.device_gib"
@@ -58,7 +69,7 @@ def test_the_point_is_the_largest_the_largest_node_holds_or_the_max_without_node
 def test_a_ranged_plan_lists_its_points_each_planned_or_refused_with_why() -> None:
     access = DataAccess.of([REPO], None)
     plan = validate_and_plan(_spec(RANGED), [_node(NODE_GIB)], access)
-    assert (plan.device_gib, plan.host_gib) == (16.0, 2.0)
+    assert (plan.device_gib, plan.host_gib) == (14.0, 2.0)
     points = plan.range_points
     assert len(points) == RANGE_POINTS
     assert [p.device_gib for p in points] == [1, 10.75, 20.5, 30.25, 40]
@@ -73,8 +84,9 @@ def test_a_ranged_job_is_admitted_and_shows_its_range_and_chosen_point(api_only:
         job = c.get(f"/v1/jobs/{r.json()['id']}").json()
     budget = job["spec"]["budget"]
     assert budget["device_gib"] == {"min": 1.0, "max": 40.0} and budget["host_gib"] == 2.0
-    assert budget["chosen"] == {"device_gib": float(NODE_GIB), "host_gib": 2.0}
-    assert (job["plan"]["device_gib"], job["plan"]["host_gib"]) == (NODE_GIB, 2.0)
+    # the 16 GiB CPU node's pool less the host's 2 GiB
+    assert budget["chosen"] == {"device_gib": 14.0, "host_gib": 2.0}
+    assert (job["plan"]["device_gib"], job["plan"]["host_gib"]) == (14.0, 2.0)
 
 
 @pytest.mark.parametrize(

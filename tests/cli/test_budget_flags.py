@@ -57,7 +57,7 @@ def test_plan_prints_the_ranges_points(
         capsys, "--server", api_only.url, "plan", str(path), "--device-gib", "1:40"
     )
     assert code == 0, err
-    assert "device/host   16 / 2 GiB" in out  # planned at what the 16 GiB node holds
+    assert "device/host   14 / 2 GiB" in out  # what the 16 GiB CPU node holds beside 2
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if "tokens/s" in line)
     rows = lines[header + 1 : header + 6]

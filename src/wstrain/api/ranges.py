@@ -33,18 +33,43 @@ RANGE_POINTS = 5
 RANGE_POINTS_S = 0.8
 
 
-def node_capacities(nodes: list[Node]) -> list[tuple[int, int]]:
-    """(device, host) bytes of each node as pick_node sees it: its largest GPU (a CPU node:
-    its host memory) and its host memory."""
-    return [
-        (max((g.total_bytes for g in n.gpus), default=n.host_total_bytes), n.host_total_bytes)
-        for n in nodes
-    ]
+def _capacity(node: Node) -> tuple[int, int, bool]:
+    """(device, host) bytes of a node as pick_node sees it (its largest GPU, or on a CPU
+    node its host memory, and its host memory), and whether it is a CPU node, whose jobs
+    take device x gpus + host out of its one pool (agent/capacity.py)."""
+    dev = max((g.total_bytes for g in node.gpus), default=node.host_total_bytes)
+    return dev, node.host_total_bytes, not node.gpus
 
 
 def _floor_cgib(gib: float) -> float:
     """Down to a hundredth of a GiB: a point a user reads (139.8, not 139.8046875)."""
-    return math.floor(gib * 100) / 100
+    return math.floor(gib * 100 + 1e-6) / 100  # 1e-6: 13.999999999999998 is 14
+
+
+def _largest_point(
+    spec: JobSpec, dev_bytes: int, host_bytes: int, one_pool: bool
+) -> tuple[float, float] | None:
+    """The largest point of `spec`'s ranges a node of this capacity holds, or None. On a
+    CPU node both budgets come out of host memory: each grows from its min by the same
+    share of its range until the pool is full."""
+    (dev_lo, dev_hi), (host_lo, host_hi) = spec.budget.device_range_gib, spec.budget.host_range_gib
+    dev_gib, host_gib = dev_bytes / GIB, host_bytes / GIB
+    if dev_lo > dev_gib or host_lo > host_gib:
+        return None
+    if not one_pool:
+        dev = max(dev_lo, min(dev_hi, _floor_cgib(dev_gib)))
+        return dev, max(host_lo, min(host_hi, _floor_cgib(host_gib)))
+    spare = host_gib - dev_lo * spec.gpus - host_lo
+    if spare < 0:
+        return None
+    room = (dev_hi - dev_lo) * spec.gpus + (host_hi - host_lo)
+    if room <= spare:
+        return dev_hi, host_hi
+    share = spare / room
+    return (
+        max(dev_lo, _floor_cgib(dev_lo + share * (dev_hi - dev_lo))),
+        max(host_lo, _floor_cgib(host_lo + share * (host_hi - host_lo))),
+    )
 
 
 def choose_point(spec: JobSpec, nodes: list[Node]) -> tuple[float, float]:
@@ -54,26 +79,22 @@ def choose_point(spec: JobSpec, nodes: list[Node]) -> tuple[float, float]:
     (dev_lo, dev_hi), (host_lo, host_hi) = spec.budget.device_range_gib, spec.budget.host_range_gib
     if not spec.budget.ranged or not nodes:
         return dev_hi, host_hi
-    caps = node_capacities(nodes)
-    fits = [
-        (
-            max(dev_lo, min(dev_hi, _floor_cgib(dev / GIB))),
-            max(host_lo, min(host_hi, _floor_cgib(host / GIB))),
-        )
-        for dev, host in caps
-        if dev >= dev_lo * GIB and host >= host_lo * GIB
-    ]
+    caps = [_capacity(n) for n in nodes]
+    fits = [p for p in (_largest_point(spec, *c) for c in caps) if p is not None]
     if fits:
         return max(fits)
-    largest_dev, largest_host = max(d for d, _ in caps) / GIB, max(h for _, h in caps) / GIB
+    largest_dev, largest_host = max(c[0] for c in caps) / GIB, max(c[1] for c in caps) / GIB
     if largest_dev < dev_lo:
-        field, low, largest, what = "device_gib", dev_lo, largest_dev, "device"
-    else:
-        field, low, largest, what = "host_gib", host_lo, largest_host, "host"
+        field, low, largest, what = "device_gib", dev_lo, largest_dev, "device memory"
+    elif largest_host < host_lo or not all(c[2] for c in caps):
+        field, low, largest, what = "host_gib", host_lo, largest_host, "host memory"
+    else:  # CPU nodes only: the two mins together are more than one holds
+        field, low, largest = "device_gib", dev_lo, largest_host - host_lo
+        what = f"host memory less the host min ({host_lo:g} GiB; a CPU node holds both)"
     raise InvalidSpec(
-        f"budget.{field}: the range's min={low:g} GiB is above every node's {what} memory "
-        f"(largest {largest:.1f} GiB, device {largest_dev:.1f} and host {largest_host:.1f} "
-        f"on the largest nodes); lower min to at most {_floor_cgib(largest):g}",
+        f"budget.{field}: the range's min={low:g} GiB is above every node's {what} "
+        f"(largest {largest:.1f} GiB; device {largest_dev:.1f} and host {largest_host:.1f} "
+        f"GiB on the largest nodes); lower min to at most {_floor_cgib(max(largest, 0)):g}",
         field=f"budget.{field}",
     )
 
@@ -98,6 +119,13 @@ def _points(spec: JobSpec) -> list[tuple[float, float]]:
     return out
 
 
+def _holds(node: NodeProfile) -> str:
+    host = node.host_total_bytes / GIB
+    if node.device == "cpu":
+        return f"{host:.1f} GiB of host memory for device x gpus + host"
+    return f"device {node.device_total_bytes / GIB:.1f} GiB, host {host:.1f} GiB"
+
+
 def range_points(
     spec: JobSpec, node: NodeProfile, plan: Callable[[JobSpec], Plan]
 ) -> list[RangePoint]:
@@ -109,11 +137,13 @@ def range_points(
     out: list[RangePoint] = []
     for dev, host in _points(spec):
         refused = None
-        if dev * GIB > node.device_total_bytes or host * GIB > node.host_total_bytes:
-            refused = (
-                f"more than the node it is planned for holds (device "
-                f"{node.device_total_bytes / GIB:.1f} GiB, host {node.host_total_bytes / GIB:.1f})"
-            )
+        pool = (dev * spec.gpus + host) * GIB if node.device == "cpu" else 0  # one pool
+        if (
+            dev * GIB > node.device_total_bytes
+            or host * GIB > node.host_total_bytes
+            or pool > node.host_total_bytes
+        ):
+            refused = f"more than the node it is planned for holds ({_holds(node)})"
         elif time.perf_counter() - started > RANGE_POINTS_S:
             refused = f"not planned: the range's points took over {RANGE_POINTS_S} s of planning"
         if refused is not None:
