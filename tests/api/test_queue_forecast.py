@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.conftest import Stack, tiny_spec
+from tests.helpers.cli import run_main as _run
 
 pytestmark = pytest.mark.usefixtures("leave_the_queue_as_found")
 
@@ -32,3 +33,18 @@ def test_a_queued_job_has_a_predicted_start_and_end(api_only: Stack) -> None:
     # the job's own view replays the queue again a moment later: the same start, give or take
     assert job["predicted_start"] == pytest.approx(mine["predicted_start"], abs=5.0)
     assert job["predicted_end"] - job["predicted_start"] == pytest.approx(40 * step_s)
+
+
+def test_the_cli_prints_when_a_queued_job_starts(
+    api_only: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with api_only.client() as c:
+        r = c.post("/v1/jobs", json=tiny_spec("forecast-cli", steps=40))
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+    server = ("--server", api_only.url)
+    code, out, _ = _run(capsys, *server, "queue")
+    assert code == 0 and "starts in" in out and job_id in out
+    code, out, _ = _run(capsys, *server, "status", job_id)
+    assert code == 0, out
+    assert "predicted start" in out and "predicted end" in out

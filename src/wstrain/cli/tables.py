@@ -5,6 +5,7 @@ and `wstrain presets` in plain columns.
     wstrain ls [--state running] [--owner alice] [--limit 50] [--json]
     wstrain status ID [--json]
     wstrain queue [--json]     # pending jobs in the order they will run, with the reason
+                               # and when each is predicted to start ("starts in")
     wstrain presets            # sizes: 8.030B or 821.5K parameters, 59.8 GiB or 12.3 MiB
 
 queue asks GET /v1/queue (positions and reasons from the scheduler). A server without that
@@ -93,6 +94,20 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else escape(str(v))
 
 
+def starts_in(at_s: float | None, now_s: float) -> str:
+    """A predicted epoch time as the CLI shows it: "now", or how long until it ("-": none)."""
+    if at_s is None:
+        return "-"
+    return "now" if at_s <= now_s + 1 else fmt_duration(at_s - now_s)
+
+
+def _predicted(at_s: float | None, now_s: float) -> str:
+    if at_s is None:
+        return "-"
+    clock = time.strftime("%Y-%m-%d %H:%M", time.localtime(at_s))
+    return f"{clock} (in {starts_in(at_s, now_s)})" if at_s > now_s + 1 else f"{clock} (now)"
+
+
 def status(c: httpx.Client, job_id: str, as_json: bool) -> int:
     job = call(c, "GET", f"/v1/jobs/{job_id}")
     if as_json:
@@ -114,6 +129,14 @@ def status(c: httpx.Client, job_id: str, as_json: bool) -> int:
         ("tokens/s", _fmt(job.get("tokens_per_s"))),
         ("mfu", _fmt(job.get("mfu"))),
         ("eta", fmt_duration(job.get("eta_s"))),
+        *(
+            [
+                ("predicted start", _predicted(job.get("predicted_start"), time.time())),
+                ("predicted end", _predicted(job.get("predicted_end"), time.time())),
+            ]
+            if job.get("state") == "queued"
+            else []
+        ),
         ("attempt", _fmt(job.get("attempt"))),
         ("retries", _fmt(job.get("retries"))),
         ("priority", _fmt(spec.get("priority"))),
@@ -171,9 +194,11 @@ def queue(c: httpx.Client, as_json: bool) -> int:
     table.add_column("prio", justify="right")
     table.add_column("share", justify="right")  # the owner's fair-share factor, 0..1
     table.add_column("waiting", justify="right")
+    table.add_column("starts in", justify="right")  # the forecast: GET /v1/queue
     table.add_column("owner")
     table.add_column("name", overflow="fold")
     table.add_column("reason", overflow="fold")
+    now_s = time.time()
     for j in jobs:
         factor = j.get("fair_share_factor")
         waited = j.get("wait_s")
@@ -183,6 +208,7 @@ def queue(c: httpx.Client, as_json: bool) -> int:
             str(j.get("priority", 0)),
             "-" if factor is None else f"{factor:.2f}",
             fmt_duration(waited) if waited is not None else _age(j.get("created_at")),
+            starts_in(j.get("predicted_start"), now_s),
             escape(j.get("owner", "-")),
             escape(j.get("name", "-")),
             f"[dim]{escape(j['state_reason'])}[/]" if j.get("state_reason") else "-",
