@@ -48,3 +48,14 @@ def test_the_cli_prints_when_a_queued_job_starts(
     code, out, _ = _run(capsys, *server, "status", job_id)
     assert code == 0, out
     assert "predicted start" in out and "predicted end" in out
+
+
+def test_metrics_export_each_owners_predicted_wait(api_only: Stack) -> None:
+    with api_only.client() as c:
+        r = c.post("/v1/jobs", json=tiny_spec("forecast-metric", steps=40))
+        assert r.status_code == 201, r.text
+        owner = r.json()["owner"]
+        text = c.get("/metrics").text
+    series = f'wstrain_queue_predicted_wait_seconds{{owner="{owner}"}}'
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(series + " ")]
+    assert float(line.split()[-1]) >= 0.0

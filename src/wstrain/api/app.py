@@ -44,7 +44,10 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     """The API app; `settings` default to ServiceSettings() (the WSTRAIN_* environment)."""
     settings = settings or ServiceSettings()
     metrics = ApiMetrics(
-        settings.metrics_lease_s, settings.metrics_ended_window_s, settings.metrics_max_jobs
+        settings.metrics_lease_s,
+        settings.metrics_ended_window_s,
+        settings.metrics_max_jobs,
+        settings.policy_config(),
     )
 
     @asynccontextmanager

@@ -91,6 +91,14 @@ QUEUE_WAIT = Metric(
     (),
     "Seconds each claimed job waited in the queue, counted in Redis at the claim.",
 )
+QUEUE_PREDICTED_WAIT = Metric(
+    "wstrain_queue_predicted_wait_seconds",
+    _G,
+    _A,
+    ("owner",),
+    "Seconds from now until the owner's last queued job is predicted to start (the queue "
+    "forecast of GET /v1/queue; 0: all start now; owners with no prediction are absent).",
+)
 # Buckets of QUEUE_WAIT, seconds: a second to a day (a lab queue waits minutes to hours).
 QUEUE_WAIT_BUCKETS_S = (1, 10, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400)
 NODES = Metric("wstrain_nodes", _G, _A, (), "Scheduler agents heartbeating.")
