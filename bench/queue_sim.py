@@ -1,6 +1,7 @@
 """A day of the lab queue through the real scheduling policy (`wstrain.policy`): a
 discrete-event simulation on a virtual clock (no sleeping) of one modelled 8-GPU node, fed a
-seeded 24-hour trace of jobs from 4 owners. CPU only, a few seconds.
+seeded 24-hour trace of jobs from 4 owners. CPU only: a few seconds, ~25 s with the start
+forecasts (`--no-forecast` skips them).
 
     python -m bench.queue_sim --out bench/results/queue/policy-simulated-day-cpu-2026-11-25.json
     python -m bench.queue_sim --sweep-seeds 12   # the same figures for 12 other days
@@ -129,7 +130,7 @@ def simulate(
 ) -> list[dict[str, Any]]:
     """Both runs of one trace; rows: the packed run, the whole-GPU run, one per owner (packed
     run), one per job (packed run). `predict`: forecast each job's start at its submission
-    in the packed run (policy/forecast.py; ~10 s more) and report the error."""
+    in the packed run (policy/forecast.py; ~20 s more) and report the error."""
     trace = make_trace(seed, jobs_per_owner)
     config = PolicyConfig(quotas=QUOTAS)
     start = time.perf_counter()

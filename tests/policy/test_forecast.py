@@ -41,10 +41,11 @@ def test_three_jobs_behind_two_running_ones_start_as_room_frees() -> None:
         {"a": 500.0, "b": 50.0, "c": 1000.0},
     )
     # a: 50 GiB fits once r1 ends; b: 40 GiB beside r2 (30) and a (50) only once r2 ends;
-    # c: 10 GiB fits now and for its whole 1000 s it never needs more than is left
+    # c: 10 GiB would fit now, but the one GPU drains for a (the round's first blocked job),
+    # then for b, as the policy's rounds do: it starts beside b
     assert (got["a"].start_s, got["a"].end_s) == (NOW + 100, NOW + 600)
     assert (got["b"].start_s, got["b"].end_s) == (NOW + 300, NOW + 350)
-    assert (got["c"].start_s, got["c"].end_s) == (NOW, NOW + 1000)
+    assert (got["c"].start_s, got["c"].end_s) == (NOW + 300, NOW + 1300)
     assert got["a"].node == "n" and got["a"].reason == ""
 
 

@@ -1,7 +1,7 @@
 """When each queued job will start and end, as GET /v1/queue, GET /v1/jobs/{id} and the
 queue gauge show it: the store's views (the queue's head, the placed jobs with their step,
 steps and step times, the registered nodes) turned into the pure forecast's inputs
-(policy/forecast.py), which runs off the event loop (500 queued jobs: up to ~1 s of CPU).
+(policy/forecast.py), which runs off the event loop (500 queued jobs: up to ~1.7 s of CPU).
 
 A running job ends after its remaining steps at its last reported step time (the plan's
 predicted one before its first step); a queued job runs its remaining steps at the plan's

@@ -8,7 +8,7 @@ Store-wide series come from one replica only, the holder of a lease in Redis
 others export `wstrain_exporter_leader 0` and their own latency. Series that name owners or
 jobs are served to an admin token only when tokens are set (docs/OPERATIONS.md, Security);
 without one, the counts. The predicted wait replays the queue (api/forecast.py) at each such
-scrape: up to ~1 s of CPU off the event loop for a head of 500 queued jobs. Names and HELP:
+scrape: up to ~1.7 s of CPU off the event loop for a head of 500 queued jobs. Names and HELP:
 contracts/metrics.py. Per-job training series are the agents' (agent/exporter.py).
 """
 

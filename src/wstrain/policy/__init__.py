@@ -11,7 +11,8 @@ Slurm's fair-share factor, the order), gates.py (back-off, dependencies, quotas)
 placement.py (best-fit packing by budgets, holds, resource reasons), gangs.py (a job on
 several GPUs: all of them or none), preemption.py (the
 fewest lowest-class victims on one GPU), decide.py (the round), forecast.py (each queued
-job's predicted start and end, the queue replayed forward in time). docs/OPERATIONS.md,
+job's predicted start and end: replay.py, the rounds replayed forward in time, then the rest
+booked in order). docs/OPERATIONS.md,
 "Scheduling policy", has the formulas and the defaults.
 """
 

@@ -1,0 +1,105 @@
+"""The policy's own rounds replayed at the predicted ends of running jobs, for the queue
+forecast's near future (policy/forecast.py): who starts at each, as `decide` would start
+them (backfill into any hole, the round's drain hold, quotas, preemption). Pure.
+
+Between rounds nothing arrives: a round runs now, then at each moment a job is predicted
+to end, a back-off to pass, or a preempted job to leave, up to `rounds` of them. A job
+started in the replay runs for its run seconds (None: for good); a job preempted leaves
+`stop_s` later; a dependency counts as succeeded once its predicted end has passed.
+
+    starts, ends, horizon_s = replay(now_s, queue, nodes, ends, durations, usage, config,
+                                     states, stop_s, rounds)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from wstrain.contracts.jobs import JobState
+from wstrain.policy.decide import decide
+from wstrain.policy.fairshare import Usage
+from wstrain.policy.state import NodeState, PendingJob, PolicyConfig, RunningJob
+
+
+@dataclass(frozen=True)
+class Started:
+    """A pending job the replay starts: where, when, on which GPUs (() on a CPU node)."""
+
+    node: str
+    job: PendingJob
+    start_s: float
+    gpus: tuple[int | None, ...]
+
+
+def replay(
+    now_s: float,
+    queue: Sequence[PendingJob],
+    nodes: Sequence[tuple[str, NodeState, tuple[RunningJob, ...]]],
+    ends: Mapping[str, float | None],
+    durations: Mapping[str, float | None],
+    usage: Mapping[str, Usage],
+    config: PolicyConfig,
+    states: Mapping[str, JobState],
+    stop_s: float,
+    rounds: int,
+) -> tuple[list[Started], dict[str, float | None], float]:
+    """(the starts, every running or started job's end, the last round's time)."""
+    end_of: dict[str, float | None] = dict(ends)
+    on = {name: list(running) for name, _, running in nodes}
+    left = list(queue)
+    started: list[Started] = []
+    t = now_s
+    for _ in range(max(1, rounds)):
+        gone = {jid for jid, e in end_of.items() if e is not None and e <= t}
+        for name in on:
+            on[name] = [j for j in on[name] if j.id not in gone]
+        now_states = {
+            dep: JobState.succeeded if dep in gone and state in _LIVE else state
+            for dep, state in states.items()
+        }
+        for dep in {d for j in left for d in j.after}:
+            if dep in gone and dep not in now_states:
+                now_states[dep] = JobState.succeeded
+        for name, node, _ in nodes:
+            elsewhere = [j for other, js in on.items() if other != name for j in js]
+            d = decide(t, left, on[name], node, usage, config, now_states, elsewhere)
+            by_id = {j.id: j for j in left}
+            for s in d.start:
+                job, run_s = by_id[s.job_id], durations.get(s.job_id)
+                gpus = d.gangs.get(s.job_id) or (s.gpu_index,)
+                started.append(Started(name, job, t, tuple(gpus)))
+                end_of[job.id] = None if run_s is None else t + run_s
+                on[name].append(_running(job, s.gpu_index, tuple(gpus), t))
+            for victim in d.preempt:
+                end_of[victim] = min(end_of.get(victim) or math.inf, t + stop_s)
+            done = {s.job_id for s in d.start}
+            left = [j for j in left if j.id not in done]
+        later = [e for e in end_of.values() if e is not None and e > t]
+        later += [j.not_before_s for j in left if j.not_before_s and j.not_before_s > t]
+        if not left or not later:
+            break
+        t = min(later)
+    return started, end_of, t
+
+
+_LIVE = {JobState.queued, JobState.planning, JobState.running}
+
+
+def _running(
+    job: PendingJob, gpu: int | None, gpus: tuple[int | None, ...], t: float
+) -> RunningJob:
+    gang = tuple(g for g in gpus if g is not None) if len(gpus) > 1 else ()
+    return RunningJob(
+        job.id,
+        job.owner,
+        job.priority,
+        gpu,
+        job.device_bytes,
+        job.host_bytes,
+        t,
+        job.exclusive,
+        gpus=job.gpus,
+        gang=gang,
+    )
