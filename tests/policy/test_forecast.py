@@ -1,5 +1,6 @@
-"""The queue forecast (policy/forecast.py): exact predicted starts on one GPU, an exclusive
-job waiting for a whole GPU, a dependency, a back-off, and a job no node fits.
+"""The queue forecast (policy/forecast.py, policy/replay.py): exact predicted starts on one
+GPU, an exclusive job waiting for a whole GPU, a dependency, a back-off, a gang, a quota, a
+preemption, and a job no node fits.
 
     pytest tests/policy/test_forecast.py
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.jobs import JobState
-from wstrain.policy import Gpu, NodeState, PendingJob, RunningJob
+from wstrain.policy import Gpu, NodeState, PendingJob, PolicyConfig, Quota, RunningJob
 from wstrain.policy.forecast import ForecastNode, forecast, run_seconds
 
 NOW = 1_000.0
@@ -123,3 +124,19 @@ def test_a_gang_starts_when_two_gpus_have_room_together() -> None:
         {"g": 10},
     )
     assert got["g"].start_s == NOW + 70
+
+
+def test_a_quota_full_until_a_running_job_ends_delays_the_start() -> None:
+    mine = RunningJob("r1", "ana", 0, 0, 10 * GIB, 8 * GIB, 0.0)
+    config = PolicyConfig(quotas={"ana": Quota(max_jobs=1)})
+    node = ForecastNode("n", ONE_GPU, (mine,))
+    got = forecast(NOW, [_p("a", 10, 1.0)], [node], {"r1": NOW + 100}, {"a": 10}, config=config)
+    assert got["a"].start_s == NOW + 100  # room now, but ana may run one job at a time
+
+
+def test_a_higher_class_job_starts_once_its_victims_have_left() -> None:
+    low = RunningJob("low", "ben", -10, 0, 90 * GIB, 8 * GIB, 0.0)
+    urgent = PendingJob("u", "ana", 10, 1.0, 50 * GIB, 8 * GIB)
+    node = ForecastNode("n", ONE_GPU, (low,))
+    got = forecast(NOW, [urgent], [node], {"low": NOW + 3600}, {"u": 60}, stop_s=30)
+    assert (got["u"].start_s, got["u"].end_s) == (NOW + 30, NOW + 90)
