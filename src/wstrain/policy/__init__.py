@@ -12,7 +12,7 @@ placement.py (best-fit packing by budgets, holds, resource reasons), gangs.py (a
 several GPUs: all of them or none), preemption.py (the
 fewest lowest-class victims on one GPU), decide.py (the round), forecast.py (each queued
 job's predicted start and end: replay.py, the rounds replayed forward in time, then the rest
-booked in order). docs/OPERATIONS.md,
+booked in order on timeline.py's bookings over time). docs/OPERATIONS.md,
 "Scheduling policy", has the formulas and the defaults.
 """
 
