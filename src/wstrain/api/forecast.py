@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from wstrain.contracts.jobs import JobState, Node
 from wstrain.policy import (
@@ -32,6 +33,7 @@ from wstrain.policy import (
     run_seconds,
 )
 from wstrain.store import JobStore
+from wstrain.store.grants import GrantStore
 from wstrain.store.scheduling import PendingRow, PlacedRow, ProgressRow, SchedulingView
 
 QUEUE_HEAD = 500  # as many as an agent's round considers (agent/scheduling.py)
@@ -55,6 +57,13 @@ async def queue_forecast(
     deps = sorted({d for r in rows for d in r.after})
     states = {k: JobState(v) for k, v in (await view.states(deps)).items() if v}
     usage = {o: Usage(u, now) for o, u in (await view.usage(now, config.half_life_s)).items()}
+    # a job admitted under a priority grant is decided at min(its class, the grant now), as
+    # the agents' rounds decide it (agent/scheduling.py)
+    caps = await GrantStore(st).caps(
+        [(r.id, r.owner, r.priority) for r in rows] + [(p.id, p.owner, p.priority) for p in placed]
+    )
+    rows = [replace(r, priority=caps[r.id]) if r.id in caps else r for r in rows]
+    placed = [replace(p, priority=caps[p.id]) if p.id in caps else p for p in placed]
     return await asyncio.to_thread(
         compute, now, rows, placed, nodes, progress, usage, config, states
     )
