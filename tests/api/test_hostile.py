@@ -223,7 +223,9 @@ def test_a_huge_batch_answers_at_once_while_the_api_keeps_serving(api_only: Stac
     finally:
         done.set()
         pinger.join(30)
-    assert latencies and max(latencies) < 0.1, max(latencies)
+    # a blocked loop would hold the pings for as long as the walk took (hours); 1 s leaves
+    # room for a loaded 2-core CI machine, which delayed one ping by 0.43 s
+    assert latencies and max(latencies) < 1.0, max(latencies)
 
 
 _json = st.recursive(

@@ -54,7 +54,12 @@ def _at_host(spec: JobSpec, host_gib: float) -> JobSpec:
 
 
 def _run(tmp_path: Path, spec: JobSpec, plan_spec: JobSpec) -> tuple[int, list[WorkerMessage]]:
+    """The worker of `spec` under the plan made for `plan_spec`, recorded at `spec`'s
+    budget (the worker enforces the point its plan records)."""
     plan = make_plan(plan_spec, resolve_dims(plan_spec.model), DEFAULT_PROFILE)
+    plan = plan.model_copy(
+        update={"device_gib": spec.budget.device_gib, "host_gib": spec.budget.host_gib}
+    )
     job_dir = write_job(tmp_path, spec, plan)
     proc = subprocess.run(worker_argv(job_dir), capture_output=True, text=True, timeout=120)
     return proc.returncode, [WorkerMessage.model_validate_json(x) for x in proc.stdout.splitlines()]

@@ -23,6 +23,9 @@ import math
 import re
 from typing import cast
 
+import torch
+
+from wstrain.contracts.budget import Budget
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.errors import BudgetExceeded
 
@@ -68,3 +71,12 @@ def host_needs(exc: BudgetExceeded, budget_gib: float) -> tuple[str, dict[str, f
         f"at least {needs:g} GiB fits this tile: raise budget.host_gib to {needs:g}"
     )
     return text, {"host_gib": needs}
+
+
+def budget_exit(
+    exc: torch.cuda.OutOfMemoryError | BudgetExceeded, budget: Budget
+) -> tuple[str, dict[str, float]]:
+    """The error text and needs_gib of either way to run out of the fixed `budget`."""
+    if isinstance(exc, BudgetExceeded):
+        return host_needs(exc, budget.host_gib)
+    return device_needs(str(exc), torch.cuda.max_memory_reserved(), budget.device_gib)

@@ -13,8 +13,8 @@ local rank 0, and only node 0's reports and writes checkpoints (to the shared jo
 SIGTERM asks it to stop at the next step boundary with a checkpoint, and so does a closed
 report pipe (its agent died).
 The exit code is contracts.WorkerExit: 0 succeeded, 3 cancelled, 1 failed (a crash: the
-agent retries it), 4 refused (an InvalidSpec before the first step, such as a data path that
-resolves outside the data roots or into the state dir: the agent fails the job at once).
+agent retries it), 4 refused (an InvalidSpec before the first step, such as a data path out
+of the data roots or into the state dir), 5 out of a memory budget (worker/budget_exits.py).
 Step reports carry MFU against the chip table's dense peak (contracts/chips.py), a measured
 GEMM rate on a GPU the table does not know, and on CPU only a peak the agent configures.
 The runtime and that peak come from worker/build.py; this module drives them.
@@ -46,7 +46,7 @@ from wstrain.contracts.model_dims import resolve_dims
 from wstrain.contracts.plan import Plan, at_plan_budget
 from wstrain.contracts.spec import JobSpec
 from wstrain.contracts.step_shape import step_tokens
-from wstrain.worker.budget_exits import device_needs, host_needs
+from wstrain.worker.budget_exits import budget_exit
 from wstrain.worker.build import build_runtime, mfu_peak
 from wstrain.worker.io import checkpoint
 from wstrain.worker.io.data import TokenStream
@@ -88,9 +88,7 @@ class Worker:
         self.measured_peak_flops, self.cpu_peak_flops = measured_peak_flops, cpu_peak_flops
         spec = JobSpec.model_validate_json((job_dir / "spec.json").read_text())
         self.plan = Plan.model_validate_json((job_dir / "plan.json").read_text())
-        # the budgets this attempt enforces are those its plan was made for (a ranged
-        # budget's point), not the spec's range
-        self.spec = at_plan_budget(spec, self.plan)
+        self.spec = at_plan_budget(spec, self.plan)  # enforced: its plan's point, no range
         self.node = NodeOf.from_env()  # None: a job on one node
         self.rank = rank_of_env(self.plan.ranks)  # global: only 0 reports and checkpoints
         self.job_id = job_dir.name
@@ -380,13 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         if not worker.training:
             msg = f"{exc.message} (refused by the worker before training; not retried)"
             code = WorkerExit.refused
-    except torch.cuda.OutOfMemoryError as exc:  # the plan under-counted: not retried as is
-        peak = torch.cuda.max_memory_reserved()
-        msg, needs = device_needs(str(exc), peak, worker.spec.budget.device_gib)
-        code = WorkerExit.out_of_memory
-    except BudgetExceeded as exc:
-        msg, needs = host_needs(exc, worker.spec.budget.host_gib)
-        code = WorkerExit.out_of_memory
+    except (torch.cuda.OutOfMemoryError, BudgetExceeded) as exc:  # the plan under-counted
+        msg, needs = budget_exit(exc, worker.spec.budget)
+        code = WorkerExit.out_of_memory  # not retried as is
     except Exception as exc:  # every failure becomes a reported error with its reason
         msg = f"{type(exc).__name__}: {exc}"
         gang = worker.gang
