@@ -39,7 +39,7 @@ from wstrain.policy import (
 from wstrain.store import JobStore
 from wstrain.store.grants import GrantStore
 from wstrain.store.node_gangs import Member, NodeGangs
-from wstrain.store.scheduling import PendingRow, PlacedRow, SchedulingView
+from wstrain.store.scheduling import PendingRow, SchedulingView
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class Rounds:
             return Outcome([], {}, None)
         placed = await self.view.placed()
         here = {j.id for j in running}
-        elsewhere = [_running(p) for p in placed if p.node != self.node and p.id not in here]
+        elsewhere = [p.running() for p in placed if p.node != self.node and p.id not in here]
         deps = sorted({d for r in rows for d in r.after})
         states = {k: JobState(v) for k, v in (await self.view.states(deps)).items() if v}
         usage = {
@@ -283,17 +283,3 @@ def free_port() -> int:
 
 def _capped(jobs: list[RunningJob], caps: dict[str, int]) -> list[RunningJob]:
     return [replace(j, priority=caps[j.id]) if j.id in caps else j for j in jobs]
-
-
-def _running(p: PlacedRow) -> RunningJob:
-    return RunningJob(
-        p.id,
-        p.owner,
-        p.priority,
-        p.gpu,
-        p.device_bytes,
-        p.host_bytes,
-        p.started_at,
-        gpus=p.gpus,
-        gang=p.gang,
-    )

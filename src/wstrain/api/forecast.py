@@ -94,21 +94,7 @@ def compute(
             ends[p.id] = None if left is None else now + left
         if p.node in on:
             exclusive = prog.exclusive if prog is not None else False
-            on[p.node].append(
-                RunningJob(
-                    p.id,
-                    p.owner,
-                    p.priority,
-                    p.gpu,
-                    p.device_bytes,
-                    p.host_bytes,
-                    p.started_at,
-                    exclusive,
-                    stopping=p.state == JobState.cancelling.value,
-                    gpus=p.gpus,
-                    gang=p.gang,
-                )
-            )
+            on[p.node].append(p.running(exclusive, p.state == JobState.cancelling.value))
     pending, durations, out = [], {}, {}
     for r in rows:
         if r.nodes > 1:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from wstrain.contracts.jobs import JobState, gpu_indices
+from wstrain.policy import RunningJob
 from wstrain.store.job_store import JobStore
 
 _PENDING = (
@@ -105,6 +106,22 @@ class PlacedRow:
     state: str
     gpus: int = 1
     gang: tuple[int, ...] = ()  # every GPU of a job on several (Job.gpu "0,1")
+
+    def running(self, exclusive: bool = False, stopping: bool = False) -> RunningJob:
+        """The job as the scheduling policy reads it."""
+        return RunningJob(
+            self.id,
+            self.owner,
+            self.priority,
+            self.gpu,
+            self.device_bytes,
+            self.host_bytes,
+            self.started_at,
+            exclusive,
+            stopping=stopping,
+            gpus=self.gpus,
+            gang=self.gang,
+        )
 
 
 @dataclass(frozen=True)
