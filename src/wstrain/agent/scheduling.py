@@ -28,7 +28,6 @@ from wstrain.contracts.jobs import JobState, gpu_indices, gpu_text
 from wstrain.policy import (
     Decision,
     NodeState,
-    PendingJob,
     PolicyConfig,
     RunningJob,
     Usage,
@@ -189,21 +188,7 @@ class Rounds:
             + [(j.id, j.owner, j.priority) for j in (*running, *elsewhere)]
         )
         running, elsewhere = _capped(running, caps), _capped(elsewhere, caps)
-        pending = [
-            PendingJob(
-                r.id,
-                r.owner,
-                caps.get(r.id, r.priority),
-                r.queued_at,
-                r.device_bytes,
-                r.host_bytes,
-                r.exclusive,
-                r.after,
-                r.not_before or None,
-                gpus=r.gpus,
-            )
-            for r in rows
-        ]
+        pending = [r.pending(caps.get(r.id)) for r in rows]
         decision = decide(
             now, pending, running, node, usage, self.config, states, elsewhere=elsewhere
         )

@@ -25,7 +25,6 @@ from wstrain.policy import (
     ForecastNode,
     Gpu,
     NodeState,
-    PendingJob,
     PolicyConfig,
     RunningJob,
     Usage,
@@ -100,20 +99,7 @@ def compute(
         if r.nodes > 1:
             out[r.id] = Forecast(r.id, None, None, MULTI_NODE)
             continue
-        pending.append(
-            PendingJob(
-                r.id,
-                r.owner,
-                r.priority,
-                r.queued_at,
-                r.device_bytes,
-                r.host_bytes,
-                r.exclusive,
-                r.after,
-                r.not_before or None,
-                gpus=r.gpus,
-            )
-        )
+        pending.append(r.pending())
         prog = progress.get(r.id)
         durations[r.id] = (
             None if prog is None else run_seconds(prog.steps - prog.step, prog.predicted_step_s)

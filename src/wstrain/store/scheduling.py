@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from wstrain.contracts.jobs import JobState, gpu_indices
-from wstrain.policy import RunningJob
+from wstrain.policy import PendingJob, RunningJob
 from wstrain.store.job_store import JobStore
 
 _PENDING = (
@@ -91,6 +91,22 @@ class PendingRow:
     state_reason: str = ""
     gpus: int = 1  # GPUs of one node it needs at once (jobs stored before gangs: 1)
     nodes: int = 1  # nodes, each taking `gpus` GPUs (store/node_gangs.py)
+
+    def pending(self, priority: int | None = None) -> PendingJob:
+        """The job as the scheduling policy reads it, at `priority` (a grant's cap) or its
+        own class."""
+        return PendingJob(
+            self.id,
+            self.owner,
+            self.priority if priority is None else priority,
+            self.queued_at,
+            self.device_bytes,
+            self.host_bytes,
+            self.exclusive,
+            self.after,
+            self.not_before or None,
+            gpus=self.gpus,
+        )
 
 
 @dataclass(frozen=True)
