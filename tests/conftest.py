@@ -46,7 +46,8 @@ TERMINAL = {"succeeded", "failed", "cancelled", "timeout"}
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from wstrain.cli.serve import free_port, start_redis
+    from tests.ports import free_port
+    from wstrain.cli.serve import start_redis
 
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is not installed; run scripts/test.sh, which installs it")
@@ -148,7 +149,7 @@ def make_stack(
     with_agent: bool,
     extra_env: dict[str, str] | None = None,
 ) -> Stack:
-    from wstrain.cli.serve import free_port
+    from tests.ports import free_port
 
     port, metrics_port = free_port(), free_port()
     env = dict(os.environ)

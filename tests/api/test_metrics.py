@@ -59,7 +59,8 @@ def test_an_unknown_method_is_labelled_other(replicas: list[Stack]) -> None:
 
 
 def test_metrics_answer_while_redis_is_down(tmp_path: Path) -> None:
-    from wstrain.cli.serve import free_port, start_redis
+    from tests.ports import free_port
+    from wstrain.cli.serve import start_redis
 
     port = free_port()
     redis = start_redis(tmp_path / "redis", port)

@@ -32,7 +32,7 @@ TINY_TIMEOUT_S = 1e-6
 @pytest.fixture(scope="module")
 def impatient_api(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`python -m wstrain.api.app` (main) with host, port and the deadline from the env."""
-    from wstrain.cli.serve import free_port
+    from tests.ports import free_port
 
     port = free_port()
     env = dict(os.environ)

@@ -20,7 +20,8 @@ from tests.conftest import REPO, _wait_http, tiny_spec
 
 
 def test_redis_away_is_a_503_with_retry_after(tmp_path: Path) -> None:
-    from wstrain.cli.serve import free_port, start_redis
+    from tests.ports import free_port
+    from wstrain.cli.serve import start_redis
 
     api_port, redis_port = free_port(), free_port()  # nothing listens on redis_port yet
     env = dict(os.environ)

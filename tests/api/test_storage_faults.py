@@ -111,7 +111,8 @@ def test_a_full_disk_under_redis_is_503_and_the_agent_rides_it_out(
 ) -> None:
     import redis
 
-    from wstrain.cli.serve import free_port, start_redis
+    from tests.ports import free_port
+    from wstrain.cli.serve import start_redis
 
     port = free_port()
     redis_proc = start_redis(small_disk, port)  # --dir on the small disk, AOF on

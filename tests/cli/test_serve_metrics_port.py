@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from tests.conftest import REPO
-from wstrain.cli.serve import AGENT_EXIT_CONFIG, AgentKeeper, free_port
+from tests.ports import free_port
+from wstrain.cli.serve import AGENT_EXIT_CONFIG, AgentKeeper
 
 
 def test_serve_refuses_a_busy_metrics_port_in_one_line(tmp_path: Path, held_port: int) -> None:

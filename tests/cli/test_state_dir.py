@@ -44,7 +44,7 @@ BOB = {"Authorization": "Bearer tok-bob"}
 def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A real `wstrain serve --state-dir X`, run from a directory of its own (so the old
     default, ./wstrain-state, is somewhere else), on the session's Redis."""
-    from wstrain.cli.serve import free_port
+    from tests.ports import free_port
 
     tmp = tmp_path_factory.mktemp("statedir")
     state, cwd = tmp / "state", tmp / "cwd"

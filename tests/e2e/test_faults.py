@@ -45,7 +45,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_redis_restart_mid_job_loses_nothing(tmp_path: Path) -> None:
-    from wstrain.cli.serve import free_port, start_redis
+    from tests.ports import free_port
+    from wstrain.cli.serve import start_redis
 
     port = free_port()
     data = tmp_path / "redis"
@@ -240,7 +241,7 @@ def test_a_time_limited_job_ends_timeout_with_a_checkpoint_and_resumes(
 def test_ctrl_c_to_serve_requeues_the_job_and_the_next_serve_finishes_it(
     tmp_path: Path,
 ) -> None:
-    from wstrain.cli.serve import free_port
+    from tests.ports import free_port
 
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "WSTRAIN_REDIS_URL")}
     env.update(

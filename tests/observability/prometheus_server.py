@@ -27,7 +27,7 @@ INTERVAL = "1s"  # scrape and rule evaluation: alerts fire within a second of th
 def prometheus(tmp: Path, targets: dict[str, str]) -> Iterator[str]:
     """Prometheus's URL, scraping `targets` ({scrape job name: host:port}); scrape jobs of the
     shipped config without a target here (node, dcgm) are left out, so are Alertmanagers."""
-    from wstrain.cli.serve import free_port
+    from tests.ports import free_port
 
     exe = shutil.which("prometheus")
     if exe is None:

@@ -55,7 +55,7 @@ FIRE_SLACK_S = 5.0
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """`wstrain serve` on loopback: (API URL, agent metrics port)."""
-    from wstrain.cli.serve import free_port
+    from tests.ports import free_port
 
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "WSTRAIN_REDIS_URL")}
     env.update(

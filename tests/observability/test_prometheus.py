@@ -90,7 +90,7 @@ def panel_targets() -> list[Target]:
 @pytest.fixture
 def node_exporter(tmp_path: Path) -> Iterator[str]:
     """prometheus-node-exporter (Debian's package) on a free loopback port: host:port."""
-    from wstrain.cli.serve import free_port
+    from tests.ports import free_port
 
     exe = shutil.which("prometheus-node-exporter")
     if exe is None:

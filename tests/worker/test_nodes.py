@@ -11,13 +11,13 @@ node 1's exits 0 with it. The launch environment: global rank NODE_RANK x gpus +
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import tiny_spec
+from tests.ports import free_port
 from tests.worker.launch import (
     assert_close,
     finish,
@@ -95,9 +95,7 @@ def _start_node(job_dir: Path, node_rank: int, port: int) -> subprocess.Popen[st
 
 def test_two_nodes_of_two_ranks_train_the_one_rank_job(tmp_path: Path) -> None:
     one, two = tiny_job_dir(tmp_path, 1, "working_set"), _two_node_dir(tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     procs = [start(one), _start_node(two, 0, port), _start_node(two, 1, port)]
     (c1, _), (c0, msgs0), (cn1, msgs1) = (finish(p) for p in procs)
     logs = "".join((two / f"worker-node{i}.log").read_text()[-2000:] for i in (0, 1))

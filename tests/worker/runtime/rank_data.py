@@ -4,7 +4,6 @@ as TokenStream cuts it, a free loopback port for a gang's rendezvous, and the ra
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -52,12 +51,6 @@ class Pool:
 
     def target_tokens(self, step: int, sequences: int) -> int:
         return int(sum((self.batch(step, r, 1)[1] != -100).sum() for r in range(sequences)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spawn_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:

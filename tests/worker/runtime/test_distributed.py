@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.ports import free_port
 from tests.worker.runtime.rank_data import (
     GLOBAL_BATCH,
     MICRO_BATCH,
@@ -24,7 +25,6 @@ from tests.worker.runtime.rank_data import (
     SEQ,
     STEPS,
     Pool,
-    free_port,
     spawn_ranks,
 )
 from wstrain.contracts.model_dims import PRESETS, ModelDims

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.worker.runtime.rank_data import GLOBAL_BATCH, OPT, SEQ, Pool, free_port, spawn_ranks
+from tests.ports import free_port
+from tests.worker.runtime.rank_data import GLOBAL_BATCH, OPT, SEQ, Pool, spawn_ranks
 from wstrain.contracts.model_dims import PRESETS, ModelDims
 from wstrain.worker.io import checkpoint
 from wstrain.worker.models.dense import LlamaModel
