@@ -47,12 +47,15 @@ SPEC: dict[str, Any] = {
 def two_nodes(
     redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Stack, list[subprocess.Popen[bytes]]]]:
-    from wstrain.cli.serve import free_port
+    from tests.ports import free_port
 
     env = {
         "WSTRAIN_CPU_SLOTS": "1",
         "WSTRAIN_RETRY_BACKOFF_S": "0.5",
         "WSTRAIN_GANG_ASSEMBLY_S": "20",
+        # exec'd workers, whose command line and environment name their job and node
+        # rank in /proc (_workers); the rest of the suite runs zygote-forked ones
+        "WSTRAIN_WORKER_ZYGOTE": "false",
     }
     stack = make_stack(redis_url, tmp_path_factory.mktemp("mn"), PREFIX, False, env)
     agents: list[subprocess.Popen[bytes]] = []

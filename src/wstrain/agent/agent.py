@@ -58,6 +58,7 @@ from wstrain.agent.supervisor import (
     lose_lease,
     preempt,
 )
+from wstrain.agent.zygote import WorkerZygote
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.hardware import Device
 from wstrain.contracts.jobs import GPUInfo, Job, Node, gpu_text
@@ -106,6 +107,7 @@ class Agent(Launcher):
         self.fatal: NodeNameTaken | None = None  # why the heartbeat stopped the agent
         self.started = start_ticks(os.getpid())
         self.replacing = ""  # the id of a dead predecessor whose node record we may replace
+        self.zygote: asyncio.Future[WorkerZygote] | None = None  # forks workers (launch.py)
 
     async def _measure(self) -> None:
         m = await measure_node(self.settings.state_dir, self.settings.profile_cache)
@@ -300,6 +302,9 @@ class Agent(Launcher):
         finally:
             self.stopping.set()
             await beating
+            zygote = self.zygote  # a pending one ends at EOF, when this process exits
+            if zygote is not None and zygote.done() and not zygote.exception():
+                await zygote.result().close()
         if self.fatal is not None:
             raise self.fatal
 

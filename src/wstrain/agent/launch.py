@@ -39,6 +39,7 @@ from wstrain.agent.supervisor import (
     resumed_runtime,
     spawn,
 )
+from wstrain.agent.zygote import WorkerProcess, WorkerZygote
 from wstrain.contracts.access import DataAccess
 from wstrain.contracts.errors import Conflict, LeaseLost, WstrainError
 from wstrain.contracts.hardware import Device, LayerTimes, NodeProfile
@@ -65,6 +66,7 @@ class Launcher:
     gpus: list[GPUInfo]
     profile: dict[str, float]
     profile_key: str
+    zygote: asyncio.Future[WorkerZygote] | None  # started with the first worker
     exporter: AgentExporter
     access: DataAccess
 
@@ -88,7 +90,7 @@ class Launcher:
 
     async def _spawn_member(
         self, job: Job, hold: Hold, node_rank: int, env: dict[str, str]
-    ) -> asyncio.subprocess.Process:
+    ) -> WorkerProcess:
         """The worker of node `node_rank` > 0 of a multi-node job (agent/members.py)."""
         jdir = job_dir(self.settings.state_dir, job.id).resolve()
         return await self._spawn(job, jdir, hold.gpus, env, f"worker-node{node_rank}.log")
@@ -100,7 +102,7 @@ class Launcher:
         gpus: tuple[int, ...],
         env: dict[str, str],
         log_name: str = "worker.log",
-    ) -> asyncio.subprocess.Process:
+    ) -> WorkerProcess:
         cuda = gpus if self.gpus else None  # a CPU node's modelled devices are host memory
         return await spawn(
             job,
@@ -113,7 +115,24 @@ class Launcher:
             cpu_peak_flops=self.settings.cpu_peak_flops,
             log_name=log_name,
             shm_dir=self.settings.shm_dir,
+            zygote=await self._zygote(),
         )
+
+    async def _zygote(self) -> WorkerZygote | None:
+        """The zygote that forks this node's workers, started with the first: it costs a
+        worker's start (torch's import), so an agent that runs no job pays nothing. Once
+        it has died, workers are exec'd (agent/zygote.py)."""
+        if self.zygote is None and self.settings.worker_zygote:  # set before any await:
+            self.zygote = asyncio.ensure_future(WorkerZygote.start(dict(os.environ)))
+        if self.zygote is None:
+            return None
+        try:
+            return await self.zygote
+        except OSError as exc:  # no fork server: exec each worker, as with it off
+            log.error(
+                "node %s: the worker zygote did not start (%s); exec'ing workers", self.name, exc
+            )
+            return None
 
     async def _start(
         self,

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from redis.exceptions import RedisError
 
+from wstrain.agent.zygote import WorkerProcess
 from wstrain.contracts.jobs import Job
 from wstrain.store import JobStore
 from wstrain.store.logs import JobLogs
@@ -197,7 +198,7 @@ class LogShipper:
         log.debug("job %s: %d log lines shipped", self.job_id, self.lines_shipped)
 
 
-async def _until_exit(shipper: LogShipper, proc: asyncio.subprocess.Process) -> None:
+async def _until_exit(shipper: LogShipper, proc: WorkerProcess) -> None:
     stop = asyncio.Event()
     waiter = asyncio.ensure_future(proc.wait())
     waiter.add_done_callback(lambda _: stop.set())
@@ -208,7 +209,7 @@ async def _until_exit(shipper: LogShipper, proc: asyncio.subprocess.Process) -> 
 
 
 def ship_worker_log(
-    store: JobStore, job: Job, path: Path, proc: asyncio.subprocess.Process
+    store: JobStore, job: Job, path: Path, proc: WorkerProcess
 ) -> asyncio.Task[None]:
     """Start shipping `path` (the worker.log of `job`'s current attempt) until `proc`
     exits; the task is held here, so the caller may drop it."""

@@ -33,6 +33,7 @@ from typing import cast
 from wstrain.agent.outcomes import describe_exit
 from wstrain.agent.processes import kill_group
 from wstrain.agent.supervisor import WorkerHandle
+from wstrain.agent.zygote import WorkerProcess
 from wstrain.contracts.jobs import Job, JobState, WorkerExit
 from wstrain.policy import RunningJob
 from wstrain.store import JobStore
@@ -82,7 +83,7 @@ class MemberWorker:
     hold: Hold
     attempt: int
     node_rank: int
-    proc: asyncio.subprocess.Process
+    proc: WorkerProcess
     stopped: bool = False  # killed by this agent: the attempt had ended already
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     started_s: float = field(default_factory=time.time)  # unix s: its spawn
@@ -98,7 +99,7 @@ def gang_env(gang: Gang, node_rank: int) -> dict[str, str]:
     }
 
 
-SpawnMember = Callable[[Job, Hold, int, dict[str, str]], Awaitable[asyncio.subprocess.Process]]
+SpawnMember = Callable[[Job, Hold, int, dict[str, str]], Awaitable[WorkerProcess]]
 StartLeader = Callable[[str, tuple[int, ...], dict[str, str]], Awaitable[None]]
 
 

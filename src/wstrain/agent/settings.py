@@ -32,6 +32,11 @@ class AgentSettings(SharedSettings):
         "another agent takes over a dead node's jobs only after it",
     )
     shutdown_grace_s: float = 60.0
+    worker_zygote: bool = Field(
+        default=True,
+        description="fork workers from one process that imported torch once (3-5 CPU-s "
+        "less a start); false: exec each, as when the zygote has died",
+    )
     profile_cache: bool = Field(
         default=True,
         description="reuse the hardware profile "

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -24,6 +25,7 @@ from wstrain.agent.exporter import AgentExporter
 from wstrain.agent.hang import HangWindow
 from wstrain.agent.outcomes import Exit, settle_exit
 from wstrain.agent.processes import kill_group, session_pss_bytes
+from wstrain.agent.zygote import WorkerProcess, WorkerZygote
 from wstrain.contracts.access import DataAccess
 from wstrain.contracts.errors import LeaseLost
 from wstrain.contracts.jobs import Job, JobState, WorkerMessage, gpu_text
@@ -39,7 +41,7 @@ HANG_CHECK_S = 1.0  # a hung worker is killed at most this long past its window
 @dataclass
 class WorkerHandle:
     job: Job
-    proc: asyncio.subprocess.Process
+    proc: WorkerProcess  # forked by the zygote or exec'd
     device_bytes: int  # budgets reserved on this node while the worker lives (device: per GPU)
     host_bytes: int
     gpus: tuple[int, ...]  # every GPU it holds (a gang's all); () on a CPU pseudo-device
@@ -91,7 +93,8 @@ async def spawn(
     cpu_peak_flops: float | None = None,
     log_name: str = "worker.log",
     shm_dir: Path = Path("/dev/shm"),
-) -> asyncio.subprocess.Process:
+    zygote: WorkerZygote | None = None,
+) -> WorkerProcess:
     """The worker of one attempt of `job`, in its own session, reading only what `access`
     allows (the data roots less the state dir, checked again on every file it opens).
     Its MFU divides by the chip table's peak; `measured_peak_flops` (the GPU profile's bf16
@@ -99,7 +102,8 @@ async def spawn(
     `gpus` (all of a gang's: it starts one rank per visible GPU, as its plan's `ranks` says;
     None on CPU). It logs to `log_name` in the job dir (a multi-node job's other nodes write
     their own beside node 0's: the job dir is shared). A gang's ranks share their working
-    set's host state in `shm_dir` (a tmpfs)."""
+    set's host state in `shm_dir` (a tmpfs). With a live `zygote` it is forked from it
+    (agent/zygote.py), else exec'd."""
     env = dict(env)
     peaks = [
         *(["--measured-peak-flops", str(measured_peak_flops)] if measured_peak_flops else []),
@@ -110,23 +114,30 @@ async def spawn(
     # Segments that grow in place instead of fixed blocks: far less memory reserved but
     # unusable, so the device budget buys working set, not fragmentation.
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    argv = [
+        "--job-dir",
+        str(job_dir),
+        *peaks,
+        "--threads",
+        str(threads),
+        "--data-roots",
+        json.dumps([str(r) for r in access.roots]),
+        "--state-dir",
+        str(access.state_dir),
+        "--shm-dir",
+        str(shm_dir),
+    ]
     log_file = open(job_dir / log_name, "ab")  # noqa: SIM115 - the child owns it
     try:
+        if zygote is not None:
+            forked = await zygote.spawn(argv, env, os.getcwd(), log_file.fileno())
+            if forked is not None:
+                return forked
         return await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "wstrain.worker.main",
-            "--job-dir",
-            str(job_dir),
-            *peaks,
-            "--threads",
-            str(threads),
-            "--data-roots",
-            json.dumps([str(r) for r in access.roots]),
-            "--state-dir",
-            str(access.state_dir),
-            "--shm-dir",
-            str(shm_dir),
+            *argv,
             stdout=asyncio.subprocess.PIPE,
             stderr=log_file,
             env=env,
