@@ -218,6 +218,9 @@ class Rounds:
             ok = await self.view.claim_one(
                 start.job_id, self.node, gpus, self.agent_id, self.lease_s
             )
+            if ok and (point := decision.budgets.get(start.job_id)) is not None:
+                # a ranged job runs at the point of its range the policy chose for it now
+                await self.view.choose_budget(start.job_id, point, self.agent_id)
             if ok:
                 claimed.append(Claimed(start.job_id, gpus, start.link_share))
                 slots_left -= size

@@ -29,6 +29,7 @@ from wstrain.policy.forecast import Forecast, ForecastNode, forecast, run_second
 from wstrain.policy.state import (
     DEFAULT_HALF_LIFE_S,
     DEFAULT_SHARE,
+    BudgetPoint,
     Decision,
     Gpu,
     NodeState,
@@ -43,6 +44,7 @@ from wstrain.policy.state import (
 __all__ = [
     "DEFAULT_HALF_LIFE_S",
     "DEFAULT_SHARE",
+    "BudgetPoint",
     "Decision",
     "Forecast",
     "ForecastNode",

@@ -167,6 +167,15 @@ class JobStore(JobReads):
             "nodes": spec.nodes,
             "after": list(spec.after),
             "group": spec.group or "",
+            # a ranged budget's plannable points, min first: the policy queues the job at
+            # its min and chooses its point at each start (store/scheduling.py)
+            "points": [
+                [p.device_gib, p.host_gib, p.tokens_per_s]
+                for p in plan.range_points
+                if p.tokens_per_s is not None
+            ]
+            if spec.budget.ranged
+            else [],
         }
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self.keys.job(job_id), mapping={k: _encode(v) for k, v in fields.items()})

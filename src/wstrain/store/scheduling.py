@@ -19,13 +19,16 @@ import json
 from dataclasses import dataclass
 from typing import cast
 
+from wstrain.contracts.calibration import GIB
 from wstrain.contracts.jobs import JobState, gpu_indices
-from wstrain.policy import PendingJob, RunningJob
+from wstrain.contracts.spec import JobSpec
+from wstrain.policy import BudgetPoint, PendingJob, RunningJob
 from wstrain.store.job_store import JobStore
 
 _PENDING = (
     "owner", "priority", "queued_at", "created_at", "device_bytes", "host_bytes",
     "exclusive", "after", "not_before", "state", "name", "state_reason", "gpus", "nodes",
+    "points",
 )  # fmt: skip
 _PLACED = (
     "owner", "priority", "device_bytes", "host_bytes", "node", "gpu", "started_at", "state",
@@ -76,6 +79,14 @@ return 0
 """
 
 
+def budget_points(raw: str | None) -> tuple[BudgetPoint, ...]:
+    """A job's stored range points ([[device GiB, host GiB, tokens/s], ...], min first)."""
+    return tuple(
+        BudgetPoint(int(device_gib * GIB), int(host_gib * GIB), float(tokens_per_s))
+        for device_gib, host_gib, tokens_per_s in json.loads(raw or "[]")
+    )
+
+
 @dataclass(frozen=True)
 class PendingRow:
     id: str
@@ -91,21 +102,24 @@ class PendingRow:
     state_reason: str = ""
     gpus: int = 1  # GPUs of one node it needs at once (jobs stored before gangs: 1)
     nodes: int = 1  # nodes, each taking `gpus` GPUs (store/node_gangs.py)
+    points: tuple[BudgetPoint, ...] = ()  # a ranged budget's, min first; queued at its min
 
     def pending(self, priority: int | None = None) -> PendingJob:
         """The job as the scheduling policy reads it, at `priority` (a grant's cap) or its
         own class."""
+        low = self.points[0] if self.points else None  # a requeued job held a higher point
         return PendingJob(
             self.id,
             self.owner,
             self.priority if priority is None else priority,
             self.queued_at,
-            self.device_bytes,
-            self.host_bytes,
+            low.device_bytes if low else self.device_bytes,
+            low.host_bytes if low else self.host_bytes,
             self.exclusive,
             self.after,
             self.not_before or None,
             gpus=self.gpus,
+            points=self.points if self.gpus == 1 and self.nodes == 1 else (),
         )
 
 
@@ -206,6 +220,7 @@ class SchedulingView:
                 f["state_reason"] or "",
                 int(f["gpus"] or 1),
                 int(f["nodes"] or 1),
+                budget_points(f["points"]),
             )
             for jid, f in zip(ids, raws)
             if f["state"] == JobState.queued.value
@@ -291,6 +306,36 @@ class SchedulingView:
         lease_s: float,
     ) -> bool:
         return await self.store.claim(job_id, node, gpu, agent_id, lease_s)
+
+    async def choose_budget(self, job_id: str, point: BudgetPoint, fence: str) -> None:
+        """Run the ranged job `job_id`, claimed by the agent `fence`, at `point` of its range:
+        its spec's budget.chosen (what the agent plans at and the worker enforces) and the
+        bytes its node reserves for it (placed()), with a `budget` event saying so."""
+        spec_raw, points_raw = cast(
+            list[str | None], await self.redis.hmget(self.keys.job(job_id), ["spec", "points"])
+        )
+        for device_gib, host_gib, tokens_per_s in json.loads(points_raw or "[]"):
+            if (int(device_gib * GIB), int(host_gib * GIB)) != (
+                point.device_bytes,
+                point.host_bytes,
+            ):
+                continue
+            spec = JobSpec.model_validate_json(spec_raw or "").choosing(device_gib, host_gib)
+            message = (
+                f"budget {device_gib:g} GiB device, {host_gib:g} GiB host of its range: "
+                f"{tokens_per_s:,.0f} predicted tokens/s"
+            )
+            data = {"device_gib": device_gib, "host_gib": host_gib, "tokens_per_s": tokens_per_s}
+            await self.store.report(
+                job_id,
+                fence,
+                ("budget", message, data),
+                spec=spec.model_dump_json(),
+                device_bytes=spec.budget.device_bytes,
+                host_bytes=spec.budget.host_bytes,
+            )
+            return
+        raise ValueError(f"job {job_id}: {point} is not one of its range's points")
 
     async def set_reasons(self, reasons: dict[str, str]) -> None:
         if reasons:
