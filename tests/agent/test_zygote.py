@@ -11,16 +11,26 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.worker.launch import assert_close, last_weights, tiny_job_dir, worker_argv
+import pytest
+import torch
+
+from tests.conftest import tiny_spec
+from tests.worker.launch import assert_close, last_weights, tiny_job_dir, worker_argv, write_job
 from wstrain.agent.processes import session_pids
 from wstrain.agent.zygote import ZYGOTE_LOST_CODE, ForkedWorker, WorkerZygote
+from wstrain.contracts.hardware import DEFAULT_PROFILE
 from wstrain.contracts.jobs import WorkerExit, WorkerMessage
+from wstrain.contracts.model_dims import resolve_dims
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning.planner import make_plan
 
 
-async def _fork(zygote: WorkerZygote, job_dir: Path) -> ForkedWorker:
+async def _fork(
+    zygote: WorkerZygote, job_dir: Path, env: dict[str, str] | None = None
+) -> ForkedWorker:
     with open(job_dir / "worker.log", "ab") as log:
         worker = await zygote.spawn(
-            worker_argv(job_dir)[3:], dict(os.environ), os.getcwd(), log.fileno()
+            worker_argv(job_dir)[3:], {**os.environ, **(env or {})}, os.getcwd(), log.fileno()
         )
     assert worker is not None
     return worker
@@ -93,3 +103,39 @@ def test_a_dead_zygote_leaves_its_worker_running_and_spawns_fall_back(tmp_path: 
     code, alive, again = asyncio.run(go())
     assert alive, "the worker died with its zygote"
     assert code == ZYGOTE_LOST_CODE and again is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("runtime", ["resident", "working_set"])
+def test_a_forked_worker_trains_on_the_gpu_its_request_names(tmp_path: Path, runtime: str) -> None:
+    """The zygote never initialised CUDA: its child does, on the GPU of its request's
+    CUDA_VISIBLE_DEVICES, with the agent's allocator settings (a lent H100/H200)."""
+    spec = JobSpec.model_validate(
+        tiny_spec(
+            f"zygote-{runtime}",
+            steps=4,
+            checkpoint_every=2,
+            precision="bf16",
+            overrides={"runtime": runtime, "device": "cuda"},
+            budget={"device_gib": 8, "host_gib": 16},
+        )
+    )
+    job_dir = write_job(tmp_path, spec, make_plan(spec, resolve_dims(spec.model), DEFAULT_PROFILE))
+    last = str(torch.cuda.device_count() - 1)
+    env = {"CUDA_VISIBLE_DEVICES": last, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+    async def go() -> tuple[int, list[WorkerMessage]]:
+        zygote = await WorkerZygote.start(dict(os.environ))
+        try:
+            worker = await _fork(zygote, job_dir, env)
+            messages = await _reports(worker)
+            return await worker.wait(), messages
+        finally:
+            await zygote.close()
+
+    code, messages = asyncio.run(go())
+    assert code == WorkerExit.succeeded, (job_dir / "worker.log").read_text()[-3000:]
+    started = next(m for m in messages if m.kind == "started")
+    assert started.peak_source and started.peak_source != "configured"  # a GPU's peak
+    assert [m.step for m in messages if m.kind == "checkpoint"] == [2, 4]
