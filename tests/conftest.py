@@ -58,6 +58,18 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc.wait(10)
 
 
+SLOWEST_FIRST = Path(__file__).with_name("slowest_modules.txt")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slowest modules first (tests/slowest_modules.txt): xdist hands modules out in
+    this order, so the run ends on short ones spread over both workers."""
+    lines = SLOWEST_FIRST.read_text().splitlines()
+    paths = [line.split()[0] for line in lines if line.strip() and not line.startswith("#")]
+    rank = {path: i for i, path in enumerate(paths)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
+
+
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
