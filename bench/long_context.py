@@ -47,8 +47,11 @@ from bench.specs import llama_dims, llama_spec
 from bench.table import format_rows
 from bench.working_set import measured_node, run_plan
 from wstrain.contracts.errors import InfeasibleBudget
+from wstrain.contracts.hardware import whole_attention_kernel
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.planning.planner import make_plan
+from wstrain.worker.kernels import fa3
+from wstrain.worker.kernels.fa3 import fa3_takes
 from wstrain.worker.ops import prefix_attn
 from wstrain.worker.ops.prefix_attn import prefix_attention, prefix_attention_backward
 
@@ -77,7 +80,7 @@ def plan_row(  # type: ignore[no-untyped-def]
     node = measured_node()  # no layer timing: a whole layer at 512K is what does not fit
     node = node.with_documents(documents)
     if kernel == "cudnn":
-        prefix_attn.USE_FA3 = False
+        fa3.ENABLED = False
         node = replace(node, fa3_attention_points=())
     last: Exception | None = None
     for n in [layers] if layers else [32, 16]:
@@ -160,17 +163,20 @@ def run_row(args: argparse.Namespace) -> Row:
     del res
     torch.cuda.set_per_process_memory_fraction(1.0, 0)  # the kernel alone, whole-GPU
     torch.cuda.empty_cache()
-    row.attention_kernel = (  # whole sequences run models/dense.py's SDPA
-        prefix_attn.kernel_for(torch.device("cuda"), torch.bfloat16, docs > 0, dims.head_dim)
+    cuda = torch.device("cuda")
+    row.attention_kernel = (  # whole sequences run models/dense.py's attention
+        prefix_attn.kernel_for(cuda, torch.bfloat16, docs > 0, dims.head_dim)
         if ws.seq_chunk
-        else "sdpa"
+        else whole_attention_kernel(
+            "cuda", "bf16", docs > 0, fa3_takes(torch.bfloat16, dims.head_dim)
+        )
     )
     rate = attention_rate(dims, seq, ws.seq_chunk)
     row.plan["attention_fwd_bwd_flops"] = rate  # type: ignore[index]
     floor_s = kernel_floor_s(dims, seq, batch, node.matmul_flops, rate, docs)
     row.plan["kernel_floor_step_seconds"] = floor_s  # type: ignore[index]
     row.kernel_floor_ratio = floor_s / row.measured_step_seconds
-    prefix_attn.USE_FA3 = prefix_attn.USE_CUDNN = False  # FA2, the fallback, for the record
+    fa3.ENABLED = prefix_attn.USE_CUDNN = False  # FA2, the fallback, for the record
     row.plan["flash2_fwd_bwd_flops"] = attention_rate(dims, seq, ws.seq_chunk)  # type: ignore[index]
     row.plan["adaws_h100_mfu"] = ADAWS_H100_MFU.get(seq)  # type: ignore[index]
     row.plan["steps_timed"] = max(1, args.steps - 1)  # type: ignore[index]

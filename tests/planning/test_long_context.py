@@ -22,6 +22,7 @@ from wstrain.contracts.model_dims import PRESETS
 from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
 from wstrain.planning.levels import LayerCost, cheapest_drops
+from wstrain.planning.resident import make_resident_plan
 from wstrain.planning.working_set import make_ws_plan
 
 LLAMA = PRESETS["llama3-8b"]
@@ -87,7 +88,7 @@ def test_shorter_sequences_stay_whole_unless_asked() -> None:
     dims = replace(LLAMA, num_layers=32)
     plan = make_ws_plan(_spec(dims, 32768, 1, 24, 110), dims, H100)
     assert plan.working_set is not None and plan.working_set.seq_chunk == 0
-    assert plan.working_set.attention_kernel == ""
+    assert plan.working_set.attention_kernel == "sdpa"
     asked = make_ws_plan(_spec(dims, 32768, 1, 24, 110, seq_chunk=4096), dims, H100)
     assert asked.working_set is not None and asked.working_set.seq_chunk == 4096
     assert "(override)" in asked.reasons["seq_chunk"]
@@ -265,8 +266,8 @@ def test_a_lead_pass_over_the_host_budget_steps_down_to_fit() -> None:
 def test_a_node_with_fa3_plans_pieces_on_it_at_its_measured_rate() -> None:
     """A node whose profile carries FlashAttention-3's rates (attention_flops.fa3.SEQ) plans
     a long sequence's pieces on FA3 and predicts them at FA3's rate: faster than the same
-    node without it; whole sequences, a head dim FA3 is not built for and fp32 keep the
-    other kernels."""
+    node without it; whole sequences too (models/dense.py takes FA3 for them), except
+    under document masks; a head dim FA3 is not built for keeps the other kernels."""
     dims = replace(LLAMA, num_layers=32)
     spec = _spec(dims, 131072, 1, 24, 110)
     profile = {"matmul_flops": 761e12, "optimizer_params_per_s": 4e9}
@@ -290,10 +291,21 @@ def test_a_node_with_fa3_plans_pieces_on_it_at_its_measured_rate() -> None:
     plan = make_ws_plan(_spec(wide, 131072, 1, 24, 110), wide, fa3)
     assert plan.working_set is not None
     assert plan.working_set.attention_kernel == "cudnn-prefix-diagonal"
-    short = make_ws_plan(_spec(dims, 4096, 8, 24, 110, seq_chunk=0), dims, fa3)
-    assert short.working_set is not None and short.working_set.attention_kernel == ""
-    # whole sequences run SDPA: FA3's points do not change their prediction
+    whole = _spec(dims, 4096, 8, 24, 110, seq_chunk=0)
+    short, short_sdpa = make_ws_plan(whole, dims, fa3), make_ws_plan(whole, dims, H100)
+    assert short.working_set is not None and short.working_set.attention_kernel == "fa3-hopper"
+    assert short_sdpa.working_set is not None
+    assert short_sdpa.working_set.attention_kernel == "sdpa"
+    assert short.predicted.compute_seconds < short_sdpa.predicted.compute_seconds
+    # under document masks a whole sequence runs SDPA: FA3's points change nothing
+    masked = whole.model_copy(update={"document_mask": True})
+    on_sdpa = make_ws_plan(masked, dims, fa3)
+    assert on_sdpa.working_set is not None and on_sdpa.working_set.attention_kernel == "sdpa"
+    assert on_sdpa.predicted == make_ws_plan(masked, dims, H100).predicted
+    # the resident planner predicts whole sequences at the same kernel's rate
+    two = replace(dims, num_layers=2)  # one that fits an 80 GiB device whole
+    resident = _spec(two, 4096, 8, 80, 110, runtime="resident")
     assert (
-        short.predicted
-        == make_ws_plan(_spec(dims, 4096, 8, 24, 110, seq_chunk=0), dims, H100).predicted
+        make_resident_plan(resident, two, fa3).predicted.step_seconds
+        < make_resident_plan(resident, two, H100).predicted.step_seconds
     )

@@ -159,9 +159,17 @@ class NodeProfile:
         fa3 = bool(self.fa3_attention_points) and head_dim in FA3_HEAD_DIMS
         return piece_attention_kernel(device, precision, documents, fa3=fa3)
 
+    def whole_kernel(self, device: str, precision: str, documents: bool, head_dim: int) -> str:
+        """The kernel a whole sequence's attention runs on `device` of this node
+        (whole_attention_kernel): FA3 where the node measured it, causal without document
+        masks at a head dim it is built for; else SDPA."""
+        fa3 = bool(self.fa3_attention_points) and head_dim in FA3_HEAD_DIMS
+        return whole_attention_kernel(device, precision, documents, fa3)
+
     def for_piece_kernel(self, kernel: str) -> NodeProfile:
-        """The node as a plan whose pieces run `kernel` sees it: FA3's attention rates
-        where that kernel is FA3's (whole sequences run SDPA, the profile's own points)."""
+        """The node as a plan whose attention runs `kernel` (a piece's, or a whole
+        sequence's) sees it: FA3's attention rates where that kernel is FA3's, else the
+        profile's own points (SDPA's)."""
         if kernel.startswith(FA3_HOPPER) and self.fa3_attention_points:
             return replace(self, attention_points=self.fa3_attention_points)
         return self
@@ -227,6 +235,17 @@ def piece_attention_kernel(
     if device == "cuda" and precision != "fp32":
         kernel = FA3_HOPPER if fa3 else CUDNN_PREFIX_DIAGONAL if cudnn else FLASH_LOWER_RIGHT
     return kernel + PER_DOCUMENT * documents
+
+
+SDPA: Final = "sdpa"  # a whole sequence's attention through torch's SDPA (models/dense.py)
+
+
+def whole_attention_kernel(device: str, precision: str, documents: bool, fa3: bool) -> str:
+    """The kernel a whole sequence's attention runs (worker/models/dense.py): FA3 (`fa3`: its
+    wheel on a Hopper GPU at a head dim it is built for) for causal 16-bit attention on CUDA
+    without document masks, one launch each way; else SDPA, which picks its own backend."""
+    fused = device == "cuda" and precision != "fp32" and not documents
+    return FA3_HOPPER if fused and fa3 else SDPA
 
 
 # Profile-key format (worker/profile/node.py): bump when the measured keys change meaning,

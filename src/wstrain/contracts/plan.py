@@ -67,7 +67,9 @@ class WorkingSetPlan(BaseModel):
         "are per [layer][sequence x piece]); 0 = whole sequences",
     )
     attention_kernel: str = Field(
-        default="", description="with seq_chunk: the kernel a piece's attention runs"
+        default="",
+        description="the kernel the attention runs: with seq_chunk a piece's, else a whole "
+        "sequence's (sdpa, or fa3-hopper where FlashAttention-3 runs)",
     )
     overlap: bool = Field(
         default=False,

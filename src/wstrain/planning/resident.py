@@ -96,6 +96,10 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
         )
     micro_batch = max(fitting)
     rounds = spec.global_batch // micro_batch
+    # whole sequences' attention at the rate of the kernel models/dense.py takes here
+    node = node.for_piece_kernel(
+        node.whole_kernel(device, spec.precision, spec.document_mask, dims.head_dim)
+    )
     fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node)
     head_s = 6 * spec.seq_len * dims.embedding_params / node.matmul_flops
     compute_s = spec.global_batch * (dims.num_layers * (fwd_s + bwd_s) + head_s)

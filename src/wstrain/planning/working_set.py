@@ -52,6 +52,7 @@ def _search(
     """The fastest candidate over micro-batches `mbs`, whole sequences or (`pieces`) in
     pieces too; a layout in pieces is costed at its piece kernel's attention rate."""
     in_pieces = whole.for_piece_kernel(_piece_kernel(spec, dims, whole, device))
+    whole = whole.for_piece_kernel(_whole_kernel(spec, dims, whole, device))
     ranked: list[tuple[float, int, mm.Layout, Solution, int, Window, Solution | None]] = []
     # the DP depends on the units and whether a backward runs beside the forward alone
     solutions: dict[tuple[int, int, bool], tuple[cm.LayerCost, Solution]] = {}
@@ -201,11 +202,15 @@ def _piece_kernel(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str
     return node.piece_kernel(device, spec.precision, spec.document_mask, dims.head_dim)
 
 
+def _whole_kernel(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str) -> str:
+    return node.whole_kernel(device, spec.precision, spec.document_mask, dims.head_dim)
+
+
 def _plan(
     spec: JobSpec, dims: ModelDims, node: NodeProfile, c: Candidate, device: Device, bound: float
 ) -> Plan:
     L, lay = dims.num_layers, c.lay
-    kernel = _piece_kernel(spec, dims, node, device) if lay.pieces > 1 else ""
+    kernel = (_piece_kernel if lay.pieces > 1 else _whole_kernel)(spec, dims, node, device)
     node = node.for_piece_kernel(kernel)
     return Plan(
         runtime="working_set",

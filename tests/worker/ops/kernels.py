@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from wstrain.worker.kernels import fa3
+from wstrain.worker.kernels.fa3 import fa3_present
 from wstrain.worker.ops import prefix_attn
-from wstrain.worker.ops.fa3_attn import fa3_present
 
 _CUDA = torch.cuda.is_available()
 FUSED = [
@@ -27,5 +28,5 @@ FUSED = [
 
 def use_kernel(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make prefix_attention take `kernel` (FA3 first where present, then cuDNN, then FA2)."""
-    monkeypatch.setattr(prefix_attn, "USE_FA3", kernel == prefix_attn.FA3)
+    monkeypatch.setattr(fa3, "ENABLED", kernel == prefix_attn.FA3)
     monkeypatch.setattr(prefix_attn, "USE_CUDNN", kernel == prefix_attn.CUDNN)

