@@ -47,6 +47,15 @@ def _grads(fn, q, k, v, dout):  # type: ignore[no-untyped-def]
     return (out.detach(), *torch.autograd.grad(out, (q, k, v), dout))
 
 
+def _same_run(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> None:
+    """Two runs of the same FA3 kernels: the forward bit for bit; the gradients to the
+    rounding of its backward's fp32 atomic adds, whose order varies run to run (dq's
+    accumulator; dk, dv's over a group's query heads)."""
+    assert torch.equal(a[0], b[0]), "out"
+    for name, x, y in zip(("dq", "dk", "dv"), a[1:], b[1:]):
+        assert rel_err(x.float(), y.float()) < 1e-3, name
+
+
 def _sdpa(q, k, v):  # type: ignore[no-untyped-def]
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
@@ -76,8 +85,7 @@ def test_a_non_contiguous_incoming_gradient() -> None:
     odd = dout.transpose(-1, -2).contiguous().transpose(-1, -2)  # stride(-1) != 1
     assert odd.stride(-1) != 1
     again = _grads(fa3_causal_attention, q, k, v, odd)
-    for name, a, b in zip(("out", "dq", "dk", "dv"), want, again):
-        assert torch.equal(a, b), name
+    _same_run(want, again)
 
 
 def test_dense_attention_takes_fa3_and_falls_back_to_sdpa(
@@ -88,8 +96,7 @@ def test_dense_attention_takes_fa3_and_falls_back_to_sdpa(
     assert not fa3_takes(torch.float32, 128) and not fa3_takes(torch.bfloat16, 64)
     via_dense = _grads(causal_attention, q, k, v, dout)
     direct = _grads(fa3_causal_attention, q, k, v, dout)
-    for name, a, b in zip(("out", "dq", "dk", "dv"), via_dense, direct):
-        assert torch.equal(a, b), name  # the same kernel: bit for bit
+    _same_run(via_dense, direct)
     monkeypatch.setattr(fa3, "ENABLED", False)
     assert not fa3_takes(q.dtype, 128)
     sdpa = _grads(causal_attention, q, k, v, dout)
