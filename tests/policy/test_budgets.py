@@ -1,7 +1,8 @@
 """Budgets inside ranges (policy/budgets.py): mins first, the rest where it buys the most
 weighted tokens/s, nothing spent where speed does not grow; shrinking frees what is asked at
 the least loss, or says it cannot; a decision round (policy/decide.py) starts ranged jobs at
-their min and gives them what their GPU has left."""
+their min and gives them what their GPU has left; after running out of memory, what is
+left of a range is its points at or above the measured floor."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from wstrain.policy import Gpu, NodeState, PendingJob, PolicyConfig, Quota, Runn
 from wstrain.policy.budgets import (
     BudgetPoint,
     RangedJob,
+    above_floor,
     budget_reason,
     choose_points,
     shrink_to_free,
@@ -217,3 +219,11 @@ def test_a_higher_class_ranged_job_is_not_shrunk_for_a_lower_one() -> None:
         {},
     )
     assert d.shrink == {} and d.preempt == () and d.kinds["new"].value == "resources"
+
+
+def test_after_running_out_only_points_at_or_above_the_floor_are_left() -> None:
+    points = _job("a", CONCAVE).points  # 10, 20, 30, 40 GiB of device, 8 of host
+    assert [p.device_bytes // GIB for p in above_floor(points, 15 * GIB, 0)] == [20, 30, 40]
+    assert above_floor(points, 0, 8 * GIB) == points  # the host held: every point holds it
+    assert above_floor(points, 0, 9 * GIB) == ()  # the host ran out and is fixed
+    assert above_floor(points, 41 * GIB, 0) == ()  # past the max

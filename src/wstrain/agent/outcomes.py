@@ -2,12 +2,13 @@
 time limit; failed at once when the worker refused the spec before training
 (WorkerExit.refused: a path into the state dir or outside the data roots, which no retry
 changes) or ran out of a memory budget (WorkerExit.out_of_memory: the same plan would again;
-the error names the budget that fits); requeued when the agent shut down or the job was
-preempted (it wrote a checkpoint, the next attempt resumes there); and when the worker died
-(killed, OOM-killed, a CUDA error, hung: SIGKILLed by the agent after its no-progress window,
-agent/hang.py; a lost node) requeued again as an automatic retry, with back-off, until the
-spec's `max_retries` are spent, then failed with the cause. Every write is fenced by the
-agent's lease on the job.
+the error names the budget that fits), unless its budget is a range that holds that budget:
+then re-planned from there and requeued at once, a retry; requeued when the agent shut
+down or the job was preempted (it wrote a checkpoint, the next attempt resumes there); and
+when the worker died (killed, OOM-killed, a CUDA error, hung: SIGKILLed by the agent after
+its no-progress window, agent/hang.py; a lost node) requeued again as an automatic retry,
+with back-off, until the spec's `max_retries` are spent, then failed with the cause. Every
+write is fenced by the agent's lease on the job.
 
 Used by agent/supervisor.py (a worker's exit) and recovery.py (a dead node's jobs).
 """
@@ -17,10 +18,14 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from wstrain.contracts.calibration import GIB
 from wstrain.contracts.errors import Conflict, LeaseLost
 from wstrain.contracts.jobs import Job, JobState, WorkerExit
+from wstrain.policy import BudgetPoint
+from wstrain.policy.budgets import above_floor
+from wstrain.policy.state import gib_count
 from wstrain.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -43,6 +48,8 @@ class Exit:
     timed_out: bool  # SIGTERM at the job's time limit
     preempted_by: str | None  # SIGTERM to make room for this job ("job ID", or no id)
     retry_backoff_s: float
+    # out of memory: the budget that would have held it (WorkerMessage.needs_gib)
+    needs_gib: dict[str, float] = field(default_factory=dict)
 
 
 async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit) -> None:
@@ -60,10 +67,7 @@ async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit
                 jid, JobState.succeeded, "training finished", sources=_LIVE, fence=fence, error=None
             )
         elif code == WorkerExit.out_of_memory:  # the same plan would run out again
-            cause = ex.error or "ran out of a memory budget; see worker.log"
-            await store.transition(
-                jid, JobState.failed, f"failed: {cause}", sources=_LIVE, fence=fence, error=cause
-            )
+            await out_of_memory(store, job, fence, ex)
         elif code == WorkerExit.refused:  # the spec itself: a retry would be refused alike
             cause = ex.error or "the worker refused the spec before training; see worker.log"
             await store.transition(
@@ -99,6 +103,44 @@ async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit
     except Conflict as exc:  # someone else settled it, or took the job over; keep theirs
         log.warning("job %s: could not settle after exit %d: %s", jid, code, exc.message)
     log.info("job %s: worker exited with %d", jid, code)
+
+
+async def out_of_memory(store: JobStore, job: Job, fence: str, ex: Exit) -> None:
+    """A worker ran out of a memory budget. A ranged job whose range holds what the worker
+    measured goes back to the queue at once, its points under that floor dropped, so its
+    next attempt is planned at a point that fits and resumes from its last checkpoint
+    (counted as a retry; the event says what changed). Otherwise, or with its retries
+    spent, it fails: the worker's error names the budget that fits."""
+    cause = ex.error or "ran out of a memory budget; see worker.log"
+    budget, needs = job.spec.budget, ex.needs_gib
+    left: tuple[BudgetPoint, ...] = ()
+    if budget.ranged and needs and job.retries < job.spec.max_retries:
+        floor = (int(needs.get("device_gib", 0) * GIB), int(needs.get("host_gib", 0) * GIB))
+        left = above_floor(await store.range_points(job.id), *floor)
+    if not left:
+        await store.transition(
+            job.id, JobState.failed, f"failed: {cause}", sources=_LIVE, fence=fence, error=cause
+        )
+        return
+    low, n = left[0], job.retries + 1
+    needed = ", ".join(f"{k.removesuffix('_gib')} {v:g} GiB" for k, v in needs.items())
+    reason = (
+        f"retry {n} of {job.spec.max_retries}: ran out of memory at {budget.device_gib:g} GiB "
+        f"device, {budget.host_gib:g} GiB host (it needs at least {needed}); re-planned in its "
+        f"range from {gib_count(low.device_bytes)} GiB device, {gib_count(low.host_bytes)} "
+        "GiB host"
+    )
+    await _to_queue(
+        store,
+        job,
+        fence,
+        f"{reason}; requeued to resume from the last checkpoint",
+        retries=n,
+        points=[[p.device_bytes / GIB, p.host_bytes / GIB, p.tokens_per_s] for p in left],
+        state_reason=reason,
+        error=cause,
+    )
+    log.warning("job %s: %s", job.id, reason)
 
 
 async def retry_or_fail(

@@ -51,6 +51,7 @@ class WorkerHandle:
     cancel_sent: bool = False
     shutting_down: bool = False
     error: str | None = None
+    needs_gib: dict[str, float] = field(default_factory=dict)  # out of memory: what would fit
     last_step: int = 0
     lease_lost: bool = False  # another agent holds the job now: write nothing more
     timed_out: bool = False  # stopped at its time limit: ends `timeout`
@@ -214,7 +215,7 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
             last_checkpoint=msg.path,
         )
     elif msg.kind == "error":
-        h.error = msg.message
+        h.error, h.needs_gib = msg.message, msg.needs_gib
         data = {"needs_gib": msg.needs_gib} if msg.needs_gib else {}
         await store.report(jid, fence, ("error", msg.message or "worker error", data))
     elif msg.kind == "started":
@@ -284,6 +285,7 @@ async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
         code,
         Exit(
             error=h.hung or h.error,
+            needs_gib=h.needs_gib,
             last_step=h.last_step,
             cancel_sent=h.cancel_sent,
             shutting_down=h.shutting_down,

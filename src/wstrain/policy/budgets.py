@@ -13,6 +13,10 @@ Two decisions read them:
   moved down their ranges, the cheapest loss of weighted tokens/s per byte freed first; None
   when even every one at its min frees too little (then preemption decides).
 
+And one after a run: `above_floor`, what is left of a range once a job ran out of memory at
+a point of it (its worker measured what would have held it): the points at or above that
+floor, the lowest its new min; none when its max is under the floor.
+
 Greedy by marginal gain is exact where the speed curve is concave in memory (it is: more
 window buys less and less once the stream is hidden) and within one upgrade of the best
 otherwise; the points are few (the planner is asked at ~5 per range), so it is cheap.
@@ -33,6 +37,7 @@ __all__ = [
     "BudgetPoint",
     "RangedJob",
     "Shrink",
+    "above_floor",
     "budget_reason",
     "choose_points",
     "choose_shrink",
@@ -203,3 +208,11 @@ def budget_reason(job: RangedJob, point: BudgetPoint) -> str:
         f"{point.tokens_per_s:,.0f} predicted tokens/s "
         f"({high.tokens_per_s:,.0f} at its max, {low.tokens_per_s:,.0f} at its min)"
     )
+
+
+def above_floor(
+    points: Sequence[BudgetPoint], device_bytes: int, host_bytes: int
+) -> tuple[BudgetPoint, ...]:
+    """The points of a range that hold a job which ran out of memory: device and host each
+    at least the floor its worker measured (0: that budget did not run out), min first."""
+    return tuple(p for p in points if p.device_bytes >= device_bytes and p.host_bytes >= host_bytes)

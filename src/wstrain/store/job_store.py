@@ -29,6 +29,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialBackoff
 
+from wstrain.contracts.calibration import GIB
 from wstrain.contracts.errors import Conflict, LeaseLost, NotFound
 from wstrain.contracts.jobs import (
     ALLOWED_TRANSITIONS,
@@ -42,6 +43,7 @@ from wstrain.contracts.metrics import QUEUE_WAIT_BUCKETS_S
 from wstrain.contracts.model_refs import model_label
 from wstrain.contracts.plan import Plan
 from wstrain.contracts.spec import JobSpec
+from wstrain.policy import BudgetPoint
 from wstrain.store import lua
 from wstrain.store.cache import ParsedJobs
 from wstrain.store.faults import StoreRetry
@@ -63,6 +65,14 @@ class Lease:
     expires_at: float
     worker_pid: int | None
     worker_start: int | None
+
+
+def budget_points(raw: str | None) -> tuple[BudgetPoint, ...]:
+    """A job's stored range points ([[device GiB, host GiB, tokens/s], ...], min first)."""
+    return tuple(
+        BudgetPoint(int(device_gib * GIB), int(host_gib * GIB), float(tokens_per_s))
+        for device_gib, host_gib, tokens_per_s in json.loads(raw or "[]")
+    )
 
 
 def _encode(value: Any) -> str:
@@ -270,6 +280,11 @@ class JobStore(JobReads):
         return bool(claimed)
 
     # ------------------------------------------------------------ leases
+
+    async def range_points(self, job_id: str) -> tuple[BudgetPoint, ...]:
+        """A ranged job's plannable points as stored, min first (none for a fixed budget)."""
+        raw = cast(str | None, await self.redis.hget(self.keys.job(job_id), "points"))
+        return budget_points(raw)
 
     async def report(
         self,

@@ -23,7 +23,7 @@ from wstrain.contracts.calibration import GIB
 from wstrain.contracts.jobs import JobState, gpu_indices
 from wstrain.contracts.spec import JobSpec
 from wstrain.policy import BudgetPoint, PendingJob, RunningJob
-from wstrain.store.job_store import JobStore
+from wstrain.store.job_store import JobStore, budget_points
 
 _PENDING = (
     "owner", "priority", "queued_at", "created_at", "device_bytes", "host_bytes",
@@ -77,14 +77,6 @@ for i = 1, #ARGV, 2 do
 end
 return 0
 """
-
-
-def budget_points(raw: str | None) -> tuple[BudgetPoint, ...]:
-    """A job's stored range points ([[device GiB, host GiB, tokens/s], ...], min first)."""
-    return tuple(
-        BudgetPoint(int(device_gib * GIB), int(host_gib * GIB), float(tokens_per_s))
-        for device_gib, host_gib, tokens_per_s in json.loads(raw or "[]")
-    )
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ by (`mfu_peak`). worker/main.py drives them; benchmarks and tests build runtimes
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from wstrain.contracts.access import DataAccess
@@ -26,6 +27,11 @@ from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.node_share import NodeShare
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 from wstrain.worker.runtime.working_set.state import HostState
+
+# Fault injection for tests only (tests/e2e/test_ranged_jobs.py, docs/OPERATIONS.md): the
+# host arena's limit lowered by this many bytes, as a plan that under-counted host memory by
+# as much would leave it, so a real worker runs out of its budget; unset in service
+FAULT_HOST_SHORTFALL_ENV = "WSTRAIN_FAULT_HOST_SHORTFALL_BYTES"
 
 
 def build_runtime(
@@ -61,7 +67,7 @@ def build_runtime(
     cuda = plan.device == "cuda"
     arena_limit = host_arena_limit_bytes(
         spec.budget.host_bytes, dims.params, spec.precision, plan.device
-    )
+    ) - int(os.environ.get(FAULT_HOST_SHORTFALL_ENV) or 0)
     # ranks of one node share one host copy; one rank a node needs none
     share = NodeShare.create(group, shm_dir) if group and group.local_world > 1 else None
     host = HostState.create(
