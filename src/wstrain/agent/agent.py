@@ -206,6 +206,9 @@ class Agent(Launcher):
         for victim, for_job in out.preempt.items():
             if (handle := self.workers.get(victim)) is not None:
                 preempt(handle, for_job, self.settings.preempt_grace_s)
+        for victim, (point, for_job) in out.shrink.items():
+            if (handle := self.workers.get(victim)) is not None:
+                preempt(handle, for_job, self.settings.preempt_grace_s, shrink_to=point)
         for c in out.claimed:
             log.info("job %s: claimed by %s on GPU %s", c.job_id, self.name, gpu_text(c.gpus))
             await self._start(c.job_id, c.gpus, c.link_share)

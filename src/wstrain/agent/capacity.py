@@ -40,6 +40,7 @@ def running_jobs(handles: Iterable[WorkerHandle]) -> list[RunningJob]:
             stopping=h.cancel_sent or h.timed_out or h.shutting_down or bool(h.preempted_by),
             gpus=h.job.spec.gpus,
             gang=h.gpus if len(h.gpus) > 1 else (),
+            points=h.points,
         )
         for h in handles
     ]

@@ -225,6 +225,11 @@ class Launcher:
             self.agent_id,
             retry_backoff_s=self.settings.retry_backoff_s,
             hang=self.settings.hang_window(),
+            # a ranged job on one GPU of one node may be shrunk rather than preempted; the
+            # policy finds its current point among these by its reserved bytes
+            points=await self.store.range_points(job_id)
+            if job.spec.gpus == job.spec.nodes == 1
+            else (),
         )
         self.exporter.job_started(job.model_copy(update={"plan": plan}))
         self.workers[job_id] = handle

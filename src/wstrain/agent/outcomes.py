@@ -50,6 +50,7 @@ class Exit:
     retry_backoff_s: float
     # out of memory: the budget that would have held it (WorkerMessage.needs_gib)
     needs_gib: dict[str, float] = field(default_factory=dict)
+    shrunk_to: BudgetPoint | None = None  # preempted_by's room made by shrinking, not evicting
 
 
 async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit) -> None:
@@ -85,6 +86,13 @@ async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit
                 fence=fence,
                 state_reason=f"time limit {limit:.0f} s",
             )
+        elif ex.preempted_by and not ex.cancel_sent and ex.shrunk_to is not None:
+            to = ex.shrunk_to
+            why = (
+                f"shrunk for {ex.preempted_by}: restarts lower in its range, at most "
+                f"{gib_count(to.device_bytes)} GiB device, {gib_count(to.host_bytes)} GiB host"
+            )
+            await requeue(store, job, fence, why, f"{why}; stopped at step {ex.last_step}")
         elif ex.preempted_by and not ex.cancel_sent:  # a SIGKILL past the grace too
             why = f"preempted by {ex.preempted_by}"  # scheduling.py's preemptor_text
             await requeue(store, job, fence, why, f"{why} at step {ex.last_step}")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from wstrain.agent.members import Hold
 from wstrain.contracts.jobs import JobState, gpu_indices, gpu_text
 from wstrain.policy import (
+    BudgetPoint,
     Decision,
     NodeState,
     PolicyConfig,
@@ -61,6 +62,9 @@ class Outcome:
     preempt: dict[str, str]  # victim id -> the job it makes room for
     decision: Decision | None  # None: another agent held the lock
     joined: list[Hold] = field(default_factory=list)  # multi-node gangs this node joined
+    # ranged running jobs stopped to restart lower in their ranges: id -> (the point they
+    # are shrunk to, the job they make room for, as preempt words it)
+    shrink: dict[str, tuple[BudgetPoint, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -232,12 +236,15 @@ class Rounds:
         }
         gpu_of = {j.id: j.gpu_index for j in running}
         owner_of = {j.id: j.owner for j in running}
-        preempt = {
-            v: preemptor_text(owner_of.get(v, ""), by_id.get(for_gpu.get(gpu_of.get(v), "")))
-            for v in decision.preempt
-        }
+
+        def room_for(victim: str) -> str:
+            held = by_id.get(for_gpu.get(gpu_of.get(victim), ""))
+            return preemptor_text(owner_of.get(victim, ""), held)
+
+        preempt = {v: room_for(v) for v in decision.preempt}
+        shrink = {v: (point, room_for(v)) for v, point in decision.shrink.items()}
         await self.view.set_reasons(reasons)
-        return Outcome(claimed, preempt, decision, holds)
+        return Outcome(claimed, preempt, decision, holds, shrink)
 
 
 def slots_reason(size: int, free: int, total: int) -> str:

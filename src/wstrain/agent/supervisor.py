@@ -30,6 +30,7 @@ from wstrain.contracts.access import DataAccess
 from wstrain.contracts.errors import LeaseLost
 from wstrain.contracts.jobs import Job, JobState, WorkerMessage, gpu_text
 from wstrain.contracts.plan import Plan
+from wstrain.policy import BudgetPoint
 from wstrain.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,10 @@ class WorkerHandle:
     lease_lost: bool = False  # another agent holds the job now: write nothing more
     timed_out: bool = False  # stopped at its time limit: ends `timeout`
     preempted_by: str | None = None  # stopped for this job (its words): requeued, not failed
+    # a ranged job's points, min first, its current one among them (a single-GPU job whose
+    # budget is a range: the policy may shrink it rather than preempt it)
+    points: tuple[BudgetPoint, ...] = ()
+    shrunk_to: BudgetPoint | None = None  # stopped to restart lower in its range
     retry_backoff_s: float = 30.0  # first retry's wait after a worker died; doubles
     started_s: float = field(default_factory=time.time)  # unix s: when the worker was spawned
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -291,6 +296,7 @@ async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
             shutting_down=h.shutting_down,
             timed_out=h.timed_out,
             preempted_by=h.preempted_by,
+            shrunk_to=h.shrunk_to,
             retry_backoff_s=h.retry_backoff_s,
         ),
     )
@@ -354,15 +360,20 @@ async def enforce_time_limit(store: JobStore, h: WorkerHandle, grace_s: float) -
         )
 
 
-def preempt(h: WorkerHandle, for_job: str, grace_s: float) -> None:
+def preempt(
+    h: WorkerHandle, for_job: str, grace_s: float, shrink_to: BudgetPoint | None = None
+) -> None:
     """Stop the worker to make room for `for_job` (its owner's words for it: "job ID" or
     "another owner's job of priority P"): SIGTERM (it checkpoints at its next step
     boundary and exits; its job is requeued, not failed), SIGKILL if it has not exited
-    `grace_s` later (requeued all the same, from its last checkpoint)."""
+    `grace_s` later (requeued all the same, from its last checkpoint). `shrink_to`: a
+    ranged job stopped to restart lower in its range (at most that point frees the room),
+    not evicted: the same stop, and its requeue says so."""
     if h.preempted_by or h.proc.returncode is not None:
         return
-    h.preempted_by = for_job
-    log.info("job %s: preempted for %s; stopping pid %d", h.job.id, for_job, h.proc.pid)
+    h.preempted_by, h.shrunk_to = for_job, shrink_to
+    what = "shrunk" if shrink_to else "preempted"
+    log.info("job %s: %s for %s; stopping pid %d", h.job.id, what, for_job, h.proc.pid)
     h.proc.send_signal(signal.SIGTERM)
 
     def kill() -> None:
