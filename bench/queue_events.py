@@ -5,7 +5,7 @@ Events: submit, finish, crash (the worker dies; retried from its last checkpoint
 agent's back-off, 30 s doubling, at most 2 retries), stopped (a preempted or cancelled
 worker exits STOP_GRACE_S after its SIGTERM), cancel, wake (a back-off ends). After the
 events of an instant, usage is charged (`policy.charge`) and `policy.decide` runs once; its
-starts, preemptions and unsatisfiable jobs are applied, and the round is checked
+starts, shrinks, growths, preemptions and unsatisfiable jobs are applied, and the round is checked
 (bench/queue_check.py). Workers checkpoint every CHECKPOINT_EVERY_S of run time: a crashed
 or preempted job loses the work since its last checkpoint (the pessimistic case: the
 agent's SIGTERM also makes it checkpoint). Between events the figures bench/queue_sim.py
@@ -69,6 +69,7 @@ class StopKind(str, enum.Enum):  # noqa: UP042
     preempted = "preempted"  # back to the queue
     cancelled = "cancelled"
     shrunk = "shrunk"  # restarts at once on its GPU, lower in its range
+    grown = "grown"  # restarts at once on its GPU, higher in its range
 
 
 @dataclass
@@ -96,7 +97,7 @@ class _Job:
     first_point: BudgetPoint | None = None  # the point of its first start
     predicted_start_s: float | None = None  # the forecast at its submission (policy/forecast)
     predicted_reason: str = ""  # why the forecast gave none
-    shrink_to: BudgetPoint | None = None  # where a shrunk job restarts
+    shrink_to: BudgetPoint | None = None  # where a shrunk or grown job restarts
     shrinks: int = 0
 
     @property
@@ -115,14 +116,10 @@ class _Job:
         return self.spec.device_bytes, self.spec.host_bytes
 
 
-_JOB_STATE = {
-    State.future: JobState.queued,
-    State.pending: JobState.queued,
-    State.running: JobState.running,
-    State.stopping: JobState.running,
-    State.succeeded: JobState.succeeded,
-    State.failed: JobState.failed,
-    State.cancelled: JobState.cancelled,
+_JOB_STATE = {  # as the store would hold it
+    **dict.fromkeys((State.future, State.pending), JobState.queued),
+    **dict.fromkeys((State.running, State.stopping), JobState.running),
+    **{s: JobState(s.value) for s in (State.succeeded, State.failed, State.cancelled)},
 }
 _HOLDING = (State.running, State.stopping)
 
@@ -158,8 +155,7 @@ class QueueSim:
         self.rounds = 0
         self.violations: list[str] = []
         self.peak: dict[str, list[int]] = {o: [0, 0, 0] for o in OWNERS}
-        self.preempted = 0
-        self.shrunk = 0
+        self.preempted = self.shrunk = self.grown = 0
         self.reason_rounds: Counter[str] = Counter()
         for t in trace:
             self._push(t.submit_s, Event.submit, t.id)
@@ -237,7 +233,7 @@ class QueueSim:
             j.done_s = self._kept(j, self._progress(j, now - STOP_GRACE_S))
             j.gen += 1
             j.point = None
-            if j.stop_kind == StopKind.shrunk:  # its agent restarts it on its GPU, smaller
+            if j.stop_kind in (StopKind.shrunk, StopKind.grown):  # restarted on its GPU
                 self._start(j, j.gpu, j.shrink_to)
             elif j.stop_kind == StopKind.preempted:
                 j.state = State.pending
@@ -248,7 +244,7 @@ class QueueSim:
                 j.state, j.end_s = State.cancelled, now
             elif j.state == State.running:
                 self._stop(j, StopKind.cancelled)
-            elif j.state == State.stopping and j.stop_kind == StopKind.shrunk:
+            elif j.state == State.stopping and j.stop_kind in (StopKind.shrunk, StopKind.grown):
                 j.stop_kind = StopKind.cancelled  # it will not restart
 
     def _stop(self, j: _Job, why: StopKind) -> None:
@@ -320,7 +316,8 @@ class QueueSim:
         self.submitted = []
         if not pending:
             self.backlogged = {}
-            return
+            if not any(r.points for r in running):  # nothing to start, shrink or grow
+                return
         decision = decide(now, pending, running, self.node, self.usage, self.config, deps)
         self.rounds += 1
         self.violations += check_round(
@@ -328,12 +325,16 @@ class QueueSim:
         )
         for job_id, gpu, _share in decision.start:
             self._start(self.jobs[job_id], gpu, decision.budgets.get(job_id))
-        for job_id, point in decision.shrink.items():
-            j = self.jobs[job_id]
-            j.shrinks += 1
-            self.shrunk += 1
-            j.shrink_to = point
-            self._stop(j, StopKind.shrunk)
+        self.shrunk += len(decision.shrink)
+        self.grown += len(decision.grow)
+        for kind, moves in ((StopKind.shrunk, decision.shrink), (StopKind.grown, decision.grow)):
+            for job_id, point in moves.items():
+                j = self.jobs[job_id]
+                j.shrinks += kind == StopKind.shrunk
+                j.shrink_to = point
+                self._stop(j, kind)
+        if not pending:  # a round that only grew jobs: no demand to count
+            return
         for job_id in decision.preempt:
             self.jobs[job_id].preemptions += 1
             self.preempted += 1
@@ -375,10 +376,8 @@ class QueueSim:
         ends = {}
         for r in running:
             j = self.jobs[r.id]
-            if j.state == State.stopping:
-                ends[r.id] = now + STOP_GRACE_S
-            else:
-                ends[r.id] = now + max(0.0, j.spec.work_s - self._progress(j, now)) / j.rate
+            left_s = max(0.0, j.spec.work_s - self._progress(j, now)) / j.rate
+            ends[r.id] = now + (STOP_GRACE_S if j.state == State.stopping else left_s)
         durations = {p.id: self.jobs[p.id].spec.work_s - self.jobs[p.id].done_s for p in pending}
         node = ForecastNode("node", self.node, tuple(running))
         got = forecast(now, pending, [node], ends, durations, self.usage, self.config, deps)

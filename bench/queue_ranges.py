@@ -132,6 +132,7 @@ def figures(sim: QueueSim, config: PolicyConfig) -> dict[str, Any]:
         "quotas_kept": quota_ok,
         "preemptions": sim.preempted,
         "shrinks": sim.shrunk,
+        "grows": sim.grown,
         "violations": len(sim.violations),
     }
 

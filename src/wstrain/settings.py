@@ -24,7 +24,13 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wstrain.contracts.access import DataAccess
-from wstrain.policy import DEFAULT_HALF_LIFE_S, PolicyConfig, Quota
+from wstrain.policy import (
+    DEFAULT_GROW_AFTER_S,
+    DEFAULT_GROW_MIN_GAIN,
+    DEFAULT_HALF_LIFE_S,
+    PolicyConfig,
+    Quota,
+)
 
 
 class OwnerQuota(BaseModel):
@@ -51,6 +57,11 @@ class SharedSettings(BaseSettings):
     fairshare_half_life_s: float = Field(default=DEFAULT_HALF_LIFE_S, gt=0, le=366 * 86400)
     owner_shares: dict[str, float] = Field(default_factory=dict, max_length=10_000)
     owner_quotas: dict[str, OwnerQuota] = Field(default_factory=dict, max_length=10_000)
+    # a ranged job grows back (restarts higher in its range) only after running this long
+    # since its last start, and only by this much more predicted tokens/s
+    # (policy/budgets.py choose_growth)
+    grow_after_s: float = Field(default=DEFAULT_GROW_AFTER_S, ge=0, le=366 * 86400)
+    grow_min_gain: float = Field(default=DEFAULT_GROW_MIN_GAIN, ge=0, le=100)
 
     @field_validator("owner_shares")
     @classmethod
@@ -64,6 +75,8 @@ class SharedSettings(BaseSettings):
         return PolicyConfig(
             half_life_s=self.fairshare_half_life_s,
             shares=dict(self.owner_shares),
+            grow_after_s=self.grow_after_s,
+            grow_min_gain=self.grow_min_gain,
             quotas={
                 o: Quota.from_gib(q.max_jobs, q.max_device_gib, q.max_host_gib)
                 for o, q in self.owner_quotas.items()

@@ -2,7 +2,8 @@
 real Redis: a ranged job running at the top of its range on a modelled 40 GiB GPU is shrunk
 when a job of a higher class arrives (stopped at a checkpoint as a preempted job is, its
 requeue saying so), then both run: the newcomer first, the shrunk job lower in its range
-on what is left. A fixed-budget job in its place is preempted.
+on what is left; once the newcomer is gone it grows back to the top. A fixed-budget job in
+its place is preempted.
 
     pytest tests/agent/test_shrink.py
 """
@@ -14,7 +15,7 @@ import uuid
 from typing import Any
 
 from tests.conftest import tiny_spec
-from wstrain.agent.outcomes import Exit, settle_exit
+from wstrain.agent.outcomes import Exit, Resize, settle_exit
 from wstrain.agent.scheduling import Rounds
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.hardware import DEFAULT_PROFILE
@@ -59,9 +60,9 @@ async def _running(store: JobStore, job_id: str) -> RunningJob:
     )
 
 
-def _stopped(for_job: str, shrunk_to: Any) -> Exit:
+def _stopped(for_job: str, resize: Resize) -> Exit:
     """A worker that checkpointed and exited after the agent's SIGTERM."""
-    return Exit(None, 7, False, False, False, for_job, 30.0, shrunk_to=shrunk_to)
+    return Exit(None, 7, False, False, False, for_job, 30.0, resize=resize)
 
 
 def test_a_ranged_job_is_shrunk_for_a_higher_class_and_restarts_lower(redis_url: str) -> None:
@@ -83,7 +84,8 @@ def test_a_ranged_job_is_shrunk_for_a_higher_class_and_restarts_lower(redis_url:
         assert waiting.state_reason is not None
         assert waiting.state_reason.startswith("preemption: shrinking 1 ranged job on GPU 0")
         # the worker checkpoints and exits: requeued, saying it was shrunk, not evicted
-        await settle_exit(store, alone, "agent-n0", WorkerExit.cancelled, _stopped(for_job, point))
+        stopped = _stopped(for_job, Resize(True, point))
+        await settle_exit(store, alone, "agent-n0", WorkerExit.cancelled, stopped)
         requeued = await store.get(ranged)
         assert requeued.state == JobState.queued and requeued.retries == 0
         assert requeued.state_reason is not None
@@ -92,6 +94,19 @@ def test_a_ranged_job_is_shrunk_for_a_higher_class_and_restarts_lower(redis_url:
         assert {c.job_id for c in out.claimed} == {ranged, urgent}
         assert (await store.get(urgent)).spec.budget.device_gib == 25
         assert (await store.get(ranged)).spec.budget.device_gib == 10  # lower in its range
+        # the newcomer has ended; 30 min after its restart the shrunk job grows back
+        out = await rounds.run(GPU, [await _running(store, ranged)], 1 << 16)
+        assert list(out.grow) == [ranged] and out.grow[ranged].device_bytes == 40 * GIB
+        room = "the room free on GPU 0"  # the agent's words for it
+        grown = _stopped(room, Resize(False, out.grow[ranged]))
+        await settle_exit(store, await store.get(ranged), "agent-n0", WorkerExit.cancelled, grown)
+        requeued = await store.get(ranged)
+        assert requeued.state_reason == (
+            f"grows into {room}: restarts higher in its range, at 40 GiB device, 2 GiB host"
+        )
+        out = await rounds.run(GPU, [], 1 << 16)
+        assert [c.job_id for c in out.claimed] == [ranged]
+        assert (await store.get(ranged)).spec.budget.device_gib == 40
         await store.close()
 
     asyncio.run(run())

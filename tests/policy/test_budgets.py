@@ -183,8 +183,11 @@ def test_an_upgrade_stays_within_its_owners_quota() -> None:
 # ---- shrink, do not evict: a ranged running job restarts lower in its range to make room
 
 
-def _ranged_running(jid: str, at_gib: int, priority: int = 0) -> RunningJob:
-    points = tuple(BudgetPoint(g * GIB, 8 * GIB, t) for g, t in CONCAVE.items())
+def _ranged_running(
+    jid: str, at_gib: int, priority: int = 0, curve: dict[int, float] = CONCAVE
+) -> RunningJob:
+    """Dan's ranged job on GPU 0 at `at_gib` of device, started at time 0."""
+    points = tuple(BudgetPoint(g * GIB, 8 * GIB, t) for g, t in curve.items())
     return RunningJob(jid, "dan", priority, 0, at_gib * GIB, 8 * GIB, 0.0, points=points)
 
 
@@ -227,3 +230,26 @@ def test_after_running_out_only_points_at_or_above_the_floor_are_left() -> None:
     assert above_floor(points, 0, 8 * GIB) == points  # the host held: every point holds it
     assert above_floor(points, 0, 9 * GIB) == ()  # the host ran out and is fixed
     assert above_floor(points, 41 * GIB, 0) == ()  # past the max
+
+
+# ---- growing back: a ranged job below its top restarts higher where no one waits
+
+
+def test_a_job_below_its_top_grows_into_room_no_one_waits_for() -> None:
+    node = NodeState((Gpu(0, 80 * GIB),), 256 * GIB)
+    shrunk = _ranged_running("s", 10)
+    late = PolicyConfig().grow_after_s  # since its start at 0
+    assert _gib(dict(decide(late, [], [shrunk], node, {}).grow)) == {"s": 40}
+    # not before grow_after_s since its last start: no thrash as short jobs come and go
+    assert decide(late - 1, [], [shrunk], node, {}).grow == {}
+    # a job waiting for memory has it first, even one the node cannot take yet
+    big = PendingJob("big", "ben", 0, 0.5, 75 * GIB, 8 * GIB)
+    assert decide(late, [big], [shrunk], node, {}).grow == {}
+    # a point that buys under grow_min_gain (10%) is not worth a restart
+    near_top = _ranged_running("n", 30)  # 1900 -> 2000 tokens/s: +5%
+    assert decide(late, [], [near_top], node, {}).grow == {}
+    flat = _ranged_running("f", 10, curve=FLAT)
+    assert decide(late, [], [flat], node, {}).grow == {}
+    # the owner's quota bounds the room it may grow into
+    capped = PolicyConfig(quotas={"dan": Quota(max_device_bytes=25 * GIB)})
+    assert _gib(dict(decide(late, [], [shrunk], node, {}, capped).grow)) == {"s": 20}

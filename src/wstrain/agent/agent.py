@@ -48,6 +48,7 @@ from wstrain.agent.gpus import GpuCollector
 from wstrain.agent.hardware import host_memory, measure_node
 from wstrain.agent.launch import Launcher
 from wstrain.agent.members import Members
+from wstrain.agent.outcomes import Resize
 from wstrain.agent.processes import is_running, start_ticks
 from wstrain.agent.recovery import LIVE, fail_orphan, take_back
 from wstrain.agent.scheduling import GangSettings, Rounds
@@ -203,12 +204,17 @@ class Agent(Launcher):
         slots = 0 if self.devices else self.slots
         out = await self.rounds.run(node, running, max_starts, self.members.ids(), slots)
         self.members.add(out.joined)
+        grace_s = self.settings.preempt_grace_s
         for victim, for_job in out.preempt.items():
             if (handle := self.workers.get(victim)) is not None:
-                preempt(handle, for_job, self.settings.preempt_grace_s)
+                preempt(handle, for_job, grace_s)
         for victim, (point, for_job) in out.shrink.items():
             if (handle := self.workers.get(victim)) is not None:
-                preempt(handle, for_job, self.settings.preempt_grace_s, shrink_to=point)
+                preempt(handle, for_job, grace_s, Resize(shrink=True, to=point))
+        for job_id, point in out.grow.items():
+            if (handle := self.workers.get(job_id)) is not None:
+                free = f"the room free on {gpu_text(handle.gpus)}"
+                preempt(handle, free, grace_s, Resize(shrink=False, to=point))
         for c in out.claimed:
             log.info("job %s: claimed by %s on GPU %s", c.job_id, self.name, gpu_text(c.gpus))
             await self._start(c.job_id, c.gpus, c.link_share)

@@ -38,6 +38,23 @@ _LIVE = frozenset({JobState.running, JobState.cancelling})
 
 
 @dataclass(frozen=True)
+class Resize:
+    """A ranged job stopped at a checkpoint to restart at another point of its range: lower
+    (`shrink`, room for a job of a higher class) or higher (grow, room no one waits for)."""
+
+    shrink: bool
+    to: BudgetPoint
+
+    def text(self, for_job: str) -> str:
+        """What its requeue says: shrunk for whom, or grown into what room."""
+        device, host = gib_count(self.to.device_bytes), gib_count(self.to.host_bytes)
+        to = f"{device} GiB device, {host} GiB host"
+        if self.shrink:
+            return f"shrunk for {for_job}: restarts lower in its range, at most {to}"
+        return f"grows into {for_job}: restarts higher in its range, at {to}"
+
+
+@dataclass(frozen=True)
 class Exit:
     """What the supervisor knows of a worker's end besides its exit code."""
 
@@ -50,7 +67,7 @@ class Exit:
     retry_backoff_s: float
     # out of memory: the budget that would have held it (WorkerMessage.needs_gib)
     needs_gib: dict[str, float] = field(default_factory=dict)
-    shrunk_to: BudgetPoint | None = None  # preempted_by's room made by shrinking, not evicting
+    resize: Resize | None = None  # stopped to restart elsewhere in its range, not evicted
 
 
 async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit) -> None:
@@ -86,12 +103,8 @@ async def settle_exit(store: JobStore, job: Job, fence: str, code: int, ex: Exit
                 fence=fence,
                 state_reason=f"time limit {limit:.0f} s",
             )
-        elif ex.preempted_by and not ex.cancel_sent and ex.shrunk_to is not None:
-            to = ex.shrunk_to
-            why = (
-                f"shrunk for {ex.preempted_by}: restarts lower in its range, at most "
-                f"{gib_count(to.device_bytes)} GiB device, {gib_count(to.host_bytes)} GiB host"
-            )
+        elif ex.preempted_by and not ex.cancel_sent and ex.resize is not None:
+            why = ex.resize.text(ex.preempted_by)
             await requeue(store, job, fence, why, f"{why}; stopped at step {ex.last_step}")
         elif ex.preempted_by and not ex.cancel_sent:  # a SIGKILL past the grace too
             why = f"preempted by {ex.preempted_by}"  # scheduling.py's preemptor_text

@@ -65,6 +65,8 @@ class Outcome:
     # ranged running jobs stopped to restart lower in their ranges: id -> (the point they
     # are shrunk to, the job they make room for, as preempt words it)
     shrink: dict[str, tuple[BudgetPoint, str]] = field(default_factory=dict)
+    # ranged running jobs to restart higher in their ranges, into room no one waits for
+    grow: dict[str, BudgetPoint] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ class Rounds:
     ) -> Outcome:
         now = time.time()
         rows = [r for r in await self.view.pending(QUEUE_HEAD) if r.id not in joined]
-        if not rows:
+        if not rows and not any(j.points for j in running):  # nothing to start or grow
             return Outcome([], {}, None)
         placed = await self.view.placed()
         here = {j.id for j in running}
@@ -244,7 +246,7 @@ class Rounds:
         preempt = {v: room_for(v) for v in decision.preempt}
         shrink = {v: (point, room_for(v)) for v, point in decision.shrink.items()}
         await self.view.set_reasons(reasons)
-        return Outcome(claimed, preempt, decision, holds, shrink)
+        return Outcome(claimed, preempt, decision, holds, shrink, dict(decision.grow))
 
 
 def slots_reason(size: int, free: int, total: int) -> str:

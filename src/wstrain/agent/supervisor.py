@@ -23,7 +23,7 @@ from pathlib import Path
 
 from wstrain.agent.exporter import AgentExporter
 from wstrain.agent.hang import HangWindow
-from wstrain.agent.outcomes import Exit, settle_exit
+from wstrain.agent.outcomes import Exit, Resize, settle_exit
 from wstrain.agent.processes import kill_group, session_pss_bytes
 from wstrain.agent.zygote import WorkerProcess, WorkerZygote
 from wstrain.contracts.access import DataAccess
@@ -60,7 +60,7 @@ class WorkerHandle:
     # a ranged job's points, min first, its current one among them (a single-GPU job whose
     # budget is a range: the policy may shrink it rather than preempt it)
     points: tuple[BudgetPoint, ...] = ()
-    shrunk_to: BudgetPoint | None = None  # stopped to restart lower in its range
+    resize: Resize | None = None  # stopped to restart elsewhere in its range
     retry_backoff_s: float = 30.0  # first retry's wait after a worker died; doubles
     started_s: float = field(default_factory=time.time)  # unix s: when the worker was spawned
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -296,7 +296,7 @@ async def settle(store: JobStore, h: WorkerHandle, code: int) -> None:
             shutting_down=h.shutting_down,
             timed_out=h.timed_out,
             preempted_by=h.preempted_by,
-            shrunk_to=h.shrunk_to,
+            resize=h.resize,
             retry_backoff_s=h.retry_backoff_s,
         ),
     )
@@ -360,19 +360,17 @@ async def enforce_time_limit(store: JobStore, h: WorkerHandle, grace_s: float) -
         )
 
 
-def preempt(
-    h: WorkerHandle, for_job: str, grace_s: float, shrink_to: BudgetPoint | None = None
-) -> None:
+def preempt(h: WorkerHandle, for_job: str, grace_s: float, resize: Resize | None = None) -> None:
     """Stop the worker to make room for `for_job` (its owner's words for it: "job ID" or
     "another owner's job of priority P"): SIGTERM (it checkpoints at its next step
     boundary and exits; its job is requeued, not failed), SIGKILL if it has not exited
-    `grace_s` later (requeued all the same, from its last checkpoint). `shrink_to`: a
-    ranged job stopped to restart lower in its range (at most that point frees the room),
-    not evicted: the same stop, and its requeue says so."""
+    `grace_s` later (requeued all the same, from its last checkpoint). `resize`: a ranged
+    job stopped to restart lower in its range (room for `for_job`) or higher (`for_job`
+    names the room), not evicted: the same stop, and its requeue says so."""
     if h.preempted_by or h.proc.returncode is not None:
         return
-    h.preempted_by, h.shrunk_to = for_job, shrink_to
-    what = "shrunk" if shrink_to else "preempted"
+    h.preempted_by, h.resize = for_job, resize
+    what = "preempted" if resize is None else "shrunk" if resize.shrink else "grown"
     log.info("job %s: %s for %s; stopping pid %d", h.job.id, what, for_job, h.proc.pid)
     h.proc.send_signal(signal.SIGTERM)
 

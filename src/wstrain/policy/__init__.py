@@ -27,6 +27,8 @@ from wstrain.policy.fairshare import (
 )
 from wstrain.policy.forecast import Forecast, ForecastNode, forecast, run_seconds
 from wstrain.policy.state import (
+    DEFAULT_GROW_AFTER_S,
+    DEFAULT_GROW_MIN_GAIN,
     DEFAULT_HALF_LIFE_S,
     DEFAULT_SHARE,
     BudgetPoint,
@@ -42,6 +44,8 @@ from wstrain.policy.state import (
 )
 
 __all__ = [
+    "DEFAULT_GROW_AFTER_S",
+    "DEFAULT_GROW_MIN_GAIN",
     "DEFAULT_HALF_LIFE_S",
     "DEFAULT_SHARE",
     "BudgetPoint",

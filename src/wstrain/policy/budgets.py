@@ -13,6 +13,17 @@ Two decisions read them:
   moved down their ranges, the cheapest loss of weighted tokens/s per byte freed first; None
   when even every one at its min frees too little (then preemption decides).
 
+- `choose_growth`: a running job below the top of its range, on a GPU with memory no one
+  waits for, is stopped at a checkpoint and restarted higher in its range. A restart costs a
+  job its steps since the checkpoint it writes on SIGTERM (one step), its re-plan and its
+  warm-up (tens of seconds on a GPU), so growth is rate-limited: only in a quiet round (it
+  started nothing, no pending job waits on resources, preemption or a hold, no GPU is
+  held); only after `config.grow_after_s` (30 min) since the job last started, so a job
+  shrunk for a burst of short jobs is not restarted as each one leaves; only by a point that
+  buys `config.grow_min_gain` (10%) more predicted tokens/s within its GPU's free memory,
+  the node's unreserved host memory and its owner's quota (the point a start would get
+  there, by `choose_points`); one job a GPU a round, the largest weighted gain.
+
 And one after a run: `above_floor`, what is left of a range once a job ran out of memory at
 a point of it (its worker measured what would have held it): the points at or above that
 floor, the lowest its new min; none when its max is under the floor.
@@ -30,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from wstrain.policy.gates import QuotaBook
 from wstrain.policy.placement import Ledger
 from wstrain.policy.state import BudgetPoint, PendingJob, PolicyConfig, RunningJob, gib_text
 
@@ -39,8 +51,10 @@ __all__ = [
     "Shrink",
     "above_floor",
     "budget_reason",
+    "choose_growth",
     "choose_points",
     "choose_shrink",
+    "current_point",
     "shrink_to_free",
 ]
 
@@ -156,7 +170,7 @@ def shrink_to_free(
     ]
 
 
-def _current(job: RunningJob) -> int | None:
+def current_point(job: RunningJob) -> int | None:
     """The index of the point a running ranged job holds, None when it holds none of them."""
     for k, p in enumerate(job.points):
         if (p.device_bytes, p.host_bytes) == (job.device_bytes, job.host_bytes):
@@ -181,7 +195,7 @@ def choose_shrink(
             continue
         ranged = []
         for r in slot.running:
-            k = _current(r) if r.points and not r.stopping and r.gpus == 1 else None
+            k = current_point(r) if r.points and not r.stopping and r.gpus == 1 else None
             if k is not None and r.priority <= job.priority:
                 ranged.append((RangedJob(r.id, config.share(r.owner), r.points), k))
         free = slot.total_bytes - slot.used_bytes + slot.stopping_bytes
@@ -216,3 +230,40 @@ def above_floor(
     """The points of a range that hold a job which ran out of memory: device and host each
     at least the floor its worker measured (0: that budget did not run out), min first."""
     return tuple(p for p in points if p.device_bytes >= device_bytes and p.host_bytes >= host_bytes)
+
+
+def choose_growth(
+    now_s: float, ledger: Ledger, book: QuotaBook, config: PolicyConfig, quiet: bool
+) -> dict[str, BudgetPoint]:
+    """Running ranged jobs to restart higher in their ranges: id -> the point a start would
+    give it now (choose_points over its own memory and what its GPU, the node's host and its
+    owner's quota have free), where that buys `config.grow_min_gain` more predicted
+    tokens/s; one a GPU, the largest weighted gain (see the module docstring for when).
+    `quiet`: the round started nothing and left no job waiting for memory; `ledger`: the
+    node after the round's holds."""
+    if not quiet or ledger.holds or ledger.cpu_only:
+        return {}
+    host_free = ledger.host_free_bytes
+    grow: dict[str, BudgetPoint] = {}
+    for slot in ledger.slots.values():
+        best: tuple[float, RunningJob, BudgetPoint] | None = None
+        for r in slot.running:
+            k = current_point(r) if r.points and r.gpus == 1 and not r.stopping else None
+            if k is None or now_s - r.started_s < config.grow_after_s:
+                continue
+            room_device, room_host = book.room(r.owner)
+            job = RangedJob(r.id, config.share(r.owner), r.points)
+            device = r.device_bytes + min(slot.free_bytes, room_device)
+            host = r.host_bytes + min(host_free, room_host)
+            to = (choose_points([job], device, host) or {}).get(r.id)
+            now = r.points[k]
+            if to is None or to.tokens_per_s < (1 + config.grow_min_gain) * now.tokens_per_s:
+                continue
+            gain = job.weight * (to.tokens_per_s - now.tokens_per_s)
+            if best is None or gain > best[0]:
+                best = (gain, r, to)
+        if best is not None:
+            _, r, to = best
+            grow[r.id] = to
+            host_free -= to.host_bytes - r.host_bytes
+    return grow

@@ -55,7 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from wstrain.contracts.jobs import JobState
-from wstrain.policy.budgets import RangedJob, choose_points, choose_shrink
+from wstrain.policy.budgets import RangedJob, choose_growth, choose_points, choose_shrink
 from wstrain.policy.fairshare import (
     Usage,
     fair_share_factors,
@@ -277,7 +277,7 @@ def _choose_budgets(
             on_slot.setdefault(start.gpu_index, []).append(job)
     chosen: dict[str, BudgetPoint] = {}
     host_left = ledger.host_free_bytes - sum(h.host_bytes for h in ledger.holds)
-    quota_left = {o: _quota_room(book, config, o) for o in {j.owner for j in by_id.values()}}
+    quota_left = {o: book.room(o) for o in {j.owner for j in by_id.values()}}
     for index, jobs in on_slot.items():
         slot = ledger.slots[index]
         device_left = 0 if slot.hold is not None else slot.free_bytes
@@ -320,17 +320,12 @@ def _choose_budgets(
     return chosen
 
 
-def _quota_room(book: QuotaBook, config: PolicyConfig, owner: str) -> tuple[int, int]:
-    """(device, host) bytes the owner's quota still allows past what it holds this round."""
-    quota = config.quotas.get(owner)
-    _, device, host = book.usage(owner)
-    unlimited = 1 << 62
-    if quota is None:
-        return unlimited, unlimited
-    return (
-        unlimited if quota.max_device_bytes is None else quota.max_device_bytes - device,
-        unlimited if quota.max_host_bytes is None else quota.max_host_bytes - host,
-    )
+def _quiet(out: _Round) -> bool:
+    """A round that started nothing and left no job waiting for memory: what a GPU has
+    free is no one's (budgets.py choose_growth); this round's starts get theirs from
+    _choose_budgets."""
+    memory = (WaitKind.resources, WaitKind.preemption, WaitKind.priority)
+    return not out.starts and not any(k in memory for k in out.kinds.values())
 
 
 def decide(
@@ -355,6 +350,7 @@ def decide(
     book = QuotaBook.of([*running, *elsewhere], config.quotas)
     ledger = Ledger.of(node, running)
     out = _pass(now_s, queue, ledger, book, config, states)
+    budgets = _choose_budgets(out, queue, ledger, book, config)
     return Decision(
         start=tuple(out.starts),
         preempt=tuple(out.preempt),
@@ -365,6 +361,7 @@ def decide(
         unsatisfiable=tuple(out.unsatisfiable),
         factors=factors,
         gangs=out.gangs,
-        budgets=_choose_budgets(out, queue, ledger, book, config),
+        budgets=budgets,
         shrink=out.shrink,
+        grow=choose_growth(now_s, ledger, book, config, quiet=_quiet(out)),
     )

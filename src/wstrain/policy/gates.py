@@ -103,6 +103,18 @@ class QuotaBook:
         held = self.held.get(owner, _Held())
         return held.jobs, held.device_bytes, held.host_bytes
 
+    def room(self, owner: str) -> tuple[int, int]:
+        """(device, host) bytes the owner's quota still allows past what it holds now."""
+        quota = self.quotas.get(owner)
+        _, device, host = self.usage(owner)
+        unlimited = 1 << 62
+        if quota is None:
+            return unlimited, unlimited
+        return (
+            unlimited if quota.max_device_bytes is None else quota.max_device_bytes - device,
+            unlimited if quota.max_host_bytes is None else quota.max_host_bytes - host,
+        )
+
     def block(self, job: PendingJob) -> str | None:
         """The quota reason if starting the job would pass a ceiling of its owner's."""
         quota = self.quotas.get(job.owner)

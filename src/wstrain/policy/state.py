@@ -27,6 +27,9 @@ from wstrain.contracts.calibration import GIB
 
 # Slurm's PriorityDecayHalfLife default: last week's GPU-hours count half as much as today's.
 DEFAULT_HALF_LIFE_S = 7 * 86400.0
+# a ranged job grows back at most every 30 min (budgets.py choose_growth)
+DEFAULT_GROW_AFTER_S = 1800.0
+DEFAULT_GROW_MIN_GAIN = 0.10  # ... and only for 10% more predicted tokens/s
 DEFAULT_SHARE = 1.0  # an owner not named in PolicyConfig.shares: equal shares by default
 
 
@@ -175,6 +178,11 @@ class PolicyConfig:
     # combinations of victims tried per GPU before the search settles for the greedy choice:
     # 11 jobs of 12 GiB on a 141 GiB GPU need at most C(11, 5) = 462 tries per size
     max_victim_sets: int = 20_000
+    # growing a ranged job back (budgets.py choose_growth): a restart costs a step, a re-plan and a
+    # warm-up (tens of seconds on a GPU), so not before this long since its last start, and
+    # only for this much more predicted tokens/s
+    grow_after_s: float = DEFAULT_GROW_AFTER_S
+    grow_min_gain: float = DEFAULT_GROW_MIN_GAIN
 
     def share(self, owner: str) -> float:
         return self.shares.get(owner, DEFAULT_SHARE)
@@ -204,6 +212,9 @@ class Decision:
     budgets: each ranged job started, the point of its range it starts at (budgets.py).
     shrink: running ranged jobs to stop at a checkpoint and restart on their GPU lower in
     their range, each with the point to restart at, to make room instead of preempting.
+    grow: running ranged jobs to stop at a checkpoint and restart higher in their range,
+    each with the point it has room for, where no one waits for the memory (budgets.py
+    choose_growth).
     """
 
     start: tuple[Start, ...]
@@ -217,3 +228,4 @@ class Decision:
     gangs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     budgets: Mapping[str, BudgetPoint] = field(default_factory=dict)
     shrink: Mapping[str, BudgetPoint] = field(default_factory=dict)
+    grow: Mapping[str, BudgetPoint] = field(default_factory=dict)
