@@ -32,6 +32,7 @@ from functools import cache
 from typing import Any
 
 from bench.queue_events import QueueSim, State, run_sim
+from bench.queue_sim import forecast_figures
 from bench.queue_trace import DAY_S, NODE, OWNERS, QUOTAS, TraceJob, make_trace
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.hardware import H200
@@ -144,7 +145,8 @@ def compare(seed: int, jobs_per_owner: int) -> dict[str, Any]:
     ranges = ranges_of(trace)
     start = time.perf_counter()
     fixed = figures(run_sim(trace, config), config)
-    ranged = figures(run_sim(trace, config, NODE, ranges), config)
+    sim = run_sim(trace, config, NODE, ranges, predict=True)
+    ranged = {**figures(sim, config), **forecast_figures(sim)}
     return {
         "bench": "queue-ranges",
         "row": f"seed:{seed}",
@@ -157,6 +159,8 @@ def compare(seed: int, jobs_per_owner: int) -> dict[str, Any]:
         ),
         "wait_ratio": round(ranged["wait_mean_h"] / fixed["wait_mean_h"], 3),
         "share_err": ranged["share_err"],
+        # the start forecast at each submission (`wstrain queue`), over the ranged day
+        "start_median_err": ranged["start_median_err"],
         "quotas_kept": ranged["quotas_kept"] and fixed["quotas_kept"],
         "fixed": fixed,
         "ranged": ranged,

@@ -102,7 +102,7 @@ def _run_row(sim: QueueSim, label: str) -> dict[str, Any]:
     }
 
 
-def _forecast_figures(sim: QueueSim) -> dict[str, Any]:
+def forecast_figures(sim: QueueSim) -> dict[str, Any]:
     """The forecast made at each job's submission against its first start: |predicted -
     actual| / max(actual wait, 60 s) over the jobs that started with a prediction."""
     errs, none, early = [], 0, 0
@@ -152,7 +152,7 @@ def simulate(
         "backlogged_window_h": round(packed.window_s / 3600, 2),
         "packing_vs_whole_gpu": round(packed.slots_day_s / max(1e-9, whole.slots_day_s), 3),
         "sim_wall_s": round(elapsed_s, 2),
-        **(_forecast_figures(packed) if predict else {}),
+        **(forecast_figures(packed) if predict else {}),
         "python": platform.python_version(),
     }
     rows = [summary, _run_row(whole, "whole-gpu")]

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.jobs import JobState
-from wstrain.policy import Gpu, NodeState, PendingJob, PolicyConfig, Quota, RunningJob
+from wstrain.policy import (
+    BudgetPoint,
+    Gpu,
+    NodeState,
+    PendingJob,
+    PolicyConfig,
+    Quota,
+    RunningJob,
+)
 from wstrain.policy.forecast import ForecastNode, forecast, run_seconds
 
 NOW = 1_000.0
@@ -140,3 +148,22 @@ def test_a_higher_class_job_starts_once_its_victims_have_left() -> None:
     node = ForecastNode("n", ONE_GPU, (low,))
     got = forecast(NOW, [urgent], [node], {"low": NOW + 3600}, {"u": 60}, stop_s=30)
     assert (got["u"].start_s, got["u"].end_s) == (NOW + 30, NOW + 90)
+
+
+def test_ranged_jobs_shrink_in_the_replay_as_the_policy_shrinks_them() -> None:
+    """r runs at the top of its 10-100 GiB range with no predicted end. u (class 10, 60 GiB)
+    makes room by shrinking it to 30: u starts once r has stopped (stop_s), and s, ranged,
+    starts beside them at its min, the room left. t (15 GiB, backing off until +100 s)
+    shrinks r again, to 10, and starts 30 s after its back-off. Were r's shrinks not
+    replayed, none of them would start before r's end, which is unknown."""
+    curve = {10: 1000.0, 30: 1600.0, 100: 2000.0}
+    points = tuple(BudgetPoint(g * GIB, 8 * GIB, t) for g, t in curve.items())
+    r = RunningJob("r", "ben", 0, 0, 100 * GIB, 8 * GIB, 0.0, points=points)
+    u = PendingJob("u", "ana", 10, 1.0, 60 * GIB, 8 * GIB)
+    s = PendingJob("s", "ana", 0, 2.0, 10 * GIB, 8 * GIB, points=points)
+    t = PendingJob("t", "ana", 0, 3.0, 15 * GIB, 8 * GIB, not_before_s=NOW + 100)
+    got = forecast(
+        NOW, [u, s, t], [ForecastNode("n", ONE_GPU, (r,))], {"r": None},
+        {"u": 600.0, "s": 500.0, "t": 100.0}, stop_s=30.0,
+    )  # fmt: skip
+    assert [got[j].start_s for j in "ust"] == [NOW + 30, NOW + 30, NOW + 130]

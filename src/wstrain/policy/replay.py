@@ -5,7 +5,9 @@ them (backfill into any hole, the round's drain hold, quotas, preemption). Pure.
 Between rounds nothing arrives: a round runs now, then at each moment a job is predicted
 to end, a back-off to pass, or a preempted job to leave, up to `rounds` of them. A job
 started in the replay runs for its run seconds (None: for good); a job preempted leaves
-`stop_s` later; a dependency counts as succeeded once its predicted end has passed.
+`stop_s` later; a dependency counts as succeeded once its predicted end has passed. A
+ranged job started holds the point of its range the round chose for it; a ranged job the
+round shrinks holds its old point until `stop_s` later, then runs on at its new one.
 
     starts, ends, horizon_s = replay(now_s, queue, nodes, ends, durations, usage, config,
                                      states, stop_s, rounds)
@@ -15,12 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from wstrain.contracts.jobs import JobState
 from wstrain.policy.decide import decide
 from wstrain.policy.fairshare import Usage
-from wstrain.policy.state import NodeState, PendingJob, PolicyConfig, RunningJob
+from wstrain.policy.state import BudgetPoint, NodeState, PendingJob, PolicyConfig, RunningJob
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,12 @@ def replay(
     on = {name: list(running) for name, _, running in nodes}
     left = list(queue)
     started: list[Started] = []
+    restarts: dict[str, tuple[float, BudgetPoint]] = {}  # shrunk: back at the new point
     t = now_s
     for _ in range(max(1, rounds)):
         gone = {jid for jid, e in end_of.items() if e is not None and e <= t}
         for name in on:
-            on[name] = [j for j in on[name] if j.id not in gone]
+            on[name] = [_restarted(j, restarts, t) for j in on[name] if j.id not in gone]
         now_states = {
             dep: JobState.succeeded if dep in gone and state in _LIVE else state
             for dep, state in states.items()
@@ -71,12 +74,17 @@ def replay(
                 gpus = d.gangs.get(s.job_id) or (s.gpu_index,)
                 started.append(Started(name, job, t, tuple(gpus)))
                 end_of[job.id] = None if run_s is None else t + run_s
-                on[name].append(_running(job, s.gpu_index, tuple(gpus), t))
+                point = d.budgets.get(job.id)
+                on[name].append(_running(job, s.gpu_index, tuple(gpus), t, point))
             for victim in d.preempt:
                 end_of[victim] = min(end_of.get(victim) or math.inf, t + stop_s)
+            for shrunk, point in d.shrink.items():
+                restarts[shrunk] = (t + stop_s, point)
+                on[name] = [replace(j, stopping=True) if j.id == shrunk else j for j in on[name]]
             done = {s.job_id for s in d.start}
             left = [j for j in left if j.id not in done]
         later = [e for e in end_of.values() if e is not None and e > t]
+        later += [at for at, _ in restarts.values() if at > t]
         later += [j.not_before_s for j in left if j.not_before_s and j.not_before_s > t]
         if not left or not later:
             break
@@ -88,18 +96,36 @@ _LIVE = {JobState.queued, JobState.planning, JobState.running}
 
 
 def _running(
-    job: PendingJob, gpu: int | None, gpus: tuple[int | None, ...], t: float
+    job: PendingJob,
+    gpu: int | None,
+    gpus: tuple[int | None, ...],
+    t: float,
+    point: BudgetPoint | None = None,
 ) -> RunningJob:
+    """A job the replay started, at `point` of its range where the round chose one."""
     gang = tuple(g for g in gpus if g is not None) if len(gpus) > 1 else ()
     return RunningJob(
         job.id,
         job.owner,
         job.priority,
         gpu,
-        job.device_bytes,
-        job.host_bytes,
+        point.device_bytes if point else job.device_bytes,
+        point.host_bytes if point else job.host_bytes,
         t,
         job.exclusive,
         gpus=job.gpus,
         gang=gang,
+        points=job.points if job.gpus == 1 else (),
     )
+
+
+def _restarted(
+    j: RunningJob, restarts: dict[str, tuple[float, BudgetPoint]], t: float
+) -> RunningJob:
+    """A shrunk job back at its new point once its stop has passed, else as it is."""
+    at, point = restarts.get(j.id, (math.inf, None))
+    if point is None or at > t:
+        return j
+    del restarts[j.id]
+    device, host = point.device_bytes, point.host_bytes
+    return replace(j, device_bytes=device, host_bytes=host, started_s=at, stopping=False)
