@@ -213,7 +213,7 @@ class Agent(Launcher):
                 preempt(handle, for_job, grace_s, Resize(shrink=True, to=point))
         for job_id, point in out.grow.items():
             if (handle := self.workers.get(job_id)) is not None:
-                free = f"the room free on {gpu_text(handle.gpus)}"
+                free = f"the room free on GPU {gpu_text(handle.gpus)}"
                 preempt(handle, free, grace_s, Resize(shrink=False, to=point))
         for c in out.claimed:
             log.info("job %s: claimed by %s on GPU %s", c.job_id, self.name, gpu_text(c.gpus))
