@@ -1,0 +1,185 @@
+"""Shrinking a ranged job at a checkpoint, the worker's side on a GPU, driven as the agent
+drives it: the policy shrinks a running ranged job (policy/budgets.py, agent/scheduling.py;
+the queue's side runs on a real Redis in tests/agent/test_shrink.py), the agent SIGTERMs its
+worker, which stops at the next step boundary with a checkpoint, and the job restarts under
+a plan made at the lower point of its range, resuming from that checkpoint. This bench
+runs one ranged job so, beside the same job at the lower budget from start to end:
+
+    python -m bench.shrink --layers 8 --seq 8192 --global-batch 8 --steps 8 \
+        --high-gib 24 --low-gib 12 --out bench/results/queue/shrink-X.json
+
+Each part is a real worker process (`python -m wstrain.worker.main` on a job dir, as the
+agent lays it out). The row: tokens/s at each budget (the median step after each process's
+first) beside the planner's prediction there, the step it was shrunk at, and how far its
+final weights are from the straight run's (bf16: a different plan may order its sums
+differently). `--device cpu` runs it on the CPU (fp32), a smoke of the same path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from bench.specs import llama_spec
+from bench.working_set import measured_node
+from wstrain.contracts.hardware import DEFAULT_PROFILE
+from wstrain.contracts.jobs import WorkerExit, WorkerMessage
+from wstrain.contracts.model_dims import resolve_dims
+from wstrain.contracts.plan import Plan
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning.planner import make_plan
+from wstrain.worker.io import checkpoint
+
+
+def _ranged(args: argparse.Namespace) -> JobSpec:
+    """The ranged job on the working set: Llama-3-8B dims at `--layers` in bf16, device
+    budget low..high; on the CPU the micro Llama in fp32 (a smoke of the same path)."""
+    overrides = {"runtime": "working_set", "device": args.device}
+    if args.device == "cuda":
+        raw = llama_spec(
+            "shrink", args.layers, args.seq, args.global_batch, args.steps, args.high_gib,
+            args.host_gib, overrides,
+        ).model_dump(mode="json", exclude_none=True)  # fmt: skip
+    else:
+        raw = {
+            "name": "shrink", "model": {"preset": "micro-llama"}, "data": {"kind": "synthetic"},
+            "seq_len": args.seq, "global_batch": args.global_batch, "steps": args.steps,
+            "precision": "fp32", "overrides": overrides,
+        }  # fmt: skip
+    raw["budget"] = {
+        "device_gib": {"min": args.low_gib, "max": args.high_gib},
+        "host_gib": args.host_gib,
+    }
+    raw["checkpoint_every"] = args.checkpoint_every
+    return JobSpec.model_validate(raw)
+
+
+def _job_dir(root: Path, name: str, spec: JobSpec, plan: Plan) -> Path:
+    """root/state/jobs/NAME, as an agent lays a job out, with spec.json and plan.json
+    (written again for a restart)."""
+    job_dir = root / "state" / "jobs" / name
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "spec.json").write_text(spec.model_dump_json())
+    (job_dir / "plan.json").write_text(plan.model_dump_json())
+    return job_dir
+
+
+def _worker(job_dir: Path, stop_at_checkpoint: bool) -> tuple[int, list[WorkerMessage]]:
+    """The worker of the job dir to its end, or (`stop_at_checkpoint`) SIGTERMed at its
+    first periodic checkpoint, as the agent stops a job it shrinks."""
+    argv = [sys.executable, "-m", "wstrain.worker.main", "--job-dir", str(job_dir)]
+    data = job_dir.parents[2] / "data"  # synthetic tokens: no file is read
+    data.mkdir(exist_ok=True)
+    argv += ["--data-roots", json.dumps([str(data)])]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    messages = []
+    for line in proc.stdout:
+        msg = WorkerMessage.model_validate_json(line)
+        messages.append(msg)
+        if stop_at_checkpoint and msg.kind == "checkpoint":
+            proc.send_signal(signal.SIGTERM)
+            stop_at_checkpoint = False
+    code = proc.wait()
+    if code not in (WorkerExit.succeeded, WorkerExit.cancelled):
+        assert proc.stderr is not None
+        sys.stderr.write(proc.stderr.read()[-4000:])
+    return code, messages
+
+
+def _tokens_per_s(messages: list[WorkerMessage], first_step: int) -> float | None:
+    """The median reported step's tokens/s past the process's first step (its warm-up);
+    None when none was reported (the worker reports at most every 0.2 s)."""
+    rates = [m.tokens_per_s for m in messages if m.kind == "step" and (m.step or 0) > first_step]
+    known = [r for r in rates if r is not None]
+    return statistics.median(known) if known else None
+
+
+def _weights(job_dir: Path) -> dict[str, torch.Tensor]:
+    last = checkpoint.latest(job_dir / "checkpoints")
+    assert last is not None, f"{job_dir}: no checkpoint"
+    return load_file(str(last / "model.safetensors"))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    spec = _ranged(args)
+    dims = resolve_dims(spec.model)
+    node = measured_node() if args.device == "cuda" else DEFAULT_PROFILE
+    at = {g: spec.choosing(g, args.host_gib) for g in (args.high_gib, args.low_gib)}
+    plans = {g: make_plan(s, dims, node) for g, s in at.items()}
+    tokens = args.global_batch * args.seq
+    root = Path(tempfile.mkdtemp(prefix="bench-shrink-"))
+    # the same job at the low point from start to end
+    code, straight = _worker(
+        _job_dir(root, "straight", at[args.low_gib], plans[args.low_gib]), False
+    )
+    assert code == WorkerExit.succeeded, f"straight run exited {code}"
+    # at the high point until its first checkpoint and a SIGTERM, then at the low one
+    shrunk_dir = _job_dir(root, "shrunk", at[args.high_gib], plans[args.high_gib])
+    code, high = _worker(shrunk_dir, True)
+    assert code == WorkerExit.cancelled, f"the high part exited {code}, not stopped (3)"
+    stopped = max(m.step or 0 for m in high if m.kind == "checkpoint")
+    _job_dir(root, "shrunk", at[args.low_gib], plans[args.low_gib])
+    code, low = _worker(shrunk_dir, False)
+    assert code == WorkerExit.succeeded, f"the low part exited {code}"
+    a, b = _weights(shrunk_dir), _weights(shrunk_dir.parent / "straight")
+    err = max(float((a[k].float() - b[k].float()).norm() / b[k].float().norm()) for k in b)
+    row: dict[str, Any] = {
+        "bench": "shrink",
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "layers": dims.num_layers, "params": dims.params, "seq_len": args.seq,
+        "global_batch": args.global_batch, "steps": args.steps,
+        "high_gib": args.high_gib, "low_gib": args.low_gib, "host_gib": args.host_gib,
+        "shrunk_at_step": stopped,
+        "weights_rel_err_max": err,
+        "final_loss": [m.loss for m in low if m.kind == "step"][-1],
+        "straight_final_loss": [m.loss for m in straight if m.kind == "step"][-1],
+        "budget_violations": 0,  # a worker past a budget exits 5, asserted above
+        "commit": os.environ.get("BENCH_COMMIT", ""),
+    }  # fmt: skip
+    for name, msgs, g, first in (
+        ("high", high, args.high_gib, 1),
+        ("low", low, args.low_gib, stopped + 1),
+        ("straight_low", straight, args.low_gib, 1),
+    ):
+        measured = _tokens_per_s(msgs, first)
+        predicted = tokens / plans[g].predicted.step_seconds
+        row[f"tokens_per_s_{name}"] = measured
+        row[f"predicted_tokens_per_s_{name}"] = predicted
+        row[f"measured_over_predicted_{name}"] = measured / predicted if measured else None
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--checkpoint-every", type=int, default=3)
+    p.add_argument("--high-gib", type=float, default=24.0)
+    p.add_argument("--low-gib", type=float, default=12.0)
+    p.add_argument("--host-gib", type=float, default=100.0)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--out")
+    args = p.parse_args()
+    row = run(args)
+    print(json.dumps(row))
+    if args.out:
+        Path(args.out).write_text(json.dumps([row], indent=1))
+
+
+if __name__ == "__main__":
+    main()

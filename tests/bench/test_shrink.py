@@ -1,0 +1,24 @@
+"""bench/shrink.py on the CPU: a ranged job stopped at its first checkpoint by SIGTERM (as
+the agent stops a job it shrinks) and restarted under the plan of the lower point of its
+range ends with the weights of the same job run at that point from start to end (fp32,
+1e-5), three real worker processes.
+
+    pytest tests/bench/test_shrink.py
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.shrink import run
+
+
+def test_a_job_shrunk_at_a_checkpoint_ends_with_the_straight_runs_weights() -> None:
+    args = argparse.Namespace(
+        layers=0, seq=32, global_batch=4, steps=6, checkpoint_every=2, high_gib=2.0,
+        low_gib=1.0, host_gib=2.0, device="cpu",
+    )  # fmt: skip
+    row = run(args)
+    assert 2 <= row["shrunk_at_step"] < 6  # stopped mid-run, resumed at the low point
+    assert row["weights_rel_err_max"] < 1e-5
+    assert abs(row["final_loss"] - row["straight_final_loss"]) < 1e-5 * row["straight_final_loss"]
