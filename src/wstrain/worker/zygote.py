@@ -38,11 +38,12 @@ from wstrain.worker import main as worker_main
 MAX_REQUEST_BYTES = 1 << 20  # argv and env of one worker: a few KiB
 
 
-def _run_child(request: dict[str, object], out_fd: int, err_fd: int) -> None:
+def _run_child(request: dict[str, object], out_fd: int, err_fd: int, in_session: int) -> None:
     """In the forked child: become the worker `request` describes; never returns."""
     code = 1
     try:
         os.setsid()  # its own session: a Ctrl-C to the agent reaches no worker
+        os.close(in_session)  # the zygote may tell the agent the pid now
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
@@ -106,12 +107,18 @@ def serve(agent: socket.socket) -> None:
             return  # the agent is gone or done
         request = json.loads(data)
         assert len(fds) == 2, f"a request carries stdout and stderr, got {len(fds)} fds"
+        # the pid goes to the agent once the child leads its own session (it closes
+        # `in_session` after setsid): a signal to that session before would miss it
+        settled, in_session = os.pipe()
         pid = os.fork()
         if pid == 0:
             agent.close()
-            _run_child(request, fds[0], fds[1])
-        for fd in fds:
+            os.close(settled)
+            _run_child(request, fds[0], fds[1], in_session)
+        for fd in (*fds, in_session):
             os.close(fd)
+        os.read(settled, 1)  # EOF: the child is in its session, or already gone
+        os.close(settled)
         agent.send(json.dumps({"pid": pid}).encode())
         _reap(agent)
 
