@@ -146,9 +146,12 @@ class ForkedRank:
 RankProcess = subprocess.Popen[bytes] | ForkedRank
 
 
-def _fork_rank(argv: list[str], env: dict[str, str]) -> ForkedRank:
+RunRank = Callable[[list[str]], int]  # worker/main.py's main: what a rank runs
+
+
+def _fork_rank(argv: list[str], env: dict[str, str], run_rank: RunRank) -> ForkedRank:
     """Fork this process (rank 0, nothing built yet) into the rank `env` names, running
-    `python -m wstrain.worker.main ARGV` as an exec'd rank would, stdout to /dev/null."""
+    `run_rank(ARGV)` as `python -m wstrain.worker.main ARGV` would, stdout to /dev/null."""
     for stream in (sys.stdout, sys.stderr):  # else the child writes rank 0's buffer again
         stream.flush()
     pid = os.fork()
@@ -164,9 +167,7 @@ def _fork_rank(argv: list[str], env: dict[str, str]) -> ForkedRank:
         os.close(null)
         os.environ.clear()
         os.environ.update(env)
-        from wstrain.worker import main as worker_main  # imported by rank 0 already
-
-        code = worker_main.main(argv)
+        code = run_rank(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -209,23 +210,28 @@ class RankGang:
         argv: list[str],
         on_death: Callable[[str], None],
         node: NodeOf | None = None,
+        run_rank: RunRank | None = None,
     ) -> RankGang:
         """Become local rank 0 of `world` on this node and start the others with `argv`
         (this worker's own arguments); with `node`, on that node of several, at its master
         address and port (else a free port here). `on_death(reason)` runs on the watcher
-        thread when a rank dies early; it must end the process."""
+        thread when a rank dies early; it must end the process. With `run_rank` (the
+        worker's main) the ranks fork from this process while that is safe, else exec."""
         port = node.master_port if node else _free_port()
         os.environ.update(torchrun_env(0, world, port, node))
         children: list[RankProcess] = []
-        start_rank = _fork_rank if _can_fork() else _exec_rank
+        fork = run_rank is not None and _can_fork()
         for rank in range(1, world):
             env = {**os.environ, **torchrun_env(rank, world, port, node)}
-            children.append(start_rank(argv, env))
+            if run_rank is not None and fork:
+                children.append(_fork_rank(argv, env, run_rank))
+            else:
+                children.append(_exec_rank(argv, env))
         log.info(
             "rank 0 of %d: started ranks %s (%s)",
             world,
             [c.pid for c in children],
-            "forked" if start_rank is _fork_rank else "exec'd",
+            "forked" if fork else "exec'd",
         )
         return cls(children, on_death)
 
