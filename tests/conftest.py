@@ -136,7 +136,7 @@ class Stack:
 _NODE_PROFILES: list[Path] = []  # this process's measured profile cache, once measured
 
 
-def _seed_node_profile(state_dir: Path) -> None:
+def seed_node_profile(state_dir: Path) -> None:
     """Give `state_dir` the hardware profile this test process measured once, as the agent's
     own cache would hold it after a first start: an agent measures one in a new state dir
     (torch's import and about 2 s of timing on 2 cores, 7 s under load), and the suite
@@ -189,7 +189,7 @@ def make_stack(
     )
     stack.start_api()
     if env.get("WSTRAIN_PROFILE_CACHE", "true").lower() not in ("0", "false"):
-        _seed_node_profile(tmp / "state")
+        seed_node_profile(tmp / "state")
     if with_agent:
         stack.agent = subprocess.Popen(
             [sys.executable, "-m", "wstrain.agent.agent"], env=env, cwd=REPO

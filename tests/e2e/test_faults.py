@@ -34,6 +34,7 @@ from tests.conftest import (
     Stack,
     _wait_http,
     make_stack,
+    seed_node_profile,
     tiny_spec,
     wait_job,
     wait_terminal,
@@ -253,6 +254,7 @@ def test_ctrl_c_to_serve_requeues_the_job_and_the_next_serve_finishes_it(
         PYTHONPATH=str(REPO),
     )
     state = tmp_path / "state"
+    seed_node_profile(state)  # the profile this test process measured: its agent reads it
 
     def serve() -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()
