@@ -154,6 +154,31 @@ def seed_node_profile(state_dir: Path) -> None:
     shutil.copytree(_NODE_PROFILES[0], state_dir / "profiles", dirs_exist_ok=True)
 
 
+_ZYGOTE_SERVERS: list[tuple[subprocess.Popen[bytes], str]] = []  # this process's, once started
+
+
+def zygote_server() -> str:
+    """The socket of this test process's worker zygote server (worker/zygote.py --listen):
+    each agent make_stack starts forks its zygote from it, where its own would import torch
+    again (2.9 CPU-s on CI's 2 cores, an agent in over 25 stacks)."""
+    if not _ZYGOTE_SERVERS or _ZYGOTE_SERVERS[0][0].poll() is not None:
+        path = os.path.join(tempfile.mkdtemp(prefix="wz-"), "zygote.sock")  # < 108 bytes
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "wstrain.worker.zygote", "--listen", path],
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path):
+            assert proc.poll() is None, "the zygote server exited at start"
+            assert time.monotonic() < deadline, "the zygote server did not listen in 60 s"
+            time.sleep(0.05)
+        atexit.register(proc.terminate)
+        _ZYGOTE_SERVERS[:] = [(proc, path)]
+    return _ZYGOTE_SERVERS[0][1]
+
+
 def make_stack(
     redis_url: str,
     tmp: Path,
@@ -178,6 +203,8 @@ def make_stack(
         PYTHONPATH=str(REPO),
     )
     env.update(extra_env or {})
+    if env.get("WSTRAIN_WORKER_ZYGOTE", "true").lower() not in ("0", "false"):  # any agent
+        env.setdefault("WSTRAIN_WORKER_ZYGOTE_SOCKET", zygote_server())
     stack = Stack(
         f"http://127.0.0.1:{port}",
         env,

@@ -15,7 +15,13 @@ Protocol, over the SOCK_SEQPACKET socket whose fd the agent passes as `--fd` (ag
 The zygote exits when the agent closes its end; the workers live on in their own
 sessions, as workers started by exec do when their agent stops.
 
-    python -m wstrain.worker.zygote --fd N   # started by the agent, never by hand
+A host that runs several agents (the test suite starts about 30) can pay torch's import
+once for all of them: `--listen PATH` serves each agent that connects to PATH (its
+WSTRAIN_WORKER_ZYGOTE_SOCKET) from a zygote forked for it, which speaks the protocol above
+on that connection and exits when the agent closes it.
+
+    python -m wstrain.worker.zygote --fd N         # started by the agent, never by hand
+    python -m wstrain.worker.zygote --listen PATH  # a zygote for each agent that connects
 """
 
 from __future__ import annotations
@@ -123,12 +129,41 @@ def serve(agent: socket.socket) -> None:
         _reap(agent)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="fork wstrain workers for an agent")
-    parser.add_argument("--fd", type=int, required=True, help="the agent's socket")
-    agent = socket.socket(fileno=parser.parse_args(argv).fd)
+def _serve_agent(agent: socket.socket) -> None:
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         serve(agent)  # raises when the agent died: its workers carry on, as when it stops
+
+
+def listen(path: str) -> None:
+    """Fork a zygote for each agent that connects to `path`, until killed."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.bind(path)
+    server.listen(16)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the agents' zygotes
+    while True:
+        agent, _ = server.accept()
+        if os.fork() == 0:
+            code = 1
+            try:
+                server.close()
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                _serve_agent(agent)  # sets its own SIGCHLD handler: it reaps its workers
+                code = 0
+            finally:
+                os._exit(code)
+        agent.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="fork wstrain workers for an agent")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--fd", type=int, help="the agent's socket")
+    where.add_argument("--listen", help="serve every agent that connects to this socket path")
+    args = parser.parse_args(argv)
+    if args.listen:
+        listen(args.listen)
+    else:
+        _serve_agent(socket.socket(fileno=args.fd))
     return 0
 
 
