@@ -1,7 +1,8 @@
-"""Worker processes for the worker tests, forked from one worker zygote per test process
-(src/wstrain/worker/zygote.py, the process an agent forks its workers from) instead of each
-a fresh `python -m wstrain.worker.main`: a fresh interpreter's torch import is 3.3 CPU-s on
-the 2-core CI machine and these tests start about 20 workers; the zygote pays it once.
+"""Worker processes for the worker tests, forked from a worker zygote (src/wstrain/worker/
+zygote.py, the process an agent forks its workers from) instead of each a fresh `python -m
+wstrain.worker.main`: a fresh interpreter's torch import is 3.3 CPU-s on the 2-core CI
+machine and these tests start about 20 workers. The zygote is the one this test process's
+zygote server (tests/conftest.py zygote_server, which its agents share) forks for it.
 
 A forked worker is the worker the agent runs: `wstrain.worker.main.main(ARGV)` in its own
 session, its stdout a pipe, its stderr a file, the environment and directory it is given.
@@ -26,32 +27,27 @@ import threading
 import time
 from typing import IO, Any
 
-from tests.conftest import REPO
+from tests.conftest import zygote_server
 
 POLL_S = 0.05  # how often wait() asks the zygote whether the worker ended
 
 
 class _Zygote:
-    """`python -m wstrain.worker.zygote` and its socket: pids out, exit codes back."""
+    """A zygote the server forked for this process, and its socket: pids out, exit codes
+    back (the protocol of src/wstrain/worker/zygote.py)."""
 
     def __init__(self) -> None:
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "wstrain.worker.zygote", "--fd", str(theirs.fileno())],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            pass_fds=(theirs.fileno(),),
-            cwd=REPO,
-            start_new_session=True,
-        )
-        theirs.close()
-        self.sock = mine
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.connect(zygote_server())
+        self.gone = False  # its socket closed: the zygote (or its server) died
         self.exited: dict[int, int] = {}  # pid -> exit code (minus the signal), as reported
         self.lock = threading.Lock()  # one request or read at a time on the socket
 
     def _take(self, data: bytes) -> int | None:
         """Record an {"exited"} report; the pid of a {"pid"} one."""
-        assert data, "the test zygote died; its stderr went to the test's"
+        if not data:
+            self.gone = True
+            raise AssertionError("the test zygote died; its stderr went to the test's")
         msg = json.loads(data)
         if "exited" in msg:
             self.exited[int(msg["exited"])] = int(msg["code"])
@@ -86,14 +82,13 @@ class _Zygote:
 
     def close(self) -> None:
         self.sock.close()  # the zygote exits on EOF; forked workers live on
-        self.proc.wait(10)
 
 
 _ZYGOTES: list[_Zygote] = []
 
 
 def _zygote() -> _Zygote:
-    if not _ZYGOTES or _ZYGOTES[0].proc.poll() is not None:
+    if not _ZYGOTES or _ZYGOTES[0].gone:
         _ZYGOTES[:] = [_Zygote()]
         atexit.register(_ZYGOTES[0].close)
     return _ZYGOTES[0]
