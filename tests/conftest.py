@@ -136,7 +136,7 @@ class Stack:
 _NODE_PROFILES: list[Path] = []  # this process's measured profile cache, once measured
 
 
-def _seed_node_profile(state_dir: Path) -> None:
+def seed_node_profile(state_dir: Path) -> None:
     """Give `state_dir` the hardware profile this test process measured once, as the agent's
     own cache would hold it after a first start: an agent measures one in a new state dir
     (torch's import and about 2 s of timing on 2 cores, 7 s under load), and the suite
@@ -152,6 +152,31 @@ def _seed_node_profile(state_dir: Path) -> None:
         )
         _NODE_PROFILES.append(cache)
     shutil.copytree(_NODE_PROFILES[0], state_dir / "profiles", dirs_exist_ok=True)
+
+
+_ZYGOTE_SERVERS: list[tuple[subprocess.Popen[bytes], str]] = []  # this process's, once started
+
+
+def zygote_server() -> str:
+    """The socket of this test process's worker zygote server (worker/zygote.py --listen):
+    each agent make_stack starts forks its zygote from it, where its own would import torch
+    again (2.9 CPU-s on CI's 2 cores, an agent in over 25 stacks)."""
+    if not _ZYGOTE_SERVERS or _ZYGOTE_SERVERS[0][0].poll() is not None:
+        path = os.path.join(tempfile.mkdtemp(prefix="wz-"), "zygote.sock")  # < 108 bytes
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "wstrain.worker.zygote", "--listen", path],
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path):
+            assert proc.poll() is None, "the zygote server exited at start"
+            assert time.monotonic() < deadline, "the zygote server did not listen in 60 s"
+            time.sleep(0.05)
+        atexit.register(proc.terminate)
+        _ZYGOTE_SERVERS[:] = [(proc, path)]
+    return _ZYGOTE_SERVERS[0][1]
 
 
 def make_stack(
@@ -178,6 +203,8 @@ def make_stack(
         PYTHONPATH=str(REPO),
     )
     env.update(extra_env or {})
+    if env.get("WSTRAIN_WORKER_ZYGOTE", "true").lower() not in ("0", "false"):  # any agent
+        env.setdefault("WSTRAIN_WORKER_ZYGOTE_SOCKET", zygote_server())
     stack = Stack(
         f"http://127.0.0.1:{port}",
         env,
@@ -189,7 +216,7 @@ def make_stack(
     )
     stack.start_api()
     if env.get("WSTRAIN_PROFILE_CACHE", "true").lower() not in ("0", "false"):
-        _seed_node_profile(tmp / "state")
+        seed_node_profile(tmp / "state")
     if with_agent:
         stack.agent = subprocess.Popen(
             [sys.executable, "-m", "wstrain.agent.agent"], env=env, cwd=REPO

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import tiny_spec
+from tests.conftest import tiny_spec, zygote_server
 from tests.worker.launch import assert_close, last_weights, tiny_job_dir, worker_argv, write_job
 from wstrain.agent.processes import session_pids
 from wstrain.agent.zygote import ZYGOTE_LOST_CODE, ForkedWorker, WorkerZygote
@@ -89,7 +89,7 @@ def test_a_dead_zygote_leaves_its_worker_running_and_spawns_fall_back(tmp_path: 
         worker = await _fork(zygote, job_dir)
         assert worker.stdout is not None
         first = WorkerMessage.model_validate_json(await worker.stdout.readline())
-        assert first.kind == "started"
+        assert first.kind == "started" and zygote.proc is not None
         zygote.proc.kill()
         await zygote.proc.wait()
         await asyncio.sleep(0.5)
@@ -103,6 +103,43 @@ def test_a_dead_zygote_leaves_its_worker_running_and_spawns_fall_back(tmp_path: 
     code, alive, again = asyncio.run(go())
     assert alive, "the worker died with its zygote"
     assert code == ZYGOTE_LOST_CODE and again is None
+
+
+def test_a_zygote_server_forks_each_agent_its_own_zygote(tmp_path: Path) -> None:
+    """Two agents' zygotes forked by one server (--listen, WSTRAIN_WORKER_ZYGOTE_SOCKET):
+    each its own process, not the server; each forks a worker that trains the tiny job to
+    the same weights; one agent closing its zygote leaves the other's forking."""
+    dirs = [tiny_job_dir(tmp_path / str(i), 1, "working_set") for i in range(2)]
+
+    async def go() -> tuple[list[int], list[int]]:
+        first, second = [await WorkerZygote.start(dict(os.environ), zygote_server()) for _ in "ab"]
+        try:
+            one = await _fork(first, dirs[0])
+            parents = [_parent(one.pid)]  # its zygote, while it trains
+            codes = [await one.wait()]
+            await first.close()
+            assert not first.alive and second.alive
+            two = await _fork(second, dirs[1])
+            parents.append(_parent(two.pid))
+            codes.append(await two.wait())
+            return codes, parents
+        finally:
+            await second.close()
+
+    codes, parents = asyncio.run(go())
+    assert codes == [WorkerExit.succeeded] * 2, (dirs[0] / "worker.log").read_text()[-2000:]
+    # each agent's workers come from a zygote of its own, neither this process
+    assert len(set(parents)) == 2 and os.getpid() not in parents and -1 not in parents, parents
+    assert_close(last_weights(dirs[0]), last_weights(dirs[1]))
+
+
+def _parent(pid: int) -> int:
+    """A process's parent, from /proc (-1 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return -1
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 @pytest.mark.gpu

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import CORPUS, REPO, _wait_http, tiny_spec, wait_terminal
+from tests.conftest import CORPUS, REPO, _wait_http, seed_node_profile, tiny_spec, wait_terminal
 from wstrain.cli.serve import settings_for
 from wstrain.prepare.pipeline import PrepareRequest, prepare
 from wstrain.settings import SharedSettings
@@ -49,6 +49,7 @@ def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     tmp = tmp_path_factory.mktemp("statedir")
     state, cwd = tmp / "state", tmp / "cwd"
     cwd.mkdir()
+    seed_node_profile(state)  # the profile this test process measured: its agent reads it
     env = {k: v for k, v in os.environ.items() if not k.startswith("WSTRAIN_")}
     env.update(
         WSTRAIN_REDIS_URL=redis_url,

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -34,6 +35,7 @@ from tests.conftest import (
     Stack,
     _wait_http,
     make_stack,
+    seed_node_profile,
     tiny_spec,
     wait_job,
     wait_terminal,
@@ -135,64 +137,63 @@ def test_a_sigkilled_agent_is_replaced_and_its_job_resumes_bit_exact(
         stack.stop()
 
 
-def test_a_sigkilled_worker_without_retries_fails_and_resumes_bit_exact(
-    redis_url: str, tmp_path: Path
-) -> None:
-    stack = make_stack(redis_url, tmp_path, "workerkill", with_agent=True)
-    try:
-        with stack.client() as c:
-            straight = c.post("/v1/jobs", json=tiny_spec("straight", **KILL_SPEC)).json()
-            spec = tiny_spec("victim", checkpoint_every=25, max_retries=0, **KILL_SPEC)
-            job = c.post("/v1/jobs", json=spec).json()
-            running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
-            os.kill(running["worker_pid"], signal.SIGKILL)
-            failed = wait_terminal(c, job["id"])
-            assert failed["state"] == "failed" and "SIGKILL" in failed["error"]
-            assert failed["retries"] == 0  # max_retries 0: no automatic retry
-            assert failed["step"] < KILL_STEPS, (
-                "the kill must land mid-run for this test to mean much"
-            )
-            assert c.post(f"/v1/jobs/{job['id']}/resume").status_code == 202
-            done = wait_terminal(c, job["id"])
-            assert done["state"] == "succeeded" and done["attempt"] == 2, done["error"]
-            straight = wait_terminal(c, straight["id"])
-            assert_same_weights(done, straight)
-    finally:
-        stack.stop()
+@pytest.fixture(scope="module")
+def shared(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One stack for the tests that kill or time out a worker but leave its agent and API
+    be, each waiting out its own jobs: an API, a planner pool and an agent fewer to start
+    for two of them (about 4 CPU-s each on CI's 2 cores). A retry waits 1 s; a time limit
+    warns 2 s before it (only the time-limited job has one)."""
+    env = {"WSTRAIN_RETRY_BACKOFF_S": "1", "WSTRAIN_TIME_LIMIT_GRACE_S": "2"}
+    tmp = tmp_path_factory.mktemp("faults")
+    stack = make_stack(redis_url, tmp, "faultshared", with_agent=True, extra_env=env)
+    yield stack
+    stack.stop()
+
+
+def test_a_sigkilled_worker_without_retries_fails_and_resumes_bit_exact(shared: Stack) -> None:
+    stack = shared
+    with stack.client() as c:
+        straight = c.post("/v1/jobs", json=tiny_spec("straight", **KILL_SPEC)).json()
+        spec = tiny_spec("victim", checkpoint_every=25, max_retries=0, **KILL_SPEC)
+        job = c.post("/v1/jobs", json=spec).json()
+        running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
+        os.kill(running["worker_pid"], signal.SIGKILL)
+        failed = wait_terminal(c, job["id"])
+        assert failed["state"] == "failed" and "SIGKILL" in failed["error"]
+        assert failed["retries"] == 0  # max_retries 0: no automatic retry
+        assert failed["step"] < KILL_STEPS, "the kill must land mid-run for this test to mean much"
+        assert c.post(f"/v1/jobs/{job['id']}/resume").status_code == 202
+        done = wait_terminal(c, job["id"])
+        assert done["state"] == "succeeded" and done["attempt"] == 2, done["error"]
+        straight = wait_terminal(c, straight["id"])
+        assert_same_weights(done, straight)
 
 
 def test_a_sigkilled_worker_is_retried_from_its_checkpoint_and_finishes_bit_exact(
-    redis_url: str, tmp_path: Path
+    shared: Stack,
 ) -> None:
-    stack = make_stack(
-        redis_url, tmp_path, "retry", with_agent=True, extra_env={"WSTRAIN_RETRY_BACKOFF_S": "1"}
-    )
-    try:
-        with stack.client() as c:
-            straight = c.post("/v1/jobs", json=tiny_spec("straight", **KILL_SPEC)).json()
-            job = c.post(
-                "/v1/jobs", json=tiny_spec("victim", checkpoint_every=25, **KILL_SPEC)
-            ).json()
-            running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
-            killed_at = time.monotonic()
-            os.kill(running["worker_pid"], signal.SIGKILL)
-            backing_off = wait_job(c, job["id"], lambda j: j["state"] == "queued")
-            assert "SIGKILL" in backing_off["error"]  # the cause, while it waits to retry
-            retried = wait_job(c, job["id"], lambda j: j["attempt"] == 2 and j["worker_pid"])
-            assert retried["state"] == "running" and retried["error"] is None, retried
-            done = wait_terminal(c, job["id"])
-            assert done["state"] == "succeeded", done["error"]
-            assert done["attempt"] == 2 and done["retries"] == 1 and done["step"] == KILL_STEPS
-            assert done["error"] is None  # no stale cause on a job that succeeded
-            assert time.monotonic() - killed_at >= 1.0  # the back-off was waited
-            events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
-            retry = [e["message"] for e in events if e["message"].startswith("retry 1 of 2")]
-            assert retry and "SIGKILL" in retry[0], [e["message"] for e in events]
-            starts = [e["data"]["step"] for e in events if e["kind"] == "started"]
-            assert starts[0] == 0 and starts[1] >= 25  # resumed at its checkpoint
-            assert_same_weights(done, wait_terminal(c, straight["id"]))
-    finally:
-        stack.stop()
+    stack = shared
+    with stack.client() as c:
+        straight = c.post("/v1/jobs", json=tiny_spec("straight", **KILL_SPEC)).json()
+        job = c.post("/v1/jobs", json=tiny_spec("victim", checkpoint_every=25, **KILL_SPEC)).json()
+        running = wait_job(c, job["id"], lambda j: j["last_checkpoint"] is not None)
+        killed_at = time.monotonic()
+        os.kill(running["worker_pid"], signal.SIGKILL)
+        backing_off = wait_job(c, job["id"], lambda j: j["state"] == "queued")
+        assert "SIGKILL" in backing_off["error"]  # the cause, while it waits to retry
+        retried = wait_job(c, job["id"], lambda j: j["attempt"] == 2 and j["worker_pid"])
+        assert retried["state"] == "running" and retried["error"] is None, retried
+        done = wait_terminal(c, job["id"])
+        assert done["state"] == "succeeded", done["error"]
+        assert done["attempt"] == 2 and done["retries"] == 1 and done["step"] == KILL_STEPS
+        assert done["error"] is None  # no stale cause on a job that succeeded
+        assert time.monotonic() - killed_at >= 1.0  # the back-off was waited
+        events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+        retry = [e["message"] for e in events if e["message"].startswith("retry 1 of 2")]
+        assert retry and "SIGKILL" in retry[0], [e["message"] for e in events]
+        starts = [e["data"]["step"] for e in events if e["kind"] == "started"]
+        assert starts[0] == 0 and starts[1] >= 25  # resumed at its checkpoint
+        assert_same_weights(done, wait_terminal(c, straight["id"]))
 
 
 def _started_steps(c: httpx.Client, job_id: str) -> list[int]:
@@ -200,42 +201,33 @@ def _started_steps(c: httpx.Client, job_id: str) -> list[int]:
     return [e["data"]["step"] for e in events if e["kind"] == "started"]
 
 
-def test_a_time_limited_job_ends_timeout_with_a_checkpoint_and_resumes(
-    redis_url: str, tmp_path: Path
-) -> None:
-    stack = make_stack(
-        redis_url,
-        tmp_path,
-        "timelimit",
-        with_agent=True,
-        extra_env={"WSTRAIN_TIME_LIMIT_GRACE_S": "2"},
-    )
-    try:
-        with stack.client() as c:
-            # 20 s: a worker on a loaded 2-core machine took over 6 s to its first step, and
-            # 12 s with torch compiled from source in every process
-            spec = tiny_spec("limited", steps=100000, time_limit_s=20)
-            job = c.post("/v1/jobs", json=spec).json()
-            ended = wait_terminal(c, job["id"])
-            assert ended["state"] == "timeout", ended
-            assert ended["last_checkpoint"] and 0 < ended["step"] < 100000
-            events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
-            kinds = [e["kind"] for e in events]
-            warned = kinds.index("time_limit")
-            assert "checkpoint" in kinds[warned:], kinds  # warned, then checkpointed
-            r = c.post(f"/v1/jobs/{job['id']}/resume")
-            assert r.status_code == 202, r.text
-            deadline = time.monotonic() + 60
-            while len(starts := _started_steps(c, job["id"])) < 2:
-                assert time.monotonic() < deadline, "the resumed worker never started"
-                time.sleep(0.2)
-            # from the time limit's checkpoint (the job's `step` is its last report, a few
-            # steps before the SIGTERM's step boundary)
-            assert starts[1] == int(Path(ended["last_checkpoint"]).name.removeprefix("step-"))
-            c.post(f"/v1/jobs/{job['id']}/cancel")
-            wait_terminal(c, job["id"])
-    finally:
-        stack.stop()
+def test_a_time_limited_job_ends_timeout_with_a_checkpoint_and_resumes(shared: Stack) -> None:
+    stack = shared
+    with stack.client() as c:
+        # 10 s, counted from the worker's start, for a first step and a checkpoint before
+        # it: a worker forked from the zygote server (tests/conftest.py) reports its first
+        # step within 0.5 s on 2 idle cores, 2 s loaded; an exec'd one took over 6 s
+        # loaded (torch's import: 20 s then), and the job trains the whole limit
+        spec = tiny_spec("limited", steps=100000, time_limit_s=10)
+        job = c.post("/v1/jobs", json=spec).json()
+        ended = wait_terminal(c, job["id"])
+        assert ended["state"] == "timeout", ended
+        assert ended["last_checkpoint"] and 0 < ended["step"] < 100000
+        events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+        kinds = [e["kind"] for e in events]
+        warned = kinds.index("time_limit")
+        assert "checkpoint" in kinds[warned:], kinds  # warned, then checkpointed
+        r = c.post(f"/v1/jobs/{job['id']}/resume")
+        assert r.status_code == 202, r.text
+        deadline = time.monotonic() + 60
+        while len(starts := _started_steps(c, job["id"])) < 2:
+            assert time.monotonic() < deadline, "the resumed worker never started"
+            time.sleep(0.2)
+        # from the time limit's checkpoint (the job's `step` is its last report, a few
+        # steps before the SIGTERM's step boundary)
+        assert starts[1] == int(Path(ended["last_checkpoint"]).name.removeprefix("step-"))
+        c.post(f"/v1/jobs/{job['id']}/cancel")
+        wait_terminal(c, job["id"])
 
 
 def test_ctrl_c_to_serve_requeues_the_job_and_the_next_serve_finishes_it(
@@ -253,6 +245,7 @@ def test_ctrl_c_to_serve_requeues_the_job_and_the_next_serve_finishes_it(
         PYTHONPATH=str(REPO),
     )
     state = tmp_path / "state"
+    seed_node_profile(state)  # the profile this test process measured: its agent reads it
 
     def serve() -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()

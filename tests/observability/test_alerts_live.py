@@ -26,7 +26,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import CORPUS, REPO, _wait_http, tiny_spec, wait_job, wait_terminal
+from tests.conftest import (
+    CORPUS,
+    REPO,
+    _wait_http,
+    seed_node_profile,
+    tiny_spec,
+    wait_job,
+    wait_terminal,
+)
 from tests.observability import prometheus_server
 from tests.observability.prometheus_server import alerts, prometheus, query, wait_for
 
@@ -68,6 +76,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, int]]:
     )
     port, metrics_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "wstrain.cli.main", "serve", "--port", str(port)]
+    seed_node_profile(tmp_path / "state")  # measured once by this test process
     cmd += ["--state-dir", str(tmp_path / "state"), "--metrics-port", str(metrics_port)]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -3,20 +3,20 @@ spec and its plan (STATE/jobs/ID, as the agent lays it out), the command line, a
 job of several ranks started, finished and its last checkpoint read.
 
     job_dir = write_job(tmp_path, spec, plan)
-    subprocess.run(worker_argv(job_dir, "--threads", "1"))
-    code, messages = finish(start(tiny_job_dir(tmp_path, 2, "working_set")))
+    subprocess.run(worker_argv(job_dir, "--threads", "1"))   # exec'd
+    code, messages = finish(start(tiny_job_dir(tmp_path, 2, "working_set")))  # forked
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 from safetensors.torch import load_file
 
 from tests.conftest import REPO, tiny_spec
+from tests.worker.forked import ForkedWorker, spawn
 from wstrain.contracts.hardware import DEFAULT_PROFILE
 from wstrain.contracts.jobs import WorkerMessage
 from wstrain.contracts.model_dims import resolve_dims
@@ -72,17 +72,14 @@ def tiny_job_dir(tmp_path: Path, gpus: int, runtime: str, steps: int = STEPS) ->
     return write_job(tmp_path / f"{runtime}-{gpus}", spec, plan)
 
 
-def start(job_dir: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        worker_argv(job_dir),
-        stdout=subprocess.PIPE,
-        stderr=open(job_dir / "worker.log", "w"),
-        text=True,
-        start_new_session=True,  # as the agent starts it: its ranks share its group
-    )
+def start(job_dir: Path) -> ForkedWorker:
+    """The job's worker, forked from the test zygote (tests/worker/forked.py) as an agent
+    forks it: its own session, which its ranks share; stderr to the job's worker.log."""
+    with open(job_dir / "worker.log", "w") as log:
+        return spawn(worker_argv(job_dir), stderr=log)
 
 
-def finish(proc: subprocess.Popen[str]) -> tuple[int, list[WorkerMessage]]:
+def finish(proc: ForkedWorker) -> tuple[int, list[WorkerMessage]]:
     """The worker's exit code and the messages it printed."""
     out, _ = proc.communicate(timeout=240)
     return proc.returncode, [WorkerMessage.model_validate_json(x) for x in out.splitlines()]

@@ -4,10 +4,10 @@ tile, run again at the budget it named, trains."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from tests.conftest import tiny_spec
+from tests.worker import forked
 from tests.worker.launch import worker_argv, write_job
 from wstrain.contracts.calibration import GIB, host_reserve_bytes
 from wstrain.contracts.errors import BudgetExceeded
@@ -61,8 +61,8 @@ def _run(tmp_path: Path, spec: JobSpec, plan_spec: JobSpec) -> tuple[int, list[W
         update={"device_gib": spec.budget.device_gib, "host_gib": spec.budget.host_gib}
     )
     job_dir = write_job(tmp_path, spec, plan)
-    proc = subprocess.run(worker_argv(job_dir), capture_output=True, text=True, timeout=120)
-    return proc.returncode, [WorkerMessage.model_validate_json(x) for x in proc.stdout.splitlines()]
+    code, out, _ = forked.run(worker_argv(job_dir), job_dir / "worker.log", 120)
+    return code, [WorkerMessage.model_validate_json(x) for x in out.splitlines()]
 
 
 def test_a_worker_refused_a_host_tile_exits_5_naming_a_budget_that_trains(

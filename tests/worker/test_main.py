@@ -15,7 +15,6 @@ on an unknown GPU.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 import torch
 
 from tests.conftest import CORPUS, tiny_spec
+from tests.worker import forked
 from tests.worker.launch import worker_argv, write_job
 from wstrain.contracts.chips import peak_flops
 from wstrain.contracts.hardware import DEFAULT_PROFILE
@@ -205,8 +205,8 @@ def test_every_plan_trains_the_same_in_bf16_within_its_rounding() -> None:
 def _run_worker(
     tmp_path: Path, *extra: str, device: str = "cpu", precision: str = "fp32"
 ) -> list[WorkerMessage]:
-    """The reports of a 3-step job (fp32 on the CPU unless told) run by
-    `python -m wstrain.worker.main`."""
+    """The reports of a 3-step job (fp32 on the CPU unless told) run by the worker
+    (`python -m wstrain.worker.main`, forked from the test zygote: tests/worker/forked.py)."""
     spec = JobSpec.model_validate(
         tiny_spec(
             "mfu",
@@ -219,14 +219,9 @@ def _run_worker(
     )
     plan = make_plan(spec, resolve_dims(spec.model), DEFAULT_PROFILE)
     job_dir = write_job(tmp_path, spec, plan)
-    proc = subprocess.run(
-        worker_argv(job_dir, *extra),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return [WorkerMessage.model_validate_json(line) for line in proc.stdout.splitlines()]
+    code, out, err = forked.run(worker_argv(job_dir, *extra), job_dir / "worker.log", 120)
+    assert code == 0, err[-2000:]
+    return [WorkerMessage.model_validate_json(line) for line in out.splitlines()]
 
 
 def test_a_cpu_job_reports_no_mfu_unless_given_a_peak(tmp_path: Path) -> None:

@@ -11,13 +11,13 @@ node 1's exits 0 with it. The launch environment: global rank NODE_RANK x gpus +
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import tiny_spec
 from tests.ports import free_port
+from tests.worker.forked import ForkedWorker, spawn
 from tests.worker.launch import (
     assert_close,
     finish,
@@ -73,7 +73,7 @@ def _two_node_dir(tmp_path: Path) -> Path:
     return write_job(tmp_path / "mn", spec, plan)
 
 
-def _start_node(job_dir: Path, node_rank: int, port: int) -> subprocess.Popen[str]:
+def _start_node(job_dir: Path, node_rank: int, port: int) -> ForkedWorker:
     shm = job_dir.parent / f"shm-{node_rank}"  # each node its own host copy
     shm.mkdir()
     env = {
@@ -83,14 +83,8 @@ def _start_node(job_dir: Path, node_rank: int, port: int) -> subprocess.Popen[st
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
     }
-    return subprocess.Popen(
-        worker_argv(job_dir, "--shm-dir", str(shm)),
-        stdout=subprocess.PIPE,
-        stderr=open(job_dir / f"worker-node{node_rank}.log", "w"),
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    with open(job_dir / f"worker-node{node_rank}.log", "w") as log:
+        return spawn(worker_argv(job_dir, "--shm-dir", str(shm)), stderr=log, env=env)
 
 
 def test_two_nodes_of_two_ranks_train_the_one_rank_job(tmp_path: Path) -> None:

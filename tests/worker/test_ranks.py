@@ -122,12 +122,15 @@ def test_two_ranks_hold_one_copy_of_the_host_state(tmp_path: Path) -> None:
     """A model whose training state (102M parameters, fp32: 1.63 GB of weights, gradients
     and moments) outweighs a process: the two-rank job's peak memory within 1.15x of one.
 
-    Measured on CPU: one rank peaks at 2.69 GiB (after one step as after two), the state's
-    1.52 GiB and 1.17 GiB of the process besides; the second rank adds 0.14-0.17 GiB of its
-    own: 1.05-1.06x, where 1.15x allows 0.40 GiB. A second copy of the state would add its
-    1.52 GiB: 1.56x or more. At 12 layers (202M parameters, 1.04x against 1.7x) the job
-    takes twice the time; at 4 layers (1.02 GiB of state) 1.15x would allow about 0.3 GiB,
-    too little headroom over the second rank's own 0.17 GiB."""
+    Measured on CPU with exec'd workers: one rank peaks at 2.69 GiB (after one step as after
+    two), the state's 1.52 GiB and 1.17 GiB of the process besides; the second rank adds
+    0.14-0.17 GiB of its own: 1.05-1.06x, where 1.15x allows 0.40 GiB. Forked (rank 0 from
+    the test zygote, rank 1 from rank 0), the pages they share copy-on-write with their
+    parent count in neither: 2.49 GiB for one rank, 2.47 GiB for two. A second copy of the
+    state is allocated after the fork, private to its rank, and would add its 1.52 GiB:
+    1.56x or more. At 12 layers (202M parameters, 1.04x against 1.7x) the job takes twice
+    the time; at 4 layers (1.02 GiB of state) 1.15x would allow about 0.3 GiB, too little
+    headroom over the second rank's own 0.17 GiB."""
     peaks = []
     for gpus in (1, 2):
         spec = tiny_spec(

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_spec
+from tests.worker.forked import spawn
 from tests.worker.launch import worker_argv, write_job
 from wstrain.contracts.hardware import DEFAULT_PROFILE
 from wstrain.contracts.jobs import WorkerExit, WorkerMessage
@@ -51,14 +52,10 @@ def test_data_linked_into_the_state_dir_is_refused_before_training(
     plan = make_plan(spec, resolve_dims(spec.model), DEFAULT_PROFILE)
     job_dir = write_job(tmp_path, spec, plan)
     with open(job_dir / "worker.log", "w") as log:
-        proc = subprocess.Popen(
-            worker_argv(job_dir),
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            start_new_session=True,  # as the agent starts it: its ranks share its group
-        )
-        out, _ = proc.communicate(timeout=120)
+        # forked as an agent forks it (tests/worker/forked.py): its own session, which its
+        # ranks share
+        proc = spawn(worker_argv(job_dir), stderr=log)
+    out, _ = proc.communicate(timeout=120)
     msgs = [WorkerMessage.model_validate_json(x) for x in out.splitlines()]
     logged = (job_dir / "worker.log").read_text()[-3000:]
     assert proc.returncode == WorkerExit.refused, logged

@@ -123,7 +123,9 @@ class Launcher:
         worker's start (torch's import), so an agent that runs no job pays nothing. Once
         it has died, workers are exec'd (agent/zygote.py)."""
         if self.zygote is None and self.settings.worker_zygote:  # set before any await:
-            self.zygote = asyncio.ensure_future(WorkerZygote.start(dict(os.environ)))
+            self.zygote = asyncio.ensure_future(
+                WorkerZygote.start(dict(os.environ), self.settings.worker_zygote_socket)
+            )
         if self.zygote is None:
             return None
         try:

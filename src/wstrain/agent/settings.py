@@ -37,6 +37,13 @@ class AgentSettings(SharedSettings):
         description="fork workers from one process that imported torch once (3-5 CPU-s "
         "less a start); false: exec each, as when the zygote has died",
     )
+    worker_zygote_socket: str = Field(
+        default="",
+        description="with worker_zygote: the socket of a zygote server "
+        "(`python -m wstrain.worker.zygote --listen PATH`) that forks this agent's zygote, "
+        "a fork instead of a fresh interpreter's 3 CPU-s, for a host of several agents (the "
+        "test suite); empty: the agent starts its own",
+    )
     profile_cache: bool = Field(
         default=True,
         description="reuse the hardware profile "

@@ -10,6 +10,7 @@ a worker whose zygote died before reporting its end is waited for by its pid, it
 unknown (ZYGOTE_LOST_CODE: a crash, retried as one).
 
     zygote = await WorkerZygote.start(env)           # with the agent's first worker
+    zygote = await WorkerZygote.start(env, PATH)     # or: forked for it by a zygote server
     proc = await zygote.spawn(argv, env, stdout_w, log_fd)
     code = await proc.wait()
     await zygote.close()                              # after the workers are stopped
@@ -89,7 +90,8 @@ class ForkedWorker:
 class WorkerZygote:
     """The zygote process and the reader of its reports."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, sock: socket.socket):
+    def __init__(self, proc: asyncio.subprocess.Process | None, sock: socket.socket):
+        """`proc`: the zygote this agent started; None for one a server forked for it."""
         self.proc, self.sock = proc, sock
         self.workers: dict[int, ForkedWorker] = {}  # forked and not yet ended, by pid
         self._pending: deque[ForkedWorker] = deque()  # requests sent, in order, unanswered
@@ -98,8 +100,20 @@ class WorkerZygote:
         self._reader = asyncio.create_task(self._read(), name="zygote-reader")
 
     @classmethod
-    async def start(cls, env: dict[str, str]) -> WorkerZygote:
-        """`python -m wstrain.worker.zygote --fd N` with `env` (the agent's own)."""
+    async def start(cls, env: dict[str, str], server: str = "") -> WorkerZygote:
+        """`python -m wstrain.worker.zygote --fd N` with `env` (the agent's own); with
+        `server`, a zygote forked for this agent by `python -m wstrain.worker.zygote --listen
+        SERVER` instead (a fork, not a fresh interpreter's 3 CPU-s of imports)."""
+        if server:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            sock.setblocking(False)
+            try:
+                await asyncio.get_running_loop().sock_connect(sock, server)
+            except OSError:
+                sock.close()
+                raise
+            log.info("worker zygote forked by the server at %s", server)
+            return cls(None, sock)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -122,7 +136,8 @@ class WorkerZygote:
 
     @property
     def alive(self) -> bool:
-        return self.proc.returncode is None and not self._reader.done()
+        started = self.proc is None or self.proc.returncode is None
+        return started and not self._reader.done()
 
     async def _read(self) -> None:
         loop = asyncio.get_running_loop()
@@ -140,7 +155,8 @@ class WorkerZygote:
             log.error("worker zygote: its socket failed (%s)", exc)
         finally:
             if not self._closing:
-                log.warning("worker zygote pid %d is gone; workers are exec'd now", self.proc.pid)
+                pid = self.proc.pid if self.proc else "(a server's)"
+                log.warning("worker zygote %s is gone; workers are exec'd now", pid)
             for worker in [*self._pending, *self.workers.values()]:
                 worker.orphaned()
             self._pending.clear()
@@ -181,12 +197,16 @@ class WorkerZygote:
         self._closing = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)  # the zygote reads its end of the input
-        try:
-            await asyncio.wait_for(self.proc.wait(), 5)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
+        if self.proc is None:  # a server's: it exits on its own; its end of the socket closes
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._reader), 5)
+        else:
+            try:
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader

@@ -196,7 +196,7 @@ class Worker:
             )
         if "WORLD_SIZE" not in os.environ:  # the worker the agent started
             if ranks > 1:
-                self.gang = RankGang.start(ranks, self.argv, self._gang_died, node)
+                self.gang = RankGang.start(ranks, self.argv, self._gang_died, node, main)
             elif node is not None:
                 os.environ.update(torchrun_env(0, 1, node.master_port, node))
         group = ProcessGroup.from_env(self.plan.device)

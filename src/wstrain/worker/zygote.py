@@ -15,7 +15,13 @@ Protocol, over the SOCK_SEQPACKET socket whose fd the agent passes as `--fd` (ag
 The zygote exits when the agent closes its end; the workers live on in their own
 sessions, as workers started by exec do when their agent stops.
 
-    python -m wstrain.worker.zygote --fd N   # started by the agent, never by hand
+A host that runs several agents (the test suite starts about 30) can pay torch's import
+once for all of them: `--listen PATH` serves each agent that connects to PATH (its
+WSTRAIN_WORKER_ZYGOTE_SOCKET) from a zygote forked for it, which speaks the protocol above
+on that connection and exits when the agent closes it.
+
+    python -m wstrain.worker.zygote --fd N         # started by the agent, never by hand
+    python -m wstrain.worker.zygote --listen PATH  # a zygote for each agent that connects
 """
 
 from __future__ import annotations
@@ -38,11 +44,12 @@ from wstrain.worker import main as worker_main
 MAX_REQUEST_BYTES = 1 << 20  # argv and env of one worker: a few KiB
 
 
-def _run_child(request: dict[str, object], out_fd: int, err_fd: int) -> None:
+def _run_child(request: dict[str, object], out_fd: int, err_fd: int, in_session: int) -> None:
     """In the forked child: become the worker `request` describes; never returns."""
     code = 1
     try:
         os.setsid()  # its own session: a Ctrl-C to the agent reaches no worker
+        os.close(in_session)  # the zygote may tell the agent the pid now
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
@@ -106,22 +113,57 @@ def serve(agent: socket.socket) -> None:
             return  # the agent is gone or done
         request = json.loads(data)
         assert len(fds) == 2, f"a request carries stdout and stderr, got {len(fds)} fds"
+        # the pid goes to the agent once the child leads its own session (it closes
+        # `in_session` after setsid): a signal to that session before would miss it
+        settled, in_session = os.pipe()
         pid = os.fork()
         if pid == 0:
             agent.close()
-            _run_child(request, fds[0], fds[1])
-        for fd in fds:
+            os.close(settled)
+            _run_child(request, fds[0], fds[1], in_session)
+        for fd in (*fds, in_session):
             os.close(fd)
+        os.read(settled, 1)  # EOF: the child is in its session, or already gone
+        os.close(settled)
         agent.send(json.dumps({"pid": pid}).encode())
         _reap(agent)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="fork wstrain workers for an agent")
-    parser.add_argument("--fd", type=int, required=True, help="the agent's socket")
-    agent = socket.socket(fileno=parser.parse_args(argv).fd)
+def _serve_agent(agent: socket.socket) -> None:
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         serve(agent)  # raises when the agent died: its workers carry on, as when it stops
+
+
+def listen(path: str) -> None:
+    """Fork a zygote for each agent that connects to `path`, until killed."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.bind(path)
+    server.listen(16)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the agents' zygotes
+    while True:
+        agent, _ = server.accept()
+        if os.fork() == 0:
+            code = 1
+            try:
+                server.close()
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                _serve_agent(agent)  # sets its own SIGCHLD handler: it reaps its workers
+                code = 0
+            finally:
+                os._exit(code)
+        agent.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="fork wstrain workers for an agent")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--fd", type=int, help="the agent's socket")
+    where.add_argument("--listen", help="serve every agent that connects to this socket path")
+    args = parser.parse_args(argv)
+    if args.listen:
+        listen(args.listen)
+    else:
+        _serve_agent(socket.socket(fileno=args.fd))
     return 0
 
 
