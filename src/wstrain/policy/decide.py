@@ -350,7 +350,6 @@ def decide(
     book = QuotaBook.of([*running, *elsewhere], config.quotas)
     ledger = Ledger.of(node, running)
     out = _pass(now_s, queue, ledger, book, config, states)
-    budgets = _choose_budgets(out, queue, ledger, book, config)
     return Decision(
         start=tuple(out.starts),
         preempt=tuple(out.preempt),
@@ -361,7 +360,7 @@ def decide(
         unsatisfiable=tuple(out.unsatisfiable),
         factors=factors,
         gangs=out.gangs,
-        budgets=budgets,
+        budgets=_choose_budgets(out, queue, ledger, book, config),
         shrink=out.shrink,
         grow=choose_growth(now_s, ledger, book, config, quiet=_quiet(out)),
     )

@@ -120,12 +120,11 @@ def _running(
 
 
 def _restarted(
-    j: RunningJob, restarts: dict[str, tuple[float, BudgetPoint]], t: float
+    j: RunningJob, restarts: Mapping[str, tuple[float, BudgetPoint]], t: float
 ) -> RunningJob:
     """A shrunk job back at its new point once its stop has passed, else as it is."""
     at, point = restarts.get(j.id, (math.inf, None))
     if point is None or at > t:
         return j
-    del restarts[j.id]
     device, host = point.device_bytes, point.host_bytes
     return replace(j, device_bytes=device, host_bytes=host, started_s=at, stopping=False)
