@@ -109,7 +109,10 @@ def _tokens_per_s(messages: list[WorkerMessage], first_step: int) -> float | Non
 def _weights(job_dir: Path) -> dict[str, torch.Tensor]:
     last = checkpoint.latest(job_dir / "checkpoints")
     assert last is not None, f"{job_dir}: no checkpoint"
-    return load_file(str(last / "model.safetensors"))
+    weights: dict[str, torch.Tensor] = {}
+    for shard in sorted(last.glob("*.safetensors")):  # one file, or shards past 2 GiB
+        weights.update(load_file(str(shard)))
+    return weights
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
