@@ -40,6 +40,7 @@ WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     "ws-40": (40, None, {}),
     "ws-20": (20, None, {}),
     "ws-12": (12, None, {}),
+    "ws-24": (24, None, {}),
     "ws-24-32l": (24, 32, {}),
     "ws-20-host": (20, None, {"optimizer": "host"}),
     "ws-24-32l-host": (24, 32, {"optimizer": "host"}),
@@ -82,7 +83,7 @@ def plan_for(name: str, args: argparse.Namespace) -> tuple[JobSpec, ModelDims, P
         args.global_batch,
         args.steps,
         budget,
-        HOST_BUDGET_GIB,
+        args.host_gib,
         overrides,
         precision=job_precision(name),
         activation_precision=job_activation_precision(name),
@@ -136,6 +137,12 @@ def main() -> None:
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--resident-micro-batch", type=int, default=1)
     p.add_argument(
+        "--host-gib",
+        type=float,
+        default=HOST_BUDGET_GIB,
+        help="working-set rows' host budget (the largest model a node holds: 110 of 128 GiB)",
+    )
+    p.add_argument(
         "--fsdp-global-batch",
         type=int,
         default=8,
@@ -174,6 +181,8 @@ def main() -> None:
         str(args.link_share),
         "--jobs-on-gpu",
         str(args.jobs_on_gpu),
+        "--host-gib",
+        str(args.host_gib),
         *(["--profile"] if args.profile else []),
         *(["--eager-kernels"] if args.eager_kernels else []),
     ]
