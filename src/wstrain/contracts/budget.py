@@ -1,5 +1,6 @@
-"""A job's memory budgets: each a number of GiB or a range {min, max}, and for a ranged
-budget the point the service chose (JobSpec.budget). Every reader of a budget reads one
+"""A job's memory budgets: device and host each a number of GiB or a range {min, max}, and
+for a ranged budget the point the service chose; disk (spilled training state) a number
+(JobSpec.budget). Every reader of a budget reads one
 point, `device_gib` / `host_gib`; planners plan a copy fixed at a point (JobSpec.at_budget).
 Pydantic only, as all of contracts/."""
 
@@ -79,6 +80,16 @@ class Budget(StrictModel):
         description="hard host-memory budget in GiB, or a range {min, max} the service "
         "chooses a point of",
     )
+    disk_gib: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_BUDGET_GIB,
+        exclude_if=lambda v: v == 0,
+        description="hard disk budget in GiB for training state spilled past the host budget "
+        "(the agent's spill directory, a local NVMe path): the planner puts the coldest state "
+        "there first, AdamW moments from the last layer down; 0: none, all state in host "
+        "memory",
+    )
     chosen: ChosenBudget | None = Field(
         default=None,
         exclude_if=lambda v: v is None,
@@ -150,6 +161,10 @@ class Budget(StrictModel):
     def host_bytes(self) -> int:
         return int(self.host_gib * GIB)
 
+    @property
+    def disk_bytes(self) -> int:
+        return int(self.disk_gib * GIB)
+
     def at(self, device_gib: float, host_gib: float) -> Budget:
         """A fixed budget at this point of the ranges; ValueError outside them."""
         for name, (low, high), value in (
@@ -160,4 +175,4 @@ class Budget(StrictModel):
                 raise ValueError(
                     f"budget.{name}={value:g} is outside the spec's range {low:g}..{high:g}"
                 )
-        return Budget(device_gib=device_gib, host_gib=host_gib)
+        return Budget(device_gib=device_gib, host_gib=host_gib, disk_gib=self.disk_gib)

@@ -72,6 +72,13 @@ WRITE_BUFFER_BYTES: Final = GIB
 # holds at most a part-used last chunk and small tails beyond the sets (simulated at 8K on
 # the H200 plans: 0-45 MiB over 13-33 GiB of sets).
 ACTIVATION_CHUNK_BYTES: Final = 64 * MIB
+# The disk tier (WorkingSetPlan.spilled_layers): a spilled layer's AdamW moments (m, v) come
+# into one of SPILL_SLOTS host slots (one updating, one reading ahead or writing back; the
+# host counts both), in direct-I/O blocks of SPILL_IO_BLOCK_BYTES on SPILL_IO_THREADS threads
+# (a virtio disk read 1.1 and wrote 1.3 GB/s in 16 MiB blocks on the lent H200).
+SPILL_SLOTS: Final = 2
+SPILL_IO_BLOCK_BYTES: Final = 16 * MIB
+SPILL_IO_THREADS: Final = 4
 
 # ----------------------------------------------------------------- time
 

@@ -70,6 +70,11 @@ class NodeProfile:
     # (ops/document_attn.py), so their attention costs this span, not the sequence's. 0:
     # no documents, or not known (the attention of a whole sequence: the worst case)
     document_span: int = 0
+    # the agent's spill directory (the disk tier, WorkingSetPlan.spilled_layers), measured in
+    # the node profile with direct I/O in 16 MiB blocks: each direction alone, bytes/s; 0: no
+    # spill directory, so no plan spills. The lent H200's virtio disk: 1.1 read, 1.3 write GB/s
+    disk_read_bytes_per_s: float = 0.0
+    disk_write_bytes_per_s: float = 0.0
 
     @classmethod
     def from_profile(
@@ -103,6 +108,8 @@ class NodeProfile:
             points("attention_flops."),
             points(f"attention_flops.{FA3_PROFILE_KEY}."),
             d2h_by_gpus=points("d2h_bytes_per_s."),
+            disk_read_bytes_per_s=profile.get("disk_read_bytes_per_s", 0.0),
+            disk_write_bytes_per_s=profile.get("disk_write_bytes_per_s", 0.0),
         )
 
     def with_layer(self, layer: LayerTimes | None) -> NodeProfile:

@@ -20,6 +20,7 @@ class Predicted(BaseModel):
     step_seconds: float
     peak_device_bytes: int
     peak_host_bytes: int
+    peak_disk_bytes: int = 0  # the spill file (WorkingSetPlan.spilled_layers)
     # The step's breakdown (they sum to step_seconds): compute at the node's profiled rates,
     # recomputation in backward, transfers not hidden behind compute, exposed optimizer,
     # and with several ranks the gradients' all-reduce.
@@ -75,6 +76,13 @@ class WorkingSetPlan(BaseModel):
         default=False,
         description="cross-round overlap: every pass after the step's first runs its forward "
         "layer by layer beside the previous pass's backward",
+    )
+    spilled_layers: int = Field(
+        default=0,
+        ge=0,
+        description="the disk tier: the last N decoder layers' AdamW moments live in a "
+        "preallocated file in the spill directory (budget.disk_gib) instead of host memory; "
+        "the host AdamW reads and writes them through a bounded buffer beside its update",
     )
     first_levels: list[list[int]] = Field(
         default_factory=list,
