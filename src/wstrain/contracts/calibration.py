@@ -79,6 +79,7 @@ ACTIVATION_CHUNK_BYTES: Final = 64 * MIB
 SPILL_SLOTS: Final = 2
 SPILL_IO_BLOCK_BYTES: Final = 16 * MIB
 SPILL_IO_THREADS: Final = 4
+SPILL_ALIGN_BYTES: Final = 4096  # direct I/O: buffers, offsets and lengths at 4 KiB
 
 # ----------------------------------------------------------------- time
 

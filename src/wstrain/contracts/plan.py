@@ -152,6 +152,7 @@ class Plan(BaseModel):
 class MinBudget(BaseModel):
     device_gib: float
     host_gib: float
+    disk_gib: float = 0.0  # the disk tier's size that holds what the host budget cannot
 
 
 def at_plan_budget(spec: JobSpec, plan: Plan) -> JobSpec:

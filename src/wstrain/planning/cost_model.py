@@ -46,6 +46,7 @@ from wstrain.planning.memory_model import (
     Layout,
     saved_bytes_by_level,
 )
+from wstrain.planning.spill import SpillIO, spill_io_seconds, spilled_update_ends
 
 
 @dataclass(frozen=True)
@@ -219,39 +220,54 @@ def optimizer_s(
     part: layer k's gradient and moments come in and its weights and moments go home while
     its first forward computes, beside the saved sets `sent[k]` it sends home; the embedding
     (and head, if all is on the device) update right after backward with their moments
-    streamed. A split layout with no device_layers yet takes the best split for `sent`."""
+    streamed. A split layout with no device_layers yet takes the best split for `sent`.
+    Spilled layers (the last lay.spilled_layers) update at the disk's pace (planning/spill.py)."""
     if lay.optimizer == "split":
         times = _split_times(dims, spec, lay, sent, node, device)
         return times[lay.device_layers - 1] if lay.device_layers else min(times)
     layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
-    rate = node.optimizer_params_per_s
-    if spec.precision == "mixed":  # the profile times bf16 state
-        rate /= MIXED_UPDATE_SLOWDOWN
+    rate = _host_rate(spec, node)
+    io = _spill_io(dims, spec, lay, node)
     if lay.optimizer == "host" or device != "cuda":  # a CPU worker's "device" is the host
-        return _deferred_s(dims, layer_fwd_s, rate, [], 0.0)
-    return _deferred_s(dims, layer_fwd_s, rate, device_s, 2 * staged_s)
+        return _deferred_s(dims, layer_fwd_s, rate, [], 0.0, io)
+    return _deferred_s(dims, layer_fwd_s, rate, device_s, 2 * staged_s, io)
 
 
 def split_layers(
     dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int], node: NodeProfile, device: str
 ) -> int:
-    """The number of leading layers a split layout updates on the device, fastest first."""
+    """The number of leading layers a split layout updates on the device, fastest first
+    (never a spilled layer: the host updates those)."""
     times = _split_times(dims, spec, lay, sent, node, device)
     return 1 + times.index(min(times))
+
+
+def _host_rate(spec: JobSpec, node: NodeProfile) -> float:
+    """The host AdamW's parameters a second for this job's precision."""
+    if spec.precision == "mixed":  # the profile times bf16 state
+        return node.optimizer_params_per_s / MIXED_UPDATE_SLOWDOWN
+    return node.optimizer_params_per_s
+
+
+def _spill_io(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -> SpillIO:
+    """(spilled layers, one's read seconds, its write seconds); (0, 0, 0) without spill."""
+    if not lay.spilled_layers:
+        return (0, 0.0, 0.0)
+    return (lay.spilled_layers, *spill_io_seconds(dims, spec.precision, node))
 
 
 def _split_times(
     dims: ModelDims, spec: JobSpec, lay: Layout, sent: list[int], node: NodeProfile, device: str
 ) -> list[float]:
     """optimizer_s of a split with 1, 2, ... L-1 device layers (the embedding on the device,
-    the head on the host)."""
+    the head on the host), at most up to the first spilled layer."""
     layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
-    rate = node.optimizer_params_per_s
+    rate, io = _host_rate(spec, node), _spill_io(dims, spec, lay, node)
+    most = min(dims.num_layers - 1, dims.num_layers - lay.spilled_layers)
     if device != "cuda":  # a CPU worker's "device" is the host
-        return [_deferred_s(dims, layer_fwd_s, rate, [], 0.0)] * (dims.num_layers - 1)
+        return [_deferred_s(dims, layer_fwd_s, rate, [], 0.0, io)] * most
     return [
-        _deferred_s(dims, layer_fwd_s, rate, device_s[:k], staged_s)
-        for k in range(1, dims.num_layers)
+        _deferred_s(dims, layer_fwd_s, rate, device_s[:k], staged_s, io) for k in range(1, most + 1)
     ]
 
 
@@ -279,24 +295,34 @@ def _device_parts(
 
 
 def _deferred_s(
-    dims: ModelDims, layer_fwd_s: float, params_per_s: float, device_s: list[float], staged_s: float
+    dims: ModelDims,
+    layer_fwd_s: float,
+    params_per_s: float,
+    device_s: list[float],
+    staged_s: float,
+    spill: SpillIO = (0, 0.0, 0.0),
 ) -> float:
     """The first forward's delay (`layer_fwd_s` a layer): the device updates the first
     len(device_s) layers as they arrive (each exposing device_s[k]), after `staged_s` for its
     resident groups; a host thread at `params_per_s` updates the others (starting with the
     embedding when it has them all) and the head last, and layer k's forward waits for
-    layer k's update."""
+    layer k's update. `spill`: the last spill[0] layers' moments come from and go back to
+    disk (spill[1], spill[2] seconds a layer), so their updates end at the disk's pace."""
     L, k = dims.num_layers, len(device_s)
+    count, read_s, write_s = spill
     layer_s = dims.layer_params / params_per_s
     embed_s = dims.embedding_params / params_per_s
     updated = forward_end = embed_s if k == 0 else 0.0  # the host thread's clock
     forward_end = max(forward_end, staged_s)  # nothing computes before the embedding
+    spilled_ends: list[float] = []
     for j in range(L):
         if j < k:
             forward_end += device_s[j] + layer_fwd_s
-        else:
-            updated += layer_s
-            forward_end = max(forward_end, updated) + layer_fwd_s
+            continue
+        if j == L - count:  # the first spilled layer: the disk's timeline from here
+            spilled_ends = spilled_update_ends(updated, count, layer_s, read_s, write_s)
+        updated = spilled_ends[j - (L - count)] if j >= L - count else updated + layer_s
+        forward_end = max(forward_end, updated) + layer_fwd_s
     head_ready = forward_end if k == L else max(forward_end, updated + embed_s)
     return head_ready - L * layer_fwd_s
 

@@ -60,9 +60,17 @@ def micro_batches(
 
 
 def layouts(
-    spec: JobSpec, dims: ModelDims, mbs: list[int], pieces: bool, device: str = "cuda"
+    spec: JobSpec,
+    dims: ModelDims,
+    mbs: list[int],
+    pieces: bool,
+    device: str = "cuda",
+    spilled: int = 0,
 ) -> list[mm.Layout]:
-    o = spec.overrides
+    """Every layout the search costs; with `spilled` layers' moments on disk, only those
+    whose host AdamW updates them (no "device" optimizer; a split's device layers come
+    before them)."""
+    o, L = spec.overrides, dims.num_layers
     rings = (
         [(o.r_param or 3, o.r_grad or 2)] if (o.r_param or o.r_grad) else [(3, 2), (2, 2), (2, 1)]
     )
@@ -86,11 +94,15 @@ def layouts(
     # at 20 GiB, 0.890x per round). Lossless sets fill the link both ways and ran slower
     # (0.824x and 0.857x against 0.875x) than the cost model's 0.5-6% gain: on request only,
     # as on several GPUs (tested with gloo, not measured) (bench/RESULTS.md, Several GPUs)
+    if spilled:
+        optimizers = [p for p in optimizers if p == "host" or (p == "split" and spilled < L)]
     chosen = spec.gpus * spec.nodes == 1 and device == "cuda" and spec.activation_precision == "fp8"
     overlaps = [o.overlap] if o.overlap is not None else [False, True] if chosen else [False]
     overlaps = [v for v in overlaps if not (v and dims.is_moe)]
     return [
-        mm.Layout(m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p, overlap=overlap)
+        mm.Layout(
+            m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p, overlap=overlap, spilled_layers=spilled
+        )
         for overlap in overlaps
         for c, p in seq_chunks(spec, dims, pieces)
         if p == 1 or not overlap  # the overlap runs whole sequences

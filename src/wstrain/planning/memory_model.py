@@ -30,6 +30,7 @@ from wstrain.contracts.calibration import (
 )
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import JobSpec
+from wstrain.planning.spill import host_saved_bytes
 
 OptimizerPlacement = Literal["host", "device", "split"]
 
@@ -55,6 +56,9 @@ class Layout:
     # cross-round overlap (working_set/pass_order.py): a pass's forward beside the previous
     # pass's backward, so two passes are in flight
     overlap: bool = False
+    # the disk tier (working_set/spill.py): the last spilled_layers layers' AdamW moments in
+    # the spill file, updated by the host through SPILL_SLOTS slots
+    spilled_layers: int = 0
 
     @property
     def pass_sequences(self) -> int:
@@ -285,10 +289,13 @@ def lead_pass_saved(lay: Layout, home_saved: int, window_inputs: int) -> int:
     return (lay.lead_rounds - 1) * (home_saved + window_inputs)
 
 
-def host_state_bytes(dims: ModelDims, precision: str) -> int:
+def host_state_bytes(dims: ModelDims, precision: str, spilled: int = 0) -> int:
     """The host tiles (working_set/state.py): weights, gradients and two moments, each of the
     streamed element size; in mixed precision bf16 weights and gradients, an fp32 master and
-    fp32 moments, and the fp32 gradient scratch of the largest group."""
+    fp32 moments, and the fp32 gradient scratch of the largest group. With `spilled` layers'
+    moments on disk: without those, and with the spill slots."""
+    if spilled:
+        return host_state_bytes(dims, precision) - host_saved_bytes(dims, precision, spilled)
     if precision == "mixed":  # the largest group: a layer, or the head with the final norm
         largest = max(dims.layer_params, dims.embedding_params + dims.hidden_size)
         return 16 * dims.params + 4 * largest
@@ -338,7 +345,8 @@ def home_saved_limit(
 
     def fits(home_saved: int) -> bool:
         extra = lead_pass_saved(lay, home_saved, window_inputs)
-        return host_bytes(dims, spec, home_saved + extra, device) <= spec.budget.host_bytes
+        host = host_bytes(dims, spec, home_saved + extra, device, spilled=lay.spilled_layers)
+        return host <= spec.budget.host_bytes
 
     if fits(most):
         return most
@@ -350,20 +358,28 @@ def home_saved_limit(
 
 
 def host_bytes(
-    dims: ModelDims, spec: JobSpec, home_saved: int, device: str, stored: int | None = None
+    dims: ModelDims,
+    spec: JobSpec,
+    home_saved: int,
+    device: str,
+    stored: int | None = None,
+    spilled: int = 0,
 ) -> int:
     """Training state + the store of saved sets sent home (`stored` bytes where given, as
     overlap_stored_bytes counts them) + the reserve beside the arena; with spec.gpus
     ranks the state is shared, the store and the reserve are each rank's
-    (planning/ranks.py)."""
+    (planning/ranks.py); `spilled` layers' moments on disk."""
     store = stored_bytes(home_saved) if stored is None else stored
-    state, reserve = _host_fixed_bytes(dims, spec.precision, device)
+    state, reserve = _host_fixed_bytes(dims, spec.precision, device, spilled)
     private = store + reserve
     return state + spec.gpus * private
 
 
 # the planner asks at every candidate of every layout
 @functools.lru_cache(maxsize=4096)
-def _host_fixed_bytes(dims: ModelDims, precision: str, device: str) -> tuple[int, int]:
+def _host_fixed_bytes(
+    dims: ModelDims, precision: str, device: str, spilled: int = 0
+) -> tuple[int, int]:
     """(host_state_bytes, host_reserve_bytes) of `dims` in `precision` on `device`."""
-    return host_state_bytes(dims, precision), host_reserve_bytes(dims.params, precision, device)
+    state = host_state_bytes(dims, precision, spilled)
+    return state, host_reserve_bytes(dims.params, precision, device)

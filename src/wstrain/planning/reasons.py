@@ -12,6 +12,7 @@ from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import JobSpec
 from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
+from wstrain.planning import spill as sp
 from wstrain.planning.layer_time import attention_call, attention_span
 
 
@@ -129,7 +130,28 @@ def ws_reasons(
         f"exposed transfer + {time.optimizer_s:.3g} optimizer",
         "peak_device": f"{dev / GIB:.2f} GiB <= device_gib={spec.budget.device_gib}",
         "peak_host": f"{host / GIB:.2f} GiB <= host_gib={spec.budget.host_gib}",
+        "disk": _disk(spec, dims, node, lay),
     }
+
+
+def _disk(spec: JobSpec, dims: ModelDims, node: NodeProfile, lay: mm.Layout) -> str:
+    """Where the AdamW moments live: the host, or the last layers' in the spill file."""
+    n = lay.spilled_layers
+    if not n:
+        return "none: all training state in host memory" + (
+            f" (budget.disk_gib={spec.budget.disk_gib:g} unused: the host holds it)"
+            if spec.budget.disk_gib
+            else ""
+        )
+    read_s, write_s = sp.spill_io_seconds(dims, spec.precision, node)
+    return (
+        f"layers {dims.num_layers - n}-{dims.num_layers - 1}: their AdamW moments in the "
+        f"spill file ({sp.disk_bytes(dims, spec.precision, n) / GIB:.2f} GiB <= "
+        f"disk_gib={spec.budget.disk_gib:g}): of the spill counts that leave the host room, "
+        f"the fastest; each read in {read_s:.3g} s and written back in "
+        f"{write_s:.3g} s at the profiled {node.disk_read_bytes_per_s / 1e9:.3g} and "
+        f"{node.disk_write_bytes_per_s / 1e9:.3g} GB/s beside the host update"
+    )
 
 
 def _documents(spec: JobSpec, lay: mm.Layout, node: NodeProfile) -> str:

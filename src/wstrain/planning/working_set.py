@@ -25,6 +25,7 @@ sequences may predict a slower step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from wstrain.contracts.calibration import GIB
@@ -35,6 +36,7 @@ from wstrain.contracts.plan import MinBudget, Plan, Predicted, WorkingSetPlan
 from wstrain.contracts.spec import JobSpec
 from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
+from wstrain.planning import spill as sp
 from wstrain.planning.candidates import Candidate, Window, finish, window_costs
 from wstrain.planning.layouts import (
     PIECES_FROM_TOKENS,
@@ -47,10 +49,17 @@ from wstrain.planning.reasons import ws_reasons
 
 
 def _search(
-    spec: JobSpec, dims: ModelDims, whole: NodeProfile, device: str, mbs: list[int], pieces: bool
+    spec: JobSpec,
+    dims: ModelDims,
+    whole: NodeProfile,
+    device: str,
+    mbs: list[int],
+    pieces: bool,
+    spilled: int = 0,
 ) -> Candidate | None:
     """The fastest candidate over micro-batches `mbs`, whole sequences or (`pieces`) in
-    pieces too; a layout in pieces is costed at its piece kernel's attention rate."""
+    pieces too, with `spilled` layers' moments on disk; a layout in pieces is costed at its
+    piece kernel's attention rate."""
     in_pieces = whole.for_piece_kernel(_piece_kernel(spec, dims, whole, device))
     whole = whole.for_piece_kernel(_whole_kernel(spec, dims, whole, device))
     ranked: list[tuple[float, int, mm.Layout, Solution, int, Window, Solution | None]] = []
@@ -67,7 +76,7 @@ def _search(
             solutions[key] = (lc, solve([lc] * dims.num_layers))
         return solutions[key]
 
-    for i, lay in enumerate(layouts(spec, dims, mbs, pieces, device)):
+    for i, lay in enumerate(layouts(spec, dims, mbs, pieces, device, spilled)):
         node = node_for(lay)
         lc, sol = solved(lay)
         rounds = spec.global_batch // lay.micro_batch
@@ -147,19 +156,60 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
             "round a pass; drop seq_chunk (or lead_rounds)"
         )
     tiers, bound = micro_batches(spec, dims, node)
-    best = None
     # shorter sequences try whole ones first (PIECES_FROM_TOKENS), then pieces
     passes = [True] if spec.seq_len >= PIECES_FROM_TOKENS else [False, True]
-    for tier, pieces in ((t, p) for p in passes for t in tiers):
-        best = _search(spec, dims, node, device, tier, pieces)
-        if best is not None:
-            break
-    else:
-        raise _infeasible(spec, dims, device, [m for tier in tiers for m in tier])
+    mbs = [m for tier in tiers for m in tier]
+    best = _first_fit(spec, dims, node, device, tiers, passes, 0)
+    if best is None:  # the state past the host budget: its coldest part to disk, if it may
+        counts = _spill_counts(spec, dims, node, device, mbs)
+        fits = [_first_fit(spec, dims, node, device, tiers, passes, n) for n in counts]
+        best = min((c for c in fits if c), key=lambda c: c.time.total_s, default=None)
+    if best is None:
+        raise _infeasible(spec, dims, node, device, mbs)
     return _plan(spec, dims, node, best, device, bound)
 
 
-def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> InfeasibleBudget:
+def _first_fit(
+    spec: JobSpec,
+    dims: ModelDims,
+    node: NodeProfile,
+    device: str,
+    tiers: list[list[int]],
+    passes: list[bool],
+    spilled: int,
+) -> Candidate | None:
+    """The fastest candidate of the first tier (and pass) where one fits."""
+    for tier, pieces in ((t, p) for p in passes for t in tiers):
+        best = _search(spec, dims, node, device, tier, pieces, spilled)
+        if best is not None:
+            return best
+    return None
+
+
+def _host_over_bytes(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> int:
+    """What the host needs past its budget with the fewest saved sets any plan sends home
+    (every layer's inputs, the smallest micro-batch): what spilling must free at least."""
+    inputs_home = dims.num_layers * min(mbs) * mm.saved_bytes(dims, spec, 0)
+    return mm.host_bytes(dims, spec, inputs_home, device) - spec.budget.host_bytes
+
+
+def _spill_counts(
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int]
+) -> list[int]:
+    """The spill counts to search: none without a disk budget, a spill directory on the
+    node (its profiled rates) or on several ranks (each would stream its span: not built)."""
+    if not spec.budget.disk_bytes or node.disk_read_bytes_per_s <= 0 or spec.gpus > 1:
+        return []
+    if spec.nodes > 1 or spec.overrides.optimizer == "device":
+        return []
+    most = sp.most_spilled(dims, spec.precision, spec.budget.disk_bytes)
+    least = sp.least_spilled(dims, spec.precision, _host_over_bytes(spec, dims, device, mbs), most)
+    return [] if least is None else sp.spill_counts(least, most)
+
+
+def _infeasible(
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int]
+) -> InfeasibleBudget:
     smallest = [
         mm.Layout(min(mbs), 2, 1, "host", 512, seq_chunk=c, pieces=p)
         for c, p in seq_chunks(spec, dims)
@@ -184,6 +234,7 @@ def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> 
         ),
         host_gib=round(mm.host_bytes(dims, spec, inputs_home, device) / GIB + 0.005, 2),
     )
+    advice, need.disk_gib, disk_short = _disk_advice(spec, dims, node, device, mbs)
     overlap = (
         " with overrides.overlap=true (two rounds in flight: their transitions and copies on "
         "the device, their saved sets on the host); drop overlap, or raise the budget past"
@@ -193,9 +244,41 @@ def _infeasible(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> 
     return InfeasibleBudget(
         f"budget device_gib={spec.budget.device_gib}, host_gib={spec.budget.host_gib} cannot "
         f"hold {dims.params / 1e6:.1f}M parameters at seq_len={spec.seq_len}{overlap} "
-        f"device_gib={need.device_gib}, host_gib={need.host_gib}",
+        f"device_gib={need.device_gib}, host_gib={need.host_gib}{advice}",
         min_budget=need.model_dump(),
+        **({"field": "budget.disk_gib"} if disk_short else {}),
     )
+
+
+def _disk_advice(
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int]
+) -> tuple[str, float, bool]:
+    """(what the disk tier would do for a state past the host budget, as a clause; the disk
+    GiB that would hold the overflow, 0 where it cannot help; whether the job's own disk
+    budget is what falls short)."""
+    over = _host_over_bytes(spec, dims, device, mbs)
+    least = sp.least_spilled(dims, spec.precision, over, dims.num_layers) if over > 0 else None
+    if least is None:  # the host holds the state, or spilling every moment would not do
+        return "", 0.0, False
+    need = sp.disk_bytes(dims, spec.precision, least)
+    need_gib = math.ceil(need / GIB * 100) / 100
+    if spec.gpus * spec.nodes > 1:
+        return "; the disk tier (budget.disk_gib) runs one-GPU jobs only", 0.0, False
+    if 0 < spec.budget.disk_bytes < need:
+        return (
+            f"; budget.disk_gib={spec.budget.disk_gib:g} is too small for the {least} layers' "
+            f"AdamW moments the host cannot hold: give budget.disk_gib >= {need_gib:g}",
+            need_gib,
+            True,
+        )
+    if node.disk_read_bytes_per_s <= 0:
+        return (
+            f"; or budget.disk_gib >= {need_gib:g} on a node with a spill directory "
+            "(the agent's WSTRAIN_SPILL_DIR; this node has none)",
+            need_gib,
+            False,
+        )
+    return f"; or budget.disk_gib >= {need_gib:g} (the disk tier)", need_gib, False
 
 
 def _piece_kernel(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str) -> str:
@@ -224,6 +307,7 @@ def _plan(
             step_seconds=c.time.total_s,
             peak_device_bytes=c.device_bytes,
             peak_host_bytes=c.host_bytes,
+            peak_disk_bytes=sp.disk_bytes(dims, spec.precision, lay.spilled_layers),
             compute_seconds=c.time.compute_s,
             recompute_seconds=c.time.recompute_s,
             exposed_transfer_seconds=c.time.exposed_transfer_s,
@@ -242,6 +326,7 @@ def _plan(
             attention_kernel=kernel,
             overlap=lay.overlap,
             first_levels=c.first_levels or [],
+            spilled_layers=lay.spilled_layers,
         ),
         reasons=ws_reasons(
             spec,
