@@ -4,6 +4,7 @@ what the disk adds to the step, and the refusals that name budget.disk_gib."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -21,9 +22,7 @@ DIMS = replace(PRESETS["llama3-8b"], num_layers=16)
 NODE = replace(H200, disk_read_bytes_per_s=1.1e9, disk_write_bytes_per_s=1.3e9)
 
 
-def _spec(
-    host_gib: float, disk_gib: float = 0.0, global_batch: int = 8, **extra: object
-) -> JobSpec:
+def _spec(host_gib: float, disk_gib: float = 0.0, global_batch: int = 8) -> JobSpec:
     return JobSpec.model_validate(
         {
             "name": "spill",
@@ -34,7 +33,6 @@ def _spec(
             "steps": 10,
             "budget": {"device_gib": 24, "host_gib": host_gib, "disk_gib": disk_gib},
             "overrides": {"runtime": "working_set"},
-            **extra,
         }
     )
 
@@ -111,7 +109,7 @@ def test_update_ends_follow_the_slower_of_the_cpu_and_the_disk() -> None:
     assert ends == pytest.approx([1.1 + k for k in range(6)])
     # disk-bound: a layer every read + write once the slots cycle
     ends = sp.spilled_update_ends(0.0, 6, layer_s=0.01, read_s=1.0, write_s=1.0)
-    steps = [b - a for a, b in zip(ends, ends[1:])]
+    steps = [b - a for a, b in itertools.pairwise(ends)]
     assert steps[-1] == pytest.approx(2.0, abs=0.02)
     assert sp.spilled_update_ends(5.0, 0, 1.0, 1.0, 1.0) == []
 
