@@ -30,6 +30,14 @@ def test_a_number_or_a_range_parses_into_the_budget() -> None:
     assert with_budget(spec, None, None) is spec
 
 
+def test_disk_gib_sets_the_disk_budget_beside_the_others() -> None:
+    args = build_parser().parse_args(["submit", "s.yaml", "--disk-gib", "128"])
+    spec = {"budget": {"device_gib": 24, "host_gib": 180}}
+    assert with_budget(spec, args.device_gib, args.host_gib, args.disk_gib) == {
+        "budget": {"device_gib": 24, "host_gib": 180, "disk_gib": 128.0}
+    }
+
+
 @pytest.mark.parametrize(
     ("value", "says"),
     [("40:12", "min 40 is above max 12"), ("a:b", "not a number of GiB"), ("0", "above 0")],

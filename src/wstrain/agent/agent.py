@@ -111,7 +111,9 @@ class Agent(Launcher):
         self.zygote: asyncio.Future[WorkerZygote] | None = None  # forks workers (launch.py)
 
     async def _measure(self) -> None:
-        m = await measure_node(self.settings.state_dir, self.settings.profile_cache)
+        m = await measure_node(
+            self.settings.state_dir, self.settings.profile_cache, self.settings.spill_dir
+        )
         self.device, self.gpus, self.profile, self.profile_key = m.device, m.gpus, m.profile, m.key
         log.info(
             "node %s: %s, %d GPU(s), matmul %.3g TFLOP/s, H2D %.3g GB/s, D2H %.3g GB/s "

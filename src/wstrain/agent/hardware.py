@@ -67,7 +67,37 @@ def _cached_cpu_profile(cache_dir: Path) -> Measured | None:
     return Measured("cpu", [], found["profile"], found["key"], True)
 
 
-async def measure_node(state_dir: Path, use_cache: bool) -> Measured:
+async def measure_node(state_dir: Path, use_cache: bool, spill_dir: Path | None = None) -> Measured:
+    """The node's profile (cached where `use_cache`), with the spill directory's disk rates
+    measured afresh when there is one (the directory is not part of the cache key)."""
+    m = await _measure_node(state_dir, use_cache)
+    if spill_dir is not None:
+        m.profile.update(await _disk_rates(spill_dir))
+    return m
+
+
+async def _disk_rates(spill_dir: Path) -> dict[str, float]:
+    """disk_read_bytes_per_s and disk_write_bytes_per_s of `spill_dir`, measured in a child
+    (worker/profile/disk.py: direct I/O, a few hundred MiB written, read and removed)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "wstrain.worker.profile.disk",
+        "--dir",
+        str(spill_dir),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"measuring the spill directory {spill_dir} failed with exit {proc.returncode}: "
+            "check that it exists and is writable (WSTRAIN_SPILL_DIR), or unset it"
+        )
+    rates: dict[str, float] = json.loads(out)
+    return rates
+
+
+async def _measure_node(state_dir: Path, use_cache: bool) -> Measured:
     if use_cache and (cpu := _cached_cpu_profile(state_dir / "profiles")) is not None:
         return cpu
     cache = ["--cache-dir", str(state_dir / "profiles")]

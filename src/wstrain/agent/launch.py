@@ -116,6 +116,7 @@ class Launcher:
             log_name=log_name,
             shm_dir=self.settings.shm_dir,
             zygote=await self._zygote(),
+            spill_dir=self.settings.spill_dir,
         )
 
     async def _zygote(self) -> WorkerZygote | None:

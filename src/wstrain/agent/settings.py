@@ -157,6 +157,14 @@ class AgentSettings(SharedSettings):
         "node keep their one shared copy of the training state (its size bounds that state)",
     )
 
+    spill_dir: Path | None = Field(
+        default=None,
+        description="the disk tier: a local NVMe directory where jobs with budget.disk_gib "
+        "keep the AdamW moments their host budget cannot hold (one subdirectory a job); the "
+        "agent measures its read and write rates into the node profile, so plans spill only "
+        "on nodes that have one; unset: no job spills here",
+    )
+
     def hang_window(self) -> HangWindow:
         """When a worker that reports nothing is hung (agent/hang.py)."""
         return HangWindow(self.hang_step_factor, self.hang_floor_s, self.hang_startup_s)

@@ -100,6 +100,7 @@ async def spawn(
     log_name: str = "worker.log",
     shm_dir: Path = Path("/dev/shm"),
     zygote: WorkerZygote | None = None,
+    spill_dir: Path | None = None,
 ) -> WorkerProcess:
     """The worker of one attempt of `job`, in its own session, reading only what `access`
     allows (the data roots less the state dir, checked again on every file it opens).
@@ -108,7 +109,8 @@ async def spawn(
     `gpus` (all of a gang's: it starts one rank per visible GPU, as its plan's `ranks` says;
     None on CPU). It logs to `log_name` in the job dir (a multi-node job's other nodes write
     their own beside node 0's: the job dir is shared). A gang's ranks share their working
-    set's host state in `shm_dir` (a tmpfs). With a live `zygote` it is forked from it
+    set's host state in `shm_dir` (a tmpfs); a spilling job keeps its moments in its own
+    subdirectory of `spill_dir`. With a live `zygote` it is forked from it
     (agent/zygote.py), else exec'd."""
     env = dict(env)
     peaks = [
@@ -132,6 +134,8 @@ async def spawn(
         str(access.state_dir),
         "--shm-dir",
         str(shm_dir),
+        # the disk tier's file: the job's own subdirectory of the node's spill directory
+        *(["--spill-dir", str(spill_dir / job.id)] if spill_dir is not None else []),
     ]
     log_file = open(job_dir / log_name, "ab")  # noqa: SIM115 - the child owns it
     try:

@@ -2,7 +2,7 @@
 
     wstrain serve [--host 127.0.0.1] [--port 8000] [--state-dir DIR] [--metrics-port 9464]
     wstrain submit SPEC.yaml [--follow] [--sweep KEY=V1,V2 ...] [--gpus N] [--nodes M]
-                          [--device-gib 40 | 12:40] [--host-gib 64 | 16:64]
+                          [--device-gib 40 | 12:40] [--host-gib 64 | 16:64] [--disk-gib 128]
     wstrain plan SPEC.yaml [--gpus N] [--nodes M] [--gpu h100|h200|a100|...] [--device-gib ..]
     wstrain ls [--state S] [--json]    wstrain status ID [--json]    wstrain queue
     wstrain watch ID     wstrain logs [-f] ID     wstrain cancel ID     wstrain resume ID
@@ -72,12 +72,16 @@ DEVICE_GIB_HELP = (
     "chooses a point of"
 )
 HOST_GIB_HELP = "sets budget.host_gib: GiB, or a range MIN:MAX (e.g. 16:64)"
+DISK_GIB_HELP = (
+    "sets budget.disk_gib: GiB of the node's spill directory for AdamW moments the host "
+    "budget cannot hold (the disk tier)"
+)
 
 
 def _flag_spec(args: argparse.Namespace) -> dict[str, Any]:
-    """The spec file with --gpus, --nodes, --device-gib and --host-gib applied."""
+    """The spec file with --gpus, --nodes, --device-gib, --host-gib and --disk-gib applied."""
     spec = with_nodes(with_gpus(load_spec(args.spec), args.gpus), args.nodes)
-    return with_budget(spec, args.device_gib, args.host_gib)
+    return with_budget(spec, args.device_gib, args.host_gib, args.disk_gib)
 
 
 def _print_plan(plan: dict[str, Any]) -> None:
@@ -224,6 +228,7 @@ def _budget_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--host-gib", type=gib_or_range("--host-gib"), metavar="GIB|MIN:MAX", help=HOST_GIB_HELP
     )
+    s.add_argument("--disk-gib", type=float, metavar="GIB", help=DISK_GIB_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -140,10 +140,12 @@ def gib_or_range(flag: str) -> Callable[[str], GibArg]:
     return parse
 
 
-def with_budget(spec: dict[str, Any], device: GibArg | None, host: GibArg | None) -> dict[str, Any]:
-    """`--device-gib`/`--host-gib`: the spec's budget.device_gib/host_gib (a number or a
-    range {min, max}); None leaves the spec's own."""
-    if device is None and host is None:
+def with_budget(
+    spec: dict[str, Any], device: GibArg | None, host: GibArg | None, disk: float | None = None
+) -> dict[str, Any]:
+    """`--device-gib`/`--host-gib`/`--disk-gib`: the spec's budget.device_gib/host_gib (a
+    number or a range {min, max}) and budget.disk_gib; None leaves the spec's own."""
+    if device is None and host is None and disk is None:
         return spec
     current = spec.get("budget")
     # the service chooses the point of the new budget: a chosen one sent along is dropped
@@ -154,6 +156,8 @@ def with_budget(spec: dict[str, Any], device: GibArg | None, host: GibArg | None
         budget["device_gib"] = device
     if host is not None:
         budget["host_gib"] = host
+    if disk is not None:
+        budget["disk_gib"] = disk
     return {**spec, "budget": budget}
 
 
