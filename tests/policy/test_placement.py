@@ -119,3 +119,29 @@ def test_a_cpu_node_packs_device_and_host_budgets_into_host_memory() -> None:
     assert d.reasons["c"] == (
         "resources: needs 16.0 GiB (device + host budgets), 8.0 GiB unreserved on the node"
     )
+
+
+def _spilling(jid: str, disk_gib: float, dev_gib: float = 12) -> PendingJob:
+    return PendingJob(
+        jid, "ana", 0, 0.0, int(dev_gib * GIB), 8 * GIB, disk_bytes=int(disk_gib * GIB)
+    )
+
+
+def test_spill_space_is_packed_like_host_memory() -> None:
+    node = NodeState((Gpu(0, H200), Gpu(1, H200)), 1024 * GIB, disk_bytes=200 * GIB)
+    running = [
+        RunningJob("r", "ben", 0, 0, 12 * GIB, 8 * GIB, 0.0, disk_bytes=150 * GIB),
+    ]
+    d = _decide([_spilling("a", 100), _spilling("b", 40), _p("c", 12)], running, node)
+    # "a" would pass the node's spill space; "b" fits beside "r"; "c" spills nothing
+    assert [s.job_id for s in d.start] == ["b", "c"]
+    assert d.reasons["a"] == (
+        "resources: needs 100.0 GiB of spill space, 50.0 GiB unreserved on the node"
+    )
+    assert d.preempt == ()  # nothing is stopped for spill space
+
+
+def test_a_node_without_a_spill_directory_starts_no_spilling_job() -> None:
+    d = _decide([_spilling("a", 10)], [])
+    assert d.start == ()
+    assert "no spill directory (WSTRAIN_SPILL_DIR)" in d.reasons["a"]

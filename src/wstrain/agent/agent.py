@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -109,12 +110,16 @@ class Agent(Launcher):
         self.started = start_ticks(os.getpid())
         self.replacing = ""  # the id of a dead predecessor whose node record we may replace
         self.zygote: asyncio.Future[WorkerZygote] | None = None  # forks workers (launch.py)
+        self.spill_bytes = 0  # the spill directory's space jobs' disk budgets reserve
 
     async def _measure(self) -> None:
         m = await measure_node(
             self.settings.state_dir, self.settings.profile_cache, self.settings.spill_dir
         )
         self.device, self.gpus, self.profile, self.profile_key = m.device, m.gpus, m.profile, m.key
+        if self.settings.spill_dir is not None:  # the disk tier's space: what is free at start
+            usage = await asyncio.to_thread(shutil.disk_usage, self.settings.spill_dir)
+            self.spill_bytes = usage.free
         log.info(
             "node %s: %s, %d GPU(s), matmul %.3g TFLOP/s, H2D %.3g GB/s, D2H %.3g GB/s "
             "(profile %s%s)",
@@ -195,7 +200,7 @@ class Agent(Launcher):
         """A policy round (agent/scheduling.py): charge the running jobs' usage,
         start what the policy places here, preempt what it evicts."""
         host_total, _ = host_memory()
-        node = node_state(self.devices, host_total)
+        node = node_state(self.devices, host_total, self.spill_bytes)
         running = running_jobs(self.workers.values())
         # every node charges the GPUs it trains on: node 0 its own, the others their shares
         await self.rounds.charge(node, running + self.members.training())

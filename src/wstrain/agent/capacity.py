@@ -17,9 +17,12 @@ from wstrain.contracts.jobs import GPUInfo
 from wstrain.policy import Gpu, NodeState, RunningJob
 
 
-def node_state(gpus: list[GPUInfo], host_total_bytes: int) -> NodeState:
+def node_state(gpus: list[GPUInfo], host_total_bytes: int, disk_bytes: int = 0) -> NodeState:
+    """The node as the policy packs it; `disk_bytes`: its spill directory's space."""
     return NodeState(
-        gpus=tuple(Gpu(g.index, g.total_bytes) for g in gpus), host_bytes=host_total_bytes
+        gpus=tuple(Gpu(g.index, g.total_bytes) for g in gpus),
+        host_bytes=host_total_bytes,
+        disk_bytes=disk_bytes,
     )
 
 
@@ -41,6 +44,7 @@ def running_jobs(handles: Iterable[WorkerHandle]) -> list[RunningJob]:
             gpus=h.job.spec.gpus,
             gang=h.gpus if len(h.gpus) > 1 else (),
             points=h.points,
+            disk_bytes=h.job.spec.budget.disk_bytes,
         )
         for h in handles
     ]

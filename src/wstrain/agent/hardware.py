@@ -79,6 +79,7 @@ async def measure_node(state_dir: Path, use_cache: bool, spill_dir: Path | None 
 async def _disk_rates(spill_dir: Path) -> dict[str, float]:
     """disk_read_bytes_per_s and disk_write_bytes_per_s of `spill_dir`, measured in a child
     (worker/profile/disk.py: direct I/O, a few hundred MiB written, read and removed)."""
+    spill_dir.mkdir(parents=True, exist_ok=True)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -160,6 +160,10 @@ def _pass(
     for position, job in enumerate(queue):
         if not _gate(job, now_s, states, book, out):
             continue
+        disk = ledger.disk_wait(job)
+        if disk is not None:  # no room on its disk: it waits, nothing is stopped for it
+            out.wait(job, WaitKind.resources, disk)
+            continue
         if job.gpus > 1 and not ledger.cpu_only:  # a CPU node pools a gang's memory
             _gang(position, job, ledger, book, config, out)
             continue

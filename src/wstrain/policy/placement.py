@@ -97,6 +97,8 @@ class Ledger:
         self.host_total_bytes = node.host_bytes
         self.host_used_bytes = 0
         self.host_stopping_bytes = 0
+        self.disk_total_bytes = node.disk_bytes
+        self.disk_used_bytes = 0  # the disk budgets of the jobs here (stopping ones too)
         self.holds: list[Hold] = []
         if node.cpu_only:
             self.slots: dict[int | None, Slot] = {None: Slot(None, node.host_bytes)}
@@ -121,6 +123,7 @@ class Ledger:
     def _add_running(self, job: RunningJob) -> None:
         dev, host = self.demand(job)
         self.host_used_bytes += host  # once, however many GPUs it runs on
+        self.disk_used_bytes += job.disk_bytes
         if job.stopping:
             self.host_stopping_bytes += host
         for index in (None,) if self.cpu_only else job.gpu_indices:
@@ -154,6 +157,25 @@ class Ledger:
     def host_fits(self, host_bytes: int, job: PendingJob | None) -> bool:
         return self.cpu_only or self.host_unheld_bytes(job) >= host_bytes
 
+    def disk_wait(self, job: PendingJob) -> str | None:
+        """Why the job's disk budget does not fit the node's spill space now (None: it
+        does). Spill space is packed like host memory: each job reserves its whole disk
+        budget; nothing is preempted or shrunk for it."""
+        if job.disk_bytes <= 0:
+            return None
+        if self.disk_total_bytes <= 0:
+            return (
+                f"resources: needs {gib_text(job.disk_bytes)} of spill space; this node has "
+                "no spill directory (WSTRAIN_SPILL_DIR)"
+            )
+        free = self.disk_total_bytes - self.disk_used_bytes
+        if job.disk_bytes > free:
+            return (
+                f"resources: needs {gib_text(job.disk_bytes)} of spill space, "
+                f"{gib_text(max(0, free))} unreserved on the node"
+            )
+        return None
+
     def held_from(self, slot: Slot, job: PendingJob | None) -> bool:
         return slot.hold is not None and slot.hold.binds(job)
 
@@ -185,6 +207,7 @@ class Ledger:
             slot.live += 1
             slot.exclusive += int(job.exclusive)
         self.host_used_bytes += host
+        self.disk_used_bytes += job.disk_bytes
         return 1 if self.cpu_only else slots[0].live
 
     def hold(self, job: PendingJob, slot: Slot, drain: bool = False, host: bool = True) -> None:

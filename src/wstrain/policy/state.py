@@ -67,6 +67,7 @@ class NodeState:
 
     gpus: tuple[Gpu, ...]
     host_bytes: int
+    disk_bytes: int = 0  # the spill directory's space for the disk tier (0: none)
 
     @property
     def cpu_only(self) -> bool:
@@ -101,6 +102,7 @@ class PendingJob:
     # a ranged budget's points from its min up (device_bytes, host_bytes are the min's): it
     # is placed at its min, then given what its GPU has left by predicted speed (budgets.py)
     points: tuple[BudgetPoint, ...] = ()
+    disk_bytes: int = 0  # its disk budget: spill space it reserves on the node (the disk tier)
 
     def __post_init__(self) -> None:
         low = self.points[0] if self.points else None
@@ -135,6 +137,7 @@ class RunningJob:
     # a ranged budget's points from its min up, its current one among them: a job that can
     # be shrunk (restarted lower in its range) rather than preempted (budgets.py)
     points: tuple[BudgetPoint, ...] = ()
+    disk_bytes: int = 0  # the spill space its disk budget reserves
 
     @property
     def gpu_indices(self) -> tuple[int | None, ...]:

@@ -165,6 +165,7 @@ class JobStore(JobReads):
             "plan": plan.model_dump_json(),
             "device_bytes": spec.budget.device_bytes,
             "host_bytes": spec.budget.host_bytes,
+            "disk_bytes": spec.budget.disk_bytes,
             "queue_score": queue_score,
             "queued_at": now,  # the queue wait is measured from here (again on a requeue)
             "model": model_label(spec.model),

@@ -28,7 +28,7 @@ from wstrain.store.job_store import JobStore, budget_points
 _PENDING = (
     "owner", "priority", "queued_at", "created_at", "device_bytes", "host_bytes",
     "exclusive", "after", "not_before", "state", "name", "state_reason", "gpus", "nodes",
-    "points",
+    "points", "disk_bytes",
 )  # fmt: skip
 _PLACED = (
     "owner", "priority", "device_bytes", "host_bytes", "node", "gpu", "started_at", "state",
@@ -95,6 +95,7 @@ class PendingRow:
     gpus: int = 1  # GPUs of one node it needs at once (jobs stored before gangs: 1)
     nodes: int = 1  # nodes, each taking `gpus` GPUs (store/node_gangs.py)
     points: tuple[BudgetPoint, ...] = ()  # a ranged budget's, min first; queued at its min
+    disk_bytes: int = 0  # its disk budget (records stored before the disk tier: none)
 
     def pending(self, priority: int | None = None) -> PendingJob:
         """The job as the scheduling policy reads it, at `priority` (a grant's cap) or its
@@ -112,6 +113,7 @@ class PendingRow:
             self.not_before or None,
             gpus=self.gpus,
             points=self.points if self.gpus == 1 and self.nodes == 1 else (),
+            disk_bytes=self.disk_bytes,
         )
 
 
@@ -213,6 +215,7 @@ class SchedulingView:
                 int(f["gpus"] or 1),
                 int(f["nodes"] or 1),
                 budget_points(f["points"]),
+                int(f["disk_bytes"] or 0),
             )
             for jid, f in zip(ids, raws)
             if f["state"] == JobState.queued.value
