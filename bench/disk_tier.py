@@ -1,0 +1,159 @@
+"""The disk tier beside all state in host memory: the same job (Llama-3-8B dimensions at
+`--layers`, synthetic tokens, the same global batch) planned and trained twice on this GPU,
+each in its own process: once with a host budget that holds its whole training state, once
+with a host budget `--state-over-host` times smaller than the state and a disk budget in
+`--spill-dir` (a local disk), where the planner puts the AdamW moments the host cannot hold.
+
+    python -m bench.disk_tier --layers 8 --seq 8192 --global-batch 64 --steps 3 \
+        --state-over-host 1.5 --spill-dir /tmp/wstrain-spill --out X.json
+
+A row: params, tokens/s, the planner's predicted step beside the measured one, the spilled
+layers, the state over the host budget, peak host RSS, the spill file's bytes, and
+`budget_violations` (device peak, host RSS or spill file past its budget: 0 or 1); the disk
+row's `x_in_memory` is its tokens/s over the in-memory row's. The disk's read and write
+rates are measured first (worker/profile/disk.py) and planned with, as an agent with
+WSTRAIN_SPILL_DIR would. Needs a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench.children import run_child
+from bench.specs import llama_dims, llama_spec
+from wstrain.contracts.calibration import GIB
+from wstrain.contracts.hardware import NodeProfile
+from wstrain.contracts.spec import JobSpec
+from wstrain.planning import memory_model as mm
+from wstrain.planning.planner import make_plan
+
+log = logging.getLogger("bench.disk_tier")
+
+DEVICE_GIB = 24.0
+
+
+def _spec(args: argparse.Namespace, host_gib: float, disk_gib: float) -> JobSpec:
+    spec = llama_spec(
+        "disk-tier", args.layers, args.seq, args.global_batch, args.steps, DEVICE_GIB,
+        host_gib, {"runtime": "working_set"},
+    )  # fmt: skip
+    budget = spec.budget.model_copy(update={"disk_gib": disk_gib})
+    return spec.model_copy(update={"budget": budget})
+
+
+def _budgets(args: argparse.Namespace, name: str) -> tuple[float, float]:
+    """(host GiB, disk GiB) of row `name`: the in-memory row's host budget is --host-gib,
+    the disk row's the state over --state-over-host, its disk --disk-gib."""
+    state_gib = mm.host_state_bytes(llama_dims(args.layers), "bf16") / GIB
+    if name == "in-memory":
+        return args.host_gib, 0.0
+    return round(state_gib / args.state_over_host, 2), args.disk_gib
+
+
+def run_row(args: argparse.Namespace) -> dict[str, Any]:
+    """One row in this process (the child): plan at its budgets on this GPU, train, time."""
+    import torch  # the child's only: the driver stays light
+
+    from bench.working_set import measured_node, run_plan
+    from wstrain.worker.profile.disk import disk_bandwidth
+
+    dims = llama_dims(args.layers)
+    host_gib, disk_gib = _budgets(args, args.row)
+    spec = _spec(args, host_gib, disk_gib)
+    node: NodeProfile = measured_node(args.seq, dims)
+    spill_dir = Path(args.spill_dir) / args.row
+    if disk_gib:
+        spill_dir.mkdir(parents=True, exist_ok=True)
+        node = replace(node, **disk_bandwidth(spill_dir))
+    plan = make_plan(spec, dims, node)
+    assert plan.working_set is not None
+    res = run_plan(spec, dims, plan, args.steps, node=node, spill_dir=spill_dir)
+    timed = res["times"][1:]
+    step_s = sum(timed) / len(timed)
+    state_bytes = mm.host_state_bytes(dims, spec.precision)
+    rss_bytes = res["peak_rss_bytes"]
+    disk_bytes = res.get("disk_bytes", 0)
+    device_peak = torch.cuda.max_memory_reserved()
+    violations = int(
+        device_peak > spec.budget.device_bytes
+        or rss_bytes > spec.budget.host_bytes
+        or disk_bytes > spec.budget.disk_bytes
+    )
+    return {
+        "name": args.row,
+        "gpu": torch.cuda.get_device_name(0),
+        "layers": dims.num_layers,
+        "params": dims.params,
+        "seq_len": args.seq,
+        "global_batch": args.global_batch,
+        "tokens_per_s": args.global_batch * args.seq / step_s,
+        "step_seconds": res["times"],
+        "predicted_step_seconds": plan.predicted.step_seconds,
+        "predicted_over_measured": plan.predicted.step_seconds / step_s,
+        "host_budget_gib": host_gib,
+        "disk_budget_gib": disk_gib,
+        "device_budget_gib": DEVICE_GIB,
+        "state_gib": state_bytes / GIB,
+        "state_over_host": state_bytes / spec.budget.host_bytes,
+        "spilled_layers": plan.working_set.spilled_layers,
+        "optimizer": plan.working_set.optimizer,
+        "peak_device_reserved_gib": device_peak / GIB,
+        "peak_rss_gib": rss_bytes / GIB,
+        "disk_gib": disk_bytes / GIB,
+        "disk_read_bytes_per_s": node.disk_read_bytes_per_s,
+        "disk_write_bytes_per_s": node.disk_write_bytes_per_s,
+        "stalls_s": {k: v / len(timed) for k, v in res["stalls"].items()},
+        "predicted_optimizer_seconds": plan.predicted.optimizer_seconds,
+        "budget_violations": violations,
+        "commit": os.environ.get("BENCH_COMMIT", ""),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--global-batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=3, help="1 warm-up + timed steps")
+    p.add_argument("--host-gib", type=float, default=100.0, help="the in-memory row's")
+    p.add_argument("--state-over-host", type=float, default=1.5)
+    p.add_argument("--disk-gib", type=float, default=60.0)
+    p.add_argument("--spill-dir", default="/tmp/wstrain-spill")
+    p.add_argument("--rows", default="in-memory,disk")
+    p.add_argument("--row", help=argparse.SUPPRESS)  # child mode
+    p.add_argument("--out")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+    if args.row:
+        print(json.dumps(run_row(args)), flush=True)
+        return
+    rows: list[dict[str, Any]] = []
+    argv = [
+        *("--layers", str(args.layers), "--seq", str(args.seq)),
+        *("--global-batch", str(args.global_batch), "--steps", str(args.steps)),
+        *("--host-gib", str(args.host_gib), "--state-over-host", str(args.state_over_host)),
+        *("--disk-gib", str(args.disk_gib), "--spill-dir", args.spill_dir),
+    ]
+    for name in args.rows.split(","):
+        row, last = run_child([sys.executable, "-m", "bench.disk_tier", *argv, "--row", name], {
+            **os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"
+        })  # fmt: skip
+        rows.append(row if row is not None else {"name": name, "error": last})
+        base = next((r for r in rows if r.get("name") == "in-memory" and "error" not in r), None)
+        for r in rows:
+            if base is not None and "tokens_per_s" in r:
+                r["x_in_memory"] = r["tokens_per_s"] / base["tokens_per_s"]
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=1))
+    print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
