@@ -21,6 +21,7 @@ import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, cast
 
 import torch
 from safetensors import SafetensorError
@@ -33,6 +34,19 @@ log = logging.getLogger(__name__)
 LATEST = "latest"
 SHARD_BYTES = CHECKPOINT_SHARD_BYTES  # a module attribute so tests can shrink it
 INDEX = "model.safetensors.index.json"
+
+
+# extra[FILES]: files the runtime streams into the checkpoint itself (name -> StreamedFile),
+# such as the spilled layers' AdamW moments (working_set/spilled.py), which never fit in
+# host memory at once; load_meta gives the runtime the directory (extra[CHECKPOINT_DIR])
+FILES = "files"
+CHECKPOINT_DIR = "checkpoint_dir"
+
+
+class StreamedFile(Protocol):
+    nbytes: int
+
+    def write(self, path: Path) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -137,13 +151,15 @@ def _total_bytes(path: Path) -> int:
 def _checkpoint_bytes(tensors: dict[str, torch.Tensor], extra: object) -> int:
     """The weights' and the optimizer state's tensor bytes: about a checkpoint's size."""
     total = sum(t.numel() * t.element_size() for t in tensors.values())
+    if isinstance(extra, dict):
+        total += sum(f.nbytes for f in cast(dict[str, StreamedFile], extra.get(FILES, {})).values())
     todo = [extra]
     while todo:
         item = todo.pop()
         if isinstance(item, torch.Tensor):
             total += item.numel() * item.element_size()
         elif isinstance(item, dict):
-            todo.extend(item.values())
+            todo.extend(v for k, v in item.items() if k != FILES)
         elif isinstance(item, (list, tuple)):
             todo.extend(item)
     return total
@@ -166,6 +182,9 @@ def _write(
 ) -> None:
     _save_sharded(tensors, out)
     (out / "config.json").write_text(json.dumps(hf_config, indent=1))
+    extra = dict(extra)
+    for name, streamed in cast(dict[str, StreamedFile], extra.pop(FILES, {})).items():
+        streamed.write(out / name)
     rng: dict[str, object] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -237,6 +256,7 @@ def load_meta(path: Path) -> tuple[TrainerState, dict[str, object]]:
     """(trainer state, the runtime's optimizer state); restores the RNG state."""
     extra = torch.load(path / "optimizer.pt", weights_only=False)
     rng = extra.pop("rng")
+    extra[CHECKPOINT_DIR] = str(path)
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])

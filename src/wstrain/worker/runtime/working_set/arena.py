@@ -175,7 +175,7 @@ class HostArena:
         self.bytes_by_kind: dict[str, int] = {}
         self._registered: list[int] = []
         self._pinned_bytes = 0
-        self._maps: list[mmap.mmap] = []
+        self._maps: dict[str, mmap.mmap] = {}
 
     def alloc(
         self,
@@ -197,7 +197,7 @@ class HostArena:
             if shared and self.share is not None
             else mmap.mmap(-1, pages * mmap.PAGESIZE)
         )
-        self._maps.append(region)
+        self._maps[name] = region
         t = (
             torch.frombuffer(region, dtype=dtype, count=numel)
             if numel
@@ -229,6 +229,11 @@ class HostArena:
             tile_bytes=nbytes,
             limit_bytes=self.limit_bytes,
         )
+
+    def page_view(self, name: str) -> memoryview:
+        """Tile `name`'s whole mapping as bytes: page-aligned and page-rounded, as direct
+        I/O wants its buffers (working_set/spill.py); the tail past the tile is padding."""
+        return memoryview(self._maps[name])
 
     @property
     def total_bytes(self) -> int:

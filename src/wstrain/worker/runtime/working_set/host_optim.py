@@ -12,6 +12,10 @@ layer k's weights waits only for layer k's update (the wait is the step's `optim
     opt.start(update, groups)   # at the end of step update.step, groups in update order
     opt.wait(k)          # before host tile k is read again;  opt.flush()  before checkpoints
 
+Spilled layers (working_set/spilled.py): the thread reads their moments ahead into the
+spill slots and writes them back beside the next updates; its waits on the disk are the
+step's `spill` stall (of the AdamW thread, not of the device).
+
 Data parallel: each rank's thread updates its span of each group (working_set/state.py), and
 wait/flush also wait for the other ranks' spans.
 """
@@ -67,6 +71,8 @@ class HostOptimizerPipeline:
 
     def _run(self, order: list[int], lr: float, coef: float) -> None:
         try:
+            if self.host.spill is not None:  # spilled layers' moments: reads ahead now
+                self.host.spill.start_pass(order)
             for group in order:
                 self.host.step_group(group, lr, coef, self.spec)
                 self.done[group].set()

@@ -128,6 +128,11 @@ class WorkingSetRuntime(PassOrder):
             if self.device_groups
             else None
         )
+        if host.spill is not None:  # the planner spills host-updated layers only
+            assert set(host.spill.groups) <= set(self.host_groups), (
+                f"spilled layers {host.spill.groups} must update on the host "
+                f"(device_opt_layers {cfg.device_opt_layers})"
+            )
         self.hopt = HostOptimizerPipeline(host, opt, self.device) if self.host_groups else None
         if self.hopt is not None:
             self.weights.before_load = self._await_host_update  # layer k's tile: updated
@@ -257,6 +262,8 @@ class WorkingSetRuntime(PassOrder):
         self.weights.invalidate()
         self.grads.invalidate()
         stalls = self.streams.collect_stalls()
+        if self.host.spill is not None:  # the AdamW thread's waits on the spill file
+            stalls["spill"] = self.host.spill.take_wait_s()
         return StepStats(
             loss,
             time.perf_counter() - start,

@@ -18,6 +18,7 @@ shared memory and each rank's AdamW updates only its span of every group (`spans
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -27,6 +28,13 @@ from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.runtime.working_set.arena import HostArena, LayerLayout
 from wstrain.worker.runtime.working_set.node_share import NodeShare, UpdateCounters, shard_span
+from wstrain.worker.runtime.working_set.spill import DONE, IoOp, RawFile, align_up
+from wstrain.worker.runtime.working_set.spilled import (
+    CHECKPOINT_FILE,
+    Slot,
+    SpilledCheckpoint,
+    SpilledMoments,
+)
 
 # what crosses PCIe and what the device computes in, by precision
 DTYPES = {"bf16": torch.bfloat16, "mixed": torch.bfloat16, "fp32": torch.float32}
@@ -34,8 +42,19 @@ DTYPES = {"bf16": torch.bfloat16, "mixed": torch.bfloat16, "fp32": torch.float32
 
 class HostState:
     def __init__(
-        self, dims: ModelDims, precision: str, arena: HostArena, fused_adamw: bool = False
+        self,
+        dims: ModelDims,
+        precision: str,
+        arena: HostArena,
+        fused_adamw: bool = False,
+        spilled_layers: int = 0,
+        spill_dir: Path | None = None,
+        disk_limit_bytes: int | None = None,
+        spill_buffered: bool = False,
     ) -> None:
+        """spilled_layers: the last N decoder layers' moments live in `spill_dir`'s spill
+        file (working_set/spilled.py), checked against `disk_limit_bytes` (None: unchecked);
+        spill_buffered forces its buffered I/O (tests)."""
         self.dims, self.precision, self.arena = dims, precision, arena
         self.layout = LayerLayout.decoder(dims)
         self.embed_layout = LayerLayout.embedding(dims)
@@ -66,11 +85,11 @@ class HostState:
             (self.head_w, self.head_g),
         ]
         share = arena.share
+        state_dtype = torch.float32 if precision == "mixed" else dtype
         rank, world = (share.rank, share.world) if share is not None else (0, 1)
         # this rank's [lo, hi) of each group: what its AdamW updates (all of it on one rank)
         self.spans = [shard_span(w.numel(), rank, world) for w, _ in self.groups]
         self.updates = UpdateCounters(len(self.groups), share)
-        state_dtype = torch.float32 if precision == "mixed" else dtype
         # mixed: the fp32 master of each group, and the fp32 gradient its update reads
         # (host-only tiles: never page-locked)
         self.master = (
@@ -101,7 +120,23 @@ class HostState:
         )
         self.params: list[torch.nn.Parameter] = []
         self.optimizers: list[torch.optim.AdamW] = []
-        self.moments: list[tuple[torch.Tensor, torch.Tensor]] = []  # whole (m, v) tiles
+        # whole (m, v) tiles; None for a spilled layer, whose moments come through a slot
+        self.moments: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        self.spill: SpilledMoments | None = None
+        if spilled_layers:
+            assert 0 < spilled_layers <= L and spill_dir is not None, (spilled_layers, spill_dir)
+            # one copy a node of shared tiles, but a spill file and slots a process: unplanned
+            assert share is None or share.world == 1, "data parallel ranks do not spill"
+            self.spill = SpilledMoments(
+                arena,
+                L - spilled_layers,
+                spilled_layers,
+                self.layout.numel,
+                state_dtype,
+                spill_dir,
+                disk_limit_bytes,
+                spill_buffered,
+            )
         for i, (w, g) in enumerate(self.groups):
             lo, hi = self.spans[i]
             # shares the tile's storage: the weight tile, or in mixed the master
@@ -110,6 +145,13 @@ class HostState:
             )
             p.grad = None if self.master else g[lo:hi]
             opt = torch.optim.AdamW([p], fused=fused_adamw or None)
+            if self.spill is not None and self.spill.holds(i):
+                slot = self.spill.slots[0]  # bound for real to its slot at each update
+                opt.state[p] = {"step": torch.tensor(0.0), "exp_avg": slot.m, "exp_avg_sq": slot.v}
+                self.moments.append(None)
+                self.params.append(p)
+                self.optimizers.append(opt)
+                continue
             # AdamW's moments live in the arena too, not in torch's own allocations.
             # (the device optimizer streams bf16 moments; mixed keeps them on the host)
             m, v = (
@@ -137,11 +179,26 @@ class HostState:
         fused_adamw: bool = False,
         arena_limit_bytes: int | None = None,
         share: NodeShare | None = None,
+        spilled_layers: int = 0,
+        spill_dir: Path | None = None,
+        disk_limit_bytes: int | None = None,
+        spill_buffered: bool = False,
     ) -> HostState:
         """fused_adamw: torch's fused CPU AdamW (several times faster; rounds differently);
         arena_limit_bytes: what the arena may hold in all (working_set/arena.py HostArena);
-        share: the node's one copy for data-parallel ranks."""
-        return cls(dims, precision, HostArena(pin, arena_limit_bytes, share), fused_adamw)
+        share: the node's one copy for data-parallel ranks; spilled_layers, spill_dir,
+        disk_limit_bytes, spill_buffered: the disk tier (__init__)."""
+        arena = HostArena(pin, arena_limit_bytes, share)
+        return cls(
+            dims,
+            precision,
+            arena,
+            fused_adamw,
+            spilled_layers,
+            spill_dir,
+            disk_limit_bytes,
+            spill_buffered,
+        )
 
     # ------------------------------------------------------------ named tensors (HF names)
 
@@ -198,21 +255,91 @@ class HostState:
 
     def optimizer_state(self) -> dict[str, object]:
         """Whole moment tiles (every rank's span: wait for the ranks' updates first), so a
-        checkpoint loads into any number of ranks."""
-        return {
+        checkpoint loads into any number of ranks. A spilled layer's moments go into the
+        checkpoint as a raw file streamed through a slot (`files`: io/checkpoint.py writes
+        it; `spilled`: its layout), so a checkpoint loads under any other spill."""
+        out: dict[str, object] = {
             "adamw": [
-                {"step": o.state[p]["step"].clone(), "exp_avg": m, "exp_avg_sq": v}
-                for o, p, (m, v) in zip(self.optimizers, self.params, self.moments)
+                {
+                    "step": o.state[p]["step"].clone(),
+                    "exp_avg": mv[0] if mv else None,
+                    "exp_avg_sq": mv[1] if mv else None,
+                }
+                for o, p, mv in zip(self.optimizers, self.params, self.moments)
             ]
         }
+        if self.spill is not None:
+            out["spilled"] = self.spill.record()
+            out["files"] = {CHECKPOINT_FILE: SpilledCheckpoint(self.spill)}
+        return out
 
     def load_optimizer_state(self, extra: dict[str, object]) -> None:
-        """Each rank reads its span of the saved whole tiles."""
-        for o, p, (lo, hi), saved in zip(self.optimizers, self.params, self.spans, extra["adamw"]):  # type: ignore[call-overload]
-            state = o.state[p]
-            state["step"].copy_(saved["step"])
+        """Each rank reads its span of the saved whole tiles. Layer by layer, from where the
+        checkpoint has a layer's moments (optimizer.pt, or its raw file) to where they live
+        now (an arena tile, or the spill file), so no more than a slot is read at once."""
+        spilled = cast(dict[str, Any] | None, extra.get("spilled"))
+        source = None
+        if spilled is not None:
+            path = Path(cast(str, extra["checkpoint_dir"])) / spilled["file"]
+            numel, dtype = spilled["numel"], getattr(torch, spilled["dtype"])
+            assert (numel, dtype) == (self.layout.numel, self.moment_dtype), (
+                f"{path}: moments of {numel} {dtype}, this run's layers {self.layout.numel} "
+                f"{self.moment_dtype}"
+            )
+            size = len(spilled["layers"]) * spilled["record_bytes"]
+            source = RawFile(path, size, create=False)
+        if self.spill is not None:
+            self.spill.invalidate()
+        try:
+            for i, saved in enumerate(cast(list[dict[str, Any]], extra["adamw"])):
+                self._load_group(i, saved, spilled, source)
+        finally:
+            if source is not None:
+                source.close()
+
+    def _load_group(
+        self,
+        i: int,
+        saved: dict[str, Any],
+        spilled: dict[str, Any] | None,
+        source: RawFile | None,
+    ) -> None:
+        o, p, (lo, hi) = self.optimizers[i], self.params[i], self.spans[i]
+        state = o.state[p]
+        state["step"].copy_(saved["step"])
+        in_file = saved["exp_avg"] is None
+        offset = 0
+        if in_file:  # the checkpoint's raw file holds this layer's record
+            assert spilled is not None and source is not None
+            offset = spilled["layers"].index(i) * spilled["record_bytes"]
+        if self.spill is not None and self.spill.holds(i):  # into the spill file
+
+            def fill(slot: Slot) -> IoOp:
+                if in_file:
+                    assert source is not None
+                    return source.read(offset, slot.views)
+                slot.m.copy_(saved["exp_avg"])
+                slot.v.copy_(saved["exp_avg_sq"])
+                return DONE
+
+            self.spill.load_layer(i, fill)
+        elif in_file:  # straight into the arena tiles
+            assert source is not None
+            views = [self.arena.page_view(f"group{i}.{s}") for s in ("m", "v")]
+            n = self.layout_moment_bytes(source.direct)
+            source.read(offset, [v[:n] for v in views]).wait()
+        else:
             state["exp_avg"].copy_(saved["exp_avg"][lo:hi])
             state["exp_avg_sq"].copy_(saved["exp_avg_sq"][lo:hi])
+
+    @property
+    def moment_dtype(self) -> torch.dtype:
+        return torch.float32 if self.precision == "mixed" else DTYPES[self.precision]
+
+    def layout_moment_bytes(self, whole_pages: bool) -> int:
+        """One decoder layer's moment in bytes, rounded up to pages for direct I/O."""
+        n = self.layout.numel * torch.empty((), dtype=self.moment_dtype).element_size()
+        return align_up(n) if whole_pages else n
 
     # ------------------------------------------------------------ optimizer
 
@@ -221,6 +348,11 @@ class HostState:
         first scaled by the global-norm clipping factor."""
         p, opt = self.params[group], self.optimizers[group]
         lo, hi = self.spans[group]
+        spilled = self.spill is not None and self.spill.holds(group)
+        if spilled:  # bound to the slot its moments came into (read in, waited for)
+            assert self.spill is not None
+            state = opt.state[p]
+            state["exp_avg"], state["exp_avg_sq"] = self.spill.acquire(group)
         if self.grad_fp32 is not None:  # mixed: the bf16 gradient read once into fp32
             p.grad = self.grad_fp32[: p.numel()]
             p.grad.copy_(self.groups[group][1][lo:hi])
@@ -235,5 +367,8 @@ class HostState:
         for g in opt.param_groups:
             g.update(lr=lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay)
         opt.step()
+        if spilled:  # written back beside the next update
+            assert self.spill is not None
+            self.spill.release(group)
         self._round_master(group)
         self.updates.mark(group)
