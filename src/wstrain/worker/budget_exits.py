@@ -3,7 +3,7 @@ and asked for, and the smallest budget that would have held it (`WorkerMessage.n
 exit `WorkerExit.out_of_memory`). The agent fails the job with that figure rather than
 retrying a plan that would run out again.
 
-Two ways to run out:
+Three ways to run out:
 
 - the device: CUDA's allocator, capped at the device budget by
   `set_per_process_memory_fraction`, raises OutOfMemoryError. What would have held it: the
@@ -13,6 +13,8 @@ Two ways to run out:
   with the arena's bytes, the tile's and the limit). What would have held it: the budget
   plus the shortfall; the arena allocates its tiles in turn, so later ones may need more,
   which is why the figure is "at least".
+- the disk: the spill file of a plan's spilled layers (working_set/spill.py) past the disk
+  budget, refused before it is allocated. What would have held it: the file's size.
 
 Figures are rounded up to half a GiB, the step a user writes budgets in.
 """
@@ -73,10 +75,23 @@ def host_needs(exc: BudgetExceeded, budget_gib: float) -> tuple[str, dict[str, f
     return text, {"host_gib": needs}
 
 
+def disk_needs(exc: BudgetExceeded, budget_gib: float) -> tuple[str, dict[str, float]]:
+    """The error text and needs_gib of a spill file past the disk budget."""
+    # the file's size is known exactly (it was refused whole), and exceeds the budget
+    needs = _half_gib_up(cast(int, exc.detail["disk_bytes"]))
+    text = (
+        f"ran out of its disk budget of {budget_gib:g} GiB: {exc.message}. A disk budget of "
+        f"at least {needs:g} GiB fits this spill: raise budget.disk_gib to {needs:g}"
+    )
+    return text, {"disk_gib": needs}
+
+
 def budget_exit(
     exc: torch.cuda.OutOfMemoryError | BudgetExceeded, budget: Budget
 ) -> tuple[str, dict[str, float]]:
     """The error text and needs_gib of either way to run out of the fixed `budget`."""
+    if isinstance(exc, BudgetExceeded) and "disk_bytes" in exc.detail:
+        return disk_needs(exc, budget.disk_gib)
     if isinstance(exc, BudgetExceeded):
         return host_needs(exc, budget.host_gib)
     return device_needs(str(exc), torch.cuda.max_memory_reserved(), budget.device_gib)

@@ -9,6 +9,7 @@ by (`mfu_peak`). worker/main.py drives them; benchmarks and tests build runtimes
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from wstrain.contracts.access import DataAccess
@@ -40,12 +41,14 @@ def build_runtime(
     access: DataAccess | None = None,
     group: ProcessGroup | None = None,
     shm_dir: Path = Path("/dev/shm"),
+    spill_dir: Path | None = None,
 ) -> Runtime:
     """The runtime the plan names, initialised from the spec's seed, or from the weights of
     the Hugging Face directory the spec's model names (read through `access`). With
     `group`, this rank's: a working set shares one host copy through `shm_dir` (tmpfs),
     which rank 0 fills while the others wait. The host arena is capped at the host budget
-    the plan was made for (a ranged budget's point)."""
+    the plan was made for (a ranged budget's point); a plan that spills layers keeps their
+    AdamW moments in `spill_dir` (default: a temp dir), its file capped at the disk budget."""
     spec = at_plan_budget(spec, plan)
     dims = resolve_dims(spec.model, access)  # config.json by descriptor, capped
     pretrained = Path(spec.model.path) if isinstance(spec.model, PathModel) else None
@@ -70,6 +73,16 @@ def build_runtime(
     ) - int(os.environ.get(FAULT_HOST_SHORTFALL_ENV) or 0)
     # ranks of one node share one host copy; one rank a node needs none
     share = NodeShare.create(group, shm_dir) if group and group.local_world > 1 else None
+    ws = plan.working_set
+    spilled = ws.spilled_layers if ws is not None else 0
+    if spilled:
+        # the planner spills only layers the host updates (split: past device_layers)
+        assert ws is not None and (ws.optimizer == "host" or ws.optimizer == "split"), ws
+        assert ws.optimizer == "host" or plan.layers - spilled >= ws.device_layers, (
+            f"plan spills {spilled} layers but the device updates the first "
+            f"{ws.device_layers} of {plan.layers}"
+        )
+        spill_dir = spill_dir or Path(tempfile.mkdtemp(prefix="wstrain-spill-"))
     host = HostState.create(
         dims,
         spec.precision,
@@ -77,6 +90,9 @@ def build_runtime(
         fused_adamw=cuda,
         arena_limit_bytes=arena_limit,
         share=share,
+        spilled_layers=spilled,
+        spill_dir=spill_dir,
+        disk_limit_bytes=spec.budget.disk_bytes,
     )
     if group is not None and group.local_rank > 0:
         pass  # the node's local rank 0 fills its copy

@@ -24,9 +24,7 @@ The runtime and that peak come from worker/build.py; this module drives them.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import logging
 import os
 import signal
@@ -46,6 +44,7 @@ from wstrain.contracts.model_dims import resolve_dims
 from wstrain.contracts.plan import Plan, at_plan_budget
 from wstrain.contracts.spec import JobSpec
 from wstrain.contracts.step_shape import step_tokens
+from wstrain.worker.args import parse_args
 from wstrain.worker.budget_exits import budget_exit
 from wstrain.worker.build import build_runtime, mfu_peak
 from wstrain.worker.io import checkpoint
@@ -54,6 +53,7 @@ from wstrain.worker.ranks import WATCH_INTERVAL_S, NodeOf, RankGang, rank_of_env
 from wstrain.worker.runtime.base import Runtime
 from wstrain.worker.runtime.distributed import ProcessGroup
 from wstrain.worker.runtime.stats import StepStats, Telemetry
+from wstrain.worker.runtime.working_set.spill import remove_spill_file
 
 log = logging.getLogger("worker")
 # Step reports are throttled so a fast CPU job does not flood its agent.
@@ -79,10 +79,13 @@ class Worker:
         cpu_peak_flops: float | None = None,
         argv: list[str] | None = None,
         shm_dir: Path = Path("/dev/shm"),
+        spill_dir: Path | None = None,
     ) -> None:
-        """argv: this process's arguments, which the other ranks of a gang start with."""
+        """argv: this process's arguments, which the other ranks of a gang start with;
+        spill_dir: where a plan's spilled layers' moments live (default job_dir/spill)."""
         self.job_dir, self.access = job_dir, access
         self.argv, self.shm_dir = argv or [], shm_dir
+        self.spill_dir = spill_dir or job_dir / "spill"
         self.gang: RankGang | None = None
         self._emit_lock = threading.Lock()  # the gang's watcher reports from its thread
         self.measured_peak_flops, self.cpu_peak_flops = measured_peak_flops, cpu_peak_flops
@@ -213,7 +216,9 @@ class Worker:
         group = self._start_gang()
         self._enforce_device_budget()
         dims = resolve_dims(self.spec.model, self.access)  # config.json by descriptor, capped
-        runtime = build_runtime(self.spec, self.plan, self.access, group, self.shm_dir)
+        runtime = build_runtime(
+            self.spec, self.plan, self.access, group, self.shm_dir, self.spill_dir
+        )
         evals = self.spec.eval
         data = TokenStream.open(
             self.spec.data,
@@ -319,39 +324,7 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--job-dir", type=Path, required=True)
-    parser.add_argument(
-        "--measured-peak-flops",
-        type=float,
-        help="FLOP/s of a bf16 GEMM measured on this GPU (the node profile's matmul_flops): "
-        "what MFU divides by on a chip the table (contracts/chips.py) does not know",
-    )
-    parser.add_argument(
-        "--cpu-peak-flops",
-        type=float,
-        help="FLOP/s a CPU job's MFU divides by (unset or 0: no MFU on CPU)",
-    )
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-    parser.add_argument(
-        "--shm-dir",
-        type=Path,
-        default=Path("/dev/shm"),
-        help="tmpfs where the ranks of a data-parallel working-set job share their host state",
-    )
-    parser.add_argument(
-        "--data-roots",
-        type=json.loads,
-        default=["/"],
-        help="JSON list of the directories the job may read (the agent passes its own)",
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        help="the service's state dir, which the job may not read (default: the job dir's "
-        "grandparent, STATE/jobs/ID)",
-    )
-    args = parser.parse_args(argv)
+    args = parse_args(argv, __doc__.splitlines()[0])
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
@@ -367,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         args.cpu_peak_flops,
         sys.argv[1:] if argv is None else argv,
         args.shm_dir,
+        args.spill_dir,
     )
     code, needs = WorkerExit.failed, dict[str, float]()
     try:
@@ -389,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
             msg = f"data-parallel gang stopped: {dead}; rank 0 then failed: {msg[:300]}"
             if worker.peer_refused():
                 msg, code = _refused_rank(dead), WorkerExit.refused
+    finally:
+        # whatever the end short of a kill, the spill file goes (a killed worker's is
+        # truncated and allocated afresh at the next start)
+        remove_spill_file(worker.spill_dir)
     if worker.gang is not None:  # the other ranks would wait in a collective for rank 0
         worker.gang.kill()
     log.error("job %s: failed: %s\n%s", worker.job_id, msg, traceback.format_exc())
