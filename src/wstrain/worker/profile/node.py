@@ -1,6 +1,7 @@
 """The hardware profile of this host, printed as JSON for the scheduler agent.
 
     python -m wstrain.worker.profile.node [--cache-dir DIR]   # ~2 s on a CPU host, ~10 s on an H200
+    python -m wstrain.worker.profile.node --spill-dir DIR     # + disk rates (profile/disk.py)
 
 Measures what the autoconfigurator's cost model needs (planning/working_set.py):
 pinned host->device, device->host and both-at-once copy bandwidth (on a CPU host the "link"
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from wstrain.contracts.hardware import FA3_PROFILE_KEY, cpu_profile_cache_key, profile_cache_key
 from wstrain.worker.ops.fa3_attn import fa3_block_backward, fa3_forward, fa3_present
+from wstrain.worker.profile.disk import disk_bandwidth
 from wstrain.worker.profile.shared_links import d2h_by_gpus
 
 
@@ -233,8 +235,17 @@ def cached_profile(cache_dir: Path | None) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache-dir", type=Path, help="reuse/save profiles here")
+    parser.add_argument(
+        "--spill-dir",
+        type=Path,
+        help="the disk tier's directory: its read and write rates join the profile, measured "
+        "each time (a directory is no part of the cache key)",
+    )
     args = parser.parse_args()
-    json.dump(cached_profile(args.cache_dir), sys.stdout)
+    found = cached_profile(args.cache_dir)
+    if args.spill_dir is not None:
+        found.update(disk_bandwidth(args.spill_dir))
+    json.dump(found, sys.stdout)
     sys.stdout.write("\n")
 
 

@@ -6,8 +6,9 @@ file and page-aligned host buffers (arena tiles: each its own mapping, page-roun
 
 O_DIRECT keeps the page cache out of it: buffered, every spilled byte read or written would
 also sit in the page cache, host memory no budget counts. A file system that refuses O_DIRECT
-(EINVAL, e.g. tmpfs) gets buffered I/O with posix_fadvise(DONTNEED) after each block, which
-drops clean pages and starts write-back of dirty ones (tmpfs pages are memory either way).
+(EINVAL: tmpfs before Linux 6.6, some network file systems) gets buffered I/O, each block
+written then fdatasync'd, and posix_fadvise(DONTNEED) after each block, which drops its
+now clean pages (tmpfs pages are memory either way).
 
     f = SpillFile.create(spill_dir, layers=4, layout=RecordLayout.of(numel, torch.bfloat16),
                          disk_limit_bytes=spec.budget.disk_bytes)
@@ -180,7 +181,9 @@ class RawFile:
                         done = os.pwritev(self.fd, [buf], at)
                     if done != len(buf):
                         raise OSError(errno.EIO, f"short {kind}: {done} of {len(buf)} bytes")
-                    if not self.direct:  # keep the page cache from holding what went by
+                    if not self.direct:  # keep the page cache from holding what went by:
+                        if kind == "write":  # DONTNEED drops clean pages only
+                            os.fdatasync(self.fd)
                         os.posix_fadvise(self.fd, at, len(buf), os.POSIX_FADV_DONTNEED)
                 except OSError as exc:
                     raise OSError(

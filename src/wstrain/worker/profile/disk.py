@@ -1,0 +1,66 @@
+"""The spill directory's disk bandwidth for the node profile (contracts/hardware.py
+NodeProfile.disk_read_bytes_per_s / disk_write_bytes_per_s): a temp file written, then read,
+as the disk tier moves a spilled layer's moments (working_set/spill.py): direct I/O where the
+file system takes it, SPILL_IO_BLOCK_BYTES blocks on SPILL_IO_THREADS threads; removed after.
+
+    disk_bandwidth(Path("/nvme/spill"))   # {"disk_read_bytes_per_s": ..., "disk_write_...": ...}
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from wstrain.contracts.calibration import MIB, SPILL_IO_BLOCK_BYTES
+from wstrain.worker.runtime.working_set.spill import RawFile, align_up
+
+log = logging.getLogger(__name__)
+
+
+def disk_bandwidth(
+    directory: Path, nbytes: int = 256 * MIB, buffered: bool = False
+) -> dict[str, float]:
+    """Bytes/s written (fdatasync'd) and read back of an `nbytes` file in `directory`
+    (`buffered` forces the fallback where O_DIRECT is refused anyway)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    nbytes = align_up(max(nbytes, SPILL_IO_BLOCK_BYTES))
+    # one page-aligned buffer of the whole size, random bytes: a disk that compresses or
+    # dedups zeros would report what no moment gets
+    buf = mmap.mmap(-1, nbytes)
+    buf[:SPILL_IO_BLOCK_BYTES] = os.urandom(SPILL_IO_BLOCK_BYTES)
+    for at in range(SPILL_IO_BLOCK_BYTES, nbytes, SPILL_IO_BLOCK_BYTES):
+        n = min(SPILL_IO_BLOCK_BYTES, nbytes - at)
+        buf[at : at + n] = buf[:n]
+    fd, name = tempfile.mkstemp(prefix=".wstrain-disk-probe-", dir=directory)
+    os.close(fd)
+    path = Path(name)
+    try:
+        f = RawFile(path, nbytes, create=True, buffered=buffered)
+        try:
+            os.posix_fallocate(f.fd, 0, nbytes)
+            view = memoryview(buf)
+            start = time.perf_counter()
+            f.write(0, [view]).wait()
+            os.fdatasync(f.fd)  # on the disk, not in a write cache the page cache keeps
+            write_s = time.perf_counter() - start
+            start = time.perf_counter()
+            f.read(0, [view]).wait()
+            read_s = time.perf_counter() - start
+            direct = f.direct
+        finally:
+            f.close()
+    finally:
+        path.unlink(missing_ok=True)
+    log.info(
+        "disk %s (%s I/O): write %.2f GB/s, read %.2f GB/s over %d MiB",
+        directory,
+        "direct" if direct else "buffered",
+        nbytes / write_s / 1e9,
+        nbytes / read_s / 1e9,
+        nbytes // MIB,
+    )
+    return {"disk_read_bytes_per_s": nbytes / read_s, "disk_write_bytes_per_s": nbytes / write_s}
