@@ -71,10 +71,9 @@ class SpilledMoments:
         self.wait_s = 0.0  # the AdamW thread's waits on the disk, since take_wait_s
 
     def _io_view(self, arena: HostArena, name: str) -> memoryview:
-        """Direct I/O moves whole pages (the tail past the tile is the mapping's padding);
-        buffered I/O the tile's own bytes."""
-        n = self.layout.v_offset if self.file.direct else self.layout.moment_bytes
-        return arena.page_view(name)[:n]
+        """Whole pages (the tail past the tile is its mapping's padding), as direct I/O
+        moves them, whichever way the spill file or a checkpoint's file is opened."""
+        return arena.page_view(name)[: self.layout.v_offset]
 
     def holds(self, group: int) -> bool:
         return self.first <= group < self.first + self.layers

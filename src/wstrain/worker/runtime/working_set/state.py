@@ -326,7 +326,7 @@ class HostState:
         elif in_file:  # straight into the arena tiles
             assert source is not None
             views = [self.arena.page_view(f"group{i}.{s}") for s in ("m", "v")]
-            n = self.layout_moment_bytes(source.direct)
+            n = align_up(self.layout.numel * self.moment_dtype.itemsize)  # whole pages
             source.read(offset, [v[:n] for v in views]).wait()
         else:
             state["exp_avg"].copy_(saved["exp_avg"][lo:hi])
@@ -335,11 +335,6 @@ class HostState:
     @property
     def moment_dtype(self) -> torch.dtype:
         return torch.float32 if self.precision == "mixed" else DTYPES[self.precision]
-
-    def layout_moment_bytes(self, whole_pages: bool) -> int:
-        """One decoder layer's moment in bytes, rounded up to pages for direct I/O."""
-        n = self.layout.numel * torch.empty((), dtype=self.moment_dtype).element_size()
-        return align_up(n) if whole_pages else n
 
     # ------------------------------------------------------------ optimizer
 
