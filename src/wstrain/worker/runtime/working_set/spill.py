@@ -53,7 +53,10 @@ def align_up(n_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class RecordLayout:
-    """One layer's record: m at 0, v at `v_offset`, both 4 KiB aligned for O_DIRECT."""
+    """One layer's record: m at 0, v at `v_offset`, both 4 KiB aligned for O_DIRECT. The
+    planner counts spilled_layers x (m + v) bytes on disk; the records pad each moment to
+    4 KiB, nothing where a layer's elements are a multiple of 2048 (bf16) as in every Llama-3
+    layer, under 8 KiB a layer otherwise (the toy models' layers)."""
 
     numel: int  # elements of m (and of v)
     dtype: torch.dtype

@@ -8,6 +8,11 @@ Precision: "bf16" keeps every tile in bf16 (8 bytes a parameter, as AdaWS), "fp3
 (16 bytes a parameter, plus one fp32 gradient scratch the size of the largest group): the
 update runs on the master and rounds it into the bf16 weight tile the device reads.
 
+The disk tier (`spilled_layers`): the last N decoder layers' AdamW moments live in a spill
+file instead (working_set/spilled.py), each update binding them from one of the arena's
+SPILL_SLOTS slots; checkpoints stream them through a slot, so a checkpoint written under one
+spill resumes under any other.
+
 Data parallel on one node (`share`, working_set/node_share.py): the tiles are one copy in
 shared memory and each rank's AdamW updates only its span of every group (`spans`).
 
