@@ -28,6 +28,7 @@ from wstrain.planning import cost_model
 from wstrain.worker.build import ws_config
 from wstrain.worker.profile.layer import measure
 from wstrain.worker.profile.node import cached_profile
+from wstrain.worker.runtime.stats import proc_status_bytes
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 from wstrain.worker.runtime.working_set.state import HostState
 
@@ -72,13 +73,16 @@ def run_plan(
     node: NodeProfile | None = None,
     group: Any = None,
     document_tokens: int = 0,
+    spill_dir: Path | None = None,
 ) -> dict[str, object]:
     """Train `steps` steps of a working-set plan under the spec's device budget (and with
     `profile`, one more under the profiler: bench/timeline.py); the row keeps the node
     profile the plan was made with, so it can be planned again elsewhere. With
     `document_tokens` (a document_mask spec) the sequences are packed documents of that
     length. With `group` (worker/runtime/distributed.py) this is one rank of a
-    data-parallel run over one shared host copy (bench/data_parallel.py)."""
+    data-parallel run over one shared host copy (bench/data_parallel.py). A plan that spills
+    layers keeps their moments in `spill_dir` (the row's disk_bytes: its file, removed at the
+    end; peak_rss_bytes: the process's host peak, page cache not included)."""
     gpu = torch.cuda.current_device()
     total = torch.cuda.get_device_properties(gpu).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, spec.budget.device_bytes / total), gpu)
@@ -87,7 +91,7 @@ def run_plan(
     arena_limit = host_arena_limit_bytes(
         spec.budget.host_bytes, dims.params, spec.precision, "cuda"
     )
-    share, data_parallel = None, {}
+    share, data_parallel = None, dict[str, Any]()
     if group is not None and group.local_world > 1:
         # lazy: a data-parallel row named *-old runs this bench over an earlier src/
         # (bench/data_parallel.py --old-src), whose one-GPU path may predate node_share
@@ -95,6 +99,15 @@ def run_plan(
 
         share = NodeShare.create(group, Path(os.environ.get("WSTRAIN_SHM_DIR", "/dev/shm")))
         data_parallel = {"share": share}
+    assert plan.working_set is not None  # a working-set plan
+    spilled = plan.working_set.spilled_layers
+    if spilled:  # the disk tier, as worker/build.py sets it up
+        assert spill_dir is not None, "a plan that spills needs a spill_dir"
+        data_parallel |= {
+            "spilled_layers": spilled,
+            "spill_dir": spill_dir,
+            "disk_limit_bytes": spec.budget.disk_bytes,
+        }
     host = HostState.create(
         dims,
         spec.precision,
@@ -153,6 +166,10 @@ def run_plan(
     if group is not None:
         group.barrier()
     pss = pss_bytes(os.getpid())
+    peak_rss = proc_status_bytes("VmHWM")
+    disk_bytes = host.spill.file.size_bytes if host.spill is not None else 0
+    if host.spill is not None:
+        host.spill.close(remove=True)
     if group is not None:
         group.barrier()
     summary = plan.model_dump(exclude={"reasons"})
@@ -169,6 +186,8 @@ def run_plan(
         "on_demand_bytes": on_demand_bytes,
         "arena_gib": host.arena.total_bytes / GIB,
         "pss_bytes": pss,
+        "peak_rss_bytes": peak_rss,
+        "disk_bytes": disk_bytes,
         "plan": summary,
         "layers": dims.num_layers,
         "alloc_retries": retries,

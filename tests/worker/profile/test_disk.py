@@ -31,6 +31,14 @@ def test_disk_rates_leave_no_file(tmp_path: Path, buffered: bool) -> None:
     assert list((tmp_path / "spill").iterdir()) == []
 
 
+def test_the_agents_command_prints_the_rates(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "wstrain.worker.profile.disk", "--dir", str(tmp_path)]
+    out = subprocess.run([*argv, "--mib", "16"], capture_output=True, check=True).stdout
+    rates = json.loads(out)
+    assert set(rates) == KEYS and all(r > 1e6 for r in rates.values())
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_node_profile_measures_the_spill_dir_each_time(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "wstrain.worker.profile.node", "--cache-dir", str(tmp_path)]
     first = json.loads(subprocess.run(argv, capture_output=True, check=True).stdout)

@@ -4,13 +4,17 @@ as the disk tier moves a spilled layer's moments (working_set/spill.py): direct 
 file system takes it, SPILL_IO_BLOCK_BYTES blocks on SPILL_IO_THREADS threads; removed after.
 
     disk_bandwidth(Path("/nvme/spill"))   # {"disk_read_bytes_per_s": ..., "disk_write_...": ...}
+    python -m wstrain.worker.profile.disk --dir /nvme/spill   # the same, as JSON (the agent)
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import mmap
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -64,3 +68,16 @@ def disk_bandwidth(
         nbytes // MIB,
     )
     return {"disk_read_bytes_per_s": nbytes / read_s, "disk_write_bytes_per_s": nbytes / write_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--dir", type=Path, required=True, help="the spill directory")
+    parser.add_argument("--mib", type=int, default=256, help="the probe file's size")
+    args = parser.parse_args()
+    json.dump(disk_bandwidth(args.dir, args.mib * MIB), sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
