@@ -146,3 +146,27 @@ def test_a_checkpoint_resumes_under_another_spill(tmp_path: Path, before: int, a
     want, got = weights(straight), weights(resumed)
     for name in want:
         assert torch.equal(want[name], got[name]), (before, after, name)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "mixed", "fp32"])
+def test_the_arena_holds_what_the_planner_counts_with_a_spill(
+    tmp_path: Path, precision: str
+) -> None:
+    """planning/memory_model.py host_state_bytes(spilled=N) and planning/spill.py
+    spill_record_bytes: the arena within the planner's host figure as without a spill (the
+    tiles' alignment, under 2%), the spill file within its disk figure."""
+    from wstrain.contracts.model_dims import PRESETS
+    from wstrain.planning.memory_model import host_state_bytes
+    from wstrain.planning.spill import spill_record_bytes
+
+    dims = PRESETS["tiny-llama"]
+    for spilled in (1, dims.num_layers):
+        host = HostState.create(
+            dims, precision, pin=False, spilled_layers=spilled, spill_dir=tmp_path
+        )
+        extra = host.arena.total_bytes - host_state_bytes(dims, precision, spilled)
+        assert extra < 0.02 * host.arena.total_bytes, (spilled, extra)
+        disk = (tmp_path / SPILL_FILE).stat().st_size
+        assert disk <= spilled * spill_record_bytes(dims, precision), (spilled, disk)
+        assert host.spill is not None
+        host.spill.close(remove=True)
