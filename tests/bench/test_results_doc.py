@@ -43,6 +43,7 @@ TOPIC_DIRS = {
     "moe",
     "service",
     "host-memory",
+    "model-size",
 }
 # Where a reader should meet the headline table: after the title and one paragraph.
 HEAD_LINES = 30

@@ -131,11 +131,12 @@ async def out_of_memory(store: JobStore, job: Job, fence: str, ex: Exit) -> None
     measured goes back to the queue at once, its points under that floor dropped, so its
     next attempt is planned at a point that fits and resumes from its last checkpoint
     (counted as a retry; the event says what changed). Otherwise, or with its retries
-    spent, it fails: the worker's error names the budget that fits."""
+    spent, it fails: the worker's error names the budget that fits. A disk budget (a fixed
+    number, never a range) too small fails at once."""
     cause = ex.error or "ran out of a memory budget; see worker.log"
     budget, needs = job.spec.budget, ex.needs_gib
     left: tuple[BudgetPoint, ...] = ()
-    if budget.ranged and needs and job.retries < job.spec.max_retries:
+    if budget.ranged and needs and "disk_gib" not in needs and job.retries < job.spec.max_retries:
         floor = (int(needs.get("device_gib", 0) * GIB), int(needs.get("host_gib", 0) * GIB))
         left = above_floor(await store.range_points(job.id), *floor)
     if not left:
