@@ -80,6 +80,9 @@ SPILL_SLOTS: Final = 2
 SPILL_IO_BLOCK_BYTES: Final = 16 * MIB
 SPILL_IO_THREADS: Final = 4
 SPILL_ALIGN_BYTES: Final = 4096  # direct I/O: buffers, offsets and lengths at 4 KiB
+# every tensor view starts 256-byte aligned (bf16) inside a host tile (its padding counted
+# in the spill records, planning/spill.py)
+ALIGN_ELEMS: Final = 128
 
 # ----------------------------------------------------------------- time
 

@@ -152,7 +152,8 @@ class Plan(BaseModel):
 class MinBudget(BaseModel):
     device_gib: float
     host_gib: float
-    disk_gib: float = 0.0  # the disk tier's size that holds what the host budget cannot
+    # the disk tier's size that holds what the host budget cannot (absent: it would not help)
+    disk_gib: float = Field(default=0.0, exclude_if=lambda v: v == 0)
 
 
 def at_plan_budget(spec: JobSpec, plan: Plan) -> JobSpec:

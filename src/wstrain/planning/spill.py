@@ -16,15 +16,18 @@ CPU's.
 
 from __future__ import annotations
 
-from wstrain.contracts.calibration import ELEMENT_BYTES, MIB, SPILL_SLOTS
+from wstrain.contracts.calibration import (
+    ALIGN_ELEMS,
+    ELEMENT_BYTES,
+    SPILL_ALIGN_BYTES,
+    SPILL_SLOTS,
+)
 from wstrain.contracts.hardware import NodeProfile
 from wstrain.contracts.model_dims import ModelDims
 
 # the most spill counts the planner searches beside the least that fits: each is a whole
 # layout search (10-75 ms of CPU a preset)
 SPILL_CHOICES = 4
-# the planner's count of a spilled moment is its parameters' bytes rounded up to this
-SPILL_RECORD_ROUND_BYTES = MIB
 
 # (spilled layers, one layer's read seconds, its write seconds)
 SpillIO = tuple[int, float, float]
@@ -36,13 +39,16 @@ def moment_element_bytes(precision: str) -> int:
 
 
 def spill_record_bytes(dims: ModelDims, precision: str) -> int:
-    """One layer's (m, v) in the spill file and in a slot, as the planner counts it: each
-    moment rounded up to SPILL_RECORD_ROUND_BYTES. The worker's record is each moment's tile
-    (every tensor of the layer padded to 128 elements, worker/runtime/working_set/arena.py)
-    at a 4 KiB boundary: 11 tensors a dense layer, 3 an expert, so at most a few hundred KiB
-    past the parameters, under the rounding."""
-    moment = moment_element_bytes(precision) * dims.layer_params
-    return 2 * (-(-moment // SPILL_RECORD_ROUND_BYTES) * SPILL_RECORD_ROUND_BYTES)
+    """One layer's (m, v) in the spill file and in a slot: each moment its tile (every
+    tensor of the layer padded to ALIGN_ELEMS elements, worker/runtime/working_set/arena.py;
+    counted here as a whole ALIGN_ELEMS more a tensor, an upper bound) at a 4 KiB boundary
+    (direct I/O's alignment)."""
+    # a dense layer's 7 matrices and 2 norms (+2 per-head q/k norms); an MoE layer's router,
+    # 3 matrices an expert and a gated shared expert
+    tensors = 11 + (1 + 3 * dims.num_experts + 4 if dims.is_moe else 0)
+    padded = dims.layer_params + ALIGN_ELEMS * tensors
+    moment = moment_element_bytes(precision) * padded
+    return 2 * (-(-moment // SPILL_ALIGN_BYTES) * SPILL_ALIGN_BYTES)
 
 
 def disk_bytes(dims: ModelDims, precision: str, spilled: int) -> int:

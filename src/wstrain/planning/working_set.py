@@ -186,11 +186,10 @@ def _first_fit(
     return None
 
 
-def _host_over_bytes(spec: JobSpec, dims: ModelDims, device: str, mbs: list[int]) -> int:
-    """What the host needs past its budget with the fewest saved sets any plan sends home
-    (every layer's inputs, the smallest micro-batch): what spilling must free at least."""
-    inputs_home = dims.num_layers * min(mbs) * mm.saved_bytes(dims, spec, 0)
-    return mm.host_bytes(dims, spec, inputs_home, device) - spec.budget.host_bytes
+def _host_over_bytes(spec: JobSpec, dims: ModelDims, device: str) -> int:
+    """What the host needs past its budget with no saved sets sent home (every layer's in
+    the device window): what spilling must free at least, whatever the plan."""
+    return mm.host_bytes(dims, spec, 0, device) - spec.budget.host_bytes
 
 
 def _spill_counts(
@@ -203,7 +202,8 @@ def _spill_counts(
     if spec.nodes > 1 or spec.overrides.optimizer == "device":
         return []
     most = sp.most_spilled(dims, spec.precision, spec.budget.disk_bytes)
-    least = sp.least_spilled(dims, spec.precision, _host_over_bytes(spec, dims, device, mbs), most)
+    over = max(1, _host_over_bytes(spec, dims, device))  # a plan failed: spill one at least
+    least = sp.least_spilled(dims, spec.precision, over, most)
     return [] if least is None else sp.spill_counts(least, most)
 
 
@@ -234,7 +234,8 @@ def _infeasible(
         ),
         host_gib=round(mm.host_bytes(dims, spec, inputs_home, device) / GIB + 0.005, 2),
     )
-    advice, need.disk_gib, disk_short = _disk_advice(spec, dims, node, device, mbs)
+    host_short = need.host_gib > spec.budget.host_gib
+    advice, need.disk_gib, disk_short = _disk_advice(spec, dims, node, device, host_short)
     overlap = (
         " with overrides.overlap=true (two rounds in flight: their transitions and copies on "
         "the device, their saved sets on the host); drop overlap, or raise the budget past"
@@ -251,14 +252,14 @@ def _infeasible(
 
 
 def _disk_advice(
-    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int]
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, host_short: bool
 ) -> tuple[str, float, bool]:
-    """(what the disk tier would do for a state past the host budget, as a clause; the disk
-    GiB that would hold the overflow, 0 where it cannot help; whether the job's own disk
-    budget is what falls short)."""
-    over = _host_over_bytes(spec, dims, device, mbs)
-    least = sp.least_spilled(dims, spec.precision, over, dims.num_layers) if over > 0 else None
-    if least is None:  # the host holds the state, or spilling every moment would not do
+    """(what the disk tier would do for a host budget too small (`host_short`), as a
+    clause; the disk GiB that would hold the overflow, 0 where it cannot help; whether the
+    job's own disk budget is what falls short)."""
+    over = max(1, _host_over_bytes(spec, dims, device))
+    least = sp.least_spilled(dims, spec.precision, over, dims.num_layers) if host_short else None
+    if least is None:  # the host is not short, or spilling every moment would not do
         return "", 0.0, False
     need = sp.disk_bytes(dims, spec.precision, least)
     need_gib = math.ceil(need / GIB * 100) / 100

@@ -19,13 +19,11 @@ from typing import Protocol
 
 import torch
 
-from wstrain.contracts.calibration import GIB
+from wstrain.contracts.calibration import ALIGN_ELEMS, GIB
 from wstrain.contracts.errors import BudgetExceeded
 from wstrain.contracts.model_dims import ModelDims
 
 log = logging.getLogger(__name__)
-
-ALIGN_ELEMS = 128  # every tensor view starts 256-byte aligned (bf16) inside a tile
 
 
 class SharedRegions(Protocol):

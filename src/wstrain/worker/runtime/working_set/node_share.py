@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from wstrain.contracts.calibration import GIB
+from wstrain.contracts.calibration import ALIGN_ELEMS, GIB
 from wstrain.contracts.errors import BudgetExceeded
 from wstrain.worker.runtime.distributed import ProcessGroup
-from wstrain.worker.runtime.working_set.arena import ALIGN_ELEMS, SharedRegions
+from wstrain.worker.runtime.working_set.arena import SharedRegions
 
 # how often a rank looks at its peers' update counters while it waits for them: a
 # Llama-8B layer's host AdamW takes ~31 ms (host_optim.py), so 0.2 ms costs < 1% of a wait
