@@ -7,6 +7,13 @@ with a host budget `--state-over-host` times smaller than the state and a disk b
     python -m bench.disk_tier --layers 8 --seq 8192 --global-batch 64 --steps 3 \
         --state-over-host 1.5 --spill-dir /tmp/wstrain-spill --out X.json
 
+`--predict` plans the same pair on the H200 reference profile (contracts/hardware.py) with the
+disk rates given, for each global batch of `--batches`, and prints the predicted ratio (no
+GPU): what a disk's rates buy before it is measured.
+
+    python -m bench.disk_tier --layers 56 --predict --read-gbps 1.1 --write-gbps 1.3 \
+        --batches 8,64,256,1024
+
 A row: params, tokens/s, the planner's predicted step beside the measured one, the spilled
 layers, the state over the host budget, peak host RSS, the spill file's bytes, and
 `budget_violations` (device peak, host RSS or spill file past its budget: 0 or 1); the disk
@@ -116,6 +123,36 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def predict(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The planner's in-memory and disk-tier steps for each global batch, on the H200
+    reference profile with the given disk rates."""
+    from wstrain.contracts.hardware import H200
+
+    node = replace(H200, disk_read_bytes_per_s=args.read_gbps * 1e9)
+    node = replace(node, disk_write_bytes_per_s=args.write_gbps * 1e9)
+    dims = llama_dims(args.layers)
+    out = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        args.global_batch = batch
+        plans = {
+            name: make_plan(_spec(args, *_budgets(args, name)), dims, node)
+            for name in ("in-memory", "disk")
+        }
+        mem, disk = plans["in-memory"].predicted, plans["disk"].predicted
+        ws = plans["disk"].working_set
+        host_bytes = _budgets(args, "disk")[0] * GIB
+        out.append({
+            "layers": args.layers, "params": dims.params, "global_batch": batch,
+            "state_over_host": mm.host_state_bytes(dims, "bf16") / host_bytes,
+            "spilled_layers": ws.spilled_layers if ws else 0,
+            "predicted_step_seconds_in_memory": mem.step_seconds,
+            "predicted_step_seconds_disk": disk.step_seconds,
+            "predicted_x_in_memory": mem.step_seconds / disk.step_seconds,
+            "read_gbps": args.read_gbps, "write_gbps": args.write_gbps,
+        })  # fmt: skip
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=8)
@@ -127,12 +164,19 @@ def main() -> None:
     p.add_argument("--disk-gib", type=float, default=60.0)
     p.add_argument("--spill-dir", default="/tmp/wstrain-spill")
     p.add_argument("--rows", default="in-memory,disk")
+    p.add_argument("--predict", action="store_true", help="plan only, no GPU")
+    p.add_argument("--read-gbps", type=float, default=1.1)
+    p.add_argument("--write-gbps", type=float, default=1.3)
+    p.add_argument("--batches", default="8,64,256,1024")
     p.add_argument("--row", help=argparse.SUPPRESS)  # child mode
     p.add_argument("--out")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     if args.row:
         print(json.dumps(run_row(args)), flush=True)
+        return
+    if args.predict:
+        print(json.dumps(predict(args), indent=1))
         return
     rows: list[dict[str, Any]] = []
     argv = [
