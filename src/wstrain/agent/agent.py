@@ -120,6 +120,14 @@ class Agent(Launcher):
         if self.settings.spill_dir is not None:  # the disk tier's space: what is free at start
             usage = await asyncio.to_thread(shutil.disk_usage, self.settings.spill_dir)
             self.spill_bytes = usage.free
+            log.info(
+                "node %s: spill directory %s, %.3g GiB free, read %.3g GB/s, write %.3g GB/s",
+                self.name,
+                self.settings.spill_dir,
+                usage.free / GIB,
+                self.profile.get("disk_read_bytes_per_s", 0.0) / 1e9,
+                self.profile.get("disk_write_bytes_per_s", 0.0) / 1e9,
+            )
         log.info(
             "node %s: %s, %d GPU(s), matmul %.3g TFLOP/s, H2D %.3g GB/s, D2H %.3g GB/s "
             "(profile %s%s)",
