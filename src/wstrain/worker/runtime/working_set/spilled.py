@@ -69,6 +69,9 @@ class SpilledMoments:
             self.slots.append(Slot(m, v, views))
         self.queue: list[int] = []  # this pass's spilled groups not yet acquired, in order
         self.wait_s = 0.0  # the AdamW thread's waits on the disk, since take_wait_s
+        # each group's last write-back: a read of the group into another slot must not
+        # overtake it (after a resume, or a backlogged disk, the write may still be going)
+        self.last_write: dict[int, IoOp] = {}
 
     def _io_view(self, arena: HostArena, name: str) -> memoryview:
         """Whole pages (the tail past the tile is its mapping's padding), as direct I/O
@@ -108,6 +111,9 @@ class SpilledMoments:
         if not idle:
             return False
         slot = min(idle, key=lambda s: s.layer is not None)  # an empty one first
+        pending = self.last_write.get(group)
+        if pending is not None and pending is not slot.op and not pending.done():
+            self._timed(pending)  # rare: its write went out from another slot, still going
         slot.layer, slot.busy = group, True
         slot.op = self.file.read(self._at(group), slot.views, after=slot.op)
         return True
@@ -142,6 +148,7 @@ class SpilledMoments:
         assert slot is not None and slot.busy
         if dirty:
             slot.op = self.file.write(self._at(group), slot.views, after=slot.op)
+            self.last_write[group] = slot.op
         slot.busy = False
         self._fill()
 
@@ -205,6 +212,7 @@ class SpilledMoments:
         slot.layer = group
         self._timed(fill(slot))
         slot.op = self.file.write(self._at(group), slot.views)
+        self.last_write[group] = slot.op
         slot.busy = False
 
     def close(self, remove: bool = False) -> None:
