@@ -44,10 +44,15 @@ def running_jobs(handles: Iterable[WorkerHandle]) -> list[RunningJob]:
             gpus=h.job.spec.gpus,
             gang=h.gpus if len(h.gpus) > 1 else (),
             points=h.points,
-            disk_bytes=h.job.spec.budget.disk_bytes,
+            disk_bytes=h.job.spec.budget.disk_bytes if _spills(h) else 0,
         )
         for h in handles
     ]
+
+
+def _spills(h: WorkerHandle) -> bool:
+    """Whether the job's plan keeps moments on disk (its disk budget then reserved)."""
+    return h.job.plan is not None and h.job.plan.predicted.peak_disk_bytes > 0
 
 
 def free_device_bytes(

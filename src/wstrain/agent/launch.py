@@ -233,6 +233,7 @@ class Launcher:
             points=await self.store.range_points(job_id)
             if job.spec.gpus == job.spec.nodes == 1
             else (),
+            spill_dir=None if self.settings.spill_dir is None else self.settings.spill_dir / job_id,
         )
         self.exporter.job_started(job.model_copy(update={"plan": plan}))
         self.workers[job_id] = handle

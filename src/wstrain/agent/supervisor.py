@@ -1,7 +1,6 @@
 """Supervision of one worker process: spawn it, turn its JSON-line reports into job-store
 updates and events, forward cancel as SIGTERM, SIGKILL it once it has reported nothing for
-its no-progress window (hung: agent/hang.py), and map its exit to the job's final
-state.
+its no-progress window (hung: agent/hang.py), and map its exit to the job's final state.
 Every write is fenced by the agent's lease on the job: once another agent has taken the job
 over (this one was presumed dead), writes change nothing and the worker is stopped.
 
@@ -15,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -71,6 +71,7 @@ class WorkerHandle:
     reported_s: float = field(default_factory=time.monotonic)  # monotonic s of its last report
     step_s: float | None = None  # its last reported step's wall time; None before the first
     hung: str | None = None  # SIGKILLed for reporting nothing: why (the job's cause)
+    spill_dir: Path | None = None  # its spill subdirectory: removed once the worker is gone
 
     @property
     def gang(self) -> bool:
@@ -109,9 +110,8 @@ async def spawn(
     `gpus` (all of a gang's: it starts one rank per visible GPU, as its plan's `ranks` says;
     None on CPU). It logs to `log_name` in the job dir (a multi-node job's other nodes write
     their own beside node 0's: the job dir is shared). A gang's ranks share their working
-    set's host state in `shm_dir` (a tmpfs); a spilling job keeps its moments in its own
-    subdirectory of `spill_dir`. With a live `zygote` it is forked from it
-    (agent/zygote.py), else exec'd."""
+    set's host state in `shm_dir` (a tmpfs); a spilling job its moments in its subdirectory
+    of `spill_dir`. With a live `zygote` it is forked from it (agent/zygote.py), else exec'd."""
     env = dict(env)
     peaks = [
         *(["--measured-peak-flops", str(measured_peak_flops)] if measured_peak_flops else []),
@@ -134,7 +134,6 @@ async def spawn(
         str(access.state_dir),
         "--shm-dir",
         str(shm_dir),
-        # the disk tier's file: the job's own subdirectory of the node's spill directory
         *(["--spill-dir", str(spill_dir / job.id)] if spill_dir is not None else []),
     ]
     log_file = open(job_dir / log_name, "ab")  # noqa: SIM115 - the child owns it
@@ -280,6 +279,8 @@ async def pump(store: JobStore, h: WorkerHandle) -> None:
     if h.gang:  # a rank the worker left behind would keep its GPU past the job
         kill_group(h.proc.pid)
     h.exporter.job_ended(h.job.id)
+    if h.spill_dir is not None:  # a SIGKILLed worker leaves it; a next attempt refills it
+        await asyncio.to_thread(shutil.rmtree, h.spill_dir, True)
     if not h.lease_lost:
         await settle(store, h, code)
     h.done.set()

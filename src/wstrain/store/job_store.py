@@ -165,7 +165,9 @@ class JobStore(JobReads):
             "plan": plan.model_dump_json(),
             "device_bytes": spec.budget.device_bytes,
             "host_bytes": spec.budget.host_bytes,
-            "disk_bytes": spec.budget.disk_bytes,
+            # spill space is reserved only by a plan that spills: a disk budget the host
+            # made unnecessary must not wait for a node's spill directory
+            "disk_bytes": spec.budget.disk_bytes if plan.predicted.peak_disk_bytes else 0,
             "queue_score": queue_score,
             "queued_at": now,  # the queue wait is measured from here (again on a requeue)
             "model": model_label(spec.model),
