@@ -37,6 +37,7 @@ from bench.children import run_child
 from bench.specs import llama_dims, llama_spec
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.hardware import NodeProfile
+from wstrain.contracts.model_dims import PRESETS, ModelDims
 from wstrain.contracts.spec import JobSpec
 from wstrain.planning import memory_model as mm
 from wstrain.planning.planner import make_plan
@@ -46,22 +47,33 @@ log = logging.getLogger("bench.disk_tier")
 DEVICE_GIB = 24.0
 
 
+def _dims(args: argparse.Namespace) -> ModelDims:
+    """The job's model: the preset --model, else Llama-3-8B dimensions at --layers."""
+    return PRESETS[args.model] if args.model else llama_dims(args.layers)
+
+
 def _spec(args: argparse.Namespace, host_gib: float, disk_gib: float) -> JobSpec:
     spec = llama_spec(
         "disk-tier", args.layers, args.seq, args.global_batch, args.steps, DEVICE_GIB,
         host_gib, {"runtime": "working_set"},
     )  # fmt: skip
     budget = spec.budget.model_copy(update={"disk_gib": disk_gib})
-    return spec.model_copy(update={"budget": budget})
+    update: dict[str, Any] = {"budget": budget}
+    if args.model:
+        update["model"] = JobSpec.model_validate(
+            {**spec.model_dump(exclude={"model"}), "model": {"preset": args.model}}
+        ).model
+    return spec.model_copy(update=update)
 
 
 def _budgets(args: argparse.Namespace, name: str) -> tuple[float, float]:
     """(host GiB, disk GiB) of row `name`: the in-memory row's host budget is --host-gib,
-    the disk row's the state over --state-over-host, its disk --disk-gib."""
-    state_gib = mm.host_state_bytes(llama_dims(args.layers), "bf16") / GIB
+    the disk row's --disk-host-gib, else the state over --state-over-host; its disk
+    --disk-gib."""
+    state_gib = mm.host_state_bytes(_dims(args), "bf16") / GIB
     if name == "in-memory":
         return args.host_gib, 0.0
-    return round(state_gib / args.state_over_host, 2), args.disk_gib
+    return args.disk_host_gib or round(state_gib / args.state_over_host, 2), args.disk_gib
 
 
 def run_row(args: argparse.Namespace) -> dict[str, Any]:
@@ -71,7 +83,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     from bench.working_set import measured_node, run_plan
     from wstrain.worker.profile.disk import disk_bandwidth
 
-    dims = llama_dims(args.layers)
+    dims = _dims(args)
     host_gib, disk_gib = _budgets(args, args.row)
     spec = _spec(args, host_gib, disk_gib)
     node: NodeProfile = measured_node(args.seq, dims)
@@ -96,6 +108,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "name": args.row,
         "gpu": torch.cuda.get_device_name(0),
+        "model": args.model or "llama3-8b",
         "layers": dims.num_layers,
         "params": dims.params,
         "seq_len": args.seq,
@@ -130,26 +143,31 @@ def predict(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     node = replace(H200, disk_read_bytes_per_s=args.read_gbps * 1e9)
     node = replace(node, disk_write_bytes_per_s=args.write_gbps * 1e9)
-    dims = llama_dims(args.layers)
+    dims = _dims(args)
     out = []
     for batch in (int(b) for b in args.batches.split(",")):
         args.global_batch = batch
         plans = {
             name: make_plan(_spec(args, *_budgets(args, name)), dims, node)
-            for name in ("in-memory", "disk")
+            for name in args.rows.split(",")
         }
-        mem, disk = plans["in-memory"].predicted, plans["disk"].predicted
-        ws = plans["disk"].working_set
+        disk = plans["disk"]
+        ws = disk.working_set
         host_bytes = _budgets(args, "disk")[0] * GIB
-        out.append({
-            "layers": args.layers, "params": dims.params, "global_batch": batch,
+        row = {
+            "model": args.model or "llama3-8b", "layers": dims.num_layers,
+            "params": dims.params, "global_batch": batch,
             "state_over_host": mm.host_state_bytes(dims, "bf16") / host_bytes,
             "spilled_layers": ws.spilled_layers if ws else 0,
-            "predicted_step_seconds_in_memory": mem.step_seconds,
-            "predicted_step_seconds_disk": disk.step_seconds,
-            "predicted_x_in_memory": mem.step_seconds / disk.step_seconds,
+            "predicted_step_seconds_disk": disk.predicted.step_seconds,
+            "predicted_tokens_per_s_disk": batch * args.seq / disk.predicted.step_seconds,
             "read_gbps": args.read_gbps, "write_gbps": args.write_gbps,
-        })  # fmt: skip
+        }  # fmt: skip
+        if "in-memory" in plans:  # a model whose whole state fits no host has none
+            mem_s = plans["in-memory"].predicted.step_seconds
+            row["predicted_step_seconds_in_memory"] = mem_s
+            row["predicted_x_in_memory"] = mem_s / disk.predicted.step_seconds
+        out.append(row)
     return out
 
 
@@ -160,7 +178,9 @@ def main() -> None:
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=3, help="1 warm-up + timed steps")
     p.add_argument("--host-gib", type=float, default=100.0, help="the in-memory row's")
+    p.add_argument("--model", choices=sorted(PRESETS), help="a preset instead of --layers")
     p.add_argument("--state-over-host", type=float, default=1.5)
+    p.add_argument("--disk-host-gib", type=float, help="the disk row's host budget")
     p.add_argument("--disk-gib", type=float, default=60.0)
     p.add_argument("--spill-dir", default="/tmp/wstrain-spill")
     p.add_argument("--rows", default="in-memory,disk")
@@ -181,6 +201,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     argv = [
         *("--layers", str(args.layers), "--seq", str(args.seq)),
+        *(("--model", args.model) if args.model else ()),
+        *(("--disk-host-gib", str(args.disk_host_gib)) if args.disk_host_gib else ()),
         *("--global-batch", str(args.global_batch), "--steps", str(args.steps)),
         *("--host-gib", str(args.host_gib), "--state-over-host", str(args.state_over_host)),
         *("--disk-gib", str(args.disk_gib), "--spill-dir", args.spill_dir),
