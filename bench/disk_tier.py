@@ -90,9 +90,19 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     spill_dir = Path(args.spill_dir) / args.row
     if disk_gib:
         spill_dir.mkdir(parents=True, exist_ok=True)
-        node = replace(node, **disk_bandwidth(spill_dir))
+        node = replace(node, **disk_bandwidth(spill_dir, GIB))
     plan = make_plan(spec, dims, node)
     assert plan.working_set is not None
+    disk_rates = {
+        f"disk_{k}_bytes_per_s": getattr(node, f"disk_{k}_bytes_per_s")
+        for k in ("read", "write", "duplex")
+    }
+    if args.plan_only:  # the prediction with this GPU's and disk's rates, no training
+        return {
+            "name": args.row, "model": args.model or "llama3-8b", "layers": dims.num_layers,
+            "global_batch": args.global_batch, "spilled_layers": plan.working_set.spilled_layers,
+            "predicted_step_seconds": plan.predicted.step_seconds, **disk_rates,
+        }  # fmt: skip
     res = run_plan(spec, dims, plan, args.steps, node=node, spill_dir=spill_dir)
     timed = res["times"][1:]
     step_s = sum(timed) / len(timed)
@@ -127,8 +137,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         "peak_device_reserved_gib": device_peak / GIB,
         "peak_rss_gib": rss_bytes / GIB,
         "disk_gib": disk_bytes / GIB,
-        "disk_read_bytes_per_s": node.disk_read_bytes_per_s,
-        "disk_write_bytes_per_s": node.disk_write_bytes_per_s,
+        **disk_rates,
         "stalls_s": {k: v / len(timed) for k, v in res["stalls"].items()},
         "predicted_optimizer_seconds": plan.predicted.optimizer_seconds,
         "budget_violations": violations,
@@ -143,6 +152,7 @@ def predict(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     node = replace(H200, disk_read_bytes_per_s=args.read_gbps * 1e9)
     node = replace(node, disk_write_bytes_per_s=args.write_gbps * 1e9)
+    node = replace(node, disk_duplex_bytes_per_s=args.duplex_gbps * 1e9)
     dims = _dims(args)
     out = []
     for batch in (int(b) for b in args.batches.split(",")):
@@ -162,6 +172,7 @@ def predict(args: argparse.Namespace) -> list[dict[str, Any]]:
             "predicted_step_seconds_disk": disk.predicted.step_seconds,
             "predicted_tokens_per_s_disk": batch * args.seq / disk.predicted.step_seconds,
             "read_gbps": args.read_gbps, "write_gbps": args.write_gbps,
+            "duplex_gbps": args.duplex_gbps,
         }  # fmt: skip
         if "in-memory" in plans:  # a model whose whole state fits no host has none
             mem_s = plans["in-memory"].predicted.step_seconds
@@ -187,6 +198,8 @@ def main() -> None:
     p.add_argument("--predict", action="store_true", help="plan only, no GPU")
     p.add_argument("--read-gbps", type=float, default=1.1)
     p.add_argument("--write-gbps", type=float, default=1.3)
+    p.add_argument("--duplex-gbps", type=float, default=0.0, help="both at once; 0: unknown")
+    p.add_argument("--plan-only", action="store_true", help="measure and plan, no training")
     p.add_argument("--batches", default="8,64,256,1024")
     p.add_argument("--row", help=argparse.SUPPRESS)  # child mode
     p.add_argument("--out")
@@ -206,6 +219,7 @@ def main() -> None:
         *("--global-batch", str(args.global_batch), "--steps", str(args.steps)),
         *("--host-gib", str(args.host_gib), "--state-over-host", str(args.state_over_host)),
         *("--disk-gib", str(args.disk_gib), "--spill-dir", args.spill_dir),
+        *(("--plan-only",) if args.plan_only else ()),
     ]
     for name in args.rows.split(","):
         row, last = run_child([sys.executable, "-m", "bench.disk_tier", *argv, "--row", name], {
