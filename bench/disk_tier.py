@@ -141,6 +141,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         "stalls_s": {k: v / len(timed) for k, v in res["stalls"].items()},
         "predicted_optimizer_seconds": plan.predicted.optimizer_seconds,
         "budget_violations": violations,
+        "plan": res["plan"],  # with the node profile it was planned on: re-plan it anywhere
         "commit": os.environ.get("BENCH_COMMIT", ""),
     }
 
