@@ -1,9 +1,9 @@
 """A day of the lab queue through the real scheduling policy (`wstrain.policy`): a
 discrete-event simulation on a virtual clock (no sleeping) of one modelled 8-GPU node, fed a
-seeded 24-hour trace of jobs from 4 owners. CPU only: a few seconds, ~25 s with the start
+seeded 24-hour trace of jobs from 4 owners. CPU only: a few seconds, ~10 s with the start
 forecasts (`--no-forecast` skips them).
 
-    python -m bench.queue_sim --out bench/results/queue/policy-simulated-day-cpu-2026-11-25.json
+    python -m bench.queue_sim --out bench/results/queue/policy-simulated-day-cpu-2026-11-28.json
     python -m bench.queue_sim --sweep-seeds 12   # the same figures for 12 other days
     python -m bench.queue_sim --out bench/results/queue/forecast-simulated-day-cpu-2026-11-28.json
 
