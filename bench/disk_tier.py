@@ -95,8 +95,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     plan = make_plan(spec, dims, node)
     assert plan.working_set is not None
     disk_rates = {
-        f"disk_{k}_bytes_per_s": getattr(node, f"disk_{k}_bytes_per_s")
-        for k in ("read", "write", "duplex")
+        f"disk_{k}_bytes_per_s": getattr(node, f"disk_{k}_bytes_per_s") for k in ("read", "write")
     }
     if args.plan_only:  # the prediction with this GPU's and disk's rates, no training
         return {
@@ -158,7 +157,6 @@ def predict(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     node = replace(H200, disk_read_bytes_per_s=args.read_gbps * 1e9)
     node = replace(node, disk_write_bytes_per_s=args.write_gbps * 1e9)
-    node = replace(node, disk_duplex_bytes_per_s=args.duplex_gbps * 1e9)
     dims = _dims(args)
     out = []
     for batch in (int(b) for b in args.batches.split(",")):
@@ -178,7 +176,6 @@ def predict(args: argparse.Namespace) -> list[dict[str, Any]]:
             "predicted_step_seconds_disk": disk.predicted.step_seconds,
             "predicted_tokens_per_s_disk": batch * args.seq / disk.predicted.step_seconds,
             "read_gbps": args.read_gbps, "write_gbps": args.write_gbps,
-            "duplex_gbps": args.duplex_gbps,
         }  # fmt: skip
         if "in-memory" in plans:  # a model whose whole state fits no host has none
             mem_s = plans["in-memory"].predicted.step_seconds
@@ -204,7 +201,6 @@ def main() -> None:
     p.add_argument("--predict", action="store_true", help="plan only, no GPU")
     p.add_argument("--read-gbps", type=float, default=1.1)
     p.add_argument("--write-gbps", type=float, default=1.3)
-    p.add_argument("--duplex-gbps", type=float, default=0.0, help="both at once; 0: unknown")
     p.add_argument("--plan-only", action="store_true", help="measure and plan, no training")
     p.add_argument("--batches", default="8,64,256,1024")
     p.add_argument("--row", help=argparse.SUPPRESS)  # child mode

@@ -103,23 +103,6 @@ def test_the_disk_paces_the_update_and_a_faster_disk_predicts_a_faster_step() ->
     )
 
 
-def test_a_disk_that_reads_while_it_writes_is_planned_at_its_rate_both_at_once() -> None:
-    record = sp.spill_record_bytes(DIMS, "bf16")
-    alone = sp.spill_io_seconds(DIMS, "bf16", NODE)
-    # one at a time: a read and a write take what each direction takes alone
-    serial = 2 / (1 / NODE.disk_read_bytes_per_s + 1 / NODE.disk_write_bytes_per_s)
-    same = sp.spill_io_seconds(DIMS, "bf16", replace(NODE, disk_duplex_bytes_per_s=serial))
-    assert same == pytest.approx(alone)
-    # both directions at full speed at once: a read and a write in what 2.4 GB/s moves
-    duplex = replace(NODE, disk_duplex_bytes_per_s=2.4e9)
-    read_s, write_s = sp.spill_io_seconds(DIMS, "bf16", duplex)
-    assert read_s + write_s == pytest.approx(2 * record / 2.4e9)
-    assert read_s / write_s == pytest.approx(alone[0] / alone[1])  # the directions' ratio kept
-    spec = _spec(host_gib=34, disk_gib=40)
-    slow, fast = make_plan(spec, DIMS, NODE).predicted, make_plan(spec, DIMS, duplex).predicted
-    assert fast.step_seconds < slow.step_seconds
-
-
 def test_update_ends_follow_the_slower_of_the_cpu_and_the_disk() -> None:
     # CPU-bound: reads ahead keep the update at the CPU's pace after the first read
     ends = sp.spilled_update_ends(0.0, 6, layer_s=1.0, read_s=0.1, write_s=0.1)

@@ -46,7 +46,7 @@ from wstrain.agent.exporter import (
     NodeGauges,
 )
 from wstrain.agent.gpus import GpuCollector
-from wstrain.agent.hardware import DISK_KINDS, host_memory, measure_node
+from wstrain.agent.hardware import host_memory, measure_node
 from wstrain.agent.launch import Launcher
 from wstrain.agent.members import Members
 from wstrain.agent.outcomes import Resize
@@ -120,13 +120,13 @@ class Agent(Launcher):
         if self.settings.spill_dir is not None:  # the disk tier's space: what is free at start
             usage = await asyncio.to_thread(shutil.disk_usage, self.settings.spill_dir)
             self.spill_bytes = usage.free
-            gbps = (self.profile.get(f"disk_{k}_bytes_per_s", 0.0) / 1e9 for k in DISK_KINDS)
             log.info(
-                "node %s: spill directory %s, %.3g GiB free, read/write/both %.3g/%.3g/%.3g GB/s",
+                "node %s: spill directory %s, %.3g GiB free, read %.3g GB/s, write %.3g GB/s",
                 self.name,
                 self.settings.spill_dir,
                 usage.free / GIB,
-                *gbps,
+                self.profile.get("disk_read_bytes_per_s", 0.0) / 1e9,
+                self.profile.get("disk_write_bytes_per_s", 0.0) / 1e9,
             )
         log.info(
             "node %s: %s, %d GPU(s), matmul %.3g TFLOP/s, H2D %.3g GB/s, D2H %.3g GB/s "

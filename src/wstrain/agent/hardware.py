@@ -76,14 +76,9 @@ async def measure_node(state_dir: Path, use_cache: bool, spill_dir: Path | None 
     return m
 
 
-# the spill directory's rates, profile keys disk_{kind}_bytes_per_s (worker/profile/disk.py)
-DISK_KINDS = ("read", "write", "duplex")
-
-
 async def _disk_rates(spill_dir: Path) -> dict[str, float]:
-    """disk_read_bytes_per_s, disk_write_bytes_per_s and disk_duplex_bytes_per_s of
-    `spill_dir`, measured in a child (worker/profile/disk.py: direct I/O, a few hundred MiB
-    written, read, both at once, and removed)."""
+    """disk_read_bytes_per_s and disk_write_bytes_per_s of `spill_dir`, measured in a child
+    (worker/profile/disk.py: direct I/O, a few hundred MiB written, read and removed)."""
     spill_dir.mkdir(parents=True, exist_ok=True)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

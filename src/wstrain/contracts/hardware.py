@@ -75,10 +75,6 @@ class NodeProfile:
     # spill directory, so no plan spills. The lent H200's virtio disk: 1.1 read, 1.3 write GB/s
     disk_read_bytes_per_s: float = 0.0
     disk_write_bytes_per_s: float = 0.0
-    # both directions' bytes/s with a read and a write in flight at once, as the disk tier
-    # runs one slot's read beside another's write-back; 0: not measured (one at a time). The
-    # lent H200x2's virtio disk: 2.0 read, 2.4 write, and ? GB/s both at once
-    disk_duplex_bytes_per_s: float = 0.0
 
     @classmethod
     def from_profile(
@@ -114,7 +110,6 @@ class NodeProfile:
             d2h_by_gpus=points("d2h_bytes_per_s."),
             disk_read_bytes_per_s=profile.get("disk_read_bytes_per_s", 0.0),
             disk_write_bytes_per_s=profile.get("disk_write_bytes_per_s", 0.0),
-            disk_duplex_bytes_per_s=profile.get("disk_duplex_bytes_per_s", 0.0),
         )
 
     def with_layer(self, layer: LayerTimes | None) -> NodeProfile:

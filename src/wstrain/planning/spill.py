@@ -88,16 +88,9 @@ def spill_counts(least: int, most: int) -> list[int]:
 
 
 def spill_io_seconds(dims: ModelDims, precision: str, node: NodeProfile) -> tuple[float, float]:
-    """(read, write) seconds of one layer's moments at the node's disk rates: each
-    direction's own where the disk serves one at a time; where the profile measured both at
-    once, the two scaled so that a read and a write together take what that rate moves
-    (spilled_update_ends queues them one after the other)."""
+    """(read, write) seconds of one layer's moments at the node's disk rates."""
     record = spill_record_bytes(dims, precision)
-    read_s, write_s = record / node.disk_read_bytes_per_s, record / node.disk_write_bytes_per_s
-    if node.disk_duplex_bytes_per_s <= 0:
-        return read_s, write_s
-    scale = 2 * record / node.disk_duplex_bytes_per_s / (read_s + write_s)
-    return read_s * scale, write_s * scale
+    return record / node.disk_read_bytes_per_s, record / node.disk_write_bytes_per_s
 
 
 def spilled_update_ends(

@@ -19,7 +19,7 @@ from wstrain.contracts.calibration import MIB
 from wstrain.contracts.hardware import NodeProfile
 from wstrain.worker.profile.disk import disk_bandwidth
 
-KEYS = {"disk_read_bytes_per_s", "disk_write_bytes_per_s", "disk_duplex_bytes_per_s"}
+KEYS = {"disk_read_bytes_per_s", "disk_write_bytes_per_s"}
 
 
 @pytest.mark.parametrize("buffered", [False, True], ids=["direct", "buffered"])
