@@ -4,7 +4,9 @@ out as the agent lays it out, a plan spilling layers' AdamW moments to `--spill-
 - a worker SIGKILLed inside a spill write (WSTRAIN_FAULT_KILL_IN_SPILL_WRITE), restarted,
   resumes from its last checkpoint and ends at the weights of a run that never spilled;
 - a clean exit removes the spill file;
-- a disk budget too small for the plan's spill is refused naming budget.disk_gib.
+- a disk budget too small for the plan's spill is refused naming budget.disk_gib;
+- a spill directory too full for the file (a 64 KiB tmpfs) fails the worker at once, not
+  retried, naming the directory, the bytes needed and free, and the fix.
 
     pytest tests/worker/test_spill_worker.py
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from tests.tmpfs import small_fs
 from wstrain.contracts.hardware import DEFAULT_PROFILE
 from wstrain.contracts.jobs import WorkerExit, WorkerMessage
 from wstrain.contracts.model_dims import resolve_dims
@@ -113,3 +116,16 @@ def test_a_disk_budget_too_small_for_the_spill_is_refused(tmp_path: Path) -> Non
     assert "room for 0 layers" in error.message and "raise budget.disk_gib" in error.message
     assert error.needs_gib == {"disk_gib": 0.5}
     assert not (tmp_path / "spill" / SPILL_FILE).exists()
+
+
+def test_a_full_spill_disk_fails_the_worker_at_once_naming_the_fix(tmp_path: Path) -> None:
+    job_dir = _job_dir(tmp_path, "full", 2)  # 1 GiB of disk budget: the plan is not the limit
+    with small_fs(tmp_path / "disk", "64k") as disk:  # less than 2 layers' moments
+        code, messages, err = _worker(job_dir, disk / "spill")
+        assert list((disk / "spill").iterdir()) == []  # no partial file left behind
+    assert code == WorkerExit.refused, err[-3000:]  # not retried: the agent fails the job
+    error = [m for m in messages if m.kind == "error"][-1]
+    assert error.message is not None
+    assert f"no space for the spill file in {disk / 'spill'}" in error.message, error.message
+    assert "it needs 163840 bytes" in error.message and "65536 bytes free" in error.message
+    assert "--spill-dir at a larger local disk" in error.message and "not retried" in error.message

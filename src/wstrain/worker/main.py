@@ -53,7 +53,7 @@ from wstrain.worker.ranks import WATCH_INTERVAL_S, NodeOf, RankGang, rank_of_env
 from wstrain.worker.runtime.base import Runtime
 from wstrain.worker.runtime.distributed import ProcessGroup
 from wstrain.worker.runtime.stats import StepStats, Telemetry
-from wstrain.worker.runtime.working_set.spill import remove_spill_file
+from wstrain.worker.runtime.working_set.spill import SpillSpaceError, remove_spill_file
 
 log = logging.getLogger("worker")
 # Step reports are throttled so a fast CPU job does not flood its agent.
@@ -352,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
         if not worker.training:
             msg = f"{exc.message} (refused by the worker before training; not retried)"
             code = WorkerExit.refused
+    except SpillSpaceError as exc:  # a full spill disk at start: fail at once, naming the fix
+        msg = f"{exc.strerror} (refused by the worker before training; not retried)"
+        code = WorkerExit.refused
     except (torch.cuda.OutOfMemoryError, BudgetExceeded) as exc:  # the plan under-counted
         msg, needs = budget_exit(exc, worker.spec.budget)
         code = WorkerExit.out_of_memory  # not retried as is

@@ -74,6 +74,11 @@ class SpillIOError(OSError):
     """A spill read or write failed: names the file, the offset and the bytes."""
 
 
+class SpillSpaceError(OSError):
+    """The spill directory cannot hold the spill file (ENOSPC at preallocation, before any
+    step): names the directory, the bytes needed and free, and the fix."""
+
+
 class IoOp:
     """One read or write of buffers at an offset: its blocks on the pool, done when all are.
     `after`: an op that must finish first (a slot's write-back before its next read)."""
@@ -282,7 +287,7 @@ class SpillFile(RawFile):
             (spill_dir / SPILL_FILE).unlink(missing_ok=True)
             if exc.errno != errno.ENOSPC:
                 raise
-            raise OSError(
+            raise SpillSpaceError(
                 errno.ENOSPC,
                 f"no space for the spill file in {spill_dir}: it needs {needed} bytes "
                 f"({layers} layers' AdamW moments) and the file system has "
