@@ -83,6 +83,16 @@ def test_without_a_disk_budget_the_refusal_says_what_disk_would_hold_the_rest() 
     assert "spill directory" in err.value.message
 
 
+def test_a_refusal_with_disk_enough_does_not_ask_for_the_disk_it_has() -> None:
+    budget = {"device_gib": 1, "host_gib": 34, "disk_gib": 40}
+    tight = JobSpec.model_validate({**_spec(34).model_dump(), "budget": budget})
+    with pytest.raises(InfeasibleBudget) as err:
+        make_plan(tight, DIMS, NODE)  # the device budget falls short, not the disk
+    assert "budget.disk_gib=40 holds the" in err.value.message, err.value.message
+    assert "budget.disk_gib >=" not in err.value.message
+    assert "field" not in err.value.detail
+
+
 def test_the_disk_paces_the_update_and_a_faster_disk_predicts_a_faster_step() -> None:
     spec = _spec(host_gib=34, disk_gib=40)
     slow = make_plan(spec, DIMS, NODE)

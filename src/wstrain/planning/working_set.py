@@ -279,6 +279,13 @@ def _disk_advice(
             need_gib,
             False,
         )
+    if spec.budget.disk_bytes >= need:  # the disk is not what falls short: say so
+        return (
+            f"; budget.disk_gib={spec.budget.disk_gib:g} holds the {least} layers' AdamW "
+            "moments the host cannot hold",
+            need_gib,
+            False,
+        )
     return f"; or budget.disk_gib >= {need_gib:g} (the disk tier)", need_gib, False
 
 
