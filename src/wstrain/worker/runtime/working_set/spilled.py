@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,7 @@ class SpilledMoments:
             self.slots.append(Slot(m, v, views))
         self.queue: list[int] = []  # this pass's spilled groups not yet acquired, in order
         self.wait_s = 0.0  # the AdamW thread's waits on the disk, since take_wait_s
+        self._wait_lock = threading.Lock()  # added to there, taken by the step's thread
         # each group's last write-back: a read of the group into another slot must not
         # overtake it (after a resume, or a backlogged disk, the write may still be going)
         self.last_write: dict[int, IoOp] = {}
@@ -89,11 +91,14 @@ class SpilledMoments:
         return self.file.offset(group - self.first)
 
     def _timed(self, op: IoOp) -> None:
-        self.wait_s += op.wait()
+        waited_s = op.wait()
+        with self._wait_lock:
+            self.wait_s += waited_s
 
     def take_wait_s(self) -> float:
         """Seconds the AdamW thread waited on spill reads and writes since the last call."""
-        out, self.wait_s = self.wait_s, 0.0
+        with self._wait_lock:
+            out, self.wait_s = self.wait_s, 0.0
         return out
 
     # ---------------------------------------------------------------- slots
