@@ -72,7 +72,7 @@ class NodeProfile:
     document_span: int = 0
     # the agent's spill directory (the disk tier, WorkingSetPlan.spilled_layers), measured in
     # the node profile with direct I/O in 16 MiB blocks: each direction alone, bytes/s; 0: no
-    # spill directory, so no plan spills. The lent H200's virtio disk: 1.1 read, 1.3 write GB/s
+    # spill directory, so no plan spills. The lent H200's virtio disk: 1.6 read, 2.2 write GB/s
     disk_read_bytes_per_s: float = 0.0
     disk_write_bytes_per_s: float = 0.0
 

@@ -5,7 +5,7 @@ Moments are the coldest state: each is read and written once a step, by the host
 nothing else touches it. The planner spills the last layers first (the host updates layers
 in order, so the last are needed last by the next forward) and only as many as the host
 budget needs (working_set.make_ws_plan): every spilled byte is read and written once a step
-at the disk's rate, 1.1 and 1.3 GB/s on the lent H200's virtio disk against ~7 GB/s of
+at the disk's rate, 1.6 and 2.2 GB/s on the lent H200's virtio disk against ~7 GB/s of
 moments the host AdamW updates, so a spilled layer's update is the disk's time, not the
 CPU's.
 
