@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -46,7 +45,7 @@ from wstrain.agent.exporter import (
     NodeGauges,
 )
 from wstrain.agent.gpus import GpuCollector
-from wstrain.agent.hardware import host_memory, measure_node
+from wstrain.agent.hardware import host_memory, measure_node, spill_space
 from wstrain.agent.launch import Launcher
 from wstrain.agent.members import Members
 from wstrain.agent.outcomes import Resize
@@ -117,17 +116,6 @@ class Agent(Launcher):
             self.settings.state_dir, self.settings.profile_cache, self.settings.spill_dir
         )
         self.device, self.gpus, self.profile, self.profile_key = m.device, m.gpus, m.profile, m.key
-        if self.settings.spill_dir is not None:  # the disk tier's space: what is free at start
-            usage = await asyncio.to_thread(shutil.disk_usage, self.settings.spill_dir)
-            self.spill_bytes = usage.free
-            log.info(
-                "node %s: spill directory %s, %.3g GiB free, read %.3g GB/s, write %.3g GB/s",
-                self.name,
-                self.settings.spill_dir,
-                usage.free / GIB,
-                self.profile.get("disk_read_bytes_per_s", 0.0) / 1e9,
-                self.profile.get("disk_write_bytes_per_s", 0.0) / 1e9,
-            )
         log.info(
             "node %s: %s, %d GPU(s), matmul %.3g TFLOP/s, H2D %.3g GB/s, D2H %.3g GB/s "
             "(profile %s%s)",
@@ -312,6 +300,8 @@ class Agent(Launcher):
         beating = asyncio.create_task(self._heartbeat_loop())
         try:
             await self._reap_orphans()  # a predecessor's workers are gone before any claim
+            if self.settings.spill_dir is not None:  # so is what they left on the spill disk
+                self.spill_bytes = await spill_space(self.settings.spill_dir, self.profile)
             last_reap = time.monotonic()
             while not self.stopping.is_set():
                 if not self.stopping.is_set():

@@ -17,10 +17,13 @@ import importlib.metadata
 import json
 import logging
 import os
+import re
+import shutil
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from wstrain.contracts.calibration import GIB
 from wstrain.contracts.hardware import Device, LayerTimes, cpu_profile_cache_key
 from wstrain.contracts.jobs import GPUInfo
 from wstrain.contracts.model_dims import ModelDims
@@ -28,6 +31,9 @@ from wstrain.contracts.spec import JobSpec
 from wstrain.planning.layouts import PIECES_FROM_TOKENS
 
 log = logging.getLogger(__name__)
+
+# a job's spill subdirectory is named by its id (store/job_store.py: 12 hex digits)
+JOB_SUBDIR = re.compile(r"[0-9a-f]{12}")
 
 
 class Measured(NamedTuple):
@@ -74,6 +80,33 @@ async def measure_node(state_dir: Path, use_cache: bool, spill_dir: Path | None 
     if spill_dir is not None:
         m.profile.update(await _disk_rates(spill_dir))
     return m
+
+
+async def spill_space(spill_dir: Path, profile: dict[str, float]) -> int:
+    """The spill directory's free bytes once no worker of this node runs (the agent's first
+    reap): what jobs left there first removed, their subdirectories (a SIGKILLed worker's,
+    or one of a previous agent process), so it is not counted as used forever."""
+
+    def sweep() -> tuple[int, int]:
+        left = [
+            e for e in spill_dir.iterdir()
+            if JOB_SUBDIR.fullmatch(e.name) and e.is_dir() and not e.is_symlink()
+        ]  # fmt: skip
+        for entry in left:
+            shutil.rmtree(entry, ignore_errors=True)
+        return len(left), shutil.disk_usage(spill_dir).free
+
+    removed, free = await asyncio.to_thread(sweep)
+    log.info(
+        "spill directory %s: %.3g GiB free (%d jobs' leftovers removed), read %.3g GB/s, "
+        "write %.3g GB/s",
+        spill_dir,
+        free / GIB,
+        removed,
+        profile.get("disk_read_bytes_per_s", 0.0) / 1e9,
+        profile.get("disk_write_bytes_per_s", 0.0) / 1e9,
+    )
+    return free
 
 
 async def _disk_rates(spill_dir: Path) -> dict[str, float]:
