@@ -98,11 +98,12 @@ def figures(sim: QueueSim, config: PolicyConfig) -> dict[str, Any]:
     done_in_day = sum(
         j.state == State.succeeded and j.end_s is not None and j.end_s <= DAY_S for j in jobs
     )
-    total_gpu_s = sum(sim.window_gpu_s.values()) or 1.0
+    total_gpu_s = sum(sim.window_gpu_s.values())
     shares = sum(config.share(o) for o in OWNERS)
-    share_err = {
+    share_err = {  # none without a window in which every owner is backlogged (a small day)
         o: round((sim.window_gpu_s[o] / total_gpu_s) / (config.share(o) / shares) - 1, 4)
         for o in OWNERS
+        if total_gpu_s > 0
     }
     quota_ok = True
     for owner, (n, dev, host) in sim.peak.items():
@@ -129,7 +130,7 @@ def figures(sim: QueueSim, config: PolicyConfig) -> dict[str, Any]:
         "mean_jobs_running_24h": round(sim.slots_day_s / DAY_S, 3),
         "backlogged_window_h": round(sim.window_s / 3600, 2),
         "share_err_by_owner": share_err,
-        "share_err": max(abs(v) for v in share_err.values()),
+        "share_err": max((abs(v) for v in share_err.values()), default=None),
         "quotas_kept": quota_ok,
         "preemptions": sim.preempted,
         "shrinks": sim.shrunk,
