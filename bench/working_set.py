@@ -158,6 +158,15 @@ def run_plan(
     gc.callbacks.append(pauses)
     times = time_steps(step, steps)
     gc.callbacks.remove(pauses)
+    # the budgets' figures so far, in the log before the last deferred update (a disk-bound
+    # one takes ~40 s at 56 layers): a child stopped in it still leaves them
+    log.info(
+        "after %d steps: host peak RSS %.2f GiB, device peak reserved %.2f GiB, spill %d bytes",
+        steps,
+        proc_status_bytes("VmHWM") / GIB,
+        torch.cuda.max_memory_reserved() / GIB,
+        host.spill.file.size_bytes if host.spill is not None else 0,
+    )
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     timeline = profile_step(lambda: rt.train_step(data, steps)) if profile else None
     rt.finish()  # the last step's deferred update, outside the timing
