@@ -190,10 +190,10 @@ class QueueSim:
         or stop was lost: 5.5-7.6% of each owner's GPU-seconds, seed 20261125, fixed budgets)."""
         dt = to_s - self.now_s
         holding = self._holding()
-        _, running, _ = self._inputs()
         self.usage = charge(
-            self.usage, running, self.node, self.now_s, to_s, self.config.half_life_s
-        )
+            self.usage, self._running(holding), self.node, self.now_s, to_s,
+            self.config.half_life_s,
+        )  # fmt: skip
         in_day = max(0.0, min(to_s, DAY_S) - self.now_s)
         self.slots_day_s += len(holding) * in_day
         self.gpus_day_s += sum(self.weight(j) for j in holding) * in_day
@@ -271,8 +271,17 @@ class QueueSim:
 
     # ------------------------------------------------------------------ one decision
 
+    def _running(self, holding: list[_Job]) -> list[RunningJob]:
+        return [
+            RunningJob(
+                j.spec.id, j.spec.owner, j.spec.priority, j.gpu, *j.held_bytes, j.run_start_s,
+                j.spec.exclusive, j.state == State.stopping, points=j.points,
+            )
+            for j in holding
+        ]  # fmt: skip
+
     def _inputs(self) -> tuple[list[PendingJob], list[RunningJob], dict[str, JobState]]:
-        pending, running = [], []
+        pending = []
         deps: dict[str, JobState] = {}
         for j in self.jobs.values():
             s = j.spec
@@ -293,21 +302,7 @@ class QueueSim:
                 )
                 for dep in s.after:
                     deps[dep] = _JOB_STATE[self.jobs[dep].state]
-            elif j.state in _HOLDING:
-                running.append(
-                    RunningJob(
-                        s.id,
-                        s.owner,
-                        s.priority,
-                        j.gpu,
-                        *j.held_bytes,
-                        j.run_start_s,
-                        s.exclusive,
-                        j.state == State.stopping,
-                        points=j.points,
-                    )
-                )
-        return pending, running, deps
+        return pending, self._running(self._holding()), deps
 
     def _round(self) -> None:
         now = self.now_s
