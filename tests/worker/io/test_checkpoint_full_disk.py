@@ -97,3 +97,38 @@ def test_space_freed_lets_the_next_checkpoint_through(tmp_path: Path) -> None:
         ballast.unlink()
         _second(root, 1 << 10, 1 << 10)
         assert checkpoint.latest(root) == root / "step-00000002"
+
+
+SHORT_WRITE_CHILD = """
+import resource, signal, sys, torch
+from pathlib import Path
+from wstrain.worker.io import checkpoint
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+root = Path(sys.argv[1])
+checkpoint.save(root, checkpoint.TrainerState(1, 4), {"w": torch.ones(1024)}, {}, {})
+try:
+    checkpoint.save(root, checkpoint.TrainerState(2, 8), {"w": torch.ones(1024)},
+                    {"m": torch.ones(1 << 20)}, {})
+except OSError as exc:
+    print(exc.errno, exc)
+"""
+
+
+def test_a_short_write_with_space_counted_free_is_the_disk(tmp_path: Path) -> None:
+    """A file system that refuses bytes while statvfs counts plenty free (a quota under the
+    file system, as on the lent GPU machines' disks; here a file-size limit): torch's writer
+    only says "unexpected pos", and the job's error still names the disk and the fix."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "checkpoints"
+    out = subprocess.run(
+        [sys.executable, "-c", SHORT_WRITE_CHILD, str(root)],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    assert out.stdout.startswith(f"{errno.ENOSPC} "), out.stdout + out.stderr
+    assert "took only part of a write: a full disk or quota" in out.stdout
+    assert f"{root / 'step-00000001'} stays valid" in out.stdout
+    assert "Free space on that file system" in out.stdout
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-00000001"]
