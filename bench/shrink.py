@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,8 @@ from wstrain.contracts.plan import Plan
 from wstrain.contracts.spec import JobSpec
 from wstrain.planning.planner import make_plan
 from wstrain.worker.io import checkpoint
+
+log = logging.getLogger("bench.shrink")
 
 
 def _ranged(args: argparse.Namespace) -> JobSpec:
@@ -77,26 +81,34 @@ def _job_dir(root: Path, name: str, spec: JobSpec, plan: Plan) -> Path:
     return job_dir
 
 
-def _worker(job_dir: Path, stop_at_checkpoint: bool) -> tuple[int, list[WorkerMessage]]:
+def _worker(job_dir: Path, stop_at_checkpoint: bool, part: str) -> tuple[int, list[WorkerMessage]]:
     """The worker of the job dir to its end, or (`stop_at_checkpoint`) SIGTERMed at its
-    first periodic checkpoint, as the agent stops a job it shrinks."""
+    first periodic checkpoint, as the agent stops a job it shrinks. Its log goes to
+    job_dir/worker-PART.log (a pipe left unread would stall a chatty worker); each of its
+    messages is logged here as it comes, so a run stopped by a time limit shows how far
+    each part got."""
     argv = [sys.executable, "-m", "wstrain.worker.main", "--job-dir", str(job_dir)]
     data = job_dir.parents[2] / "data"  # synthetic tokens: no file is read
     data.mkdir(exist_ok=True)
     argv += ["--data-roots", json.dumps([str(data)])]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    messages = []
-    for line in proc.stdout:
-        msg = WorkerMessage.model_validate_json(line)
-        messages.append(msg)
-        if stop_at_checkpoint and msg.kind == "checkpoint":
-            proc.send_signal(signal.SIGTERM)
-            stop_at_checkpoint = False
-    code = proc.wait()
+    log_path = job_dir / f"worker-{part}.log"
+    started = time.monotonic()
+    log.info("%s: worker started", part)
+    with open(log_path, "w") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
+        assert proc.stdout is not None
+        messages = []
+        for line in proc.stdout:
+            msg = WorkerMessage.model_validate_json(line)
+            messages.append(msg)
+            log.info("%s: +%.0f s %s step %s", part, time.monotonic() - started, msg.kind, msg.step)
+            if stop_at_checkpoint and msg.kind == "checkpoint":
+                proc.send_signal(signal.SIGTERM)
+                stop_at_checkpoint = False
+        code = proc.wait()
+    log.info("%s: worker exited %d after %.0f s", part, code, time.monotonic() - started)
     if code not in (WorkerExit.succeeded, WorkerExit.cancelled):
-        assert proc.stderr is not None
-        sys.stderr.write(proc.stderr.read()[-4000:])
+        sys.stderr.write(log_path.read_text()[-4000:])
     return code, messages
 
 
@@ -136,11 +148,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-shrink-"))
     # at the high point until its first checkpoint and a SIGTERM, then at the low one
     shrunk_dir = _job_dir(root, "shrunk", at[args.high_gib], plans[args.high_gib])
-    code, high = _worker(shrunk_dir, True)
+    code, high = _worker(shrunk_dir, True, "high")
     assert code == WorkerExit.cancelled, f"the high part exited {code}, not stopped (3)"
     stopped = max(m.step or 0 for m in high if m.kind == "checkpoint")
     _job_dir(root, "shrunk", at[args.low_gib], plans[args.low_gib])
-    code, low = _worker(shrunk_dir, False)
+    code, low = _worker(shrunk_dir, False, "low")
     assert code == WorkerExit.succeeded, f"the low part exited {code}"
     _keep_weights_only(shrunk_dir)
     # the same job at the low point from start to end, checkpointed at its end only: the
@@ -148,7 +160,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # shrunk run's weights (8B dims at 16 layers: 27 GB a checkpoint, 9 GB of weights, on
     # the GPU machine's 64 GiB disk, where a periodic one beside them filled it)
     once = at[args.low_gib].model_copy(update={"checkpoint_every": 0})
-    code, straight = _worker(_job_dir(root, "straight", once, plans[args.low_gib]), False)
+    straight_dir = _job_dir(root, "straight", once, plans[args.low_gib])
+    code, straight = _worker(straight_dir, False, "straight")
     assert code == WorkerExit.succeeded, f"straight run exited {code}"
     a, b = _weights(shrunk_dir), _weights(shrunk_dir.parent / "straight")
     shutil.rmtree(root)  # 8B-dim checkpoints are ~17 GB each; the GPU machine's disk is 64 GiB
@@ -193,6 +206,7 @@ def main() -> None:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--out")
     args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     row = run(args)
     print(json.dumps(row))
     if args.out:

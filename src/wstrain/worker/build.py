@@ -20,7 +20,7 @@ from wstrain.contracts.model_refs import PathModel
 from wstrain.contracts.plan import Plan, at_plan_budget
 from wstrain.contracts.spec import JobSpec
 from wstrain.worker.io.hf_load import stream_into
-from wstrain.worker.models.dense import LlamaModel
+from wstrain.worker.models.dense import initial_weights
 from wstrain.worker.runtime.base import Runtime
 from wstrain.worker.runtime.distributed import ProcessGroup
 from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig
@@ -98,11 +98,8 @@ def build_runtime(
         pass  # the node's local rank 0 fills its copy
     elif pretrained is not None:  # straight into the host tiles
         host.stream_from(pretrained, access)
-    else:
-        init = LlamaModel(dims)  # same initial weights as the resident runtime for this seed
-        init.init_weights(spec.seed)
-        host.load_state_dict(init.state_dict())
-        del init
+    else:  # the resident runtime's initial weights for this seed, a tensor at a time
+        host.load_tensors(initial_weights(dims, spec.seed))
     if group is not None:
         group.barrier()  # every rank has mapped every tile; the weights are in
         if share is not None:

@@ -22,6 +22,7 @@ shared memory and each rank's AdamW updates only its span of every group (`spans
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -232,13 +233,21 @@ class HostState:
         return self._named_views(grads=True)
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.load_tensors(tensors.items())
+
+    def load_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Every weight, (HF name, tensor) pairs taken one at a time: a stream never holds
+        more than its current tensor beside the tiles."""
         views = self._named_views()
-        missing = sorted(set(views) - set(tensors))
+        seen = set()
+        with torch.no_grad():
+            for n, t in tensors:
+                if n in views:
+                    views[n].copy_(t)
+                    seen.add(n)
+        missing = sorted(set(views) - seen)
         if missing:
             raise KeyError(f"state dict lacks {missing[:4]}{'...' if len(missing) > 4 else ''}")
-        with torch.no_grad():
-            for n, v in views.items():
-                v.copy_(tensors[n])
         self._round_master()
 
     def stream_from(self, directory: Path, access: DataAccess | None = None) -> None:
