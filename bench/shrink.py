@@ -120,6 +120,22 @@ def _tokens_per_s(messages: list[WorkerMessage], first_step: int) -> float | Non
     return statistics.median(known) if known else None
 
 
+def _stalls_per_step(messages: list[WorkerMessage], first_step: int) -> dict[str, float]:
+    """Each stall reason's seconds a step over the steps _tokens_per_s reads, from the
+    workers' cumulative totals (the first report past `first_step` back to `first_step`'s)."""
+    steps = [m for m in messages if m.kind == "step" and (m.step or 0) >= first_step]
+    if len(steps) < 2:
+        return {}
+    a, b = steps[0], steps[-1]
+    n = (b.step or 0) - (a.step or 0)
+    prefix = "stall_seconds_total."
+    return {
+        k.removeprefix(prefix): (v - a.metrics.get(k, 0.0)) / n
+        for k, v in b.metrics.items()
+        if k.startswith(prefix)
+    }
+
+
 def _weights(job_dir: Path) -> dict[str, torch.Tensor]:
     last = checkpoint.latest(job_dir / "checkpoints")
     assert last is not None, f"{job_dir}: no checkpoint"
@@ -190,6 +206,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row[f"tokens_per_s_{name}"] = measured
         row[f"predicted_tokens_per_s_{name}"] = predicted
         row[f"measured_over_predicted_{name}"] = measured / predicted if measured else None
+        # where the time went, beside the planner's breakdown of its step
+        row[f"stalls_s_{name}"] = _stalls_per_step(msgs, first)
+        row[f"predicted_{name}"] = plans[g].predicted.model_dump()
     return row
 
 

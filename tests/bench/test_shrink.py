@@ -22,3 +22,10 @@ def test_a_job_shrunk_at_a_checkpoint_ends_with_the_straight_runs_weights() -> N
     assert 2 <= row["shrunk_at_step"] < 6  # stopped mid-run, resumed at the low point
     assert row["weights_rel_err_max"] < 1e-5
     assert abs(row["final_loss"] - row["straight_final_loss"]) < 1e-5 * row["straight_final_loss"]
+    # each part's stalls a step beside the planner's breakdown, for a row that misses its
+    # prediction to say where (the high part's 3 CPU steps of milliseconds are reported
+    # once: the worker reports at most every 0.2 s)
+    for part in ("low", "straight_low"):
+        assert set(row[f"stalls_s_{part}"]) >= {"optimizer", "weights"}, row[f"stalls_s_{part}"]
+        assert all(s >= 0 for s in row[f"stalls_s_{part}"].values())
+        assert row[f"predicted_{part}"]["step_seconds"] > 0
