@@ -26,7 +26,7 @@ import torch
 
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import OptimizerSpec
-from wstrain.worker.models.dense import LlamaModel
+from wstrain.worker.models.initial import initial_weights
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.schedule import WorkingSetRuntime
 from wstrain.worker.runtime.working_set.state import HostState
@@ -63,11 +63,9 @@ class MarkovBatches:
 
 def run(seed: int, activation_precision: str, steps: int, device: str) -> list[float]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    init = LlamaModel(DIMS)
-    init.init_weights(seed)
     cuda = device == "cuda"
     host = HostState.create(DIMS, "bf16", pin=cuda, fused_adamw=cuda)
-    host.load_state_dict(init.state_dict())
+    host.load_tensors(initial_weights(DIMS, seed))
     cfg = WorkingSetConfig(
         precision="bf16",
         device=device,

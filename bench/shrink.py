@@ -12,7 +12,15 @@ Each part is a real worker process (`python -m wstrain.worker.main` on a job dir
 agent lays it out). The row: tokens/s at each budget (the median step after each process's
 first) beside the planner's prediction there, the step it was shrunk at, and how far its
 final weights are from the straight run's (bf16: a different plan may order its sums
-differently). `--device cpu` runs it on the CPU (fp32), a smoke of the same path.
+differently), with each part's stalls a step beside the planner's breakdown.
+`--no-straight` leaves out the straight run (tokens/s only). `--device cpu` runs it on the
+CPU (fp32), a smoke of the same path.
+
+Time on one H200 at 16 layers (4.5 B parameters): a checkpoint is 27 GB, so the four
+checkpoints (the periodic one the shrink waits for, the stop's, and each run's last) take
+minutes on a 2 GB/s disk beside three workers' starts (each writes 4.5 B initial weights);
+the whole run has taken over 570 s, so give it a call of its own, or `--no-straight` (one
+worker and one checkpoint fewer).
 """
 
 from __future__ import annotations
@@ -170,18 +178,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     _job_dir(root, "shrunk", at[args.low_gib], plans[args.low_gib])
     code, low = _worker(shrunk_dir, False, "low")
     assert code == WorkerExit.succeeded, f"the low part exited {code}"
-    _keep_weights_only(shrunk_dir)
-    # the same job at the low point from start to end, checkpointed at its end only: the
-    # cadence moves no bytes of the math, and the disk then holds one checkpoint beside the
-    # shrunk run's weights (8B dims at 16 layers: 27 GB a checkpoint, 9 GB of weights, on
-    # the GPU machine's 64 GiB disk, where a periodic one beside them filled it)
-    once = at[args.low_gib].model_copy(update={"checkpoint_every": 0})
-    straight_dir = _job_dir(root, "straight", once, plans[args.low_gib])
-    code, straight = _worker(straight_dir, False, "straight")
-    assert code == WorkerExit.succeeded, f"straight run exited {code}"
-    a, b = _weights(shrunk_dir), _weights(shrunk_dir.parent / "straight")
+    straight: list[WorkerMessage] = []
+    err = None
+    if not args.no_straight:
+        _keep_weights_only(shrunk_dir)
+        # the same job at the low point from start to end, checkpointed at its end only:
+        # the cadence moves no bytes of the math, and the disk then holds one checkpoint
+        # beside the shrunk run's weights (8B dims at 16 layers: 27 GB a checkpoint, 9 GB of
+        # weights, on the GPU machine's 64 GiB disk, where a periodic one beside them
+        # filled it)
+        once = at[args.low_gib].model_copy(update={"checkpoint_every": 0})
+        straight_dir = _job_dir(root, "straight", once, plans[args.low_gib])
+        code, straight = _worker(straight_dir, False, "straight")
+        assert code == WorkerExit.succeeded, f"straight run exited {code}"
+        a, b = _weights(shrunk_dir), _weights(straight_dir)
+        err = max(float((a[k].float() - b[k].float()).norm() / b[k].float().norm()) for k in b)
     shutil.rmtree(root)  # 8B-dim checkpoints are ~17 GB each; the GPU machine's disk is 64 GiB
-    err = max(float((a[k].float() - b[k].float()).norm() / b[k].float().norm()) for k in b)
     row: dict[str, Any] = {
         "bench": "shrink",
         "device": args.device,
@@ -192,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "shrunk_at_step": stopped,
         "weights_rel_err_max": err,
         "final_loss": [m.loss for m in low if m.kind == "step"][-1],
-        "straight_final_loss": [m.loss for m in straight if m.kind == "step"][-1],
+        "straight_final_loss": next((m.loss for m in reversed(straight) if m.kind == "step"), None),
         "budget_violations": 0,  # a worker past a budget exits 5, asserted above
         "commit": os.environ.get("BENCH_COMMIT", ""),
     }  # fmt: skip
@@ -201,6 +213,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("low", low, args.low_gib, stopped + 1),
         ("straight_low", straight, args.low_gib, 1),
     ):
+        if not msgs:  # --no-straight
+            continue
         measured = _tokens_per_s(msgs, first)
         predicted = tokens / plans[g].predicted.step_seconds
         row[f"tokens_per_s_{name}"] = measured
@@ -223,6 +237,10 @@ def main() -> None:
     p.add_argument("--low-gib", type=float, default=12.0)
     p.add_argument("--host-gib", type=float, default=100.0)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument(
+        "--no-straight", action="store_true",
+        help="no run at the low point from start to end: tokens/s only, no weights check",
+    )  # fmt: skip
     p.add_argument("--out")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")

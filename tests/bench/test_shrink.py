@@ -16,7 +16,7 @@ from bench.shrink import run
 def test_a_job_shrunk_at_a_checkpoint_ends_with_the_straight_runs_weights() -> None:
     args = argparse.Namespace(
         layers=0, seq=32, global_batch=4, steps=6, checkpoint_every=2, high_gib=2.0,
-        low_gib=1.0, host_gib=2.0, device="cpu",
+        low_gib=1.0, host_gib=2.0, device="cpu", no_straight=False,
     )  # fmt: skip
     row = run(args)
     assert 2 <= row["shrunk_at_step"] < 6  # stopped mid-run, resumed at the low point

@@ -20,7 +20,7 @@ from wstrain.contracts.model_refs import PathModel
 from wstrain.contracts.plan import Plan, at_plan_budget
 from wstrain.contracts.spec import JobSpec
 from wstrain.worker.io.hf_load import stream_into
-from wstrain.worker.models.dense import initial_weights
+from wstrain.worker.models.initial import initial_weights
 from wstrain.worker.runtime.base import Runtime
 from wstrain.worker.runtime.distributed import ProcessGroup
 from wstrain.worker.runtime.resident import ResidentRuntime, RuntimeConfig

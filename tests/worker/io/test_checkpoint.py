@@ -14,6 +14,7 @@ from wstrain.contracts.model_dims import PRESETS
 from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.io import checkpoint
 from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
+from wstrain.worker.models.initial import init_model
 from wstrain.worker.runtime.optim import make_adamw
 
 
@@ -21,7 +22,7 @@ def _trained_and_saved(root: Path, steps: int, preset: str = "micro-llama"):  # 
     """A small model trained `steps` steps, and the checkpoint written of it."""
     dims = PRESETS[preset]
     model = LlamaModel(dims)
-    model.init_weights(seed=0)
+    init_model(model, dims, seed=0)
     opt, sched = make_adamw(model.parameters(), OptimizerSpec(lr=1e-2), 10)
     for _ in range(steps):
         tokens = torch.randint(0, dims.vocab_size, (2, 9))

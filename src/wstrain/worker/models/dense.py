@@ -11,8 +11,6 @@ OLMoE / Qwen3-MoE / Qwen2-MoE checkpoints name them on the Hub.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -341,12 +339,6 @@ class LlamaModel(nn.Module):
         self.model = Backbone(dims)
         self.lm_head = nn.Linear(dims.hidden_size, dims.vocab_size, bias=False)
 
-    def init_weights(self, seed: int, std: float = 0.02) -> None:
-        params = dict(self.named_parameters())
-        with torch.no_grad():
-            for name, value in initial_weights(self.dims, seed, std):
-                params[name].copy_(value)
-
     def forward(
         self,
         tokens: torch.Tensor,
@@ -365,24 +357,6 @@ class LlamaModel(nn.Module):
         for layer in self.model.layers:
             x = layer(x, cos, sin, router, mask)
         return self.lm_head(self.model.norm(x))
-
-
-def initial_weights(
-    dims: ModelDims, seed: int, std: float = 0.02
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """A new model's weights for `seed`, one fp32 tensor at a time under Hugging Face's
-    names, in parameter order: RMSNorm weights (layers, q/k, final) at one, the rest
-    N(0, std) from one generator. The working set writes them straight into its host
-    tiles, so no whole fp32 model is built beside its state (a 32 B model's would be 131
-    GB); `LlamaModel.init_weights` takes the same values."""
-    with torch.device("meta"):  # names and shapes only: no memory, no default init
-        shapes = [(n, p.shape) for n, p in LlamaModel(dims).named_parameters()]
-    gen = torch.Generator().manual_seed(seed)
-    for name, shape in shapes:
-        if name.endswith("norm.weight"):
-            yield name, torch.ones(shape)
-        else:
-            yield name, torch.randn(shape, generator=gen).mul_(std)
 
 
 def causal_lm_loss(

@@ -17,6 +17,7 @@ from wstrain.contracts.spec import OptimizerSpec
 from wstrain.contracts.step_shape import step_tokens
 from wstrain.worker.io.hf_load import stream_into
 from wstrain.worker.models.dense import LlamaModel, causal_lm_loss
+from wstrain.worker.models.initial import init_model
 from wstrain.worker.models.moe import RouterTotals
 from wstrain.worker.runtime.base import Batches, HostMemory
 from wstrain.worker.runtime.distributed import ProcessGroup, RankSlice
@@ -53,7 +54,7 @@ class ResidentRuntime:
         self.dims, self.cfg, self.opt_spec, self.group = dims, cfg, opt, group
         self.device = torch.device(cfg.device)
         model = LlamaModel(dims)
-        model.init_weights(cfg.seed)
+        init_model(model, dims, cfg.seed)
         self.model = model.to(device=self.device, dtype=PARAM_DTYPE[cfg.precision])
         self.optimizer, self.schedule = make_adamw(self.model.parameters(), opt, cfg.steps)
 

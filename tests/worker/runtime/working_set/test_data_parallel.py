@@ -25,7 +25,7 @@ from tests.ports import free_port
 from tests.worker.runtime.rank_data import GLOBAL_BATCH, OPT, SEQ, Pool, spawn_ranks
 from wstrain.contracts.model_dims import PRESETS, ModelDims
 from wstrain.worker.io import checkpoint
-from wstrain.worker.models.dense import LlamaModel
+from wstrain.worker.models.initial import initial_weights
 from wstrain.worker.runtime.distributed import ProcessGroup
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.node_share import NodeShare, shard_span
@@ -53,9 +53,7 @@ def build(
     share = NodeShare.create(group, shm) if group and group.local_world > 1 else None
     host = HostState.create(dims, precision, pin=False, share=share)
     if group is None or group.local_rank == 0:
-        init = LlamaModel(dims)
-        init.init_weights(5)
-        host.load_state_dict(init.state_dict())
+        host.load_tensors(initial_weights(dims, 5))
     if group is not None:
         group.barrier()  # every rank has mapped every tile, and the weights are in
         if share is not None:
