@@ -83,6 +83,21 @@ def test_without_a_disk_budget_the_refusal_says_what_disk_would_hold_the_rest() 
     assert "spill directory" in err.value.message
 
 
+def test_a_host_no_spill_rescues_is_told_the_host_that_does_with_every_layer_spilled() -> None:
+    """Weights, gradients and the embedding's and head's moments stay on the host: a budget
+    below them is refused with the host that holds the job with every layer on disk."""
+    with pytest.raises(InfeasibleBudget) as err:
+        make_plan(_spec(host_gib=20, disk_gib=40), DIMS, NODE)
+    message = err.value.message
+    assert "the disk tier cannot make up the difference" in message, message
+    host = float(message.rsplit("host_gib=", 1)[1].split(" ")[0])
+    disk = float(message.split("budget.disk_gib >= ")[1].split(")")[0])
+    assert 20 < host < err.value.min_budget["host_gib"]
+    plan = make_plan(_spec(host_gib=host, disk_gib=disk), DIMS, NODE)  # that host does
+    assert plan.working_set is not None and plan.working_set.spilled_layers > 0
+    assert plan.predicted.peak_host_bytes <= host * GIB
+
+
 def test_a_refusal_with_disk_enough_does_not_ask_for_the_disk_it_has() -> None:
     budget = {"device_gib": 1, "host_gib": 34, "disk_gib": 40}
     tight = JobSpec.model_validate({**_spec(34).model_dump(), "budget": budget})

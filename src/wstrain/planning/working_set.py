@@ -236,6 +236,8 @@ def _infeasible(
     )
     host_short = need.host_gib > spec.budget.host_gib
     advice, need.disk_gib, disk_short = _disk_advice(spec, dims, node, device, host_short)
+    if host_short and not advice and spec.gpus * spec.nodes == 1:
+        advice = _all_spilled_advice(spec, dims, need.host_gib)
     overlap = (
         " with overrides.overlap=true (two rounds in flight: their transitions and copies on "
         "the device, their saved sets on the host); drop overlap, or raise the budget past"
@@ -248,6 +250,20 @@ def _infeasible(
         f"device_gib={need.device_gib}, host_gib={need.host_gib}{advice}",
         min_budget=need.model_dump(),
         **({"field": "budget.disk_gib"} if disk_short else {}),
+    )
+
+
+def _all_spilled_advice(spec: JobSpec, dims: ModelDims, host_gib: float) -> str:
+    """For a host budget that spilling every layer's moments would not rescue: a host
+    budget that does with them all on disk (`host_gib`, the advice without the tier, less
+    what they free: the planner may fit a little less), and the disk that takes them."""
+    L = dims.num_layers
+    host = host_gib - sp.host_saved_bytes(dims, spec.precision, L) / GIB
+    disk = sp.disk_bytes(dims, spec.precision, L) / GIB
+    return (
+        f"; the disk tier cannot make up the difference: with all {L} layers' AdamW moments "
+        f"on disk (budget.disk_gib >= {math.ceil(disk * 100) / 100:g}), "
+        f"host_gib={math.ceil(host * 100) / 100:g} holds it"
     )
 
 
