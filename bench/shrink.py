@@ -170,30 +170,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plans = {g: make_plan(s, dims, node) for g, s in at.items()}
     tokens = args.global_batch * args.seq
     root = Path(tempfile.mkdtemp(prefix="bench-shrink-"))
-    # at the high point until its first checkpoint and a SIGTERM, then at the low one
-    shrunk_dir = _job_dir(root, "shrunk", at[args.high_gib], plans[args.high_gib])
-    code, high = _worker(shrunk_dir, True, "high")
-    assert code == WorkerExit.cancelled, f"the high part exited {code}, not stopped (3)"
-    stopped = max(m.step or 0 for m in high if m.kind == "checkpoint")
-    _job_dir(root, "shrunk", at[args.low_gib], plans[args.low_gib])
-    code, low = _worker(shrunk_dir, False, "low")
-    assert code == WorkerExit.succeeded, f"the low part exited {code}"
     straight: list[WorkerMessage] = []
     err = None
-    if not args.no_straight:
-        _keep_weights_only(shrunk_dir)
-        # the same job at the low point from start to end, checkpointed at its end only:
-        # the cadence moves no bytes of the math, and the disk then holds one checkpoint
-        # beside the shrunk run's weights (8B dims at 16 layers: 27 GB a checkpoint, 9 GB of
-        # weights, on the GPU machine's 64 GiB disk, where a periodic one beside them
-        # filled it)
-        once = at[args.low_gib].model_copy(update={"checkpoint_every": 0})
-        straight_dir = _job_dir(root, "straight", once, plans[args.low_gib])
-        code, straight = _worker(straight_dir, False, "straight")
-        assert code == WorkerExit.succeeded, f"straight run exited {code}"
-        a, b = _weights(shrunk_dir), _weights(straight_dir)
-        err = max(float((a[k].float() - b[k].float()).norm() / b[k].float().norm()) for k in b)
-    shutil.rmtree(root)  # 8B-dim checkpoints are ~17 GB each; the GPU machine's disk is 64 GiB
+    try:
+        # at the high point until its first checkpoint and a SIGTERM, then at the low one
+        shrunk_dir = _job_dir(root, "shrunk", at[args.high_gib], plans[args.high_gib])
+        code, high = _worker(shrunk_dir, True, "high")
+        assert code == WorkerExit.cancelled, f"the high part exited {code}, not stopped (3)"
+        stopped = max(m.step or 0 for m in high if m.kind == "checkpoint")
+        _job_dir(root, "shrunk", at[args.low_gib], plans[args.low_gib])
+        code, low = _worker(shrunk_dir, False, "low")
+        assert code == WorkerExit.succeeded, f"the low part exited {code}"
+        if not args.no_straight:
+            _keep_weights_only(shrunk_dir)
+            # the same job at the low point from start to end, checkpointed at its end only:
+            # the cadence moves no bytes of the math, and the disk then holds one checkpoint
+            # beside the shrunk run's weights (8B dims at 16 layers: 27 GB a checkpoint, 9 GB of
+            # weights, on the GPU machine's 64 GiB disk, where a periodic one beside them
+            # filled it)
+            once = at[args.low_gib].model_copy(update={"checkpoint_every": 0})
+            straight_dir = _job_dir(root, "straight", once, plans[args.low_gib])
+            code, straight = _worker(straight_dir, False, "straight")
+            assert code == WorkerExit.succeeded, f"straight run exited {code}"
+            a, b = _weights(shrunk_dir), _weights(straight_dir)
+            err = max(float((a[k].float() - b[k].float()).norm() / b[k].float().norm()) for k in b)
+    finally:  # checkpoints of 9-27 GB on the GPU machine's 64 GiB disk
+        shutil.rmtree(root, ignore_errors=True)
     row: dict[str, Any] = {
         "bench": "shrink",
         "device": args.device,

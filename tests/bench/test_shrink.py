@@ -29,3 +29,14 @@ def test_a_job_shrunk_at_a_checkpoint_ends_with_the_straight_runs_weights() -> N
         assert set(row[f"stalls_s_{part}"]) >= {"optimizer", "weights"}, row[f"stalls_s_{part}"]
         assert all(s >= 0 for s in row[f"stalls_s_{part}"].values())
         assert row[f"predicted_{part}"]["step_seconds"] > 0
+
+
+def test_no_straight_runs_the_two_parts_only() -> None:
+    args = argparse.Namespace(
+        layers=0, seq=32, global_batch=4, steps=6, checkpoint_every=2, high_gib=2.0,
+        low_gib=1.0, host_gib=2.0, device="cpu", no_straight=True,
+    )  # fmt: skip
+    row = run(args)
+    assert row["weights_rel_err_max"] is None and row["straight_final_loss"] is None
+    assert "tokens_per_s_straight_low" not in row
+    assert row["shrunk_at_step"] >= 2 and row["predicted_low"]["step_seconds"] > 0

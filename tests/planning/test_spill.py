@@ -98,6 +98,23 @@ def test_a_host_no_spill_rescues_is_told_the_host_that_does_with_every_layer_spi
     assert plan.predicted.peak_host_bytes <= host * GIB
 
 
+def test_no_disk_advice_where_the_planner_would_not_spill() -> None:
+    """The device optimizer streams the moments (no spill), and a node without a spill
+    directory spills nothing: neither refusal offers a host the planner would refuse."""
+    device_opt = JobSpec.model_validate(
+        {
+            **_spec(20, 40).model_dump(),
+            "overrides": {"runtime": "working_set", "optimizer": "device"},
+        }
+    )
+    with pytest.raises(InfeasibleBudget) as err:
+        make_plan(device_opt, DIMS, NODE)
+    assert "holds it" not in err.value.message and "holds the" not in err.value.message
+    with pytest.raises(InfeasibleBudget) as err:
+        make_plan(_spec(host_gib=20, disk_gib=40), DIMS, H200)  # no spill directory
+    assert "holds it on a node with a spill directory" in err.value.message, err.value.message
+
+
 def test_a_refusal_with_disk_enough_does_not_ask_for_the_disk_it_has() -> None:
     budget = {"device_gib": 1, "host_gib": 34, "disk_gib": 40}
     tight = JobSpec.model_validate({**_spec(34).model_dump(), "budget": budget})

@@ -61,6 +61,8 @@ from wstrain.contracts.model_dims import resolve_dims
 from wstrain.contracts.spec import JobSpec
 from wstrain.planning.planner import make_plan
 from wstrain.worker.build import build_runtime
+from wstrain.worker.models import initial
+initial.AHEAD_BYTES = 32 << 20  # drawn ahead of the copy: 1 GiB would be this whole model
 spec = JobSpec.model_validate_json(sys.argv[1])
 dims = resolve_dims(spec.model)
 plan = make_plan(spec, dims, DEFAULT_PROFILE)

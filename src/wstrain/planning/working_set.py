@@ -197,9 +197,7 @@ def _spill_counts(
 ) -> list[int]:
     """The spill counts to search: none without a disk budget, a spill directory on the
     node (its profiled rates) or on several ranks (each would stream its span: not built)."""
-    if not spec.budget.disk_bytes or node.disk_read_bytes_per_s <= 0 or spec.gpus > 1:
-        return []
-    if spec.nodes > 1 or spec.overrides.optimizer == "device":
+    if not spec.budget.disk_bytes or node.disk_read_bytes_per_s <= 0 or not _may_spill(spec):
         return []
     most = sp.most_spilled(dims, spec.precision, spec.budget.disk_bytes)
     over = max(1, _host_over_bytes(spec, dims, device))  # a plan failed: spill one at least
@@ -236,8 +234,8 @@ def _infeasible(
     )
     host_short = need.host_gib > spec.budget.host_gib
     advice, need.disk_gib, disk_short = _disk_advice(spec, dims, node, device, host_short)
-    if host_short and not advice and spec.gpus * spec.nodes == 1:
-        advice = _all_spilled_advice(spec, dims, need.host_gib)
+    if host_short and not advice and _may_spill(spec):
+        advice = _all_spilled_advice(spec, dims, node, need.host_gib)
     overlap = (
         " with overrides.overlap=true (two rounds in flight: their transitions and copies on "
         "the device, their saved sets on the host); drop overlap, or raise the budget past"
@@ -253,7 +251,16 @@ def _infeasible(
     )
 
 
-def _all_spilled_advice(spec: JobSpec, dims: ModelDims, host_gib: float) -> str:
+NO_DIR = " (the agent's WSTRAIN_SPILL_DIR; this node has none)"
+
+
+def _may_spill(spec: JobSpec) -> bool:
+    """Whether the disk tier could take this job's moments on some node: one rank, the
+    host updating the spilled layers (the device optimizer streams the moments instead)."""
+    return spec.gpus * spec.nodes == 1 and spec.overrides.optimizer != "device"
+
+
+def _all_spilled_advice(spec: JobSpec, dims: ModelDims, node: NodeProfile, host_gib: float) -> str:
     """For a host budget that spilling every layer's moments would not rescue: a host
     budget that does with them all on disk (`host_gib`, the advice without the tier, less
     what they free: the planner may fit a little less), and the disk that takes them."""
@@ -264,6 +271,7 @@ def _all_spilled_advice(spec: JobSpec, dims: ModelDims, host_gib: float) -> str:
         f"; the disk tier cannot make up the difference: with all {L} layers' AdamW moments "
         f"on disk (budget.disk_gib >= {math.ceil(disk * 100) / 100:g}), "
         f"host_gib={math.ceil(host * 100) / 100:g} holds it"
+        + ("" if node.disk_read_bytes_per_s > 0 else f" on a node with a spill directory{NO_DIR}")
     )
 
 
@@ -281,6 +289,13 @@ def _disk_advice(
     need_gib = math.ceil(need / GIB * 100) / 100
     if spec.gpus * spec.nodes > 1:
         return "; the disk tier (budget.disk_gib) runs one-GPU jobs only", 0.0, False
+    if not _may_spill(spec):
+        return (
+            "; the disk tier (budget.disk_gib) needs the host optimizer: drop "
+            "overrides.optimizer=device",
+            0.0,
+            False,
+        )
     if 0 < spec.budget.disk_bytes < need:
         return (
             f"; budget.disk_gib={spec.budget.disk_gib:g} is too small for the {least} layers' "
@@ -290,8 +305,7 @@ def _disk_advice(
         )
     if node.disk_read_bytes_per_s <= 0:
         return (
-            f"; or budget.disk_gib >= {need_gib:g} on a node with a spill directory "
-            "(the agent's WSTRAIN_SPILL_DIR; this node has none)",
+            f"; or budget.disk_gib >= {need_gib:g} on a node with a spill directory{NO_DIR}",
             need_gib,
             False,
         )

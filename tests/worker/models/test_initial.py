@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 from wstrain.contracts.model_dims import PRESETS
+from wstrain.worker.models import initial
 from wstrain.worker.models.dense import LlamaModel
 from wstrain.worker.models.initial import BLOCK_NUMEL, init_model, initial_weights
 
 
-def test_the_values_are_the_seeds_whatever_the_threads() -> None:
+def test_the_values_are_the_seeds_whatever_the_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(initial, "BLOCK_NUMEL", 1000)  # every large tensor several blocks
+    monkeypatch.setattr(initial, "AHEAD_BYTES", 1 << 16)  # and several tensors ahead
     dims = PRESETS["tiny-olmoe"]
     one = dict(initial_weights(dims, 3, threads=1))
     many = dict(initial_weights(dims, 3, threads=4))

@@ -98,12 +98,13 @@ def save(
         short = code is None and free_bytes >= FULL_DISK_BYTES and SHORT_WRITE in str(exc)
         if code is None and (free_bytes < FULL_DISK_BYTES or short):
             code = errno.ENOSPC
+        quota = code == errno.EDQUOT  # a disk quota: the same fix as a full disk
         shutil.rmtree(tmp, ignore_errors=True)
         pointer.unlink(missing_ok=True)
         previous = latest(root)
         if final.exists() and previous != final:  # renamed, but `latest` not moved to it
             shutil.rmtree(final, ignore_errors=True)
-        if isinstance(exc, RuntimeError) and code != errno.ENOSPC:
+        if isinstance(exc, RuntimeError) and code != errno.ENOSPC and not quota:
             raise  # not the disk: a bug, as it was
         # torch's writer leaves its file open in the failed call's frames, which the error
         # keeps: the deleted file would hold its blocks until the error is gone
@@ -114,15 +115,16 @@ def save(
             traceback.clear_frames(chained.__traceback__)
             chained = chained.__cause__ or chained.__context__
         kept = f"{previous} stays valid" if previous else "there is no earlier checkpoint"
-        if code == errno.ENOSPC:
+        if code == errno.ENOSPC or quota:
             space = (
                 f"{root}: {free_bytes} of {_total_bytes(root)} bytes free; this checkpoint "
                 f"takes about {_checkpoint_bytes(tensors, extra)} bytes"
             )
             what = f"no space left on device ({space})"
-            if short:
+            if quota:
+                what = f"disk quota exceeded ({space})"
+            elif short:
                 what = f"the file system took only part of a write: a full disk or quota ({space})"
-
             fix = (
                 "Free space on that file system (or give the state dir a larger one), or "
                 "lower keep_checkpoints, then resume the job"

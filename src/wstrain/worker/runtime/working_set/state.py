@@ -225,7 +225,7 @@ class HostState:
     def weight_views(self) -> dict[str, torch.Tensor]:
         """Weight views under Hugging Face parameter names (no copies): in mixed precision
         the fp32 master, so a checkpoint keeps full precision. Write them only through
-        load_state_dict or stream_from, which also round them into the bf16 tiles."""
+        load_state_dict, load_tensors or stream_from, which also round them into the bf16 tiles."""
         return self._named_views()
 
     def named_grads(self) -> dict[str, torch.Tensor]:
@@ -236,8 +236,8 @@ class HostState:
         self.load_tensors(tensors.items())
 
     def load_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Every weight, (HF name, tensor) pairs taken one at a time: a stream never holds
-        more than its current tensor beside the tiles."""
+        """Every weight, (HF name, tensor) pairs taken one at a time: a stream holds only
+        the tensors its producer draws ahead beside the tiles (worker/models/initial.py)."""
         views = self._named_views()
         seen = set()
         with torch.no_grad():
