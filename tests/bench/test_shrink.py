@@ -13,12 +13,15 @@ import argparse
 from bench.shrink import run
 
 
-def test_a_job_shrunk_at_a_checkpoint_ends_with_the_straight_runs_weights() -> None:
-    args = argparse.Namespace(
+def _cpu_args(no_straight: bool) -> argparse.Namespace:
+    return argparse.Namespace(
         layers=0, seq=32, global_batch=4, steps=6, checkpoint_every=2, high_gib=2.0,
-        low_gib=1.0, host_gib=2.0, device="cpu", no_straight=False,
+        low_gib=1.0, host_gib=2.0, device="cpu", no_straight=no_straight,
     )  # fmt: skip
-    row = run(args)
+
+
+def test_a_job_shrunk_at_a_checkpoint_ends_with_the_straight_runs_weights() -> None:
+    row = run(_cpu_args(no_straight=False))
     assert 2 <= row["shrunk_at_step"] < 6  # stopped mid-run, resumed at the low point
     assert row["weights_rel_err_max"] < 1e-5
     assert abs(row["final_loss"] - row["straight_final_loss"]) < 1e-5 * row["straight_final_loss"]
@@ -32,11 +35,7 @@ def test_a_job_shrunk_at_a_checkpoint_ends_with_the_straight_runs_weights() -> N
 
 
 def test_no_straight_runs_the_two_parts_only() -> None:
-    args = argparse.Namespace(
-        layers=0, seq=32, global_batch=4, steps=6, checkpoint_every=2, high_gib=2.0,
-        low_gib=1.0, host_gib=2.0, device="cpu", no_straight=True,
-    )  # fmt: skip
-    row = run(args)
+    row = run(_cpu_args(no_straight=True))
     assert row["weights_rel_err_max"] is None and row["straight_final_loss"] is None
     assert "tokens_per_s_straight_low" not in row
     assert row["shrunk_at_step"] >= 2 and row["predicted_low"]["step_seconds"] > 0
