@@ -142,7 +142,10 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_gib": rss_bytes / GIB,
         "disk_gib": disk_bytes / GIB,
         **disk_rates,
-        "stalls_s": {k: v / len(timed) for k, v in res["stalls"].items()},
+        "stalls_s": {  # a timed step's (res["stalls"] sums every step past the first)
+            k: sum(s.get(k, 0.0) for s in res["stalls_by_step"][WARMUP_STEPS:]) / len(timed)
+            for k in res["stalls"]
+        },
         "predicted_optimizer_seconds": plan.predicted.optimizer_seconds,
         "budget_violations": violations,
         "plan": res["plan"],  # with the node profile it was planned on: re-plan it anywhere

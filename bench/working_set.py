@@ -132,12 +132,14 @@ def run_plan(
     )
     data = RandomTokens(dims.vocab_size, spec.seq_len, "cuda", document_tokens=document_tokens)
     stalls: dict[str, float] = {}
+    stalls_by_step: list[dict[str, float]] = []  # every step's, warm-up included
     on_demand_bytes = 0  # over the timed steps
     gc.freeze()  # as worker/main.py does once the runtime is built
 
     def step(i: int) -> None:
         nonlocal on_demand_bytes
         stats = rt.train_step(data, i)
+        stalls_by_step.append(dict(stats.stall_s))
         if i > 0 or steps == 1:  # the timed steps' (`--steps 1`: the one, warm-up included)
             for k, v in stats.stall_s.items():
                 stalls[k] = stalls.get(k, 0.0) + v
@@ -192,6 +194,7 @@ def run_plan(
     return {
         "times": times,
         "stalls": stalls,
+        "stalls_by_step": stalls_by_step,
         "on_demand_bytes": on_demand_bytes,
         "arena_gib": host.arena.total_bytes / GIB,
         "pss_bytes": pss,
