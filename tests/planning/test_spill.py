@@ -145,6 +145,19 @@ def test_the_disk_paces_the_update_and_a_faster_disk_predicts_a_faster_step() ->
     )
 
 
+def test_the_rate_both_ways_in_the_spills_order_paces_a_record_where_measured() -> None:
+    record = sp.spill_record_bytes(DIMS, "bf16")
+    apart = sp.spill_io_seconds(DIMS, "bf16", NODE)
+    assert apart == pytest.approx((record / 1.1e9, record / 1.3e9))
+    both = replace(NODE, disk_both_bytes_per_s=1.5e9)  # more than either direction alone
+    read_s, write_s = sp.spill_io_seconds(DIMS, "bf16", both)
+    assert read_s + write_s == pytest.approx(2 * record / 1.5e9)
+    assert read_s / write_s == pytest.approx(1.3 / 1.1)  # each direction keeps its share
+    spec = _spec(host_gib=34, disk_gib=40)
+    apart_s, both_s = (make_plan(spec, DIMS, n).predicted.optimizer_seconds for n in (NODE, both))
+    assert apart_s is not None and both_s is not None and both_s < apart_s
+
+
 def test_update_ends_follow_the_slower_of_the_cpu_and_the_disk() -> None:
     # CPU-bound: reads ahead keep the update at the CPU's pace after the first read
     ends = sp.spilled_update_ends(0.0, 6, layer_s=1.0, read_s=0.1, write_s=0.1)

@@ -99,19 +99,21 @@ async def spill_space(spill_dir: Path, profile: dict[str, float]) -> int:
     removed, free = await asyncio.to_thread(sweep)
     log.info(
         "spill directory %s: %.3g GiB free (%d jobs' leftovers removed), read %.3g GB/s, "
-        "write %.3g GB/s",
+        "write %.3g GB/s, both ways in the spill's order %.3g GB/s",
         spill_dir,
         free / GIB,
         removed,
         profile.get("disk_read_bytes_per_s", 0.0) / 1e9,
         profile.get("disk_write_bytes_per_s", 0.0) / 1e9,
+        profile.get("disk_both_bytes_per_s", 0.0) / 1e9,
     )
     return free
 
 
 async def _disk_rates(spill_dir: Path) -> dict[str, float]:
-    """disk_read_bytes_per_s and disk_write_bytes_per_s of `spill_dir`, measured in a child
-    (worker/profile/disk.py: direct I/O, a few hundred MiB written, read and removed)."""
+    """disk_read_bytes_per_s, disk_write_bytes_per_s and disk_both_bytes_per_s of
+    `spill_dir`, measured in a child (worker/profile/disk.py: direct I/O, a few hundred MiB
+    written, read, moved both ways and removed)."""
     spill_dir.mkdir(parents=True, exist_ok=True)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

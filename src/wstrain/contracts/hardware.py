@@ -72,9 +72,15 @@ class NodeProfile:
     document_span: int = 0
     # the agent's spill directory (the disk tier, WorkingSetPlan.spilled_layers), measured in
     # the node profile with direct I/O in 16 MiB blocks: each direction alone, bytes/s; 0: no
-    # spill directory, so no plan spills. The lent H200's virtio disk: 1.6 read, 2.2 write GB/s
+    # spill directory, so no plan spills. The lent H200's virtio disk: 1.5-2.2 read, 1.7-2.4
+    # write GB/s, one machine to the next
     disk_read_bytes_per_s: float = 0.0
     disk_write_bytes_per_s: float = 0.0
+    # bytes/s moved both ways together in the spill's own order (two slots, each record's
+    # read chained after the write that frees its slot, worker/profile/disk.py): what a step
+    # gets. The H200's disk above: 2.25-2.30 GB/s, where each direction alone at its rate
+    # gives 2.1 (a record 8% slower). 0: not measured (the directions at their own rates)
+    disk_both_bytes_per_s: float = 0.0
 
     @classmethod
     def from_profile(
@@ -110,6 +116,7 @@ class NodeProfile:
             d2h_by_gpus=points("d2h_bytes_per_s."),
             disk_read_bytes_per_s=profile.get("disk_read_bytes_per_s", 0.0),
             disk_write_bytes_per_s=profile.get("disk_write_bytes_per_s", 0.0),
+            disk_both_bytes_per_s=profile.get("disk_both_bytes_per_s", 0.0),
         )
 
     def with_layer(self, layer: LayerTimes | None) -> NodeProfile:

@@ -150,7 +150,13 @@ def _disk(spec: JobSpec, dims: ModelDims, node: NodeProfile, lay: mm.Layout) -> 
         f"disk_gib={spec.budget.disk_gib:g}): of the spill counts that leave the host room, "
         f"the fastest; each read in {read_s:.3g} s and written back in "
         f"{write_s:.3g} s at the profiled {node.disk_read_bytes_per_s / 1e9:.3g} and "
-        f"{node.disk_write_bytes_per_s / 1e9:.3g} GB/s beside the host update"
+        f"{node.disk_write_bytes_per_s / 1e9:.3g} GB/s"
+        + (
+            f" ({node.disk_both_bytes_per_s / 1e9:.3g} GB/s both ways in the spill's order)"
+            if node.disk_both_bytes_per_s
+            else ""
+        )
+        + " beside the host update"
     )
 
 

@@ -1,7 +1,7 @@
-"""worker/profile/disk.py: the spill directory's read and write rates, over direct I/O and
-the buffered fallback, leave nothing behind; `python -m wstrain.worker.profile.node
---spill-dir DIR` adds them to the profile it prints, measured again on a cached profile
-(the directory is no part of the cache key).
+"""worker/profile/disk.py: the spill directory's read and write rates, and both ways in the
+spill's order, over direct I/O and the buffered fallback, leave nothing behind; `python -m
+wstrain.worker.profile.node --spill-dir DIR` adds them to the profile it prints, measured
+again on a cached profile (the directory is no part of the cache key).
 
     pytest tests/worker/profile/test_disk.py
 """
@@ -19,7 +19,7 @@ from wstrain.contracts.calibration import MIB
 from wstrain.contracts.hardware import NodeProfile
 from wstrain.worker.profile.disk import disk_bandwidth
 
-KEYS = {"disk_read_bytes_per_s", "disk_write_bytes_per_s"}
+KEYS = {"disk_read_bytes_per_s", "disk_write_bytes_per_s", "disk_both_bytes_per_s"}
 
 
 @pytest.mark.parametrize("buffered", [False, True], ids=["direct", "buffered"])
@@ -50,3 +50,4 @@ def test_the_node_profile_measures_the_spill_dir_each_time(tmp_path: Path) -> No
     measured = {k: v for k, v in found.items() if isinstance(v, float)}
     node = NodeProfile.from_profile("cpu", measured, 1 << 30, 1 << 30)
     assert node.disk_read_bytes_per_s == found["disk_read_bytes_per_s"] > 0
+    assert node.disk_both_bytes_per_s == found["disk_both_bytes_per_s"] > 0
