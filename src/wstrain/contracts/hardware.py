@@ -78,8 +78,8 @@ class NodeProfile:
     disk_write_bytes_per_s: float = 0.0
     # bytes/s moved both ways together in the spill's own order (two slots, each record's
     # read chained after the write that frees its slot, worker/profile/disk.py): what a step
-    # gets. The H200's disk above: 2.25-2.30 GB/s, where each direction alone at its rate
-    # gives 2.1 (a record 8% slower). 0: not measured (the directions at their own rates)
+    # gets. Lent H200s' disks: 2.25-2.30 GB/s where the directions apart give 2.1 on one,
+    # 2.20 against 2.25 on another. 0: not measured (the directions at their own rates)
     disk_both_bytes_per_s: float = 0.0
 
     @classmethod

@@ -91,7 +91,8 @@ def spill_io_seconds(dims: ModelDims, precision: str, node: NodeProfile) -> tupl
     """(read, write) seconds of one layer's moments at the node's disk rates: each direction
     at its own rate, both scaled so that a read and a write together take what the disk
     measured moving both ways in the spill's order (disk_both_bytes_per_s), where it was
-    measured (a read overlaps the other slot's write: 8% faster on the H200's disk)."""
+    measured (a read overlaps the other slot's write: 8% faster on one lent H200's disk,
+    2% slower on another)."""
     record = spill_record_bytes(dims, precision)
     read_s, write_s = record / node.disk_read_bytes_per_s, record / node.disk_write_bytes_per_s
     if node.disk_both_bytes_per_s > 0:

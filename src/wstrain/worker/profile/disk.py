@@ -3,9 +3,10 @@ NodeProfile.disk_read_bytes_per_s / disk_write_bytes_per_s / disk_both_bytes_per
 file written, then read, as the disk tier moves a spilled layer's moments
 (working_set/spill.py): direct I/O where the file system takes it, SPILL_IO_BLOCK_BYTES
 blocks on SPILL_IO_THREADS threads; then its records read and written back in the spill's
-own order (two slots, each read chained after the write that frees its slot), which moves
-more a second than the two directions apart (2.25-2.30 GB/s both ways on the lent H200's
-disk, against 2.1 at its separate rates); removed after.
+own order (two slots, each read chained after the write that frees its slot), which is what
+a step gets and can differ from the two directions apart (lent H200s' disks: 2.25-2.30 GB/s
+both ways on one, against 2.1 at its separate rates; 2.20 against 2.25 on another);
+removed after.
 
     disk_bandwidth(Path("/nvme/spill"))   # {"disk_read_bytes_per_s": ..., "disk_write_...": ...}
     python -m wstrain.worker.profile.disk --dir /nvme/spill   # the same, as JSON (the agent)
