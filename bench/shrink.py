@@ -16,6 +16,18 @@ differently), with each part's stalls a step beside the planner's breakdown.
 `--no-straight` leaves out the straight run (tokens/s only). `--device cpu` runs it on the
 CPU (fp32), a smoke of the same path.
 
+`--second-layers N`: a second ranged job (N layers, the same range, `--second-host-gib`)
+arrives while this one runs at its max on a GPU the policy packs to `--gpu-gib` (default high
++ low / 2: room for both at their mins only). The queue's policy (policy/budgets.py
+shrink_to_free) decides: it shrinks this job to its min (the row's `policy_shrink`; a
+preemption fails the run). After the stop, the shrunk job and the second one run on the
+GPU at once, each planned at half of it as the agent plans a packed job; the low part's
+prediction is that shared plan's. On one H200 (128 GiB host: budgets 80 + 24 GiB):
+
+    python -m bench.shrink --layers 16 --second-layers 4 --second-host-gib 24 --seq 8192 \
+        --global-batch 8 --steps 7 --checkpoint-every 3 --high-gib 24 --low-gib 12 \
+        --host-gib 80 --no-straight --out X.json
+
 Time on one H200 at 16 layers (4.5 B parameters), `--steps 7 --checkpoint-every 3
 --no-straight`: 334 s, of which the two workers' starts took 30 and 43 s (the second loads
 the checkpoint) and each 27 GB checkpoint 25-46 s. The straight run adds a third worker and
@@ -27,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -35,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,35 +57,43 @@ from safetensors.torch import load_file
 
 from bench.specs import llama_spec
 from bench.working_set import measured_node
+from wstrain.contracts.calibration import GIB
 from wstrain.contracts.hardware import DEFAULT_PROFILE
 from wstrain.contracts.jobs import WorkerExit, WorkerMessage
 from wstrain.contracts.model_dims import resolve_dims
 from wstrain.contracts.plan import Plan
 from wstrain.contracts.spec import JobSpec
 from wstrain.planning.planner import make_plan
+from wstrain.policy import BudgetPoint
+from wstrain.policy.budgets import RangedJob, shrink_to_free
 from wstrain.worker.io import checkpoint
 
 log = logging.getLogger("bench.shrink")
 
 
-def _ranged(args: argparse.Namespace) -> JobSpec:
-    """The ranged job on the working set: Llama-3-8B dims at `--layers` in bf16, device
-    budget low..high; on the CPU the micro Llama in fp32 (a smoke of the same path)."""
+def _ranged(
+    args: argparse.Namespace, name: str = "shrink", layers: int = 0, steps: int = 0,
+    host_gib: float = 0.0,
+) -> JobSpec:  # fmt: skip
+    """A ranged job on the working set: Llama-3-8B dims at `layers` (default --layers) in
+    bf16, device budget low..high; on the CPU the micro Llama in fp32 (a smoke of the same
+    path)."""
     overrides = {"runtime": "working_set", "device": args.device}
+    steps, host_gib = steps or args.steps, host_gib or args.host_gib
     if args.device == "cuda":
         raw = llama_spec(
-            "shrink", args.layers, args.seq, args.global_batch, args.steps, args.high_gib,
-            args.host_gib, overrides,
+            name, layers or args.layers, args.seq, args.global_batch, steps, args.high_gib,
+            host_gib, overrides,
         ).model_dump(mode="json", exclude_none=True)  # fmt: skip
     else:
         raw = {
-            "name": "shrink", "model": {"preset": "micro-llama"}, "data": {"kind": "synthetic"},
-            "seq_len": args.seq, "global_batch": args.global_batch, "steps": args.steps,
+            "name": name, "model": {"preset": "micro-llama"}, "data": {"kind": "synthetic"},
+            "seq_len": args.seq, "global_batch": args.global_batch, "steps": steps,
             "precision": "fp32", "overrides": overrides,
         }  # fmt: skip
     raw["budget"] = {
         "device_gib": {"min": args.low_gib, "max": args.high_gib},
-        "host_gib": args.host_gib,
+        "host_gib": host_gib,
     }
     raw["checkpoint_every"] = args.checkpoint_every
     raw["keep_checkpoints"] = 1  # 8B dims at 8 layers: ~17 GB a checkpoint, on a 64 GiB disk
@@ -161,24 +183,82 @@ def _keep_weights_only(job_dir: Path) -> None:
             f.unlink()
 
 
+def _policy_shrink(args: argparse.Namespace, plans: dict[str, Plan]) -> str:
+    """What the queue's policy does when the second job arrives at its min on a GPU of
+    --gpu-gib held by this job at its max (policy/budgets.py shrink_to_free, as
+    agent/scheduling.py asks it): the move it makes, which must be this job to its min
+    (None would mean a preemption)."""
+    tokens = args.global_batch * args.seq
+
+    def point(gib: float, plan: Plan) -> BudgetPoint:
+        return BudgetPoint(
+            int(gib * GIB), int(args.host_gib * GIB), tokens / plan.predicted.step_seconds
+        )
+
+    job = RangedJob(
+        "shrunk", 1.0, (point(args.low_gib, plans["low"]), point(args.high_gib, plans["high"]))
+    )
+    free_bytes = int((args.gpu_gib - args.high_gib) * GIB)
+    moves = shrink_to_free([(job, 1)], int(args.low_gib * GIB) - free_bytes, 0)
+    assert moves and moves[0].to == job.points[0], f"the policy did not shrink the job: {moves}"
+    return (
+        f"{args.high_gib:g} -> {args.low_gib:g} GiB, freeing {moves[0].freed_device_bytes / GIB:g}"
+        f" GiB for the second job's {args.low_gib:g} on a {args.gpu_gib:g} GiB GPU"
+    )
+
+
+def _both(parts: list[tuple[Path, str]]) -> list[tuple[int, list[WorkerMessage]]]:
+    """Workers of these job dirs at once, to their ends (two jobs sharing the GPU)."""
+    with ThreadPoolExecutor(len(parts)) as pool:
+        return list(pool.map(lambda p: _worker(p[0], False, p[1]), parts))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     spec = _ranged(args)
     dims = resolve_dims(spec.model)
     node = measured_node() if args.device == "cuda" else DEFAULT_PROFILE
-    at = {g: spec.choosing(g, args.host_gib) for g in (args.high_gib, args.low_gib)}
-    plans = {g: make_plan(s, dims, node) for g, s in at.items()}
+    at = {"high": spec.choosing(args.high_gib, args.host_gib)}
+    at["low"] = spec.choosing(args.low_gib, args.host_gib)
+    plans = {name: make_plan(s, dims, node) for name, s in at.items()}
+    # after the shrink, with a second job, the GPU is shared: each planned at half of it,
+    # as the agent plans a packed job (agent/launch.py, NodeProfile.shared_by)
+    shared = node.shared_by(2) if args.second_layers else node
+    low_plan = make_plan(at["low"], dims, shared)
     tokens = args.global_batch * args.seq
     root = Path(tempfile.mkdtemp(prefix="bench-shrink-"))
     straight: list[WorkerMessage] = []
+    second: list[WorkerMessage] = []
+    row: dict[str, Any] = {}
     err = None
     try:
+        if args.second_layers:
+            row["policy_shrink"] = _policy_shrink(args, plans)
         # at the high point until its first checkpoint and a SIGTERM, then at the low one
-        shrunk_dir = _job_dir(root, "shrunk", at[args.high_gib], plans[args.high_gib])
+        shrunk_dir = _job_dir(root, "shrunk", at["high"], plans["high"])
         code, high = _worker(shrunk_dir, True, "high")
         assert code == WorkerExit.cancelled, f"the high part exited {code}, not stopped (3)"
         stopped = max(m.step or 0 for m in high if m.kind == "checkpoint")
-        _job_dir(root, "shrunk", at[args.low_gib], plans[args.low_gib])
-        code, low = _worker(shrunk_dir, False, "low")
+        _job_dir(root, "shrunk", at["low"], low_plan)
+        if args.second_layers:
+            # the second job, at its min beside the shrunk one, runs at least as long (its
+            # steps from the plans' predictions, with 50% to spare), so every step of the
+            # shrunk job's low part is measured sharing the GPU
+            low_s = (args.steps - stopped) * low_plan.predicted.step_seconds
+            probe = _ranged(args, "second", args.second_layers, 1, args.second_host_gib)
+            b_spec = probe.choosing(args.low_gib, args.second_host_gib)
+            b_dims = resolve_dims(b_spec.model)
+            b_step_s = make_plan(b_spec, b_dims, shared).predicted.step_seconds
+            b_steps = max(args.steps, math.ceil(1.5 * low_s / b_step_s) + 2)
+            b_spec = _ranged(args, "second", args.second_layers, b_steps, args.second_host_gib)
+            b_spec = b_spec.choosing(args.low_gib, args.second_host_gib)
+            b_plan = make_plan(b_spec, b_dims, shared)
+            b_dir = _job_dir(root, "second", b_spec, b_plan)
+            (code, low), (b_code, second) = _both([(shrunk_dir, "low"), (b_dir, "second")])
+            assert b_code == WorkerExit.succeeded, f"the second job exited {b_code}"
+            row["second_layers"], row["second_steps"] = b_dims.num_layers, b_steps
+            row["second_final_loss"] = [m.loss for m in second if m.kind == "step"][-1]
+        else:
+            code, low = _worker(shrunk_dir, False, "low")
         assert code == WorkerExit.succeeded, f"the low part exited {code}"
         if not args.no_straight:
             _keep_weights_only(shrunk_dir)
@@ -187,15 +267,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # beside the shrunk run's weights (8B dims at 16 layers: 27 GB a checkpoint, 9 GB of
             # weights, on the GPU machine's 64 GiB disk, where a periodic one beside them
             # filled it)
-            once = at[args.low_gib].model_copy(update={"checkpoint_every": 0})
-            straight_dir = _job_dir(root, "straight", once, plans[args.low_gib])
+            once = at["low"].model_copy(update={"checkpoint_every": 0})
+            straight_dir = _job_dir(root, "straight", once, plans["low"])
             code, straight = _worker(straight_dir, False, "straight")
             assert code == WorkerExit.succeeded, f"straight run exited {code}"
             a, b = _weights(shrunk_dir), _weights(straight_dir)
             err = max(float((a[k].float() - b[k].float()).norm() / b[k].float().norm()) for k in b)
     finally:  # checkpoints of 9-27 GB on the GPU machine's 64 GiB disk
         shutil.rmtree(root, ignore_errors=True)
-    row: dict[str, Any] = {
+    row |= {
         "bench": "shrink",
         "device": args.device,
         "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
@@ -209,21 +289,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "budget_violations": 0,  # a worker past a budget exits 5, asserted above
         "commit": os.environ.get("BENCH_COMMIT", ""),
     }  # fmt: skip
-    for name, msgs, g, first in (
-        ("high", high, args.high_gib, 1),
-        ("low", low, args.low_gib, stopped + 1),
-        ("straight_low", straight, args.low_gib, 1),
+    for name, msgs, plan, first, n in (
+        ("high", high, plans["high"], 1, tokens),
+        ("low", low, low_plan, stopped + 1, tokens),
+        ("straight_low", straight, plans["low"], 1, tokens),
     ):
         if not msgs:  # --no-straight
             continue
         measured = _tokens_per_s(msgs, first)
-        predicted = tokens / plans[g].predicted.step_seconds
+        predicted = n / plan.predicted.step_seconds
         row[f"tokens_per_s_{name}"] = measured
         row[f"predicted_tokens_per_s_{name}"] = predicted
         row[f"measured_over_predicted_{name}"] = measured / predicted if measured else None
         # where the time went, beside the planner's breakdown of its step
         row[f"stalls_s_{name}"] = _stalls_per_step(msgs, first)
-        row[f"predicted_{name}"] = plans[g].predicted.model_dump()
+        row[f"predicted_{name}"] = plan.predicted.model_dump()
+    if second:  # its tokens/s as it ran beside the shrunk job (its first step its warm-up)
+        row["tokens_per_s_second"] = _tokens_per_s(second, 1)
     return row
 
 
@@ -239,11 +321,23 @@ def main() -> None:
     p.add_argument("--host-gib", type=float, default=100.0)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument(
+        "--second-layers", type=int, default=0,
+        help="a second ranged job of this many layers arrives: the policy shrinks this one "
+        "for it, and both run on the GPU (0: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--gpu-gib", type=float, default=0.0,
+        help="the GPU memory the policy packs into (default: high + low / 2, too little for "
+        "both jobs but at their mins)",
+    )  # fmt: skip
+    p.add_argument("--second-host-gib", type=float, default=24.0)
+    p.add_argument(
         "--no-straight", action="store_true",
         help="no run at the low point from start to end: tokens/s only, no weights check",
     )  # fmt: skip
     p.add_argument("--out")
     args = p.parse_args()
+    args.gpu_gib = args.gpu_gib or args.high_gib + args.low_gib / 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     row = run(args)
     print(json.dumps(row))
