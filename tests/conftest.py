@@ -62,8 +62,9 @@ SLOWEST_FIRST = Path(__file__).with_name("slowest_modules.txt")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slowest modules first (tests/slowest_modules.txt): xdist hands modules out in
-    this order, so the run ends on short ones spread over both workers."""
+    """The slowest modules first (tests/slowest_modules.txt). Under --dist loadscope xdist
+    re-sorts the modules by their number of tests (its default), so this order breaks ties
+    there and orders a serial run (the file's header has the measurement)."""
     lines = SLOWEST_FIRST.read_text().splitlines()
     paths = [line.split()[0] for line in lines if line.strip() and not line.startswith("#")]
     rank = {path: i for i, path in enumerate(paths)}
