@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # after the shrink, with a second job, the GPU is shared: each planned at half of it,
     # as the agent plans a packed job (agent/launch.py, NodeProfile.shared_by)
     shared = node.shared_by(2) if args.second_layers else node
-    low_plan = make_plan(at["low"], dims, shared)
+    low_plan = make_plan(at["low"], dims, shared) if args.second_layers else plans["low"]
     tokens = args.global_batch * args.seq
     root = Path(tempfile.mkdtemp(prefix="bench-shrink-"))
     straight: list[WorkerMessage] = []
