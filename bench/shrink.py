@@ -30,7 +30,8 @@ prediction is that shared plan's. On one H200 (128 GiB host: budgets 80 + 24 GiB
 
 Time on one H200 at 16 layers (4.5 B parameters), `--steps 7 --checkpoint-every 3
 --no-straight`: 334 s, of which the two workers' starts took 30 and 43 s (the second loads
-the checkpoint) and each 27 GB checkpoint 25-46 s. The straight run adds a third worker and
+the checkpoint) and each 27 GB checkpoint 25-46 s; with `--second-layers 4`, 300 s. The
+straight run adds a third worker and
 its checkpoint: past one 600 s call at 16 layers, so give it a call of its own.
 """
 
@@ -110,10 +111,13 @@ def _job_dir(root: Path, name: str, spec: JobSpec, plan: Plan) -> Path:
     return job_dir
 
 
-def _worker(job_dir: Path, stop_at_checkpoint: bool, part: str) -> tuple[int, list[WorkerMessage]]:
+def _worker(
+    job_dir: Path, stop_at_checkpoint: bool, part: str, starts: dict[str, float] | None = None
+) -> tuple[int, list[WorkerMessage]]:
     """The worker of the job dir to its end, or (`stop_at_checkpoint`) SIGTERMed at its
-    first periodic checkpoint, as the agent stops a job it shrinks. Its log goes to
-    job_dir/worker-PART.log (a pipe left unread would stall a chatty worker); each of its
+    first periodic checkpoint, as the agent stops a job it shrinks; `starts[part]` gets the
+    seconds until its first step began (the start, with a checkpoint's load). Its log goes
+    to job_dir/worker-PART.log (a pipe left unread would stall a chatty worker); each of its
     messages is logged here as it comes, so a run stopped by a time limit shows how far
     each part got."""
     argv = [sys.executable, "-m", "wstrain.worker.main", "--job-dir", str(job_dir)]
@@ -130,6 +134,8 @@ def _worker(job_dir: Path, stop_at_checkpoint: bool, part: str) -> tuple[int, li
         for line in proc.stdout:
             msg = WorkerMessage.model_validate_json(line)
             messages.append(msg)
+            if starts is not None and msg.kind == "started":
+                starts[part] = time.monotonic() - started
             log.info("%s: +%.0f s %s step %s", part, time.monotonic() - started, msg.kind, msg.step)
             if stop_at_checkpoint and msg.kind == "checkpoint":
                 proc.send_signal(signal.SIGTERM)
@@ -207,10 +213,17 @@ def _policy_shrink(args: argparse.Namespace, plans: dict[str, Plan]) -> str:
     )
 
 
-def _both(parts: list[tuple[Path, str]]) -> list[tuple[int, list[WorkerMessage]]]:
+def _at_end_only(spec: JobSpec) -> JobSpec:
+    """The job checkpointed at its end only (and at a stop)."""
+    return spec.model_copy(update={"checkpoint_every": 0})
+
+
+def _both(
+    parts: list[tuple[Path, str]], starts: dict[str, float]
+) -> list[tuple[int, list[WorkerMessage]]]:
     """Workers of these job dirs at once, to their ends (two jobs sharing the GPU)."""
     with ThreadPoolExecutor(len(parts)) as pool:
-        return list(pool.map(lambda p: _worker(p[0], False, p[1]), parts))
+        return list(pool.map(lambda p: _worker(p[0], False, p[1], starts), parts))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -235,29 +248,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["policy_shrink"] = _policy_shrink(args, plans)
         # at the high point until its first checkpoint and a SIGTERM, then at the low one
         shrunk_dir = _job_dir(root, "shrunk", at["high"], plans["high"])
-        code, high = _worker(shrunk_dir, True, "high")
+        starts: dict[str, float] = {}
+        code, high = _worker(shrunk_dir, True, "high", starts)
         assert code == WorkerExit.cancelled, f"the high part exited {code}, not stopped (3)"
         stopped = max(m.step or 0 for m in high if m.kind == "checkpoint")
-        _job_dir(root, "shrunk", at["low"], low_plan)
         if args.second_layers:
+            # both parts beside each other checkpoint at their ends only: the cadence moves no
+            # byte of the math, and 8B dims' checkpoints (27 GB at 16 layers, 11.5 GB at 4)
+            # overflowed the GPU machine's 64 GiB disk with periodic ones (step 7 of 16
+            # layers beside step 6 and the second job's two)
+            _job_dir(root, "shrunk", _at_end_only(at["low"]), low_plan)
             # the second job, at its min beside the shrunk one, runs at least as long (its
-            # steps from the plans' predictions, with 50% to spare), so every step of the
-            # shrunk job's low part is measured sharing the GPU
-            low_s = (args.steps - stopped) * low_plan.predicted.step_seconds
+            # steps from the plans' predictions and the high part's start, with 50% to
+            # spare), so every step of the shrunk job's low part is measured sharing the GPU:
+            # the low part's start (42 s at 16 layers, loading a 27 GB checkpoint) left
+            # 16 steps sized without it only 12 s beside the low part's steps
+            low_s = starts["high"] + (args.steps - stopped) * low_plan.predicted.step_seconds
             probe = _ranged(args, "second", args.second_layers, 1, args.second_host_gib)
             b_spec = probe.choosing(args.low_gib, args.second_host_gib)
             b_dims = resolve_dims(b_spec.model)
             b_step_s = make_plan(b_spec, b_dims, shared).predicted.step_seconds
             b_steps = max(args.steps, math.ceil(1.5 * low_s / b_step_s) + 2)
             b_spec = _ranged(args, "second", args.second_layers, b_steps, args.second_host_gib)
-            b_spec = b_spec.choosing(args.low_gib, args.second_host_gib)
+            b_spec = _at_end_only(b_spec.choosing(args.low_gib, args.second_host_gib))
             b_plan = make_plan(b_spec, b_dims, shared)
             b_dir = _job_dir(root, "second", b_spec, b_plan)
-            (code, low), (b_code, second) = _both([(shrunk_dir, "low"), (b_dir, "second")])
+            (code, low), (b_code, second) = _both([(shrunk_dir, "low"), (b_dir, "second")], starts)
             assert b_code == WorkerExit.succeeded, f"the second job exited {b_code}"
             row["second_layers"], row["second_steps"] = b_dims.num_layers, b_steps
             row["second_final_loss"] = [m.loss for m in second if m.kind == "step"][-1]
         else:
+            _job_dir(root, "shrunk", at["low"], low_plan)
             code, low = _worker(shrunk_dir, False, "low")
         assert code == WorkerExit.succeeded, f"the low part exited {code}"
         if not args.no_straight:
@@ -267,7 +288,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # beside the shrunk run's weights (8B dims at 16 layers: 27 GB a checkpoint, 9 GB of
             # weights, on the GPU machine's 64 GiB disk, where a periodic one beside them
             # filled it)
-            once = at["low"].model_copy(update={"checkpoint_every": 0})
+            once = _at_end_only(at["low"])
             straight_dir = _job_dir(root, "straight", once, plans["low"])
             code, straight = _worker(straight_dir, False, "straight")
             assert code == WorkerExit.succeeded, f"straight run exited {code}"
@@ -283,6 +304,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "global_batch": args.global_batch, "steps": args.steps,
         "high_gib": args.high_gib, "low_gib": args.low_gib, "host_gib": args.host_gib,
         "shrunk_at_step": stopped,
+        "start_s": starts,
         "weights_rel_err_max": err,
         "final_loss": [m.loss for m in low if m.kind == "step"][-1],
         "straight_final_loss": next((m.loss for m in reversed(straight) if m.kind == "step"), None),
