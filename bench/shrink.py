@@ -263,7 +263,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # spare), so every step of the shrunk job's low part is measured sharing the GPU:
             # the low part's start (42 s at 16 layers, loading a 27 GB checkpoint) left
             # 16 steps sized without it only 12 s beside the low part's steps
-            low_s = starts["high"] + (args.steps - stopped) * low_plan.predicted.step_seconds
+            # (on the CPU the start is left out: micro models' planned steps of 3 ms would
+            # make it 1,442 steps)
+            start_s = starts["high"] if args.device == "cuda" else 0.0
+            low_s = start_s + (args.steps - stopped) * low_plan.predicted.step_seconds
             probe = _ranged(args, "second", args.second_layers, 1, args.second_host_gib)
             b_spec = probe.choosing(args.low_gib, args.second_host_gib)
             b_dims = resolve_dims(b_spec.model)

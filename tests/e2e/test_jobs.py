@@ -276,9 +276,13 @@ def test_long_sequences_in_pieces_train_like_whole_ones(stack: Stack) -> None:
         done = [wait_terminal(c, j["id"]) for j in jobs]
     assert all(d["state"] == "succeeded" for d in done), [d["error"] for d in done]
     pieces, whole = (checkpoint_weights(d) for d in done)
+    # fp32 sums in another order differ by ~1e-7 a step; 30 AdamW steps (lr 3e-3) grow that
+    # to 1.05e-5 in one suite run (k_proj of layer 0): the whole job's plan follows the
+    # profile the agent measures, so its order varies by run. A piece's mask or merge is
+    # checked tightly at one step in tests/worker/runtime/working_set/test_sequence_chunks.py
     for name, w in whole.items():
         err = float((pieces[name] - w).norm() / w.norm().clamp_min(1e-30))
-        assert err < 1e-5, (name, err)
+        assert err < 5e-5, (name, err)
 
 
 def test_fp8_saved_activations_train_through_the_service(stack: Stack) -> None:
