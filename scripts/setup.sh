@@ -78,9 +78,10 @@ fi
 # pull a multi-GB CUDA build, so install the pinned CPU build first and let the range accept
 # it. Skipped when the venv already imports a torch (any build: a GPU host's stays).
 # --no-compile: pip's bytecode pass runs on one core (torch alone: 35 s with it, 16 s without,
-# on CI's 2 cores); compileall below does it once on every core instead. It must be done: CI
-# sets PYTHONDONTWRITEBYTECODE, so without it every test process compiles torch from source
-# (the suite took 2,260 s instead of 870 s).
+# on CI's 2 cores) and compiles every module; Python compiles the ~2,500 a process imports on
+# first import instead (8 CPU-s), unless PYTHONDONTWRITEBYTECODE is set: then compileall below
+# does every module once on every core (28 s on 2 cores), or each process would compile torch
+# again from source (the suite took 2,260 s instead of 870 s). scripts/test.sh unsets it.
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   echo "setup: installing torch 2.13.0 (CPU)"
   "$VPY" -m pip install -q --no-compile "torch==2.13.0"
@@ -90,7 +91,9 @@ if [ "$what" = test ]; then
 else
   "$VPY" -m pip install -q --no-compile -e .
 fi
-# a file that does not compile (a package's template or test data) is skipped, as pip skips it
-"$VPY" -m compileall -q -j 0 .venv/lib/python*/site-packages >/dev/null || true
+if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
+  # a file that does not compile (a package's template or test data) is skipped, as pip does
+  "$VPY" -m compileall -q -j 0 .venv/lib/python*/site-packages >/dev/null || true
+fi
 touch ".venv/.installed-$what"
 echo "setup: .venv ready ($what)"
