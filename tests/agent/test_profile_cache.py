@@ -30,6 +30,7 @@ def test_a_cpu_hosts_cached_profile_is_read_under_the_childs_key(tmp_path: Path)
     )
     child = json.loads(out.stdout)
     assert not child.get("cached")
+    assert child["profile"]["loss_logits_per_s"] > 0  # the loss's rate, for the planner
     found = asyncio.run(measure_node(tmp_path, use_cache=True))
     assert found.cached and found.key == child["key"] and found.device == "cpu"
     assert found.profile == child["profile"] and found.gpus == []

@@ -81,6 +81,12 @@ class NodeProfile:
     # gets. Lent H200s' disks: 2.25-2.30 GB/s where the directions apart give 2.1 on one,
     # 2.20 against 2.25 on another. 0: not measured (the directions at their own rates)
     disk_both_bytes_per_s: float = 0.0
+    # the loss's logits a second as the runtimes compute it (worker/profile/node.py
+    # loss_logits_per_s: the bf16 logits cast to fp32, cross-entropy forward and backward,
+    # the gradient cast back), memory-bound where the head's GEMM is not: 0.11 s a step for
+    # 65,536 tokens over Llama-3's 128,256 words on an H200, 8% of a 4-layer step. 0: not
+    # measured (no term)
+    loss_logits_per_s: float = 0.0
 
     @classmethod
     def from_profile(
@@ -117,6 +123,7 @@ class NodeProfile:
             disk_read_bytes_per_s=profile.get("disk_read_bytes_per_s", 0.0),
             disk_write_bytes_per_s=profile.get("disk_write_bytes_per_s", 0.0),
             disk_both_bytes_per_s=profile.get("disk_both_bytes_per_s", 0.0),
+            loss_logits_per_s=profile.get("loss_logits_per_s", 0.0),
         )
 
     def with_layer(self, layer: LayerTimes | None) -> NodeProfile:
@@ -149,6 +156,7 @@ class NodeProfile:
             h2d_bytes_per_s=self.h2d_bytes_per_s / jobs,
             d2h_bytes_per_s=self.d2h_bytes_per_s / jobs,
             both_bytes_per_s=self.both_bytes_per_s / jobs,
+            loss_logits_per_s=self.loss_logits_per_s / jobs,
             layer=layer,
         )
 
@@ -264,7 +272,7 @@ def whole_attention_kernel(device: str, precision: str, documents: bool, fa3: bo
 
 # Profile-key format (worker/profile/node.py): bump when the measured keys change meaning,
 # so caches refresh.
-PROFILE_VERSION: Final = 6
+PROFILE_VERSION: Final = 7
 
 
 def profile_cache_key(gpu: str, driver: str, torch_version: str, fa3: bool) -> str:

@@ -157,7 +157,13 @@ def step_time(
     # inputs (the norm and the K/V projections again)
     rebuild_s = (lay.pieces > 1) * 4 * S * dims.hidden_size * dims.num_kv_heads * dims.head_dim
     sums_s = piece_sums_s(dims, S, lay, attention_span(S, lay, node))
-    compute = rounds * X * (L * (fwd_s + bwd_s + rebuild_s / node.matmul_flops + sums_s) + head_s)
+    # the loss over the logits, in fp32 (memory-bound, not a GEMM): 0 where not measured
+    loss_s = S * dims.vocab_size / node.loss_logits_per_s if node.loss_logits_per_s else 0.0
+    compute = (
+        rounds
+        * X
+        * (L * (fwd_s + bwd_s + rebuild_s / node.matmul_flops + sums_s) + head_s + loss_s)
+    )
     weights = dims.layer_params * e
     # forward: the next layer's weights must arrive while this one computes
     exposed = L * max(0.0, weights / node.h2d_bytes_per_s - X * fwd_s)

@@ -8,10 +8,11 @@ pinned host->device, device->host and both-at-once copy bandwidth (on a CPU host
 is a host memcpy; on several GPUs also each one's D2H rate while 2..N copy at once), host
 memcpy bandwidth, practical matmul FLOP/s at a decoder layer's GEMM shape, causal-attention
 FLOP/s at several sequence lengths (SDPA's, and FlashAttention-3's where its wheel runs
-here: the kernel a long sequence's pieces take, ops/fa3_attn.py), and CPU AdamW parameter
-updates per second; it lists the GPUs. The agent caches the result per (GPU model, driver,
-torch, FA3 present) key. On a GPU that the chip table (contracts/chips.py) does not know,
-the bf16 matmul rate is also what a job's MFU divides by.
+here: the kernel a long sequence's pieces take, ops/fa3_attn.py), the loss's logits per
+second (fp32 cross-entropy, memory-bound), and CPU AdamW parameter updates per second; it
+lists the GPUs. The agent caches the result per (GPU model, driver, torch, FA3 present) key.
+On a GPU that the chip table (contracts/chips.py) does not know, the bf16 matmul rate is
+also what a job's MFU divides by.
 """
 
 from __future__ import annotations
@@ -134,6 +135,20 @@ def fa3_attention_flops(seq: int, heads: int, kv_heads: int, head_dim: int) -> f
     return 3 * 2 * seq * seq * heads * head_dim / _time(fwd_bwd, 3)
 
 
+def loss_logits_per_s(dev: torch.device, dtype: torch.dtype, tokens: int, vocab: int) -> float:
+    """Logits a second through the loss as the runtimes compute it on one token block
+    (working_set/layer_passes.py _head_loss): the logits cast to fp32, cross-entropy's
+    forward and backward, the gradient cast back. Memory-bound, so per logit."""
+    logits = torch.randn(tokens, vocab, device=dev, dtype=dtype, requires_grad=True)
+    targets = torch.randint(0, vocab, (tokens,), device=dev)
+
+    def fwd_bwd() -> None:
+        F.cross_entropy(logits.float(), targets, reduction="sum").backward()
+        logits.grad = None
+
+    return tokens * vocab / _time(fwd_bwd, 5)
+
+
 def optimizer_params_per_s(numel: int) -> float:
     """Host AdamW updates per second as working_set/host_optim.py runs them on the working set's
     tiles (HostState.step_group): bf16 state, clipping, then fused CPU AdamW (the global norm
@@ -202,6 +217,10 @@ def profile() -> dict[str, object]:
             measured[f"attention_flops.{FA3_PROFILE_KEY}.{seq}"] = fa3_attention_flops(
                 seq, heads, kv_heads, head_dim
             )
+    # Llama-3's vocabulary in the default 2,048-token block on a GPU (2 GiB of fp32 logits)
+    measured["loss_logits_per_s"] = loss_logits_per_s(
+        dev, dtype, 2048 if cuda else 256, 128256 if cuda else 8192
+    )
     measured["optimizer_params_per_s"] = optimizer_params_per_s(256 << 20 if cuda else 4 << 20)
     measured["cpu_threads"] = float(torch.get_num_threads())
     measured["host_cpus"] = float(os.cpu_count() or 1)
