@@ -315,7 +315,8 @@ class ShippedProfile:
 
 # Measured by the agent's node profile on the bench machines (each with a 128 GiB host),
 # copied from the plans the bench recorded. H100: the long-context bench of 2026-11-27 after
-# its fix; H200: the profile bench s44b of the same day.
+# its fix (before the loss's rate was measured: no loss term); H200: the runtime bench of
+# 2026-11-29.
 _H100_MEASURED = ShippedProfile(
     "h100",
     H100_SXM.label,
@@ -340,21 +341,25 @@ _H200_MEASURED = ShippedProfile(
     "h200",
     H200_CHIP.label,
     {
-        "matmul_flops": 794.3e12,
-        "optimizer_params_per_s": 4.548e9,
-        "h2d_bytes_per_s": 55.13e9,
-        "d2h_bytes_per_s": 55.44e9,
-        "both_bytes_per_s": 50.26e9,
-        "attention_flops.2048": 20.84e12,
-        "attention_flops.4096": 341.1e12,
-        "attention_flops.8192": 456.5e12,
-        "attention_flops.16384": 503.9e12,
-        "attention_flops.32768": 477.4e12,
+        "matmul_flops": 775.2e12,
+        "optimizer_params_per_s": 5.082e9,
+        "h2d_bytes_per_s": 52.70e9,
+        "d2h_bytes_per_s": 54.92e9,
+        "both_bytes_per_s": 45.03e9,
+        "disk_read_bytes_per_s": 0.0,  # no spill directory
+        "disk_write_bytes_per_s": 0.0,
+        "disk_both_bytes_per_s": 0.0,
+        "loss_logits_per_s": 75.72e9,
+        "attention_flops.2048": 10.27e12,
+        "attention_flops.4096": 341.9e12,
+        "attention_flops.8192": 449.6e12,
+        "attention_flops.16384": 494.5e12,
+        "attention_flops.32768": 477.5e12,
     },
     150109880320,  # torch's total_memory of an "NVIDIA H200"
     128 * GIB,
-    "the profile measured on an NVIDIA H200 on 2026-11-27 "
-    "(bench/results/runtime/working-set-profile-h200-2026-11-27.json)",
+    "the profile measured on an NVIDIA H200 on 2026-11-29 "
+    "(bench/results/queue/planner-with-the-loss-4-and-8-layers-h200-2026-11-29.json)",
 )
 # The share of its datasheet memory a card leaves to torch: the H100 80GB 85017493504 bytes
 # of 80 GiB (0.990), the H200 150109880320 of 141 GiB (0.991).
