@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tests.helpers.specs import working_set_spec
 from wstrain.contracts.hardware import H200, LayerTimes
 from wstrain.contracts.model_dims import PRESETS
-from wstrain.contracts.spec import JobSpec
 from wstrain.planning.planner import make_plan
 
 
@@ -27,18 +27,7 @@ def test_two_jobs_share_the_link_and_the_compute() -> None:
 
 def test_a_packed_working_set_job_is_planned_about_twice_as_long() -> None:
     dims = replace(PRESETS["llama3-8b"], num_layers=8)
-    spec = JobSpec.model_validate(
-        {
-            "name": "packed",
-            "model": {"preset": "llama3-8b"},
-            "data": {"kind": "synthetic"},
-            "seq_len": 8192,
-            "global_batch": 32,
-            "steps": 10,
-            "budget": {"device_gib": 20, "host_gib": 100},
-            "overrides": {"runtime": "working_set"},
-        }
-    )
+    spec = working_set_spec(dims, 8192, 32, 20, 100)
     alone = make_plan(spec, dims, H200).predicted.step_seconds
     packed = make_plan(spec, dims, H200.shared_by(2)).predicted.step_seconds
     assert 1.8 < packed / alone < 2.2, (alone, packed)
@@ -50,18 +39,7 @@ def test_the_loss_over_the_logits_is_planned_at_the_measured_rate() -> None:
     before: the 4-layer rows were predicted 15% short, bench/RESULTS.md "Queue"); a node
     that did not (rate 0) plans as before."""
     dims = replace(PRESETS["llama3-8b"], num_layers=4)
-    spec = JobSpec.model_validate(
-        {
-            "name": "loss",
-            "model": {"preset": "llama3-8b"},
-            "data": {"kind": "synthetic"},
-            "seq_len": 8192,
-            "global_batch": 8,
-            "steps": 10,
-            "budget": {"device_gib": 24, "host_gib": 100},
-            "overrides": {"runtime": "working_set"},
-        }
-    )
+    spec = working_set_spec(dims, 8192, 8, 24, 100)
     rate = 7.6e10
     without = make_plan(spec, dims, H200)
     with_loss = make_plan(spec, dims, replace(H200, loss_logits_per_s=rate))
