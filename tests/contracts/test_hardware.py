@@ -41,10 +41,15 @@ def test_the_loss_over_the_logits_is_planned_at_the_measured_rate() -> None:
     dims = replace(PRESETS["llama3-8b"], num_layers=4)
     spec = working_set_spec(dims, 8192, 8, 24, 100)
     rate = 7.6e10
-    without = make_plan(spec, dims, H200)
-    with_loss = make_plan(spec, dims, replace(H200, loss_logits_per_s=rate))
-    assert with_loss.working_set == without.working_set  # the same plan, timed with the loss
-    extra = with_loss.predicted.compute_seconds - without.predicted.compute_seconds
     logits = spec.global_batch * spec.seq_len * dims.vocab_size
-    assert abs(extra - logits / rate) < 1e-9, (extra, logits / rate)
-    assert 0.10 < extra < 0.12
+    # both runtimes compute the loss alike, so both planners charge it: a term in one only
+    # tipped a CPU job from the working set to the resident runtime
+    resident = working_set_spec(dims, 8192, 8, 40, 100, runtime="resident")  # 31.7 GiB
+    for job in (spec, resident):
+        without = make_plan(job, dims, H200)
+        with_loss = make_plan(job, dims, replace(H200, loss_logits_per_s=rate))
+        assert with_loss.runtime == without.runtime == job.overrides.runtime
+        assert with_loss.working_set == without.working_set  # the same plan, with the loss
+        extra = with_loss.predicted.compute_seconds - without.predicted.compute_seconds
+        assert abs(extra - logits / rate) < 1e-9, (job.overrides.runtime, extra, logits / rate)
+        assert 0.10 < extra < 0.12

@@ -39,6 +39,7 @@ from wstrain.planning.layer_time import (
     attention_span,
     chunk_times,
     core_attention_s,
+    head_and_loss_s,
     recompute_shares,
 )
 from wstrain.planning.levels import LayerCost, write_buffer_stall_s
@@ -152,18 +153,12 @@ def step_time(
     fwd_s, bwd_s = chunk_times(
         dims, S, node, attention_span(S, lay, node), attention_call(S, lay, node)
     )
-    head_s = 6 * S * dims.embedding_params / node.matmul_flops
+    head_s = head_and_loss_s(dims, S, node)
     # long context: backward first puts each layer's K and V back in the window from the
     # inputs (the norm and the K/V projections again)
     rebuild_s = (lay.pieces > 1) * 4 * S * dims.hidden_size * dims.num_kv_heads * dims.head_dim
     sums_s = piece_sums_s(dims, S, lay, attention_span(S, lay, node))
-    # the loss over the logits, in fp32 (memory-bound, not a GEMM): 0 where not measured
-    loss_s = S * dims.vocab_size / node.loss_logits_per_s if node.loss_logits_per_s else 0.0
-    compute = (
-        rounds
-        * X
-        * (L * (fwd_s + bwd_s + rebuild_s / node.matmul_flops + sums_s) + head_s + loss_s)
-    )
+    compute = rounds * X * (L * (fwd_s + bwd_s + rebuild_s / node.matmul_flops + sums_s) + head_s)
     weights = dims.layer_params * e
     # forward: the next layer's weights must arrive while this one computes
     exposed = L * max(0.0, weights / node.h2d_bytes_per_s - X * fwd_s)

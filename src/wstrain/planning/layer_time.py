@@ -1,9 +1,9 @@
 """A decoder layer's time, as every planner prices it: one sequence's forward and backward
-through a layer (measured on the node or from FLOPs at its profiled rates), the share of a
-forward each saved-activation level recomputes, the span and kernel-call length of a
-long sequence's attention, and AdaWS's smallest micro-batch that hides a layer's weight
-traffic. The resident planner (planning/resident.py) and the working-set cost model
-(planning/cost_model.py) both read it.
+through a layer (measured on the node or from FLOPs at its profiled rates) and through the
+LM head and its loss, the share of a forward each saved-activation level recomputes, the
+span and kernel-call length of a long sequence's attention, and AdaWS's smallest
+micro-batch that hides a layer's weight traffic. The resident planner
+(planning/resident.py) and the working-set cost model (planning/cost_model.py) both read it.
 
     fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node)
 """
@@ -110,3 +110,13 @@ def chunk_times(
     gemm = 2 * seq_len * dims.layer_params_active / node.matmul_flops  # MoE: Ψ_active
     attn_s = core_attention_s(dims, seq_len, span, node, call)
     return k * gemm + attn_s, k * 2 * gemm + 2.5 * attn_s  # flash bwd: 5x vs 4x FLOPs
+
+
+def head_and_loss_s(dims: ModelDims, seq_len: int, node: NodeProfile) -> float:
+    """One sequence through the LM head forward and backward (its GEMMs at the matmul rate)
+    and the loss over its logits (fp32 cross-entropy, memory-bound, at the profile's
+    loss_logits_per_s; 0 where the node did not measure it)."""
+    head_s = 6 * seq_len * dims.embedding_params / node.matmul_flops
+    if not node.loss_logits_per_s:
+        return head_s
+    return head_s + seq_len * dims.vocab_size / node.loss_logits_per_s

@@ -24,7 +24,7 @@ from wstrain.contracts.hardware import NodeProfile
 from wstrain.contracts.model_dims import STATE_BYTES_PER_PARAM, ModelDims
 from wstrain.contracts.plan import MinBudget, Plan, Predicted
 from wstrain.contracts.spec import JobSpec
-from wstrain.planning.layer_time import chunk_times
+from wstrain.planning.layer_time import chunk_times, head_and_loss_s
 from wstrain.planning.memory_model import activation_bytes_per_token
 
 
@@ -101,7 +101,7 @@ def make_resident_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Pla
         node.whole_kernel(device, spec.precision, spec.document_mask, dims.head_dim)
     )
     fwd_s, bwd_s = chunk_times(dims, spec.seq_len, node)
-    head_s = 6 * spec.seq_len * dims.embedding_params / node.matmul_flops
+    head_s = head_and_loss_s(dims, spec.seq_len, node)
     compute_s = spec.global_batch * (dims.num_layers * (fwd_s + bwd_s) + head_s)
     peak_dev = device_peak_bytes(
         dims, spec.precision, spec.seq_len, micro_batch, spec.document_mask
