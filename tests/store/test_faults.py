@@ -1,5 +1,6 @@
 """Which Redis replies are storage faults (retried by the store, 503 from the API), and that
-nothing else is: a wrong command still fails at once, however long the store retries.
+nothing else is: a wrong command still fails at once, however long the store retries; and
+how long the store retries: its pauses sum to at most retry_s, as redis-py pauses.
 
     pytest tests/store/test_faults.py
 """
@@ -10,6 +11,7 @@ import asyncio
 import time
 
 import pytest
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import (
     NoScriptError,
     OutOfMemoryError,
@@ -19,6 +21,7 @@ from redis.exceptions import (
 
 from wstrain.store import JobStore
 from wstrain.store.faults import storage_fault
+from wstrain.store.job_store import RETRY_BASE_S, RETRY_CAP_S
 
 
 @pytest.mark.parametrize(
@@ -78,3 +81,19 @@ def test_a_wrong_command_is_not_retried(redis_url: str) -> None:
             await store.close()
 
     assert asyncio.run(go()) < 1.0
+
+
+@pytest.mark.parametrize("retry_s", [0.0, 0.05, 1.0, 300.0])
+def test_the_retries_pause_for_about_retry_s_and_no_longer(retry_s: float) -> None:
+    """Summed as redis-py's own back-off pauses after failure 1, 2, ... (counted from 0 they
+    summed to twice retry_s: an API request on a Redis that was down took 3.1 s, not 1)."""
+    retry = JobStore.from_url("redis://127.0.0.1:1/0", "faults", retry_s=retry_s).redis.get_retry()
+    assert retry is not None
+    backoff = ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S)
+    paused_s = sum(backoff.compute(failures) for failures in range(1, retry._retries + 1))
+    if retry_s == 0:
+        assert retry._retries == 0
+    else:  # at least one retry (a blip), then as many as fit
+        assert retry._retries >= 1
+        assert paused_s <= max(retry_s, backoff.compute(1)), (retry._retries, paused_s)
+        assert paused_s + backoff.compute(retry._retries + 1) > retry_s  # one more would not fit
