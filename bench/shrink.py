@@ -31,8 +31,8 @@ prediction is that shared plan's. On one H200 (128 GiB host: budgets 80 + 24 GiB
 Time on one H200 at 16 layers (4.5 B parameters), `--steps 7 --checkpoint-every 3
 --no-straight`: 334 s, of which the two workers' starts took 30 and 43 s (the second loads
 the checkpoint) and each 27 GB checkpoint 25-46 s; with `--second-layers 4`, 300 s. The
-straight run adds a third worker and
-its checkpoint: past one 600 s call at 16 layers, so give it a call of its own.
+straight run adds a third worker and its checkpoint: past one 600 s call at 16 layers, so
+give it a call of its own.
 """
 
 from __future__ import annotations
@@ -254,17 +254,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stopped = max(m.step or 0 for m in high if m.kind == "checkpoint")
         if args.second_layers:
             # both parts beside each other checkpoint at their ends only: the cadence moves no
-            # byte of the math, and 8B dims' checkpoints (27 GB at 16 layers, 11.5 GB at 4)
-            # overflowed the GPU machine's 64 GiB disk with periodic ones (step 7 of 16
-            # layers beside step 6 and the second job's two)
+            # byte of the math, and periodic 8B-dims checkpoints (27 GB at 16 layers, 11.5 GB
+            # at 4) of both jobs at once overflow the GPU machine's 64 GiB disk
             _job_dir(root, "shrunk", _at_end_only(at["low"]), low_plan)
             # the second job, at its min beside the shrunk one, runs at least as long (its
             # steps from the plans' predictions and the high part's start, with 50% to
-            # spare), so every step of the shrunk job's low part is measured sharing the GPU:
-            # the low part's start (42 s at 16 layers, loading a 27 GB checkpoint) left
-            # 16 steps sized without it only 12 s beside the low part's steps
-            # (on the CPU the start is left out: micro models' planned steps of 3 ms would
-            # make it 1,442 steps)
+            # spare), so every step of the shrunk job's low part is measured sharing the GPU
+            # (the low part's own start, loading the checkpoint, took 42 s at 16 layers). On
+            # the CPU the start is left out: micro models' planned steps of 3 ms would make
+            # it 1,442 steps
             start_s = starts["high"] if args.device == "cuda" else 0.0
             low_s = start_s + (args.steps - stopped) * low_plan.predicted.step_seconds
             probe = _ranged(args, "second", args.second_layers, 1, args.second_host_gib)
