@@ -52,12 +52,6 @@ from wstrain.store.job_reads import JobReads
 RETRY_CAP_S = 2.0  # the longest pause between two tries of a command
 RETRY_BASE_S = 0.05  # the pause after a first failure is twice this
 
-
-def _pause_s(failures: int) -> float:
-    """redis-py's ExponentialBackoff pause after the command's `failures`-th failure."""
-    return min(RETRY_CAP_S, RETRY_BASE_S * 2**failures)
-
-
 # Bump when the index layout changes; ensure_indexes rebuilds older stores once.
 INDEX_VERSION = "2"
 
@@ -112,12 +106,13 @@ class JobStore(JobReads):
         # redis-py pauses base * 2**failures after failure 1, 2, ...: 0.1, 0.2, 0.4 ... s,
         # capped at 2 s. As many tries as fit in retry_s, at least one retry (a blip); counted
         # from 0 this took twice retry_s (an API request 3.1 s on a Redis that is down, not 1)
+        backoff = ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S)
         retries = 0
         waited = 0.0
-        while retry_s > 0 and (retries == 0 or waited + _pause_s(retries + 1) <= retry_s):
+        while retry_s > 0 and (retries == 0 or waited + backoff.compute(retries + 1) <= retry_s):
             retries += 1
-            waited += _pause_s(retries)
-        retry = StoreRetry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), retries, retry_s)
+            waited += backoff.compute(retries)
+        retry = StoreRetry(backoff, retries, retry_s)
         client = aioredis.from_url(url, decode_responses=True, retry=retry)
         return cls(client, prefix)
 
