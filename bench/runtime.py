@@ -51,6 +51,7 @@ WS_ROWS: dict[str, tuple[float, int | None, dict[str, object]]] = {
     # the split optimizer (working_set/schedule.py device_opt_layers) pinned
     "ws-24-32l-split": (24, 32, {"optimizer": "split"}),
     "ws-20-split": (20, None, {"optimizer": "split"}),
+    "ws-24-split": (24, None, {"optimizer": "split"}),
     # precision "mixed" (a row named *-mixed): fp32 master and moments on the host
     "ws-20-mixed": (20, None, {}),
     "ws-40-mixed": (40, None, {}),

@@ -229,9 +229,12 @@ def optimizer_s(
     layer_fwd_s, device_s, staged_s = _device_parts(dims, spec, lay, sent, node)
     rate = _host_rate(spec, node)
     io = _spill_io(dims, spec, lay, node)
-    if lay.optimizer == "host" or device != "cuda":  # a CPU worker's "device" is the host
-        return _deferred_s(dims, layer_fwd_s, rate, [], 0.0, io)
-    return _deferred_s(dims, layer_fwd_s, rate, device_s, 2 * staged_s, io)
+    if device != "cuda":  # a CPU worker's "device" is the host: nothing to load
+        return _deferred_s(dims, layer_fwd_s, rate, [], 0.0, 0.0, io)
+    load_s = _load_s(dims, spec, node)
+    if lay.optimizer == "host":
+        return _deferred_s(dims, layer_fwd_s, rate, [], 0.0, load_s, io)
+    return _deferred_s(dims, layer_fwd_s, rate, device_s, 2 * staged_s, load_s, io)
 
 
 def split_layers(
@@ -241,6 +244,11 @@ def split_layers(
     (never a spilled layer: the host updates those)."""
     times = _split_times(dims, spec, lay, sent, node, device)
     return 1 + times.index(min(times))
+
+
+def _load_s(dims: ModelDims, spec: JobSpec, node: NodeProfile) -> float:
+    """One layer's weights over the host-to-device link."""
+    return dims.layer_params * ELEMENT_BYTES[spec.precision] / node.h2d_bytes_per_s
 
 
 def _host_rate(spec: JobSpec, node: NodeProfile) -> float:
@@ -266,9 +274,11 @@ def _split_times(
     rate, io = _host_rate(spec, node), _spill_io(dims, spec, lay, node)
     most = min(dims.num_layers - 1, dims.num_layers - lay.spilled_layers)
     if device != "cuda":  # a CPU worker's "device" is the host
-        return [_deferred_s(dims, layer_fwd_s, rate, [], 0.0, io)] * most
+        return [_deferred_s(dims, layer_fwd_s, rate, [], 0.0, 0.0, io)] * most
+    load_s = _load_s(dims, spec, node)
     return [
-        _deferred_s(dims, layer_fwd_s, rate, device_s[:k], staged_s, io) for k in range(1, most + 1)
+        _deferred_s(dims, layer_fwd_s, rate, device_s[:k], staged_s, load_s, io)
+        for k in range(1, most + 1)
     ]
 
 
@@ -291,6 +301,9 @@ def _device_parts(
     if lay.r_grad == 1:  # each layer's gradient for its update loads only once the
         # previous layer's slot is free: no prefetch (measured: OLMoE at 20 GiB, +0.5 s)
         device_s = [s + weights / node.h2d_bytes_per_s for s in device_s]
+    if device_s:  # the first layer's weights, gradient and moments load with no forward
+        # before it to hide under (an H200, 4 layers: 32-42 ms idle at the step's start)
+        device_s[0] += 4 * weights / node.h2d_bytes_per_s
     staged_s = dims.embedding_params * 4 * e / node.both_bytes_per_s  # in: m, v; out: w, m, v
     return layer_fwd_s, device_s, staged_s
 
@@ -301,14 +314,18 @@ def _deferred_s(
     params_per_s: float,
     device_s: list[float],
     staged_s: float,
+    load_s: float,
     spill: SpillIO = (0, 0.0, 0.0),
 ) -> float:
     """The first forward's delay (`layer_fwd_s` a layer): the device updates the first
     len(device_s) layers as they arrive (each exposing device_s[k]), after `staged_s` for its
     resident groups; a host thread at `params_per_s` updates the others (starting with the
     embedding when it has them all) and the head last, and layer k's forward waits for
-    layer k's update. `spill`: the last spill[0] layers' moments come from and go back to
-    disk (spill[1], spill[2] seconds a layer), so their updates end at the disk's pace."""
+    layer k's update and then its weights' load (`load_s`: the ring cannot fetch a layer
+    before the host has updated it; on an H200 at 8 layers 16 ms of the step's idle start
+    that the updates alone leave out). `spill`: the last spill[0] layers' moments come from
+    and go back to disk (spill[1], spill[2] seconds a layer), so their updates end at the
+    disk's pace."""
     L, k = dims.num_layers, len(device_s)
     count, read_s, write_s = spill
     layer_s = dims.layer_params / params_per_s
@@ -323,7 +340,7 @@ def _deferred_s(
         if j == L - count:  # the first spilled layer: the disk's timeline from here
             spilled_ends = spilled_update_ends(updated, count, layer_s, read_s, write_s)
         updated = spilled_ends[j - (L - count)] if j >= L - count else updated + layer_s
-        forward_end = max(forward_end, updated) + layer_fwd_s
+        forward_end = max(forward_end, updated + load_s) + layer_fwd_s
     head_ready = forward_end if k == L else max(forward_end, updated + embed_s)
     return head_ready - L * layer_fwd_s
 

@@ -110,8 +110,12 @@ class DeviceOptimizer:
     def apply(self, layer: int, wslot: Slot, weights: SlotStreamer, upcoming: list[int]) -> None:
         """Update layer's weights in `wslot` and send weights and moments home."""
         ahead = [k for k in upcoming if k in self.todo]
-        g = self.grads.consume(layer, ahead)
-        m, v = self.m.consume(layer, ahead), self.v.consume(layer, ahead)
+        # this layer's gradient and both moments load before the next layer's: prefetched
+        # one streamer at a time, the update waited for g, g', m, m', v
+        g = self.grads.consume(layer, [])
+        m, v = self.m.consume(layer, []), self.v.consume(layer, [])
+        for streamer in (self.grads, self.m, self.v):
+            streamer.prefetch_after(layer, ahead)
         self._adamw(wslot.flat, g.flat, m.flat, v.flat, layer)
         g.layer = -1  # its contents were scaled by the clip factor: no longer the host's
         for streamer, slot in ((weights, wslot), (self.m, m), (self.v, v)):

@@ -90,6 +90,11 @@ class SlotStreamer:
             if self.ring.find(layer) is None:
                 self._load(layer, keep)
 
+    def prefetch_after(self, current: int, upcoming: list[int]) -> None:
+        """What consume(current, upcoming) would prefetch, for a `current` consumed without:
+        the loads a layer needs first go ahead of those the next layers need."""
+        self._prefetch(current, upcoming)
+
     def prefetch(self, upcoming: list[int]) -> None:
         """Start loading the first layers of `upcoming` before any is used, into all but one
         slot (as a consume would prefetch)."""
