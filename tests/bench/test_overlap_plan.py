@@ -14,6 +14,7 @@ import pytest
 
 from bench.bound import bound, micro_batches_at_bound
 from bench.overlap_plan import replan
+from bench.specs import spec_dims_of
 
 RESULTS = Path(__file__).parents[2] / "bench/results"
 ROWS = json.loads((RESULTS / "runtime/per-round-rows-h200-2026-11-27.json").read_text())
@@ -34,7 +35,12 @@ def test_the_per_round_replan_is_the_rows_own_plan(row: dict) -> None:  # type: 
     assert plan is not None and plan.working_set is not None
     counts = [sum(r.count(lv) for r in plan.working_set.levels) for lv in range(4)]
     assert counts == row["plan"]["working_set"]["levels"]  # the row keeps each level's count
-    assert plan.predicted.step_seconds == pytest.approx(row["plan"]["predicted"]["step_seconds"])
+    # the rows were planned before the step's start charged a host-updated layer's load after
+    # its update (planning/cost_model.py): the replan may add up to that one load
+    _, dims = spec_dims_of(row)
+    load_s = dims.layer_params * 2 / row["plan"]["node"]["h2d_bytes_per_s"]  # bf16 weights
+    added_s = plan.predicted.step_seconds - row["plan"]["predicted"]["step_seconds"]
+    assert -1e-9 <= added_s <= load_s * (1 + 1e-9)
 
 
 @pytest.mark.parametrize(
