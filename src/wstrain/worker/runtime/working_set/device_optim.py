@@ -110,8 +110,8 @@ class DeviceOptimizer:
     def apply(self, layer: int, wslot: Slot, weights: SlotStreamer, upcoming: list[int]) -> None:
         """Update layer's weights in `wslot` and send weights and moments home."""
         ahead = [k for k in upcoming if k in self.todo]
-        # this layer's gradient and both moments load before the next layer's: prefetched
-        # one streamer at a time, the update waited for g, g', m, m', v
+        # this layer's gradient and both moments load before the next layer's (consumed
+        # with `ahead`, one streamer after another, they would queue g, g', m, m', v)
         g = self.grads.consume(layer, [])
         m, v = self.m.consume(layer, []), self.v.consume(layer, [])
         for streamer in (self.grads, self.m, self.v):
