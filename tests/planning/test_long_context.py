@@ -17,8 +17,9 @@ import pytest
 from tests.helpers.specs import working_set_spec as _spec
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.errors import InfeasibleBudget
-from wstrain.contracts.hardware import H100_ADAWS, NodeProfile
+from wstrain.contracts.hardware import H100_ADAWS, H200, NodeProfile
 from wstrain.contracts.model_dims import PRESETS
+from wstrain.contracts.spec import JobSpec
 from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
 from wstrain.planning.levels import LayerCost, cheapest_drops
@@ -309,3 +310,23 @@ def test_a_node_with_fa3_plans_pieces_on_it_at_its_measured_rate() -> None:
         make_resident_plan(resident, two, fa3).predicted.step_seconds
         < make_resident_plan(resident, two, H100).predicted.step_seconds
     )
+
+
+def test_a_host_short_of_the_saved_inputs_is_told_what_would_hold_them() -> None:
+    """512K tokens over 8 layers in 24 GiB: each layer's saved input (4 GiB) cannot stay on
+    the device, so what the host lacks counts them. Spilling AdamW moments to disk cannot
+    make that up (the refusal once asked for a disk as if they stayed on the device), and
+    fp8 saved sets can: the host it names for them plans."""
+    dims = replace(PRESETS["llama3-8b"], num_layers=8)
+    with pytest.raises(InfeasibleBudget) as err:
+        make_ws_plan(_spec(dims, 524288, 1, 24, 45), dims, H200)
+    message = err.value.message
+    assert "the disk tier cannot make up the difference" in message, message
+    assert "activation_precision: fp8" in message, message
+    host_gib = float(message.rsplit("host_gib=", 1)[1])
+    assert host_gib < 45
+    fp8 = JobSpec.model_validate(
+        {**_spec(dims, 524288, 1, 24, host_gib).model_dump(), "activation_precision": "fp8"}
+    )
+    plan = make_ws_plan(fp8, dims, H200)
+    assert plan.predicted.peak_host_bytes <= host_gib * GIB

@@ -213,29 +213,33 @@ def _infeasible(
         for c, p in seq_chunks(spec, dims)
     ]
     inputs_home = dims.num_layers * min(mbs) * mm.saved_bytes(dims, spec, 0)
-    need = MinBudget(
-        device_gib=round(
-            min(
-                mm.device_bytes(
-                    dims,
-                    spec,
-                    lay,
-                    w,
-                    w * lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk, home=False),
-                )
-                for lay in smallest
-                for w in (0, dims.num_layers)
+
+    def device_bytes(w: int) -> int:  # the smallest layouts with the last w layers' sets kept
+        return min(
+            mm.device_bytes(
+                dims,
+                spec,
+                lay,
+                w,
+                w * lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk, home=False),
             )
-            / GIB
-            + 0.005,
-            2,
-        ),
+            for lay in smallest
+        )
+
+    need = MinBudget(
+        device_gib=round(min(device_bytes(0), device_bytes(dims.num_layers)) / GIB + 0.005, 2),
         host_gib=round(mm.host_bytes(dims, spec, inputs_home, device) / GIB + 0.005, 2),
     )
     host_short = need.host_gib > spec.budget.host_gib
-    advice, need.disk_gib, disk_short = _disk_advice(spec, dims, node, device, host_short)
+    # what spilling must free: with every saved set on the device where the budget holds
+    # them, else with them home (long context: 8 GiB a layer at 1M tokens, past any device)
+    home = 0 if device_bytes(dims.num_layers) <= spec.budget.device_bytes else inputs_home
+    over = mm.host_bytes(dims, spec, home, device) - spec.budget.host_bytes
+    advice, need.disk_gib, disk_short = _disk_advice(spec, dims, node, host_short, over)
     if host_short and not advice and _may_spill(spec):
         advice = _all_spilled_advice(spec, dims, node, need.host_gib)
+    if host_short:
+        advice += _fp8_advice(spec, dims, device, min(mbs))
     overlap = (
         " with overrides.overlap=true (two rounds in flight: their transitions and copies on "
         "the device, their saved sets on the host); drop overlap, or raise the budget past"
@@ -252,6 +256,19 @@ def _infeasible(
 
 
 NO_DIR = " (the agent's WSTRAIN_SPILL_DIR; this node has none)"
+
+
+def _fp8_advice(spec: JobSpec, dims: ModelDims, device: str, micro_batch: int) -> str:
+    """For a host budget its saved inputs overrun (long context: 8 GiB a layer at 1M tokens)
+    where fp8 saved sets would fit: the host budget they need."""
+    if spec.activation_precision == "fp8" or spec.precision == "fp32" or device != "cuda":
+        return ""
+    fp8 = spec.model_copy(update={"activation_precision": "fp8"})
+    inputs_home = dims.num_layers * micro_batch * mm.saved_bytes(dims, fp8, 0)
+    host_gib = math.ceil(mm.host_bytes(dims, fp8, inputs_home, device) / GIB * 100) / 100
+    if host_gib > spec.budget.host_gib:
+        return ""
+    return f"; or activation_precision: fp8 (saved sets at 8 bits, lossy): host_gib={host_gib:g}"
 
 
 def _may_spill(spec: JobSpec) -> bool:
@@ -276,12 +293,12 @@ def _all_spilled_advice(spec: JobSpec, dims: ModelDims, node: NodeProfile, host_
 
 
 def _disk_advice(
-    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, host_short: bool
+    spec: JobSpec, dims: ModelDims, node: NodeProfile, host_short: bool, over_bytes: int
 ) -> tuple[str, float, bool]:
-    """(what the disk tier would do for a host budget too small (`host_short`), as a
-    clause; the disk GiB that would hold the overflow, 0 where it cannot help; whether the
-    job's own disk budget is what falls short)."""
-    over = max(1, _host_over_bytes(spec, dims, device))
+    """(what the disk tier would do for a host budget too small (`host_short`) by
+    `over_bytes`, as a clause; the disk GiB that would hold the overflow, 0 where it cannot
+    help; whether the job's own disk budget is what falls short)."""
+    over = max(1, over_bytes)
     least = sp.least_spilled(dims, spec.precision, over, dims.num_layers) if host_short else None
     if least is None:  # the host is not short, or spilling every moment would not do
         return "", 0.0, False
