@@ -198,13 +198,12 @@ def pooled_day(rows: Sequence[Mapping[str, Any]], day: str, config: PolicyConfig
         if total > 0
     }
     started = sum(r[day]["started"] for r in rows)
+    waited_h = sum(r[day]["wait_mean_h"] * r[day]["started"] for r in rows if r[day]["started"])
     return {
         "jobs_per_hour": round(
             sum(r[day]["succeeded"] for r in rows) / sum(r[day]["makespan_h"] for r in rows), 3
         ),
-        "wait_mean_h": round(
-            sum(r[day]["wait_mean_h"] * r[day]["started"] for r in rows) / started, 3
-        ),
+        "wait_mean_h": round(waited_h / started, 3) if started else None,
         "window_gpu_h": round(total, 1),
         "share_err_by_owner": err,
         "share_err": max((abs(v) for v in err.values()), default=None),
@@ -222,8 +221,12 @@ def pooled(rows: Sequence[Mapping[str, Any]], config: PolicyConfig) -> dict[str,
         "jobs_per_hour_ratio": round(ranged["jobs_per_hour"] / fixed["jobs_per_hour"], 3),
         "wait_ratio": round(ranged["wait_mean_h"] / fixed["wait_mean_h"], 3),
         "share_err": ranged["share_err"],
-        # at most the largest day's median: each day has half its jobs at or under its own
-        "start_median_err": max(r["start_median_err"] for r in rows),
+        # a bound: the pooled median is at most the largest day's, since every day has half
+        # its jobs at or under its own
+        "start_median_err": max(
+            (r["start_median_err"] for r in rows if r["start_median_err"] is not None),
+            default=None,
+        ),
         "quotas_kept": all(r["quotas_kept"] for r in rows),
         "fixed": fixed,
         "ranged": ranged,

@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spec = _ranged(args)
     dims = resolve_dims(spec.model)
     # as the agent plans it (agent/launch.py): the node's profile with the job's own layer
-    # timed on this GPU; without that layer the plans' compute came out 6% short at 8 layers
+    # timed on this GPU; without that layer the plans' compute came out 4% short at 8 layers
     node = measured_node(args.seq, dims) if args.device == "cuda" else DEFAULT_PROFILE
     at = {"high": spec.choosing(args.high_gib, args.host_gib)}
     at["low"] = spec.choosing(args.low_gib, args.host_gib)

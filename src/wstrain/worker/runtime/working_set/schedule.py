@@ -136,6 +136,7 @@ class WorkingSetRuntime(PassOrder):
         self.hopt = HostOptimizerPipeline(host, opt, self.device) if self.host_groups else None
         if self.hopt is not None:
             self.weights.before_load = self._await_host_update  # layer k's tile: updated
+            self.weights.ready_to_load = self.hopt.is_done
         self._stale: set[int] = set()  # embedding (L) / head (L + 1) awaiting a host update
         # the global gradient norm, squared, summed in fp32 as final gradients go home
         self.sq_norm = torch.zeros((), device=self.device, dtype=torch.float32)

@@ -33,6 +33,10 @@ class SlotStreamer:
         self.home_ready: dict[int, torch.cuda.Event | None] = {}
         # called with a layer before its host tile is read (a deferred host update waits)
         self.before_load: Callable[[int], None] | None = None
+        # whether a layer's host tile may be read now; a prefetch stops at one that may not
+        # (its deferred host update is running) and its consume loads it, so the host waits
+        # for that update only after the layers before it are launched
+        self.ready_to_load: Callable[[int], bool] | None = None
         # data parallel gradients (working_set/data_parallel.py): only this rank's [lo, hi)
         # of a tile goes home (`span`) and comes back in (`load_span`, the rest of the slot
         # zeroed; empty on a multi-node job's other nodes, whose copies hold the same sums)
@@ -64,6 +68,8 @@ class SlotStreamer:
             self.before_load(layer)
         start = time.perf_counter()
         s.wait("inbound", slot.free)
+        if slot.layer >= 0:  # its contents' copy home, which a release's event replaced
+            s.wait("inbound", self.home_ready.get(slot.layer))
         s.wait("inbound", self.home_ready.get(layer))
         whole = (0, slot.flat.numel())
         lo, hi = self.load_span or self.span or whole
@@ -88,6 +94,8 @@ class SlotStreamer:
         keep = {current, *wanted}
         for layer in wanted:
             if self.ring.find(layer) is None:
+                if self.ready_to_load is not None and not self.ready_to_load(layer):
+                    break
                 self._load(layer, keep)
 
     def prefetch_after(self, current: int, upcoming: list[int]) -> None:
