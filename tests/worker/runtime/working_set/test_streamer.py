@@ -48,8 +48,9 @@ def test_a_slot_is_refilled_only_after_its_copy_home() -> None:
     home = weights.home_ready[0]
     weights.release(slot)
     assert slot.free != home
+    weights.release(weights.consume(1, []))  # the other slot
     streams.waits.clear()
-    assert weights.consume(1, []) is slot  # the first slot not kept: layer 0's, refilled
+    assert weights.consume(2, []) is slot  # layer 0's slot, refilled
     assert ("inbound", home) in streams.waits
 
 
@@ -66,3 +67,15 @@ def test_a_prefetch_stops_at_a_layer_the_host_is_still_updating() -> None:
     slot = weights.consume(2, [3])  # loaded where it is used
     assert slot.layer == 2 and waited == [0, 1, 2]
     assert torch.equal(slot.flat, torch.full((8,), 2.0))
+
+
+def test_a_layer_loaded_where_it_is_used_spares_the_slot_in_use() -> None:
+    """Two slots, nothing prefetched: layer 2, loaded at its consume, goes into the slot the
+    compute stream is not still reading (layer 1's, consumed last), whatever the slots'
+    order, so its copy need not wait for layer 1's forward to end."""
+    weights, _ = _streamer(slots=2)
+    for layer in (0, 1):
+        weights.release(weights.consume(layer, []))
+    busy = weights.ring.find(1)
+    assert weights.consume(2, []) is not busy
+    assert weights.ring.find(1) is busy

@@ -37,6 +37,7 @@ class SlotStreamer:
         # (its deferred host update is running) and its consume loads it, so the host waits
         # for that update only after the layers before it are launched
         self.ready_to_load: Callable[[int], bool] | None = None
+        self.last: int | None = None  # the layer consumed last
         # data parallel gradients (working_set/data_parallel.py): only this rank's [lo, hi)
         # of a tile goes home (`span`) and comes back in (`load_span`, the rest of the slot
         # zeroed; empty on a multi-node job's other nodes, whose copies hold the same sums)
@@ -112,7 +113,11 @@ class SlotStreamer:
                 self._load(layer, set(wanted))
 
     def consume(self, layer: int, upcoming: list[int]) -> Slot:
-        slot = self.ring.find(layer) or self._load(layer, {layer})
+        # loaded here (not prefetched): not into the slot consumed last, which the compute
+        # stream may still be reading, while another slot can take it
+        keep = {layer} if self.last is None or len(self.ring.slots) < 2 else {layer, self.last}
+        slot = self.ring.find(layer) or self._load(layer, keep)
+        self.last = layer
         self._prefetch(layer, upcoming)
         self.streams.compute_waits(self.dependency, slot.ready)
         return slot
