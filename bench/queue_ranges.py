@@ -198,7 +198,7 @@ def pooled_day(rows: Sequence[Mapping[str, Any]], day: str, config: PolicyConfig
         if total > 0
     }
     started = sum(r[day]["started"] for r in rows)
-    waited_h = sum(r[day]["wait_mean_h"] * r[day]["started"] for r in rows if r[day]["started"])
+    waited_h = sum(r[day]["wait_mean_h"] * r[day]["started"] for r in rows)
     return {
         "jobs_per_hour": round(
             sum(r[day]["succeeded"] for r in rows) / sum(r[day]["makespan_h"] for r in rows), 3

@@ -298,13 +298,14 @@ def _device_parts(
         max(0.0, 3 * weights / node.both_bytes_per_s + link_seconds(b, node) - layer_fwd_s)
         for b in sent
     ]
+    load_s = _load_s(dims, spec, node)
     if lay.r_grad == 1:  # each layer's gradient for its update loads only once the
         # previous layer's slot is free: no prefetch (measured: OLMoE at 20 GiB, +0.5 s)
-        device_s = [s + weights / node.h2d_bytes_per_s for s in device_s]
+        device_s = [s + load_s for s in device_s]
     if device_s:  # the first layer's weights, gradient and moments load with no forward
         # before it to hide under (an H200, 4 layers: 32-42 ms idle at the step's start);
         # with one gradient slot its gradient's load is counted above already
-        device_s[0] += (3 if lay.r_grad == 1 else 4) * weights / node.h2d_bytes_per_s
+        device_s[0] += (3 if lay.r_grad == 1 else 4) * load_s
     staged_s = dims.embedding_params * 4 * e / node.both_bytes_per_s  # in: m, v; out: w, m, v
     return layer_fwd_s, device_s, staged_s
 

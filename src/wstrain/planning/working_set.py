@@ -212,29 +212,25 @@ def _infeasible(
         mm.Layout(min(mbs), 2, 1, "host", 512, seq_chunk=c, pieces=p)
         for c, p in seq_chunks(spec, dims)
     ]
-    inputs_home = dims.num_layers * min(mbs) * mm.saved_bytes(dims, spec, 0)
+    host_all_home = _host_inputs_home(spec, dims, device, min(mbs))
 
     def device_bytes(w: int) -> int:  # the smallest layouts with the last w layers' sets kept
-        return min(
-            mm.device_bytes(
-                dims,
-                spec,
-                lay,
-                w,
-                w * lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk, home=False),
-            )
-            for lay in smallest
-        )
+        kept = [w * lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk, home=False)
+                for lay in smallest]  # fmt: skip
+        return min(mm.device_bytes(dims, spec, lay, w, b) for lay, b in zip(smallest, kept))
 
     need = MinBudget(
         device_gib=round(min(device_bytes(0), device_bytes(dims.num_layers)) / GIB + 0.005, 2),
-        host_gib=round(mm.host_bytes(dims, spec, inputs_home, device) / GIB + 0.005, 2),
+        host_gib=round(host_all_home / GIB + 0.005, 2),
     )
     host_short = need.host_gib > spec.budget.host_gib
     # what spilling must free: with every saved set on the device where the budget holds
     # them, else with them home (long context: 8 GiB a layer at 1M tokens, past any device)
-    home = 0 if device_bytes(dims.num_layers) <= spec.budget.device_bytes else inputs_home
-    over = mm.host_bytes(dims, spec, home, device) - spec.budget.host_bytes
+    over = (
+        _host_over_bytes(spec, dims, device)
+        if device_bytes(dims.num_layers) <= spec.budget.device_bytes
+        else host_all_home - spec.budget.host_bytes
+    )
     advice, need.disk_gib, disk_short = _disk_advice(spec, dims, node, host_short, over)
     if host_short and not advice and _may_spill(spec):
         advice = _all_spilled_advice(spec, dims, node, need.host_gib)
@@ -258,14 +254,19 @@ def _infeasible(
 NO_DIR = " (the agent's WSTRAIN_SPILL_DIR; this node has none)"
 
 
+def _host_inputs_home(spec: JobSpec, dims: ModelDims, device: str, micro_batch: int) -> int:
+    """Host bytes of the job with every layer's saved input home."""
+    inputs_home = dims.num_layers * micro_batch * mm.saved_bytes(dims, spec, 0)
+    return mm.host_bytes(dims, spec, inputs_home, device)
+
+
 def _fp8_advice(spec: JobSpec, dims: ModelDims, device: str, micro_batch: int) -> str:
     """For a host budget its saved inputs overrun (long context: 8 GiB a layer at 1M tokens)
     where fp8 saved sets would fit: the host budget they need."""
     if spec.activation_precision == "fp8" or spec.precision == "fp32" or device != "cuda":
         return ""
     fp8 = spec.model_copy(update={"activation_precision": "fp8"})
-    inputs_home = dims.num_layers * micro_batch * mm.saved_bytes(dims, fp8, 0)
-    host_gib = math.ceil(mm.host_bytes(dims, fp8, inputs_home, device) / GIB * 100) / 100
+    host_gib = math.ceil(_host_inputs_home(fp8, dims, device, micro_batch) / GIB * 100) / 100
     if host_gib > spec.budget.host_gib:
         return ""
     return f"; or activation_precision: fp8 (saved sets at 8 bits, lossy): host_gib={host_gib:g}"

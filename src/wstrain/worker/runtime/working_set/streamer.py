@@ -84,8 +84,10 @@ class SlotStreamer:
         self.counters["h2d_bytes"] += slot.flat[lo:hi].nbytes
         return slot
 
-    def _prefetch(self, current: int, upcoming: list[int]) -> None:
-        """Load the next distinct layers of `upcoming` into the remaining slots."""
+    def prefetch_after(self, current: int, upcoming: list[int]) -> None:
+        """Load the next distinct layers of `upcoming` into the slots `current` leaves (what
+        consume(current, upcoming) prefetches; called apart, a layer's own loads go ahead of
+        those the next layers need)."""
         wanted: list[int] = []
         for layer in upcoming:
             if len(wanted) == len(self.ring.slots) - 1:
@@ -98,11 +100,6 @@ class SlotStreamer:
                 if self.ready_to_load is not None and not self.ready_to_load(layer):
                     break
                 self._load(layer, keep)
-
-    def prefetch_after(self, current: int, upcoming: list[int]) -> None:
-        """What consume(current, upcoming) would prefetch, for a `current` consumed without:
-        the loads a layer needs first go ahead of those the next layers need."""
-        self._prefetch(current, upcoming)
 
     def prefetch(self, upcoming: list[int]) -> None:
         """Start loading the first layers of `upcoming` before any is used, into all but one
@@ -118,7 +115,7 @@ class SlotStreamer:
         keep = {layer} if self.last is None or len(self.ring.slots) < 2 else {layer, self.last}
         slot = self.ring.find(layer) or self._load(layer, keep)
         self.last = layer
-        self._prefetch(layer, upcoming)
+        self.prefetch_after(layer, upcoming)
         self.streams.compute_waits(self.dependency, slot.ready)
         return slot
 
