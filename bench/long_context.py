@@ -24,6 +24,14 @@ one step under the profiler, whose GPU time by kernel kind goes in the row's `ti
     python -m bench.long_context --lengths 131072 --document-tokens 8192 --seq-chunk 4096 \
         --out X.json
 
+`--windows host,device` runs each row with the pieces' window of keys and values (and their
+fp32 gradient sums) on the host, staged a 64K-key block at a time (ops/host_window.py), and on
+the device, side by side; a million tokens fit 24 GiB only with it on the host, and the host
+only with fp8 saved sets (`--activations fp8`):
+
+    python -m bench.long_context --lengths 1048576 --layers 16 --host-gib 120 \
+        --activations fp8 --steps 1 --out X.json
+
 Each row runs in its own process. A row takes 32 layers where the host budget holds their
 state and saved inputs, else 16, and says which. Timed over whole steps after one warm-up
 step (`--steps 1`: the single step is timed, warm-up included, and the row says so). MFU
@@ -58,6 +66,8 @@ from wstrain.worker.ops.prefix_attn import prefix_attention, prefix_attention_ba
 log = logging.getLogger("bench.long_context")
 
 DEVICE_GIB = 24.0
+# past 512K a layer's whole attention, timed twice per kernel, is minutes: time 8 pieces
+MOST_TIMED_FROM_TOKENS, MOST_TIMED_PIECES = 524288, 8
 ADAWS_H100_MFU = {32768: 0.571, 65536: 0.560, 131072: 0.531, 262144: 0.519, 524288: 0.425}
 
 
@@ -70,13 +80,17 @@ def plan_row(  # type: ignore[no-untyped-def]
     seq_chunk: int = 0,
     global_batch: int = 1,
     kernel: str = "auto",
+    window: str = "auto",
+    activations: str = "bf16",
 ):
     """(spec, dims, plan, node) at `layers`, or the 32 layers when they fit the host
     budget and else 16; `documents`: under document_mask, documents of that many tokens
     (the agent reads the span from a token file's index; here every query's is known);
     `seq_chunk`: the piece length pinned (0: the planner's); `global_batch`: sequences a
     step (the planner picks the micro-batch); `kernel` "cudnn": plan and run without FA3
-    where it is installed ("auto": the fastest present)."""
+    where it is installed ("auto": the fastest present); `window` "host" or "device": the
+    pieces' window of keys and values pinned there ("auto": the planner's);
+    `activations`: the saved sets' precision ("fp8": opt-in, lossy)."""
     node = measured_node()  # no layer timing: a whole layer at 512K is what does not fit
     node = node.with_documents(documents)
     if kernel == "cudnn":
@@ -84,8 +98,13 @@ def plan_row(  # type: ignore[no-untyped-def]
         node = replace(node, fa3_attention_points=())
     last: Exception | None = None
     for n in [layers] if layers else [32, 16]:
-        pinned = {"seq_chunk": seq_chunk} if seq_chunk else {}
-        spec = llama_spec(f"long-{seq}", n, seq, global_batch, steps, DEVICE_GIB, host_gib, pinned)
+        pinned: dict[str, object] = {"seq_chunk": seq_chunk} if seq_chunk else {}
+        if window != "auto":
+            pinned["window_home"] = window == "host"
+        spec = llama_spec(
+            f"long-{seq}", n, seq, global_batch, steps, DEVICE_GIB, host_gib, pinned,
+            activation_precision=activations,
+        )  # fmt: skip
         spec = spec.model_copy(update={"document_mask": documents > 0})
         dims = llama_dims(n)
         try:
@@ -96,10 +115,12 @@ def plan_row(  # type: ignore[no-untyped-def]
     raise RuntimeError(f"no plan at {seq} tokens: {last}")
 
 
-def attention_rate(dims: ModelDims, seq: int, seq_chunk: int) -> float:
+def attention_rate(dims: ModelDims, seq: int, seq_chunk: int, most_pieces: int = 0) -> float:
     """FLOP/s of one layer's causal attention fwd+bwd at `seq` tokens in pieces of
     `seq_chunk` (or whole), as ops/prefix_attn.py runs it; FLOPs counted as the model's
-    (4·S²·H·hd/2 forward, 2.5x that backward)."""
+    (4·S²·H·hd/2 forward, 2.5x that backward). `most_pieces`: time that many pieces evenly
+    spread over the sequence, their own FLOPs counted (a 1M-token layer's whole attention
+    is over a minute twice)."""
     h, kv, hd = dims.num_heads, dims.num_kv_heads, dims.head_dim
     dev, bf16 = "cuda", torch.bfloat16
     q = torch.randn(1, h, seq, hd, device=dev, dtype=bf16)
@@ -108,6 +129,8 @@ def attention_rate(dims: ModelDims, seq: int, seq_chunk: int) -> float:
     dv = torch.zeros_like(dk)
     c = seq_chunk or seq
     spans = [(s0, min(s0 + c, seq)) for s0 in range(0, seq, c)]
+    if most_pieces and len(spans) > most_pieces:
+        spans = spans[len(spans) // most_pieces - 1 :: len(spans) // most_pieces]
 
     def once() -> None:
         for s0, s1 in spans:
@@ -123,7 +146,8 @@ def attention_rate(dims: ModelDims, seq: int, seq_chunk: int) -> float:
     t0 = time.perf_counter()
     once()
     torch.cuda.synchronize()
-    flops = 3.5 * 2 * seq * seq * h * hd  # causal fwd 2·S²·H·hd, bwd 2.5x
+    # causal fwd 2·S²·H·hd over the whole sequence, bwd 2.5x; a piece's share (s1²-s0²)/S²
+    flops = 3.5 * 2 * h * hd * sum(s1 * s1 - s0 * s0 for s0, s1 in spans)
     return flops / (time.perf_counter() - t0)
 
 
@@ -144,14 +168,17 @@ def kernel_floor_s(
 def run_row(args: argparse.Namespace) -> Row:
     seq, docs, batch = int(args.row), args.document_tokens, args.global_batch
     spec, dims, plan, node = plan_row(
-        seq, args.host_gib, args.steps, args.layers, docs, args.seq_chunk, batch, args.kernel
-    )
+        seq, args.host_gib, args.steps, args.layers, docs, args.seq_chunk, batch, args.kernel,
+        args.window, args.activations,
+    )  # fmt: skip
     log.info("plan: %s", plan.reasons)
     res = run_plan(spec, dims, plan, args.steps, args.profile, node, document_tokens=docs)
     if args.steps == 1:  # one step: timed as it is, warm-up included
         res["times"] = [0.0, *res["times"]]
     name = f"long-{seq}" + (f"-docs{docs}" if docs else "") + (f"-x{batch}" if batch > 1 else "")
     name += f"-{args.kernel}" if args.kernel != "auto" else ""
+    name += f"-window-{args.window}" if args.window != "auto" else ""
+    name += "-fp8" if args.activations == "fp8" else ""
     row = row_from(name, "working_set", dims, seq, batch, DEVICE_GIB, res)
     if docs:  # the FLOPs its documents cost, and the whole sequence's beside them
         row.plan["mfu_whole_causal"] = row.mfu  # type: ignore[index]
@@ -171,13 +198,15 @@ def run_row(args: argparse.Namespace) -> Row:
             "cuda", "bf16", docs > 0, fa3_takes(torch.bfloat16, dims.head_dim)
         )
     )
-    rate = attention_rate(dims, seq, ws.seq_chunk)
+    most = MOST_TIMED_PIECES if seq > MOST_TIMED_FROM_TOKENS else 0
+    rate = attention_rate(dims, seq, ws.seq_chunk, most)
     row.plan["attention_fwd_bwd_flops"] = rate  # type: ignore[index]
+    row.plan["attention_rate_pieces_timed"] = most or "all"  # type: ignore[index]
     floor_s = kernel_floor_s(dims, seq, batch, node.matmul_flops, rate, docs)
     row.plan["kernel_floor_step_seconds"] = floor_s  # type: ignore[index]
     row.kernel_floor_ratio = floor_s / row.measured_step_seconds
     fa3.ENABLED = prefix_attn.USE_CUDNN = False  # FA2, the fallback, for the record
-    row.plan["flash2_fwd_bwd_flops"] = attention_rate(dims, seq, ws.seq_chunk)  # type: ignore[index]
+    row.plan["flash2_fwd_bwd_flops"] = attention_rate(dims, seq, ws.seq_chunk, most)  # type: ignore[index]
     row.plan["adaws_h100_mfu"] = ADAWS_H100_MFU.get(seq)  # type: ignore[index]
     row.plan["steps_timed"] = max(1, args.steps - 1)  # type: ignore[index]
     return row
@@ -207,6 +236,19 @@ def main() -> None:
         help="comma-separated: auto (FA3 where installed, else cuDNN) and/or cudnn; each "
         "row runs once per kernel, side by side in one run",
     )
+    p.add_argument(
+        "--window",
+        default="auto",
+        choices=["auto", "host", "device"],
+        help=argparse.SUPPRESS,  # one row's, internal
+    )
+    p.add_argument(
+        "--activations", default="bf16", choices=["bf16", "fp8"], help="saved sets' precision"
+    )
+    p.add_argument(
+        "--windows", default="auto", help="comma-separated windows (auto, host, device), each "
+        "row once per window, side by side in one run",
+    )  # fmt: skip
     p.add_argument("--kernel", default="auto", help=argparse.SUPPRESS)  # one row's, internal
     args = parse_or_run_row(p, "", run_row)
     if args is None:
@@ -214,14 +256,16 @@ def main() -> None:
     common = ["--steps", str(args.steps), "--host-gib", str(args.host_gib)]
     common += ["--layers", str(args.layers), "--document-tokens", str(args.document_tokens)]
     common += ["--seq-chunk", str(args.seq_chunk), "--global-batch", str(args.global_batch)]
+    common += ["--activations", args.activations]
     common += ["--profile"] if args.profile else []
     children = [
         (
-            ["bench.long_context", "--row", s, *common, "--kernel", k],
-            {"name": f"long-{s}", "seq_len": int(s), "attention_kernel": k},
+            ["bench.long_context", "--row", s, *common, "--kernel", k, "--window", w],
+            {"name": f"long-{s}", "seq_len": int(s), "attention_kernel": k, "window": w},
         )
         for s in args.lengths.split(",")
         for k in args.kernels.split(",")
+        for w in args.windows.split(",")
     ]
     rows = run_children(children, args.out)
     print(format_rows(rows))

@@ -67,6 +67,12 @@ class WorkingSetPlan(BaseModel):
         "each sequence a piece at a time against a window of its keys and values, and levels "
         "are per [layer][sequence x piece]); 0 = whole sequences",
     )
+    window_home: bool = Field(
+        default=False,
+        description="with seq_chunk: the window of keys and values and their fp32 gradient "
+        "sums in pinned host memory, a 64K-key block at a time on the device (12 GiB less "
+        "device at 1M tokens, for the link's traffic)",
+    )
     attention_kernel: str = Field(
         default="",
         description="the kernel the attention runs: with seq_chunk a piece's, else a whole "

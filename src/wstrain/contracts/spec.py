@@ -143,6 +143,12 @@ class PlanOverrides(StrictModel):
         "layer runs a sequence a piece at a time against a window of its keys and values); "
         "0 = whole sequences",
     )
+    window_home: bool | None = Field(
+        default=None,
+        description="working set, long context in pieces: the window of keys and values "
+        "with their fp32 gradient sums in host memory, a 64K-key block at a time on the "
+        "device (12 GiB less device at 1M tokens); None: the planner weighs it",
+    )
     overlap: bool | None = Field(
         default=None,
         description="working set: cross-round overlap, each round's forward beside the "
@@ -289,6 +295,11 @@ class JobSpec(StrictModel):
                 f'gpus={gpus}{of_nodes} with overrides.optimizer="{opt}": a data-parallel '
                 "working set updates its one shared host copy on the host (each node's); use "
                 'overrides.optimizer "host" (or leave it unset), or one rank (gpus=1, nodes=1)'
+            )
+        if overrides.window_home and info.data.get("document_mask"):
+            raise ValueError(
+                "overrides.window_home=true with document_mask: packed documents' pieces "
+                "keep their window on the device; drop window_home (or document_mask)"
             )
         return overrides
 

@@ -180,10 +180,7 @@ def finish(
     L, X = dims.num_layers, lay.units
     saved = mm.saved_bytes_by_level(dims, spec, lay.seq_chunk)
     inputs_home = (L - window) * X * saved[0]
-    if (
-        mm.host_bytes(dims, spec, inputs_home, device, spilled=lay.spilled_layers)
-        > spec.budget.host_bytes
-    ):
+    if mm.host_bytes(dims, spec, inputs_home, device, lay=lay) > spec.budget.host_bytes:
         return None  # even level 0 everywhere does not fit the host
     home = _home_levels(spec, sol, L - window, X)
     if first_sol is not None:
@@ -203,7 +200,7 @@ def finish(
         if home_saved > limit:
             return None  # a lead pass's sets do not fit even at level 0
     extra = mm.lead_pass_saved(lay, home_saved, window_inputs)
-    host = mm.host_bytes(dims, spec, home_saved + extra, device, spilled=lay.spilled_layers)
+    host = mm.host_bytes(dims, spec, home_saved + extra, device, lay=lay)
     levels = home + window_rows
     if lay.optimizer == "split":  # as many device layers as suit what the layers send home
         sent = cm.first_forward_sent(dims, spec, lay, home)
@@ -245,7 +242,7 @@ def _finish_overlap(
     stored = mm.overlap_stored_bytes(
         [b + b // 256 for b in first_sent], [b + b // 256 for b in later_sent]
     )
-    host = mm.host_bytes(dims, spec, 0, device, stored=stored, spilled=lay.spilled_layers)
+    host = mm.host_bytes(dims, spec, 0, device, stored=stored, lay=lay)
     if host > spec.budget.host_bytes:
         return None
     if lay.optimizer == "split":

@@ -82,6 +82,30 @@ def piece_sums_s(dims: ModelDims, seq_len: int, lay: Layout, span: int) -> float
     return total / PIECE_SUMS_BYTES_PER_S
 
 
+def window_stream_s(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -> float:
+    """Seconds a window kept on the host (Layout.window_home, worker/ops/host_window.py)
+    adds to one sequence's pass through one layer: each piece's K and V go home on the
+    compute stream twice (the forward, the backward's rebuild); a call's first key block
+    comes in before its kernels (the forward's prefix; the backward's, with its fp32 sums),
+    the rest while the block before computes, showing only where a piece's copies outlast
+    its attention (backward: 2.5x the forward's). 0 with the window on the device."""
+    if not lay.window_home or lay.pieces == 1:
+        return 0.0
+    S, block = spec.seq_len, ATTENTION_KEY_BLOCK_TOKENS
+    width = dims.num_kv_heads * dims.head_dim
+    kv_b, sums_b = 2 * width * ELEMENT_BYTES[spec.precision], 2 * width * 4  # a key's
+    core_s = core_attention_s(dims, S, S, node, attention_call(S, lay, node))
+    total = 2 * S * kv_b / node.d2h_bytes_per_s
+    for s0, s1 in piece_spans(S, lay.seq_chunk):
+        fwd_s = core_s * (s1 * s1 - s0 * s0) / (S * S)
+        first_in_s = min(s0, block) * kv_b / node.h2d_bytes_per_s
+        total += first_in_s + max(0.0, s0 * kv_b / node.h2d_bytes_per_s - first_in_s - fwd_s)
+        first_in_s = min(s1, block) * (kv_b + sums_b) / node.h2d_bytes_per_s
+        both_s = (s1 * (kv_b + sums_b) + s0 * sums_b) / node.both_bytes_per_s
+        total += first_in_s + max(0.0, both_s - first_in_s - 2.5 * fwd_s)
+    return total
+
+
 def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -> LayerCost:
     """One home layer as the levels DP sees it (planning/levels.py), per round."""
     span, call = attention_span(spec.seq_len, lay, node), attention_call(spec.seq_len, lay, node)
@@ -158,6 +182,7 @@ def step_time(
     # inputs (the norm and the K/V projections again)
     rebuild_s = (lay.pieces > 1) * 4 * S * dims.hidden_size * dims.num_kv_heads * dims.head_dim
     sums_s = piece_sums_s(dims, S, lay, attention_span(S, lay, node))
+    sums_s += window_stream_s(dims, spec, lay, node)
     compute = rounds * X * (L * (fwd_s + bwd_s + rebuild_s / node.matmul_flops + sums_s) + head_s)
     weights = dims.layer_params * e
     # forward: the next layer's weights must arrive while this one computes

@@ -99,13 +99,25 @@ def layouts(
     chosen = spec.gpus * spec.nodes == 1 and device == "cuda" and spec.activation_precision == "fp8"
     overlaps = [o.overlap] if o.overlap is not None else [False, True] if chosen else [False]
     overlaps = [v for v in overlaps if not (v and dims.is_moe)]
+    homes = window_homes(spec, device)
     return [
         mm.Layout(
-            m, rp, rg, opt, lt, lead, seq_chunk=c, pieces=p, overlap=overlap, spilled_layers=spilled
+            m,
+            rp,
+            rg,
+            opt,
+            lt,
+            lead,
+            seq_chunk=c,
+            pieces=p,
+            overlap=overlap,
+            spilled_layers=spilled,
+            window_home=home,
         )
         for overlap in overlaps
         for c, p in seq_chunks(spec, dims, pieces)
         if p == 1 or not overlap  # the overlap runs whole sequences
+        for home in (homes if p > 1 else [False])
         for lead in (leads if p == 1 else [1])  # pieces run one round a pass
         for m in mbs
         for opt in optimizers
@@ -118,6 +130,15 @@ def layouts(
         # stalled 2.7 s a step on them
         and not (overlap and rg == 1 and o.r_grad is None)
     ]
+
+
+def window_homes(spec: JobSpec, device: str) -> list[bool]:
+    """Where a job in pieces may keep its window (worker/ops/host_window.py): the job's
+    override, else the device and, on a CUDA device, the host too (its memory for link
+    traffic); packed documents keep theirs on the device."""
+    if spec.overrides.window_home is not None:
+        return [spec.overrides.window_home]
+    return [False, True] if device == "cuda" and not spec.document_mask else [False]
 
 
 def seq_chunks(spec: JobSpec, dims: ModelDims, pieces: bool = True) -> list[tuple[int, int]]:

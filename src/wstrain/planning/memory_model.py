@@ -59,6 +59,9 @@ class Layout:
     # the disk tier (working_set/spill.py): the last spilled_layers layers' AdamW moments in
     # the spill file, updated by the host through SPILL_SLOTS slots
     spilled_layers: int = 0
+    # long context: the pieces' window of K and V with their fp32 gradient sums in pinned
+    # host memory, staged a key block at a time (worker/ops/host_window.py)
+    window_home: bool = False
 
     @property
     def pass_sequences(self) -> int:
@@ -167,7 +170,18 @@ def context_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
     width = dims.num_kv_heads * dims.head_dim
     block = min(spec.seq_len, ATTENTION_KEY_BLOCK_TOKENS)
     expanded = dims.num_heads * dims.head_dim * (dims.num_heads != dims.num_kv_heads)
-    return spec.seq_len * width * (2 * e + 2 * 4) + block * 2 * e * (width + expanded)
+    # on the host: two staging slots of a block (or a piece, where longer) on the device
+    rows = 2 * max(block, lay.seq_chunk) if lay.window_home else spec.seq_len
+    return rows * width * (2 * e + 2 * 4) + block * 2 * e * (width + expanded)
+
+
+def host_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
+    """Host bytes of a window kept there (Layout.window_home): K and V of the round's
+    sequences and their fp32 gradient sums, 12 KiB a token at Llama-3-8B dims; else 0."""
+    if not lay.window_home or lay.pieces == 1:
+        return 0
+    width = dims.num_kv_heads * dims.head_dim
+    return lay.micro_batch * spec.seq_len * width * (2 * ELEMENT_BYTES[spec.precision] + 2 * 4)
 
 
 def document_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
@@ -345,7 +359,7 @@ def home_saved_limit(
 
     def fits(home_saved: int) -> bool:
         extra = lead_pass_saved(lay, home_saved, window_inputs)
-        host = host_bytes(dims, spec, home_saved + extra, device, spilled=lay.spilled_layers)
+        host = host_bytes(dims, spec, home_saved + extra, device, lay=lay)
         return host <= spec.budget.host_bytes
 
     if fits(most):
@@ -363,15 +377,16 @@ def host_bytes(
     home_saved: int,
     device: str,
     stored: int | None = None,
-    spilled: int = 0,
+    lay: Layout | None = None,
 ) -> int:
     """Training state + the store of saved sets sent home (`stored` bytes where given, as
     overlap_stored_bytes counts them) + the reserve beside the arena; with spec.gpus
     ranks the state is shared, the store and the reserve are each rank's
-    (planning/ranks.py); `spilled` layers' moments on disk."""
+    (planning/ranks.py); `lay`'s spilled layers' moments on disk, its window on the host."""
     store = stored_bytes(home_saved) if stored is None else stored
+    spilled = lay.spilled_layers if lay else 0
     state, reserve = _host_fixed_bytes(dims, spec.precision, device, spilled)
-    private = store + reserve
+    private = store + reserve + (host_window_bytes(dims, spec, lay) if lay else 0)
     return state + spec.gpus * private
 
 

@@ -13,39 +13,31 @@ The search (AdaWS §3.2 with ProTrain's "try them all, the cost model picks"):
    levels come from one pass of the DP (planning/levels.py) that answers for every W; the
    window's levels are bought with the device memory left over;
 4. the candidate with the smallest predicted step (planning/cost_model.py) wins.
-Every candidate fits the device budget by construction, so more budget only adds candidates:
-a bigger budget never predicts a slower step within a tier of step 1. The budget that first
-admits a micro-batch at the bound can predict a slower step than the smaller one below it
-did: the bound's tier wins by design (it keeps the weight stream hidden behind compute).
-Long sequences (seq_len >= PIECES_FROM_TOKENS) weigh pieces beside whole sequences in
-one search; shorter ones take pieces as a second tier, only where no whole-sequence plan
-fits (measured slower than predicted), so there too the budget that first admits whole
-sequences may predict a slower step.
+Every candidate fits the device budget by construction: more budget only adds candidates,
+never a slower prediction within a tier of step 1 (the budget that first admits the bound's
+micro-batch may predict slower than the one below: that tier keeps the weight stream hidden
+by design). Long sequences (seq_len >= PIECES_FROM_TOKENS) weigh pieces (and their window
+on the host) beside whole sequences in one search; shorter ones take pieces as a second
+tier where no whole-sequence plan fits (measured slower than predicted).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
-from wstrain.contracts.calibration import GIB
-from wstrain.contracts.errors import InfeasibleBudget, InvalidSpec
+from wstrain.contracts.errors import InvalidSpec
 from wstrain.contracts.hardware import Device, NodeProfile
 from wstrain.contracts.model_dims import ModelDims
-from wstrain.contracts.plan import MinBudget, Plan, Predicted, WorkingSetPlan
+from wstrain.contracts.plan import Plan, Predicted, WorkingSetPlan
 from wstrain.contracts.spec import JobSpec
 from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
 from wstrain.planning import spill as sp
 from wstrain.planning.candidates import Candidate, Window, finish, window_costs
-from wstrain.planning.layouts import (
-    PIECES_FROM_TOKENS,
-    layouts,
-    micro_batches,
-    seq_chunks,
-)
+from wstrain.planning.layouts import PIECES_FROM_TOKENS, layouts, micro_batches
 from wstrain.planning.levels import Solution, solve
 from wstrain.planning.reasons import ws_reasons
+from wstrain.planning.refusal import host_over_bytes, infeasible, may_spill
 
 
 def _search(
@@ -165,7 +157,7 @@ def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:
         fits = [_first_fit(spec, dims, node, device, tiers, passes, n) for n in counts]
         best = min((c for c in fits if c), key=lambda c: c.time.total_s, default=None)
     if best is None:
-        raise _infeasible(spec, dims, node, device, mbs)
+        raise infeasible(spec, dims, node, device, mbs)
     return _plan(spec, dims, node, best, device, bound)
 
 
@@ -186,155 +178,17 @@ def _first_fit(
     return None
 
 
-def _host_over_bytes(spec: JobSpec, dims: ModelDims, device: str) -> int:
-    """What the host needs past its budget with no saved sets sent home (every layer's in
-    the device window): what spilling must free at least, whatever the plan."""
-    return mm.host_bytes(dims, spec, 0, device) - spec.budget.host_bytes
-
-
 def _spill_counts(
     spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int]
 ) -> list[int]:
     """The spill counts to search: none without a disk budget, a spill directory on the
     node (its profiled rates) or on several ranks (each would stream its span: not built)."""
-    if not spec.budget.disk_bytes or node.disk_read_bytes_per_s <= 0 or not _may_spill(spec):
+    if not spec.budget.disk_bytes or node.disk_read_bytes_per_s <= 0 or not may_spill(spec):
         return []
     most = sp.most_spilled(dims, spec.precision, spec.budget.disk_bytes)
-    over = max(1, _host_over_bytes(spec, dims, device))  # a plan failed: spill one at least
+    over = max(1, host_over_bytes(spec, dims, device))  # a plan failed: spill one at least
     least = sp.least_spilled(dims, spec.precision, over, most)
     return [] if least is None else sp.spill_counts(least, most)
-
-
-def _infeasible(
-    spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int]
-) -> InfeasibleBudget:
-    smallest = [
-        mm.Layout(min(mbs), 2, 1, "host", 512, seq_chunk=c, pieces=p)
-        for c, p in seq_chunks(spec, dims)
-    ]
-    host_all_home = _host_inputs_home(spec, dims, device, min(mbs))
-
-    def device_bytes(w: int) -> int:  # the smallest layouts with the last w layers' sets kept
-        kept = [w * lay.units * mm.saved_bytes(dims, spec, 0, lay.seq_chunk, home=False)
-                for lay in smallest]  # fmt: skip
-        return min(mm.device_bytes(dims, spec, lay, w, b) for lay, b in zip(smallest, kept))
-
-    need = MinBudget(
-        device_gib=round(min(device_bytes(0), device_bytes(dims.num_layers)) / GIB + 0.005, 2),
-        host_gib=round(host_all_home / GIB + 0.005, 2),
-    )
-    host_short = need.host_gib > spec.budget.host_gib
-    # what spilling must free: with every saved set on the device where the budget holds
-    # them, else with them home (long context: 8 GiB a layer at 1M tokens, past any device)
-    over = (
-        _host_over_bytes(spec, dims, device)
-        if device_bytes(dims.num_layers) <= spec.budget.device_bytes
-        else host_all_home - spec.budget.host_bytes
-    )
-    advice, need.disk_gib, disk_short = _disk_advice(spec, dims, node, host_short, over)
-    if host_short and not advice and _may_spill(spec):
-        advice = _all_spilled_advice(spec, dims, node, need.host_gib)
-    if host_short:
-        advice += _fp8_advice(spec, dims, device, min(mbs))
-    overlap = (
-        " with overrides.overlap=true (two rounds in flight: their transitions and copies on "
-        "the device, their saved sets on the host); drop overlap, or raise the budget past"
-        if spec.overrides.overlap
-        else " even with the working-set runtime; raise the budget to at least"
-    )
-    return InfeasibleBudget(
-        f"budget device_gib={spec.budget.device_gib}, host_gib={spec.budget.host_gib} cannot "
-        f"hold {dims.params / 1e6:.1f}M parameters at seq_len={spec.seq_len}{overlap} "
-        f"device_gib={need.device_gib}, host_gib={need.host_gib}{advice}",
-        min_budget=need.model_dump(),
-        **({"field": "budget.disk_gib"} if disk_short else {}),
-    )
-
-
-NO_DIR = " (the agent's WSTRAIN_SPILL_DIR; this node has none)"
-
-
-def _host_inputs_home(spec: JobSpec, dims: ModelDims, device: str, micro_batch: int) -> int:
-    """Host bytes of the job with every layer's saved input home."""
-    inputs_home = dims.num_layers * micro_batch * mm.saved_bytes(dims, spec, 0)
-    return mm.host_bytes(dims, spec, inputs_home, device)
-
-
-def _fp8_advice(spec: JobSpec, dims: ModelDims, device: str, micro_batch: int) -> str:
-    """For a host budget its saved inputs overrun (long context: 8 GiB a layer at 1M tokens)
-    where fp8 saved sets would fit: the host budget they need."""
-    if spec.activation_precision == "fp8" or spec.precision == "fp32" or device != "cuda":
-        return ""
-    fp8 = spec.model_copy(update={"activation_precision": "fp8"})
-    host_gib = math.ceil(_host_inputs_home(fp8, dims, device, micro_batch) / GIB * 100) / 100
-    if host_gib > spec.budget.host_gib:
-        return ""
-    return f"; or activation_precision: fp8 (saved sets at 8 bits, lossy): host_gib={host_gib:g}"
-
-
-def _may_spill(spec: JobSpec) -> bool:
-    """Whether the disk tier could take this job's moments on some node: one rank, the
-    host updating the spilled layers (the device optimizer streams the moments instead)."""
-    return spec.gpus * spec.nodes == 1 and spec.overrides.optimizer != "device"
-
-
-def _all_spilled_advice(spec: JobSpec, dims: ModelDims, node: NodeProfile, host_gib: float) -> str:
-    """For a host budget that spilling every layer's moments would not rescue: a host
-    budget that does with them all on disk (`host_gib`, the advice without the tier, less
-    what they free: the planner may fit a little less), and the disk that takes them."""
-    L = dims.num_layers
-    host = host_gib - sp.host_saved_bytes(dims, spec.precision, L) / GIB
-    disk = sp.disk_bytes(dims, spec.precision, L) / GIB
-    return (
-        f"; the disk tier cannot make up the difference: with all {L} layers' AdamW moments "
-        f"on disk (budget.disk_gib >= {math.ceil(disk * 100) / 100:g}), "
-        f"host_gib={math.ceil(host * 100) / 100:g} holds it"
-        + ("" if node.disk_read_bytes_per_s > 0 else f" on a node with a spill directory{NO_DIR}")
-    )
-
-
-def _disk_advice(
-    spec: JobSpec, dims: ModelDims, node: NodeProfile, host_short: bool, over_bytes: int
-) -> tuple[str, float, bool]:
-    """(what the disk tier would do for a host budget too small (`host_short`) by
-    `over_bytes`, as a clause; the disk GiB that would hold the overflow, 0 where it cannot
-    help; whether the job's own disk budget is what falls short)."""
-    over = max(1, over_bytes)
-    least = sp.least_spilled(dims, spec.precision, over, dims.num_layers) if host_short else None
-    if least is None:  # the host is not short, or spilling every moment would not do
-        return "", 0.0, False
-    need = sp.disk_bytes(dims, spec.precision, least)
-    need_gib = math.ceil(need / GIB * 100) / 100
-    if spec.gpus * spec.nodes > 1:
-        return "; the disk tier (budget.disk_gib) runs one-GPU jobs only", 0.0, False
-    if not _may_spill(spec):
-        return (
-            "; the disk tier (budget.disk_gib) needs the host optimizer: drop "
-            "overrides.optimizer=device",
-            0.0,
-            False,
-        )
-    if 0 < spec.budget.disk_bytes < need:
-        return (
-            f"; budget.disk_gib={spec.budget.disk_gib:g} is too small for the {least} layers' "
-            f"AdamW moments the host cannot hold: give budget.disk_gib >= {need_gib:g}",
-            need_gib,
-            True,
-        )
-    if node.disk_read_bytes_per_s <= 0:
-        return (
-            f"; or budget.disk_gib >= {need_gib:g} on a node with a spill directory{NO_DIR}",
-            need_gib,
-            False,
-        )
-    if spec.budget.disk_bytes >= need:  # the disk is not what falls short: say so
-        return (
-            f"; budget.disk_gib={spec.budget.disk_gib:g} holds the {least} layers' AdamW "
-            "moments the host cannot hold",
-            need_gib,
-            False,
-        )
-    return f"; or budget.disk_gib >= {need_gib:g} (the disk tier)", need_gib, False
 
 
 def _piece_kernel(spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str) -> str:
@@ -379,6 +233,7 @@ def _plan(
             device_layers=lay.device_layers,
             lead_rounds=lay.lead_rounds,
             seq_chunk=lay.seq_chunk if lay.pieces > 1 else 0,
+            window_home=lay.window_home,
             attention_kernel=kernel,
             overlap=lay.overlap,
             first_levels=c.first_levels or [],

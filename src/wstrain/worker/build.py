@@ -131,6 +131,7 @@ def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
         lead_rounds=ws.lead_rounds,
         document_mask=spec.document_mask,
         seq_chunk=ws.seq_chunk,
+        window_home=ws.window_home,
         activation_precision=spec.activation_precision,
         overlap=ws.overlap,
         first_levels=tuple(tuple(row) for row in ws.first_levels),

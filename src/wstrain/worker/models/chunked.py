@@ -176,15 +176,18 @@ def chunk_attention_backward(
     segments: torch.Tensor | None,
     rows: tuple[int, int],
     lo: int = 0,
+    hi: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of chunk_attention_forward's (out, lse) for queries `rows` [s0, s1):
-    (dq (B, H, c, hd), dk and dv of the keys [lo, s1) (B, KV, s1-lo, hd/E)), all fp32.
-    q, out (B, H, c, .), lse (B, H, c); k, v (B, KV, >= s1, .); dout, dlse like out, lse."""
+    (dq (B, H, c, hd), dk and dv of the keys [lo, hi) (B, KV, hi-lo, hd/E); hi: s1 unless
+    given), all fp32. q, out (B, H, c, .), lse (B, H, c); k, v (B, KV, >= hi, .); dout,
+    dlse like out, lse."""
     (s0, s1), h, kv = rows, q.shape[1], k.shape[1]
+    hi = s1 if hi is None else hi
     scale, g, c = q.shape[-1] ** -0.5, h // kv, s1 - s0
     qc = _rows(q, 0, c, kv)  # (B, KV, g·c, hd)
-    kc, vc = k[:, :, lo:s1].float(), v[:, :, lo:s1].float()  # (B, KV, L, hd/E)
-    keep = _keep(segments, s0, s1, lo, s1, q.device)  # (B or 1, c, L)
+    kc, vc = k[:, :, lo:hi].float(), v[:, :, lo:hi].float()  # (B, KV, L, hd/E)
+    keep = _keep(segments, s0, s1, lo, hi, q.device)  # (B or 1, c, L)
     p = _masked(qc @ kc.transpose(-1, -2) * scale, keep, g)  # scores (B, KV, g·c, L)
     p.sub_(_rows(lse.unsqueeze(-1), 0, c, kv)).exp_()  # P (B, KV, g·c, L), recomputed
     dv = torch.zeros_like(vc)
@@ -202,6 +205,40 @@ def chunk_attention_backward(
     dq = _heads(ds @ kc, h) * scale
     dk = (ds.transpose(-1, -2) @ qc) * scale
     return dq, dk, dv
+
+
+def _block_rows(c: int, n: int, causal: bool) -> tuple[int, int]:
+    """Positions for c queries over a block of n keys at positions [0, n): the block's last c
+    (causal, bottom-right: query i sees key j when j <= i + n - c) or all after it."""
+    return (n - c, n) if causal else (n, n + c)
+
+
+def block_attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries q (B, H, c, hd) over one block of keys k, v (B, KV, n, hd): every key
+    (a prefix block), or causal aligned bottom-right (the block ending at the queries' last
+    position): (out (B, H, c, E) fp32, lse (B, H, c) fp32), merged across blocks by
+    merge_partials."""
+    h, kv, n = q.shape[1], k.shape[1], k.shape[2]
+    rows = _block_rows(q.shape[2], n, causal)
+    o, m = _partial(_rows(q, 0, q.shape[2], kv), k, v, None, rows, (0, n), q.shape[-1] ** -0.5)
+    return _heads(o, h), _heads(m, h)
+
+
+def block_attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq (B, H, c, hd), dk, dv (B, KV, n, hd)) fp32 of block_attention_forward's block,
+    with the whole row's out and lse: the block's exact share (as a fused kernel's call)."""
+    rows = _block_rows(q.shape[2], k.shape[2], causal)
+    return chunk_attention_backward(dout, None, q, k, v, out, lse, None, rows, 0, k.shape[2])
 
 
 class _ChunkedAttention(torch.autograd.Function):

@@ -23,6 +23,7 @@ hold every later chunk's part and it can finish the gradient through its project
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -70,6 +71,40 @@ class ContextWindow:
             self.dk.zero_()
             self.dv.zero_()  # type: ignore[union-attr]
 
+    def attention(
+        self, q: torch.Tensor, s0: int, runs: Runs | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out (B, H, c, hd), lse (B, H, c) fp32) of the queries q (B, H, c, hd) at rows
+        [s0, s0+c) over the window's keys [0, s0+c) (of q's B sequences)."""
+        b, s1 = q.shape[0], s0 + q.shape[2]
+        k, v = self.k[:b, :, :s1], self.v[:b, :, :s1]
+        if runs is None:
+            return prefix_attention(q, k, v, s0)
+        return document_attention(q, k, v, s0, runs)
+
+    def backward(
+        self,
+        d_out: torch.Tensor,
+        q: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        s0: int,
+        runs: Runs | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq (B, H, c, hd) fp32, dK and dV of the rows [s0, s0+c) (B, KV, c, hd) in q's
+        dtype, complete) of the attention at rows [s0, s0+c); the gradients of the earlier
+        keys are added into the window's sums."""
+        assert self.dk is not None and self.dv is not None, "zero_grads() before a backward"
+        b, s1 = q.shape[0], s0 + q.shape[2]
+        ks, vs = self.k[:b, :, :s1], self.v[:b, :, :s1]  # (B, KV, s1, hd)
+        dk_sum, dv_sum = self.dk[:b, :, :s1], self.dv[:b, :, :s1]
+        if runs is None:
+            dq = prefix_attention_backward(d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum)
+        else:
+            dq = document_attention_backward(d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum, runs)
+        # this piece's rows are complete: every later piece has added its part
+        return dq, dk_sum[:, :, s0:].to(q.dtype), dv_sum[:, :, s0:].to(q.dtype)
+
     def put(
         self,
         x: torch.Tensor,
@@ -83,13 +118,59 @@ class ContextWindow:
         """Project chunk x (B, c, D) at rows [s0, s0+c): its k and v into the window; returns
         its queries (B, H, c, hd), or None without `want_queries` (backward's rebuild: the
         queries' projection is then not computed). No graph."""
-        with torch.no_grad():
-            n = rms_norm(x, w[NORM], dims.rms_norm_eps)  # (B, c, D)
-            k, v = keys_values(n, w, dims, cos, sin)
-            b, s1 = x.shape[0], s0 + x.shape[1]  # b: fewer sequences than the window holds
-            self.k[:b, :, s0:s1] = k
-            self.v[:b, :, s0:s1] = v
-            return queries(n, w, dims, cos, sin) if want_queries else None
+        k, v, q = project(x, w, dims, cos, sin, want_queries)
+        b, s1 = x.shape[0], s0 + x.shape[1]  # b: fewer sequences than the window holds
+        self.k[:b, :, s0:s1] = k
+        self.v[:b, :, s0:s1] = v
+        return q
+
+
+class Window(Protocol):
+    """A layer's keys and values of the sequences in pieces, on the device (ContextWindow)
+    or on the host a block at a time (ops/host_window.py): what a piece's attention asks."""
+
+    def put(
+        self,
+        x: torch.Tensor,
+        w: dict[str, torch.Tensor],
+        dims: ModelDims,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        s0: int,
+        want_queries: bool = True,
+    ) -> torch.Tensor | None: ...
+
+    def attention(
+        self, q: torch.Tensor, s0: int, runs: Runs | None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def backward(
+        self,
+        d_out: torch.Tensor,
+        q: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        s0: int,
+        runs: Runs | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def zero_grads(self) -> None: ...
+
+
+def project(
+    x: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    dims: ModelDims,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    want_queries: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(k, v (B, KV, c, hd), queries (B, H, c, hd) or None) of the chunk x (B, c, D): the
+    attention block's norm and projections, with RoPE at the chunk's rows. No graph."""
+    with torch.no_grad():
+        n = rms_norm(x, w[NORM], dims.rms_norm_eps)  # (B, c, D)
+        k, v = keys_values(n, w, dims, cos, sin)
+        return k, v, queries(n, w, dims, cos, sin) if want_queries else None
 
 
 def chunk_attn_forward(
@@ -98,7 +179,7 @@ def chunk_attn_forward(
     dims: ModelDims,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    win: ContextWindow,
+    win: Window,
     s0: int,
     runs: Runs | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -108,18 +189,9 @@ def chunk_attn_forward(
     runs: the sequences' packed documents, or None. No graph."""
     q = win.put(x, w, dims, cos, sin, s0)  # (B, H, c, hd)
     assert q is not None
-    b, s1 = x.shape[0], s0 + x.shape[1]
     with torch.no_grad():
-        out, lse = _attention(q, win.k[:b, :, :s1], win.v[:b, :, :s1], s0, runs)
+        out, lse = win.attention(q, s0, runs)
         return out_proj(x, out, w), out, lse
-
-
-def _attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s0: int, runs: Runs | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if runs is None:
-        return prefix_attention(q, k, v, s0)
-    return document_attention(q, k, v, s0, runs)
 
 
 def chunk_attn_backward(
@@ -131,7 +203,7 @@ def chunk_attn_backward(
     dims: ModelDims,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    win: ContextWindow,
+    win: Window,
     s0: int,
     dw: GradViews,
     runs: Runs | None = None,
@@ -140,22 +212,11 @@ def chunk_attn_backward(
     gradients added into `dw`; `win` holds K and V of the whole sequence and, in its dk/dv
     rows [s0, s0+c), the gradient every later chunk sent there. out/lse: the forward's, or
     None to recompute them (one attention forward more); runs: as the forward's."""
-    b, c = x.shape[:2]
-    s1 = s0 + c
-    assert win.dk is not None and win.dv is not None, "zero_grads() before a backward"
     with torch.no_grad():
         q = queries(rms_norm(x, w[NORM], dims.rms_norm_eps), w, dims, cos, sin)  # (B, H, c, hd)
-        ks, vs = win.k[:b, :, :s1], win.v[:b, :, :s1]  # (B, KV, s1, hd)
         if out is None or lse is None:
-            out, lse = _attention(q, ks, vs, s0, runs)
+            out, lse = win.attention(q, s0, runs)
         d_out = out_proj_backward(dh, out, w, dims, dw)
-        dk_sum, dv_sum = win.dk[:b, :, :s1], win.dv[:b, :, :s1]
-        if runs is None:
-            dq = prefix_attention_backward(d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum)
-        else:
-            dq = document_attention_backward(d_out, q, ks, vs, out, lse, s0, dk_sum, dv_sum, runs)
+        dq, dk_c, dv_c = win.backward(d_out, q, out, lse, s0, runs)  # dk_c (B, KV, c, hd)
         del d_out, q
-        # this chunk's rows are complete: every later chunk has added its part
-        dk_c = win.dk[:b, :, s0:s1].to(x.dtype)  # (B, KV, c, hd)
-        dv_c = win.dv[:b, :, s0:s1].to(x.dtype)
     return dh + qkv_backward(dq.to(x.dtype), dk_c, dv_c, x, w, dims, cos, sin, dw)

@@ -24,14 +24,15 @@ __all__ = ["fa3_block_backward", "fa3_forward", "fa3_present", "fa3_takes"]
 
 
 def fa3_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal attention of the last c queries over s1 keys: q (B, H, c, hd), k, v
-    (B, KV, s1, hd) -> (out (B, H, c, hd) bf16, lse (B, H, c) fp32). One launch."""
+    """Attention of the last c queries over s1 keys, causal (or every key: a block of keys
+    before them): q (B, H, c, hd), k, v (B, KV, s1, hd) -> (out (B, H, c, hd) bf16, lse
+    (B, H, c) fp32). One launch."""
     ops = fa3_ops()
     assert ops is not None, "fa3_forward without FA3: ask fa3_takes first"
     # one split: the build leaves split-KV out (a piece's c queries already fill the GPU)
-    out, lse, *_ = ops.fwd(bshd(q), bshd(k), bshd(v), is_causal=True, num_splits=1)
+    out, lse, *_ = ops.fwd(bshd(q), bshd(k), bshd(v), is_causal=causal, num_splits=1)
     # out (B, c, H, hd), lse (B, H, c)
     return bshd(out), lse
 

@@ -25,7 +25,7 @@ run each document's part through these (ops/document_attn.py).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -35,7 +35,8 @@ from wstrain.contracts.hardware import FA3_HOPPER as FA3
 from wstrain.contracts.hardware import FLASH_LOWER_RIGHT as FLASH
 from wstrain.contracts.hardware import piece_attention_kernel
 from wstrain.worker.models.chunked import (
-    chunk_attention_backward,
+    block_attention_backward,
+    block_attention_forward,
     chunk_attention_forward,
     merge_partials,
 )
@@ -112,6 +113,41 @@ def prefix_attention(
     return out.to(q.dtype), lse
 
 
+def part_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, H, c, E), lse (B, H, c) fp32) of queries q over one block of keys k, v
+    (B, KV, n, hd): every key, or `causal` for the block of the queries' own keys (n == c)."""
+    kernel = _call_kernel(q)
+    if kernel == FA3:
+        return fa3_forward(q, k, v, causal)
+    if kernel == CUDNN:
+        return _cudnn_part(q, k, v, causal)
+    if kernel == FLASH:
+        out, lse, *_ = ATEN._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal=causal)
+        return out, lse
+    return block_attention_forward(q, k, v, causal)
+
+
+def streamed_prefix_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix: Iterable[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """prefix_attention's (out, lse) where the keys before the queries come a block at a
+    time (a window kept on the host, ops/host_window.py): k, v (B, KV, c, hd) the queries'
+    own keys; `prefix` yields the earlier keys' blocks (k, v (B, KV, n, hd)), each
+    attended to whole and merged in fp32 by log-sum-exp."""
+    out, lse = part_attention(q, k, v, True)
+    merged = out.float()
+    for kb, vb in prefix:
+        o, m = part_attention(q, kb, vb, False)
+        merged, lse = merge_partials(o.float(), m, merged, lse)
+        del o, m
+    return merged.to(q.dtype), lse
+
+
 def key_blocks(
     s0: int, s1: int, block: int | None = None, diagonal_apart: bool = False
 ) -> list[tuple[int, int]]:
@@ -137,6 +173,8 @@ def _fused_backward(
     """The fused backward over one block of keys, (k, v, causal) -> (dq, dk, dv), with the
     whole row's out and lse; what every block's call shares is made once."""
     c = q.shape[2]
+    if kernel not in (FA3, CUDNN, FLASH):  # the exact reference, a block at a time too
+        return lambda k, v, causal: block_attention_backward(dout, q, k, v, out, lse, causal)
     if kernel == FA3:
         return lambda k, v, causal: fa3_block_backward(dout, q, out, lse, k, v, causal)
     if kernel == CUDNN:
@@ -155,6 +193,11 @@ def _fused_backward(
     )
 
 
+# a block of keys [a, b) as the backward takes it: k, v (B, KV, b-a, hd) and the fp32 sums
+# dk, dv (B, KV, b-a, hd) its gradient is added into
+KeyBlock = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 def prefix_attention_backward(
     dout: torch.Tensor,
     q: torch.Tensor,
@@ -167,24 +210,39 @@ def prefix_attention_backward(
     dv_sum: torch.Tensor,
 ) -> torch.Tensor:
     """dq (B, H, c, hd) in fp32 from dout (B, H, c, E) and the forward's out and lse; the
-    gradients of the keys and values [0, s0+c) are added into dk_sum, dv_sum (B, KV, s0+c,
-    hd), fp32. A fused kernel runs a block of keys a call (key_blocks): each call's
-    P = exp(S - lse) uses the whole row's lse and D = rowsum(dout ∘ out), so its dk, dv are
-    that block's exact share and the calls' dq add up; the prefix blocks need no mask, the
-    last block's causal mask is the diagonal's."""
-    s1 = s0 + q.shape[2]
+    gradients of the keys and values [0, s0+c) (k, v (B, KV, s0+c, hd)) are added into
+    dk_sum, dv_sum (B, KV, s0+c, hd), fp32 (blocks_backward over their slices)."""
+
+    def slices(ranges: list[tuple[int, int]]) -> Iterator[KeyBlock]:
+        for a, b in ranges:
+            yield k[:, :, a:b], v[:, :, a:b], dk_sum[:, :, a:b], dv_sum[:, :, a:b]
+
+    return blocks_backward(dout, q, out, lse, s0, slices)
+
+
+def blocks_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    s0: int,
+    blocks: Callable[[list[tuple[int, int]]], Iterator[KeyBlock]],
+) -> torch.Tensor:
+    """dq (B, H, c, hd) in fp32 of the queries [s0, s0+c); `blocks(ranges)` yields each
+    key range's KeyBlock in order (a window on the device slices it, one on the host
+    stages it), whose dk, dv sums get the range's gradients. One fused call a block of
+    keys (key_blocks): each call's P = exp(S - lse) uses the whole row's lse and
+    D = rowsum(dout ∘ out), so its dk, dv are that block's exact share and the calls' dq add
+    up; the prefix blocks need no mask, the last block's causal mask is the diagonal's."""
     kernel = _call_kernel(q)
-    if kernel in (FA3, CUDNN, FLASH):
-        dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        block_backward = _fused_backward(kernel, dout, q, out, lse)
-        for a, b in key_blocks(s0, s1, diagonal_apart=kernel == CUDNN):
-            dq, dk, dv = block_backward(k[:, :, a:b], v[:, :, a:b], b == s1)
-            dq_sum += dq
-            dk_sum[:, :, a:b] += _per_kv_head(dk, k.shape[1])
-            dv_sum[:, :, a:b] += _per_kv_head(dv, k.shape[1])
-            del dq, dk, dv
-        return dq_sum
-    dq, dkc, dvc = chunk_attention_backward(dout, None, q, k, v, out, lse, None, (s0, s1))
-    dk_sum += dkc
-    dv_sum += dvc
-    return dq
+    dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    block_backward = _fused_backward(kernel, dout, q, out, lse)
+    ranges = key_blocks(s0, s0 + q.shape[2], diagonal_apart=kernel == CUDNN)
+    # the generator runs to its end (a staged block goes home after its call is queued)
+    for i, (k, v, dk_sum, dv_sum) in enumerate(blocks(ranges)):
+        dq, dk, dv = block_backward(k, v, i == len(ranges) - 1)
+        dq_sum += dq
+        dk_sum += _per_kv_head(dk, k.shape[1])
+        dv_sum += _per_kv_head(dv, k.shape[1])
+        del dq, dk, dv
+    return dq_sum

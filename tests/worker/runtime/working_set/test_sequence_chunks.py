@@ -33,6 +33,8 @@ from tests.worker.runtime.working_set.reference_runs import (
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import OptimizerSpec
 from wstrain.planning.memory_model import saved_bytes
+from wstrain.worker.ops import prefix_attn
+from wstrain.worker.ops.host_window import HostWindow
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
 from wstrain.worker.runtime.working_set.saved_acts import (
     BackwardPrefetch,
@@ -68,6 +70,27 @@ def check_pieces(dims: ModelDims, seq_chunk: int, level: int, window: int) -> No
         seq_chunk=seq_chunk,
     )
     assert rt.cfg.pieces == pieces and rt.cfg.units == 2 * pieces
+    check_grads(rt, data)
+
+
+@pytest.mark.parametrize("seq_chunk", [4, 5], ids=lambda n: f"piece{n}")
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_pieces_with_the_window_home_match_transformers(
+    seq_chunk: int, level: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window of K and V with its gradient sums kept on the host and staged a key
+    block at a time (ops/host_window.py): blocks of 3 keys, so a piece's prefix comes in
+    several blocks and a backward's blocks straddle pieces (5: pieces not dividing the
+    sequence, a backward block longer than a prefix block)."""
+    monkeypatch.setattr(prefix_attn, "ATTENTION_KEY_BLOCK_TOKENS", 3)
+    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    pieces = -(-SEQ // seq_chunk)
+    levels = tuple((level,) * 2 * pieces for _ in range(DIMS.num_layers))
+    rt = make_runtime(
+        ref, micro_batch=4, chunk=2, rounds=2, window=1, levels=levels, loss_tokens=7,
+        seq_chunk=seq_chunk, window_home=True,
+    )  # fmt: skip
+    assert isinstance(rt.pieces.win, HostWindow)  # type: ignore[union-attr]
     check_grads(rt, data)
 
 

@@ -40,6 +40,9 @@ class WorkingSetConfig:
     # layer runs a chunk's sequences a piece at a time against a context window of K and V;
     # 0 = whole sequences.
     seq_chunk: int = 0
+    # the pieces' window of K and V (and their fp32 gradient sums) in pinned host memory,
+    # a key block at a time on the device (ops/host_window.py): 12 GiB less device at 1M
+    window_home: bool = False
     # "fp8": saved activations go home as block-scaled float8 (working_set/fp8_saves.py)
     activation_precision: str = "bf16"
     # Cross-round overlap (working_set/pass_order.py): every pass after the step's first runs

@@ -143,7 +143,9 @@ class WorkingSetRuntime(PassOrder):
         self.cos, self.sin = rope_tables(dims, cfg.seq_len, self.device, dtype)
         self.spans = cfg.spans()  # each piece's rows of a sequence (one span: whole ones)
         self.pieces = (
-            PieceLayers(dims, cfg.chunk, cfg.seq_len, dtype, self.device)
+            PieceLayers(
+                dims, cfg.chunk, cfg.seq_len, cfg.seq_chunk, dtype, self.device, cfg.window_home
+            )
             if cfg.pieces > 1
             else None
         )

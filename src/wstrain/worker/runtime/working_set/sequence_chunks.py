@@ -15,7 +15,8 @@ Packed documents (document_mask): RoPE positions per token and each piece's atte
 within its documents (ops/document_attn.py), the runs read from the segments once a pass.
 Dense models only (MoE routing is per sequence).
 
-    pieces = PieceLayers(dims, cfg.chunk, cfg.seq_len, dtype, device)
+    pieces = PieceLayers(dims, cfg.chunk, cfg.seq_len, cfg.seq_chunk, dtype, device,
+                         cfg.window_home)
     at = PieceRows(s0, cos[s0:s1], sin[s0:s1])              # a unit's rows (+ runs: documents)
     y, g = pieces.forward(x, w, level, stash, at)           # per unit, in order
     pieces.rebuild([(x, at) ...], w)                         # per chunk, before backward
@@ -32,8 +33,14 @@ import torch
 
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.models.blocks import GradViews, ffn_block, out_proj
-from wstrain.worker.ops.chunk_attn import ContextWindow, chunk_attn_backward, chunk_attn_forward
+from wstrain.worker.ops.chunk_attn import (
+    ContextWindow,
+    Window,
+    chunk_attn_backward,
+    chunk_attn_forward,
+)
 from wstrain.worker.ops.document_attn import Runs
+from wstrain.worker.ops.host_window import HostWindow
 from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
 from wstrain.worker.ops.prefix_attn import kernel_for
 
@@ -68,7 +75,14 @@ class PieceGraph:
 
 class PieceLayers:
     def __init__(
-        self, dims: ModelDims, batch: int, seq_len: int, dtype: torch.dtype, device: torch.device
+        self,
+        dims: ModelDims,
+        batch: int,
+        seq_len: int,
+        piece: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        window_home: bool = False,
     ) -> None:
         if dims.is_moe:
             raise ValueError(
@@ -76,12 +90,17 @@ class PieceLayers:
                 "is a mixture of experts: set seq_chunk=0"
             )
         self.dims = dims
-        self.win = ContextWindow.like(dims, batch, seq_len, dtype, device)
+        self.win: Window = (
+            HostWindow(dims, batch, seq_len, piece, dtype, torch.device(device))
+            if window_home
+            else ContextWindow.like(dims, batch, seq_len, dtype, device)
+        )
         # the plan names the kernel it expects; this is the one this GPU runs
         log.info(
-            "long context: a window of %d x %d tokens, attention kernel %s",
+            "long context: a window of %d x %d tokens on the %s, attention kernel %s",
             batch,
             seq_len,
+            "host" if window_home else "device",
             kernel_for(torch.device(device), dtype, False, dims.head_dim),
         )
 
