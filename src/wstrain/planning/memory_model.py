@@ -176,12 +176,12 @@ def context_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
 
 
 def host_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
-    """Host bytes of a window kept there (Layout.window_home): K and V of the round's
-    sequences and their fp32 gradient sums, 12 KiB a token at Llama-3-8B dims; else 0."""
+    """Host bytes of a window kept there (window_home): K, V, fp32 sums; 12 KiB a token."""
     if not lay.window_home or lay.pieces == 1:
         return 0
     width = dims.num_kv_heads * dims.head_dim
-    return lay.micro_batch * spec.seq_len * width * (2 * ELEMENT_BYTES[spec.precision] + 2 * 4)
+    per_token = width * (2 * ELEMENT_BYTES[spec.precision] + 2 * 4)
+    return spec.seq_len * per_token * lay.micro_batch  # the round's sequences
 
 
 def document_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:

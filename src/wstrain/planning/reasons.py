@@ -117,9 +117,8 @@ def ws_reasons(
         else "bf16: saved activations go home as they are",
         "seq_chunk": (
             f"{lay.seq_chunk}: each layer runs a sequence in {lay.pieces} pieces against a "
-            f"window of its keys and values ({mm.context_window_bytes(dims, spec, lay) / GIB:.2f}"
-            " GiB with their gradient sums), so activations on the device grow with the piece, "
-            "not the sequence"
+            f"window of its keys and values ({_window(dims, spec, lay)}), so activations on "
+            "the device grow with the piece, not the sequence"
             if lay.pieces > 1
             else "0: whole sequences"
         )
@@ -172,3 +171,14 @@ def _documents(spec: JobSpec, lay: mm.Layout, node: NodeProfile) -> str:
             f"file's documents, token-weighted) in calls of {call} at the profiled rate"
         )
     return "; attention within documents costed as the whole sequence's (lengths not known)"
+
+
+def _window(dims: ModelDims, spec: JobSpec, lay: mm.Layout) -> str:
+    """Where the pieces' window lives and what it costs there."""
+    if lay.window_home:
+        return (
+            f"{mm.host_window_bytes(dims, spec, lay) / GIB:.2f} GiB with their gradient sums "
+            f"in host memory, {mm.context_window_bytes(dims, spec, lay) / GIB:.2f} GiB of key "
+            "blocks staged on the device (overrides.window_home)"
+        )
+    return f"{mm.context_window_bytes(dims, spec, lay) / GIB:.2f} GiB with their gradient sums"
