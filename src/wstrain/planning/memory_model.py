@@ -176,12 +176,12 @@ def context_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
 
 
 def host_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
-    """Host bytes of a window kept there (window_home): K, V, fp32 sums; 12 KiB a token."""
+    """Host bytes of a window kept there (window_home): K, V and their fp32 sums of a chunk's
+    one sequence (as context_window_bytes on the device), 12 KiB a token; else 0."""
     if not lay.window_home or lay.pieces == 1:
         return 0
     width = dims.num_kv_heads * dims.head_dim
-    per_token = width * (2 * ELEMENT_BYTES[spec.precision] + 2 * 4)
-    return spec.seq_len * per_token * lay.micro_batch  # the round's sequences
+    return spec.seq_len * width * (2 * ELEMENT_BYTES[spec.precision] + 2 * 4)
 
 
 def document_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:

@@ -1,7 +1,7 @@
 """A long sequence's window of keys and values kept in pinned host memory and staged on the
 device a block at a time: what lets a million tokens run under a 24 GiB device budget. At
 Llama-3-8B dims the window (ops/chunk_attn.py ContextWindow) is K and V in bf16 (4 KiB a
-token) and, in backward, their fp32 gradient sums (8 KiB a token): 12 GiB at 1M tokens on
+token) and their fp32 gradient sums for backward (8 KiB a token): 12 GiB at 1M tokens on
 the device. Here the device holds two staging slots of a key block each (64K keys: 0.75 GiB
 with the sums), and the window's bytes live on the host (the planner's Layout.window_home).
 
@@ -26,7 +26,8 @@ plain copies (the tests).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -37,6 +38,9 @@ from wstrain.worker.ops.document_attn import Runs
 from wstrain.worker.ops.prefix_attn import KeyBlock, blocks_backward, streamed_prefix_attention
 
 SLOTS = 2  # one block computed while the next comes in
+# (name, elements, dtype) -> a flat host tensor: the runtime's host arena, at exact size,
+# page-locked and counted in the host budget (working_set/arena.py)
+HostAlloc = Callable[[str, int, torch.dtype], torch.Tensor]
 
 
 class HostWindow:
@@ -50,42 +54,42 @@ class HostWindow:
         piece: int,
         dtype: torch.dtype,
         device: torch.device,
+        alloc: HostAlloc | None = None,
     ) -> None:
+        """`alloc`: where the host tensors come from (default: torch's pinned memory, whose
+        caching allocator rounds up to powers of two)."""
         # the backward's key blocks' length (ops/prefix_attn.py key_blocks), read here so a
         # test that shortens it shortens both
         block = prefix_attn.ATTENTION_KEY_BLOCK_TOKENS
         self.device, self.dtype, self.block = device, dtype, block
         # (B, S, KV, hd): a sequence's rows are one contiguous run, one copy each way
         self.shape = (batch, seq_len, dims.num_kv_heads, dims.head_dim)
-        self.pinned = device.type == "cuda"
-        self.k, self.v = self._host(dtype), self._host(dtype)
-        self.dk: torch.Tensor | None = None  # fp32 sums, from the first zero_grads
-        self.dv: torch.Tensor | None = None
+        self.alloc = alloc or self._pinned
+        # all of it now, as the planner counts it: a host short of the sums (8 GiB at 1M)
+        # fails at the start, not when the first backward comes after the whole forward
+        self.k, self.v = self._host("k", dtype), self._host("v", dtype)
+        self.dk, self.dv = self._host("dk", torch.float32), self._host("dv", torch.float32)
         self.written = 0  # rows [0, written) of dk, dv hold sums; the rest are zeros
         # a slot holds a prefix block, or the last block of a backward: up to a piece
         rows = max(block, piece)
         slot = (batch, rows, dims.num_kv_heads, dims.head_dim)  # (B, rows, KV, hd)
         self.sk = [torch.empty(slot, dtype=dtype, device=device) for _ in range(SLOTS)]
         self.sv = [torch.empty_like(t) for t in self.sk]
-        self.sdk: list[torch.Tensor] = []  # fp32 slots, from the first zero_grads
-        self.sdv: list[torch.Tensor] = []
+        self.sdk = [torch.empty(slot, dtype=torch.float32, device=device) for _ in range(SLOTS)]
+        self.sdv = [torch.empty_like(t) for t in self.sdk]
         self.copy = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.own: tuple[int, torch.Tensor, torch.Tensor] | None = None  # the last put's
         self.last: KeyBlock | None = None  # the last staged block of a backward
         self.last_start = 0
 
-    def _host(self, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(self.shape, dtype=dtype, pin_memory=self.pinned)
+    def _host(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        return self.alloc(f"window.{name}", math.prod(self.shape), dtype).view(self.shape)
+
+    def _pinned(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(numel, dtype=dtype, pin_memory=self.device.type == "cuda")
 
     def zero_grads(self) -> None:
-        if self.dk is None:
-            self.dk, self.dv = self._host(torch.float32), self._host(torch.float32)
-            shape = self.sk[0].shape
-            self.sdk = [
-                torch.empty(shape, dtype=torch.float32, device=self.device) for _ in range(SLOTS)
-            ]
-            self.sdv = [torch.empty_like(t) for t in self.sdk]
-        self.written = 0
+        self.written = 0  # no host write: rows past `written` are staged as zeros
 
     def put(
         self,
@@ -134,7 +138,6 @@ class HostWindow:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """ContextWindow.backward, each key block staged with its sums."""
         assert runs is None, "packed documents keep the window on the device"
-        assert self.dk is not None, "zero_grads() before a backward"
         b = q.shape[0]
         dq = blocks_backward(
             d_out, q, out, lse, s0, lambda ranges: self._staged(b, ranges, grads=True, s0=s0)
@@ -161,14 +164,12 @@ class HostWindow:
     def _fetch(self, slot: int, b: int, a: int, e: int, grads: bool) -> torch.cuda.Event | None:
         """Rows [a, e) of the window into `slot` on the copy stream; with `grads` their sums
         too (zeros past the rows written); the event of their arrival (None on the CPU)."""
-        pairs: list[tuple[torch.Tensor | None, torch.Tensor]]
         pairs = [(self.k, self.sk[slot]), (self.v, self.sv[slot])]
         have = max(0, min(e, self.written) - a)  # rows with sums; zeros after them
         if grads:
             pairs += [(self.dk, self.sdk[slot]), (self.dv, self.sdv[slot])]
         with self._stream():
             for j, (host, staged) in enumerate(pairs):
-                assert host is not None
                 rows = e - a if j < 2 else have
                 for i in range(b):
                     staged[i, :rows].copy_(host[i, a : a + rows], non_blocking=True)
@@ -205,7 +206,6 @@ class HostWindow:
             if grads and keep > 0:
                 with self._stream():
                     for host, staged in ((self.dk, self.sdk[slot]), (self.dv, self.sdv[slot])):
-                        assert host is not None
                         for j in range(b):
                             host[j, a : a + keep].copy_(staged[j, :keep], non_blocking=True)
             if i + SLOTS < len(ranges):

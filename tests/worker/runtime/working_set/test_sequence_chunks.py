@@ -32,7 +32,7 @@ from tests.worker.runtime.working_set.reference_runs import (
 )
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import OptimizerSpec
-from wstrain.planning.memory_model import saved_bytes
+from wstrain.planning.memory_model import Layout, host_window_bytes, saved_bytes
 from wstrain.worker.ops import prefix_attn
 from wstrain.worker.ops.host_window import HostWindow
 from wstrain.worker.runtime.working_set.config import WorkingSetConfig
@@ -91,6 +91,10 @@ def test_pieces_with_the_window_home_match_transformers(
         seq_chunk=seq_chunk, window_home=True,
     )  # fmt: skip
     assert isinstance(rt.pieces.win, HostWindow)  # type: ignore[union-attr]
+    # in the host arena, as the planner counts it (a window of chunk=2 sequences here)
+    lay = Layout(4, seq_chunk=seq_chunk, pieces=pieces, window_home=True)
+    want = 2 * host_window_bytes(DIMS, fp32_spec(global_batch=8), lay)
+    assert rt.host.arena.bytes_by_kind["window"] == want
     check_grads(rt, data)
 
 

@@ -144,7 +144,13 @@ class WorkingSetRuntime(PassOrder):
         self.spans = cfg.spans()  # each piece's rows of a sequence (one span: whole ones)
         self.pieces = (
             PieceLayers(
-                dims, cfg.chunk, cfg.seq_len, cfg.seq_chunk, dtype, self.device, cfg.window_home
+                dims,
+                cfg.chunk,
+                cfg.seq_len,
+                cfg.seq_chunk,
+                dtype,
+                self.device,
+                host.arena if cfg.window_home else None,
             )
             if cfg.pieces > 1
             else None

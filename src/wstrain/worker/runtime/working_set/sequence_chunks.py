@@ -16,7 +16,7 @@ within its documents (ops/document_attn.py), the runs read from the segments onc
 Dense models only (MoE routing is per sequence).
 
     pieces = PieceLayers(dims, cfg.chunk, cfg.seq_len, cfg.seq_chunk, dtype, device,
-                         cfg.window_home)
+                         arena if cfg.window_home else None)
     at = PieceRows(s0, cos[s0:s1], sin[s0:s1])              # a unit's rows (+ runs: documents)
     y, g = pieces.forward(x, w, level, stash, at)           # per unit, in order
     pieces.rebuild([(x, at) ...], w)                         # per chunk, before backward
@@ -43,6 +43,7 @@ from wstrain.worker.ops.document_attn import Runs
 from wstrain.worker.ops.host_window import HostWindow
 from wstrain.worker.ops.lean_mlp import lean_backward, lean_forward
 from wstrain.worker.ops.prefix_attn import kernel_for
+from wstrain.worker.runtime.working_set.arena import HostArena
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,10 @@ class PieceLayers:
         piece: int,
         dtype: torch.dtype,
         device: torch.device,
-        window_home: bool = False,
+        home: HostArena | None = None,
     ) -> None:
+        """`home`: the host arena to keep the window in (the plan's window_home), or None to
+        keep it on the device."""
         if dims.is_moe:
             raise ValueError(
                 f"long context by pieces (seq_chunk) is for dense models; {dims.model_type} "
@@ -91,8 +94,16 @@ class PieceLayers:
             )
         self.dims = dims
         self.win: Window = (
-            HostWindow(dims, batch, seq_len, piece, dtype, torch.device(device))
-            if window_home
+            HostWindow(
+                dims,
+                batch,
+                seq_len,
+                piece,
+                dtype,
+                torch.device(device),
+                lambda name, numel, dt: home.alloc(name, numel, dt, "window"),
+            )
+            if home is not None
             else ContextWindow.like(dims, batch, seq_len, dtype, device)
         )
         # the plan names the kernel it expects; this is the one this GPU runs
@@ -100,7 +111,7 @@ class PieceLayers:
             "long context: a window of %d x %d tokens on the %s, attention kernel %s",
             batch,
             seq_len,
-            "host" if window_home else "device",
+            "host" if home is not None else "device",
             kernel_for(torch.device(device), dtype, False, dims.head_dim),
         )
 
