@@ -7,12 +7,12 @@ recomputes one chunk at a time in backward; values and gradients are dense.causa
     out = chunked_causal_attention(q, k, v, chunk=1024, segments=seg)    # (B, H, S, hd)
     out, lse = chunked_attention_lse(q, k, v, 1024, seg)                 # lse (B, H, S) fp32
     o, lse = merge_partials(o1, lse1, o2, lse2)    # two attentions over disjoint key sets
+    o, lse = block_attention_forward(q, k_block, v_block, causal)  # one block of keys
     loss_sum = chunked_lm_loss(h, w_head, labels, chunk=4096)            # 0-d fp32
     (loss_sum / data.target_tokens(step, sequences)).backward()
 
-Attention. At 512K tokens one head's fp32 scores are 1 TiB; a chunk of 1024 queries against
-them is 2 GiB a head (this torch path is the reference: the device path runs each part below
-through a flash kernel that returns its lse, and never forms even a chunk's scores).
+Attention. At 512K tokens one head's fp32 scores are 1 TiB, a chunk of 1024 queries' 2 GiB
+a head (this is the reference: the device runs each part through a flash kernel).
 
 q: (B, H, S, hd); k, v: (B, KV, S, hd) with H a multiple of KV (query head h reads kv head
 h // (H/KV), as SDPA's enable_gqa); segments: (B, S) each token's document (dense.py's
@@ -23,18 +23,16 @@ causal mask (every prefix key precedes every query; lo > 0 where no query's docu
 further back), and the diagonal block [s0, s1) with the causal mask of the block itself. Each
 part gives an output o_i normalised over its own keys and its log-sum-exp lse_i; the union's
 softmax is their mix by weight e^{lse_i}: o = (e^{lse1}·o1 + e^{lse2}·o2) / (e^{lse1} + e^{lse2}),
-lse = log(e^{lse1} + e^{lse2}), computed from lse - max (merge_partials). (SDPA's is_causal with
-fewer queries than keys aligns the mask top-left, so [s0, s1) against [0, s1) in one call would
-be silently wrong.)
+lse = log(e^{lse1} + e^{lse2}), computed from lse - max (merge_partials). (SDPA's is_causal
+aligns top-left: [s0, s1) against [0, s1) in one call would be silently wrong.)
 
 Backward (flash attention's): from the saved q, k, v, out and the per-row lse, each chunk's
 probabilities are P = exp(S - lse) again; with D = rowsum(dO ∘ O) (minus dlse when the lse is
 used too), dS = P ∘ (dO·Vᵀ - D), dQ = dS·K·scale, dK += dSᵀ·Q·scale, dV += Pᵀ·dO. Math in fp32;
-inputs bf16 or fp32, outputs in the input dtype. This is the reference for the device path: a
-flash kernel that returns its lse can take `_partial`'s place, the split and merge stay.
+inputs bf16 or fp32, outputs in the input dtype.
 
 Head and loss. Llama-3's 128,256-vocab logits of one 512K-token sequence are 125 GiB in bf16
-and twice that in the fp32 the loss takes; a chunk of 4096 tokens is 2 GiB in fp32.
+(twice that in fp32); a chunk of 4096 tokens is 2 GiB in fp32.
 
 h: (N, D) or (B, S, D), the final norm's output; w_head: (V, D); labels: (N,) or (B, S),
 already shifted, IGNORE_INDEX (-100) where a token has no target. The value is
@@ -43,8 +41,7 @@ targets that count, because every runtime divides a step's summed loss by the st
 count (runtime/base.py's Batches), never by a micro-batch's or a chunk's.
 
 Forward: per chunk, logits = h_c·Wᵀ in the input dtype (as dense.LlamaModel's lm_head under
-autocast), then fp32; it keeps each row's logsumexp (4 bytes a token) and adds
-Σ (lse - logit[label]) over the counted rows. Backward recomputes each chunk's logits:
+autocast), then fp32; it keeps each row's logsumexp and adds Σ (lse - logit[label]). Backward recomputes each chunk's logits:
 dlogits = g·(softmax - onehot(label)), zero on ignored rows, then dh_c = dlogits·W and
 dW += dlogitsᵀ·h_c. Autograd saves h, W, the labels and the lse only.
 """
@@ -208,21 +205,18 @@ def chunk_attention_backward(
 
 
 def _block_rows(c: int, n: int, causal: bool) -> tuple[int, int]:
-    """Positions for c queries over a block of n keys at positions [0, n): the block's last c
-    (causal, bottom-right: query i sees key j when j <= i + n - c) or all after it."""
+    """Positions of c queries over keys [0, n): its last c (causal, bottom-right) or after."""
     return (n - c, n) if causal else (n, n + c)
 
 
 def block_attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Queries q (B, H, c, hd) over one block of keys k, v (B, KV, n, hd): every key
-    (a prefix block), or causal aligned bottom-right (the block ending at the queries' last
-    position): (out (B, H, c, E) fp32, lse (B, H, c) fp32), merged across blocks by
-    merge_partials."""
+    """Queries q (B, H, c, hd) over one block of keys k, v (B, KV, n, hd), every key or
+    `causal` bottom-right: (out (B, H, c, E), lse (B, H, c)) fp32, for merge_partials."""
     h, kv, n = q.shape[1], k.shape[1], k.shape[2]
-    rows = _block_rows(q.shape[2], n, causal)
-    o, m = _partial(_rows(q, 0, q.shape[2], kv), k, v, None, rows, (0, n), q.shape[-1] ** -0.5)
+    rows, scale = _block_rows(q.shape[2], n, causal), q.shape[-1] ** -0.5
+    o, m = _partial(_rows(q, 0, q.shape[2], kv), k, v, None, rows, (0, n), scale)
     return _heads(o, h), _heads(m, h)
 
 
@@ -235,8 +229,8 @@ def block_attention_backward(
     lse: torch.Tensor,
     causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq (B, H, c, hd), dk, dv (B, KV, n, hd)) fp32 of block_attention_forward's block,
-    with the whole row's out and lse: the block's exact share (as a fused kernel's call)."""
+    """(dq (B, H, c, hd), dk, dv (B, KV, n, hd)) fp32: block_attention_forward's block's
+    exact share given the whole row's out and lse, as a fused kernel's call."""
     rows = _block_rows(q.shape[2], k.shape[2], causal)
     return chunk_attention_backward(dout, None, q, k, v, out, lse, None, rows, 0, k.shape[2])
 

@@ -12,7 +12,7 @@ GEMM FLOPs), then each chunk's backward adds its keys' and values' gradients for
 prefix into the window's fp32 dK/dV, so when a chunk's turn comes its own rows of dK/dV
 hold every later chunk's part and it can finish the gradient through its projections.
 
-    win = ContextWindow.like(dims, batch, seq_len, dtype, device)
+    win = ContextWindow.like(dims, batch, seq_len, dtype, device)  # or ops/host_window.py's
     h, out, lse = chunk_attn_forward(x, w, dims, cos[s0:s1], sin[s0:s1], win, s0)  # no graph
     # backward of a layer: every chunk's K, V back in the window, then chunks reversed
     for each chunk: win.put(x, w, dims, cos_c, sin_c, s0, want_queries=False)

@@ -1,4 +1,4 @@
-"""A long sequence's window of keys and values kept in pinned host memory and staged on the
+"""A long sequence's window of keys and values kept in page-locked host memory, staged on the
 device a block at a time: what lets a million tokens run under a 24 GiB device budget. At
 Llama-3-8B dims the window (ops/chunk_attn.py ContextWindow) is K and V in bf16 (4 KiB a
 token) and their fp32 gradient sums for backward (8 KiB a token): 12 GiB at 1M tokens on
@@ -20,7 +20,7 @@ only after the compute stream has queued everything that reads it (wait_stream),
 compute stream waits for each block's arrival (an event). On the CPU the same code runs with
 plain copies (the tests).
 
-    win = HostWindow(dims, batch, seq_len, piece, dtype, device)   # as ContextWindow
+    win = HostWindow(dims, batch, seq_len, piece, dtype, device, alloc)  # as ContextWindow
 """
 
 from __future__ import annotations

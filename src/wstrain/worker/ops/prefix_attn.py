@@ -7,6 +7,9 @@ attention costs one chunk of queries at a time and never a score matrix on the d
 
     out, lse = prefix_attention(q, k[:, :, :s1], v[:, :, :s1], s0)     # (B, H, c, hd), (B, H, c)
     dq = prefix_attention_backward(dout, q, k_s1, v_s1, out, lse, s0, dk_sum, dv_sum)
+    # the earlier keys a block at a time (a window on the host, ops/host_window.py)
+    out, lse = streamed_prefix_attention(q, k_own, v_own, prefix_blocks)
+    dq = blocks_backward(dout, q, out, lse, s0, blocks)   # blocks(ranges) -> KeyBlock's
 
 Kernels (names and rule: contracts/hardware.py, which the plan records). On a Hopper GPU
 with FlashAttention-3's wheel installed, in bf16 at head dim 128: FA3, the prefix and the
