@@ -170,7 +170,7 @@ def context_window_bytes(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
     width = dims.num_kv_heads * dims.head_dim
     block = min(spec.seq_len, ATTENTION_KEY_BLOCK_TOKENS)
     expanded = dims.num_heads * dims.head_dim * (dims.num_heads != dims.num_kv_heads)
-    # on the host: two staging slots of a block (or a piece, where longer) on the device
+    # on the host: two device slots of a block or a piece (worker/ops/host_window.py)
     rows = 2 * max(block, lay.seq_chunk) if lay.window_home else spec.seq_len
     return rows * width * (2 * e + 2 * 4) + block * 2 * e * (width + expanded)
 

@@ -41,9 +41,9 @@ targets that count, because every runtime divides a step's summed loss by the st
 count (runtime/base.py's Batches), never by a micro-batch's or a chunk's.
 
 Forward: per chunk, logits = h_c·Wᵀ in the input dtype (as dense.LlamaModel's lm_head under
-autocast), then fp32; it keeps each row's logsumexp and adds Σ (lse - logit[label]). Backward recomputes each chunk's logits:
-dlogits = g·(softmax - onehot(label)), zero on ignored rows, then dh_c = dlogits·W and
-dW += dlogitsᵀ·h_c. Autograd saves h, W, the labels and the lse only.
+autocast), then fp32; it keeps each row's logsumexp and adds Σ (lse - logit[label]).
+Backward recomputes each chunk's logits: dlogits = g·(softmax - onehot(label)), zero on
+ignored rows, dh_c = dlogits·W, dW += dlogitsᵀ·h_c. Autograd saves h, W, labels and lse.
 """
 
 from __future__ import annotations

@@ -70,8 +70,9 @@ class HostWindow:
         self.k, self.v = self._host("k", dtype), self._host("v", dtype)
         self.dk, self.dv = self._host("dk", torch.float32), self._host("dv", torch.float32)
         self.written = 0  # rows [0, written) of dk, dv hold sums; the rest are zeros
-        # a slot holds a prefix block, or the last block of a backward: up to a piece
-        rows = max(block, piece)
+        # a slot holds a prefix block, or the last block of a backward: up to a piece (as
+        # memory_model.context_window_bytes counts it)
+        rows = min(seq_len, max(block, piece))
         slot = (batch, rows, dims.num_kv_heads, dims.head_dim)  # (B, rows, KV, hd)
         self.sk = [torch.empty(slot, dtype=dtype, device=device) for _ in range(SLOTS)]
         self.sv = [torch.empty_like(t) for t in self.sk]
