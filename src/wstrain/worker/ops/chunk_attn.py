@@ -22,8 +22,8 @@ hold every later chunk's part and it can finish the gradient through its project
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -39,8 +39,60 @@ from wstrain.worker.ops.lean_attn import NORM, out_proj_backward, qkv_backward
 from wstrain.worker.ops.prefix_attn import prefix_attention, prefix_attention_backward
 
 
+class Window(ABC):
+    """A layer's keys and values of the sequences in pieces, on the device (ContextWindow)
+    or on the host a block at a time (ops/host_window.py): what a piece's attention asks."""
+
+    def put(
+        self,
+        x: torch.Tensor,
+        w: dict[str, torch.Tensor],
+        dims: ModelDims,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        s0: int,
+        want_queries: bool = True,
+    ) -> torch.Tensor | None:
+        """Project chunk x (B, c, D) at rows [s0, s0+c): its k and v into the window; returns
+        its queries (B, H, c, hd), or None without `want_queries` (backward's rebuild: the
+        queries' projection is then not computed). No graph."""
+        k, v, q = project(x, w, dims, cos, sin, want_queries)
+        self.store(k, v, s0, forward=want_queries)
+        return q
+
+    @abstractmethod
+    def store(self, k: torch.Tensor, v: torch.Tensor, s0: int, forward: bool) -> None:
+        """The rows [s0, s0+c) of k, v (B, KV, c, hd) into the window; `forward`: the
+        piece's attention follows."""
+
+    @abstractmethod
+    def attention(
+        self, q: torch.Tensor, s0: int, runs: Runs | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out (B, H, c, hd), lse (B, H, c) fp32) of the queries q (B, H, c, hd) at rows
+        [s0, s0+c) over the window's keys [0, s0+c) (of q's B sequences)."""
+
+    @abstractmethod
+    def backward(
+        self,
+        d_out: torch.Tensor,
+        q: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        s0: int,
+        runs: Runs | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq (B, H, c, hd) fp32, dK and dV of the rows [s0, s0+c) (B, KV, c, hd) in q's
+        dtype, complete) of the attention at rows [s0, s0+c); the gradients of the earlier
+        keys are added into the window's sums."""
+
+    @abstractmethod
+    def zero_grads(self) -> None:
+        """Before a chunk's backward through a layer: every gradient sum zero."""
+
+
 @dataclass
-class ContextWindow:
+class ContextWindow(Window):
     """One layer's keys and values of the sequences being processed, and in backward the
     fp32 sums of their gradients. k, v: (B, KV, S, hd); dk, dv: fp32, allocated by the
     first zero_grads (the forward and eval need none)."""
@@ -74,8 +126,6 @@ class ContextWindow:
     def attention(
         self, q: torch.Tensor, s0: int, runs: Runs | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out (B, H, c, hd), lse (B, H, c) fp32) of the queries q (B, H, c, hd) at rows
-        [s0, s0+c) over the window's keys [0, s0+c) (of q's B sequences)."""
         b, s1 = q.shape[0], s0 + q.shape[2]
         k, v = self.k[:b, :, :s1], self.v[:b, :, :s1]
         if runs is None:
@@ -91,9 +141,6 @@ class ContextWindow:
         s0: int,
         runs: Runs | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(dq (B, H, c, hd) fp32, dK and dV of the rows [s0, s0+c) (B, KV, c, hd) in q's
-        dtype, complete) of the attention at rows [s0, s0+c); the gradients of the earlier
-        keys are added into the window's sums."""
         assert self.dk is not None and self.dv is not None, "zero_grads() before a backward"
         b, s1 = q.shape[0], s0 + q.shape[2]
         ks, vs = self.k[:b, :, :s1], self.v[:b, :, :s1]  # (B, KV, s1, hd)
@@ -105,56 +152,10 @@ class ContextWindow:
         # this piece's rows are complete: every later piece has added its part
         return dq, dk_sum[:, :, s0:].to(q.dtype), dv_sum[:, :, s0:].to(q.dtype)
 
-    def put(
-        self,
-        x: torch.Tensor,
-        w: dict[str, torch.Tensor],
-        dims: ModelDims,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        s0: int,
-        want_queries: bool = True,
-    ) -> torch.Tensor | None:
-        """Project chunk x (B, c, D) at rows [s0, s0+c): its k and v into the window; returns
-        its queries (B, H, c, hd), or None without `want_queries` (backward's rebuild: the
-        queries' projection is then not computed). No graph."""
-        k, v, q = project(x, w, dims, cos, sin, want_queries)
-        b, s1 = x.shape[0], s0 + x.shape[1]  # b: fewer sequences than the window holds
+    def store(self, k: torch.Tensor, v: torch.Tensor, s0: int, forward: bool) -> None:
+        b, s1 = k.shape[0], s0 + k.shape[2]  # b: fewer sequences than the window holds
         self.k[:b, :, s0:s1] = k
         self.v[:b, :, s0:s1] = v
-        return q
-
-
-class Window(Protocol):
-    """A layer's keys and values of the sequences in pieces, on the device (ContextWindow)
-    or on the host a block at a time (ops/host_window.py): what a piece's attention asks."""
-
-    def put(
-        self,
-        x: torch.Tensor,
-        w: dict[str, torch.Tensor],
-        dims: ModelDims,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        s0: int,
-        want_queries: bool = True,
-    ) -> torch.Tensor | None: ...
-
-    def attention(
-        self, q: torch.Tensor, s0: int, runs: Runs | None
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def backward(
-        self,
-        d_out: torch.Tensor,
-        q: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        s0: int,
-        runs: Runs | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
-
-    def zero_grads(self) -> None: ...
 
 
 def project(

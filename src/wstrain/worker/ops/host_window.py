@@ -33,7 +33,7 @@ import torch
 
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.worker.ops import prefix_attn
-from wstrain.worker.ops.chunk_attn import project
+from wstrain.worker.ops.chunk_attn import Window
 from wstrain.worker.ops.document_attn import Runs
 from wstrain.worker.ops.prefix_attn import KeyBlock, blocks_backward, streamed_prefix_attention
 
@@ -43,7 +43,7 @@ SLOTS = 2  # one block computed while the next comes in
 HostAlloc = Callable[[str, int, torch.dtype], torch.Tensor]
 
 
-class HostWindow:
+class HostWindow(Window):
     """ops/chunk_attn.py's Window with K, V and their fp32 gradient sums on the host."""
 
     def __init__(
@@ -92,26 +92,15 @@ class HostWindow:
     def zero_grads(self) -> None:
         self.written = 0  # no host write: rows past `written` are staged as zeros
 
-    def put(
-        self,
-        x: torch.Tensor,
-        w: dict[str, torch.Tensor],
-        dims: ModelDims,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        s0: int,
-        want_queries: bool = True,
-    ) -> torch.Tensor | None:
-        """ContextWindow.put: the piece's k and v home (the forward keeps them on the device
-        for its own diagonal); its queries, or None."""
-        k, v, q = project(x, w, dims, cos, sin, want_queries)  # k, v (B, KV, c, hd)
-        s1 = s0 + x.shape[1]
-        for host, t in ((self.k, k), (self.v, v)):  # 2 KiB a token each
+    def store(self, k: torch.Tensor, v: torch.Tensor, s0: int, forward: bool) -> None:
+        """The rows home (on the compute stream, 2 KiB a token each); the forward keeps them
+        on the device for the piece's own diagonal."""
+        s1 = s0 + k.shape[2]
+        for host, t in ((self.k, k), (self.v, v)):
             rows = t.transpose(1, 2).contiguous()  # (B, c, KV, hd)
-            for i in range(x.shape[0]):
+            for i in range(k.shape[0]):
                 host[i, s0:s1].copy_(rows[i], non_blocking=True)
-        self.own = (s0, k, v) if want_queries else None
-        return q
+        self.own = (s0, k, v) if forward else None
 
     def attention(
         self, q: torch.Tensor, s0: int, runs: Runs | None
