@@ -110,11 +110,6 @@ class ContextWindow(Window):
         k = torch.empty(shape, dtype=dtype, device=device)
         return cls(k, torch.empty_like(k))
 
-    @staticmethod
-    def bytes_for(dims: ModelDims, batch: int, seq_len: int, elem_bytes: int) -> int:
-        """Device bytes of a window with its gradient sums: K, V at elem_bytes, dK, dV fp32."""
-        return batch * dims.num_kv_heads * seq_len * dims.head_dim * (2 * elem_bytes + 2 * 4)
-
     def zero_grads(self) -> None:
         if self.dk is None:
             self.dk = torch.zeros(self.k.shape, dtype=torch.float32, device=self.k.device)
