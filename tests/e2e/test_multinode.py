@@ -153,7 +153,10 @@ def test_a_killed_member_stops_the_gang_and_the_job_resumes_from_its_checkpoint(
         saved = [e["data"]["step"] for e in events[: starts[1]] if e["kind"] == "checkpoint"]
         assert resumed > 0 and resumed == saved[-1]  # at the last checkpoint before the retry
         assert any(e["message"].startswith("retry 1 of 2") for e in events)
-        assert not _workers(jid)  # nothing left behind on either node
+        # nothing left behind on either node: a member may still be exiting as the leader
+        # reports success (seen once in CI on a loaded 2-core machine), so within 30 s
+        left = _workers(jid)
+        assert all(_gone(pid, 30) for pid in left.values()), left
 
 
 def test_two_multi_node_jobs_do_not_deadlock(
