@@ -102,13 +102,9 @@ def prefix_attention(
     kernel = _call_kernel(q)
     if kernel == FA3:
         return fa3_forward(q, k, v)
-    if kernel == CUDNN:
-        out, lse = _cudnn_part(q, k[:, :, s0:], v[:, :, s0:], True)  # the diagonal
-        if s0 == 0:
-            return out, lse
-        o1, lse1 = _cudnn_part(q, k[:, :, :s0], v[:, :, :s0], False)  # the prefix
-        merged, lse = merge_partials(o1.float(), lse1, out.float(), lse)
-        return merged.to(q.dtype), lse
+    if kernel == CUDNN:  # the diagonal, then the prefix as one block, merged
+        prefix = [(k[:, :, :s0], v[:, :, :s0])] if s0 else []
+        return streamed_prefix_attention(q, k[:, :, s0:], v[:, :, s0:], prefix)
     if kernel == FLASH:
         out, lse, *_ = ATEN._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal=True)
         return out, lse
@@ -143,12 +139,12 @@ def streamed_prefix_attention(
     own keys; `prefix` yields the earlier keys' blocks (k, v (B, KV, n, hd)), each
     attended to whole and merged in fp32 by log-sum-exp."""
     out, lse = part_attention(q, k, v, True)
-    merged = out.float()
+    merged: torch.Tensor | None = None  # fp32 once a block is merged in
     for kb, vb in prefix:
         o, m = part_attention(q, kb, vb, False)
-        merged, lse = merge_partials(o.float(), m, merged, lse)
+        merged, lse = merge_partials(o.float(), m, out.float() if merged is None else merged, lse)
         del o, m
-    return merged.to(q.dtype), lse
+    return (out, lse) if merged is None else (merged.to(q.dtype), lse)
 
 
 def key_blocks(

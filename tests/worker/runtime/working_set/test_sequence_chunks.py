@@ -55,22 +55,23 @@ def test_pieces_match_transformers(seq_chunk: int, level: int, window: int) -> N
 def check_pieces(dims: ModelDims, seq_chunk: int, level: int, window: int) -> None:
     """Two rounds of 4 sequences, chunks of 2, every (layer, unit) at `level`, through
     pieces of `seq_chunk`: the loss and every gradient of transformers' model."""
-    ref, data = reference(dims), Batches(dims.vocab_size)
+    rt = pieces_runtime(dims, seq_chunk, level, window)
+    pieces = -(-SEQ // seq_chunk)
+    assert rt.cfg.pieces == pieces and rt.cfg.units == 2 * pieces
+    check_grads(rt, Batches(dims.vocab_size))
+
+
+def pieces_runtime(
+    dims: ModelDims, seq_chunk: int, level: int, window: int, **kw: object
+) -> WorkingSetRuntime:
+    """Two rounds of 4 sequences on reference(dims), chunks of 2, every (layer, unit) at
+    `level`, in pieces of `seq_chunk`; `kw`: more of make_runtime's."""
     pieces = -(-SEQ // seq_chunk)
     levels = tuple((level,) * 2 * pieces for _ in range(dims.num_layers))
-    rt = make_runtime(
-        ref,
-        dims=dims,
-        micro_batch=4,
-        chunk=2,
-        rounds=2,
-        window=window,
-        levels=levels,
-        loss_tokens=7,
-        seq_chunk=seq_chunk,
-    )
-    assert rt.cfg.pieces == pieces and rt.cfg.units == 2 * pieces
-    check_grads(rt, data)
+    return make_runtime(
+        reference(dims), dims=dims, micro_batch=4, chunk=2, rounds=2, window=window,
+        levels=levels, loss_tokens=7, seq_chunk=seq_chunk, **kw,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("seq_chunk", [4, 5], ids=lambda n: f"piece{n}")
@@ -83,19 +84,14 @@ def test_pieces_with_the_window_home_match_transformers(
     several blocks and a backward's blocks straddle pieces (5: pieces not dividing the
     sequence, a backward block longer than a prefix block)."""
     monkeypatch.setattr(prefix_attn, "ATTENTION_KEY_BLOCK_TOKENS", 3)
-    ref, data = reference(DIMS), Batches(DIMS.vocab_size)
+    rt = pieces_runtime(DIMS, seq_chunk, level, 1, window_home=True)
     pieces = -(-SEQ // seq_chunk)
-    levels = tuple((level,) * 2 * pieces for _ in range(DIMS.num_layers))
-    rt = make_runtime(
-        ref, micro_batch=4, chunk=2, rounds=2, window=1, levels=levels, loss_tokens=7,
-        seq_chunk=seq_chunk, window_home=True,
-    )  # fmt: skip
     assert isinstance(rt.pieces.win, HostWindow)  # type: ignore[union-attr]
     # in the host arena, as the planner counts it (a window of chunk=2 sequences here)
     lay = Layout(4, seq_chunk=seq_chunk, pieces=pieces, window_home=True)
     want = 2 * host_window_bytes(DIMS, fp32_spec(global_batch=8), lay)
     assert rt.host.arena.bytes_by_kind["window"] == want
-    check_grads(rt, data)
+    check_grads(rt, Batches(DIMS.vocab_size))
 
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
@@ -310,13 +306,8 @@ def test_pieces_of_packed_documents_match_each_document_in_transformers(
     """document_mask with pieces: every document attends within itself only, across the
     pieces it spans (ops/document_attn.py), with positions from its start: the loss and
     every gradient of transformers running each document alone (fp32, 1e-5)."""
-    ref, data = reference(DIMS), DocBatches(DIMS.vocab_size)
-    pieces = -(-SEQ // seq_chunk)
-    levels = tuple((level,) * 2 * pieces for _ in range(DIMS.num_layers))
-    rt = make_runtime(
-        ref, micro_batch=4, chunk=2, rounds=2, window=2, levels=levels, loss_tokens=7,
-        seq_chunk=seq_chunk, document_mask=True,
-    )  # fmt: skip
+    data = DocBatches(DIMS.vocab_size)
+    rt = pieces_runtime(DIMS, seq_chunk, level, 2, document_mask=True)
     want, want_grads = _documents_alone_once(2, 4)
     got = rt.forward_backward(data, 0)
     assert abs(got - want) < 1e-5 * abs(want), (got, want)
