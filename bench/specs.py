@@ -7,6 +7,7 @@ Neither torch nor a GPU: `bench/bound.py`, `bench/overlap_plan.py` and
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from typing import Any
 
@@ -96,11 +97,20 @@ def spec_dims_of(row: dict[str, Any]) -> tuple[JobSpec, ModelDims]:
 
 
 def node_from_row(row: dict[str, Any]) -> NodeProfile:
-    """The node profile a benchmark row was planned with (bench/runtime.py keeps it)."""
-    n = dict(row["plan"]["node"])
-    points = tuple((int(s), float(f)) for s, f in n.pop("attention_points"))
-    layer = n.pop("layer")
-    return NodeProfile(**n, attention_points=points, layer=LayerTimes(**layer) if layer else None)
+    """The node profile a benchmark row was planned with (bench/runtime.py keeps it): its
+    (length, rate) lists as tuples, fields a later profile added at their defaults."""
+    n = row["plan"]["node"]
+    kw: dict[str, Any] = {}
+    for f in dataclasses.fields(NodeProfile):
+        if f.name not in n:
+            continue
+        v = n[f.name]
+        if f.name.endswith("_points") or f.name == "d2h_by_gpus":
+            v = tuple((int(s), float(x)) for s, x in v)
+        elif f.name == "layer" and v is not None:
+            v = LayerTimes(**v)
+        kw[f.name] = v
+    return NodeProfile(**kw)
 
 
 def link_share_of(row: dict[str, Any]) -> float:

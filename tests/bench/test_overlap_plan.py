@@ -36,11 +36,15 @@ def test_the_per_round_replan_is_the_rows_own_plan(row: dict) -> None:  # type: 
     counts = [sum(r.count(lv) for r in plan.working_set.levels) for lv in range(4)]
     assert counts == row["plan"]["working_set"]["levels"]  # the row keeps each level's count
     # the rows were planned before the step's start charged a host-updated layer's load after
-    # its update (planning/cost_model.py): the replan may add up to that one load
+    # its update (planning/cost_model.py): the replan may add up to that one load; and while
+    # attention counted 3.5 / 3 of its profiled time (contracts/calibration.py
+    # ATTENTION_BACKWARD_RATIO): recounted, the split inside a measured layer's attention
+    # moves the recomputation by under 1%
     _, dims = spec_dims_of(row)
     load_s = dims.layer_params * 2 / row["plan"]["node"]["h2d_bytes_per_s"]  # bf16 weights
+    recount_s = 0.01 * row["plan"]["predicted"]["recompute_seconds"]
     added_s = plan.predicted.step_seconds - row["plan"]["predicted"]["step_seconds"]
-    assert -1e-9 <= added_s <= load_s * (1 + 1e-9)
+    assert -recount_s <= added_s <= load_s + recount_s
 
 
 @pytest.mark.parametrize(

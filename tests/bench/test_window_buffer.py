@@ -42,7 +42,12 @@ def test_the_plain_dp_is_the_rows_plan_and_the_grown_buffer_never_costs_more(
     costs = window_costs(row)
     best_w, best_s, _ = min(costs, key=lambda c: c[1])
     assert best_w == window == row["plan"]["window"]
-    assert best_s * rounds == pytest.approx(row["plan"]["predicted"]["recompute_seconds"], rel=1e-6)
+    # the rows were planned while attention counted 3.5 / 3 of its profiled time
+    # (contracts/calibration.py ATTENTION_BACKWARD_RATIO): recounted, the split inside a
+    # measured layer's attention moves its recomputation by 0.2-1.2%
+    assert best_s * rounds == pytest.approx(
+        row["plan"]["predicted"]["recompute_seconds"], rel=0.015
+    )
     assert all(grown <= plain + 1e-12 for _, plain, grown in costs)
     grown_best = min(c[2] for c in costs)
     if window == 0:  # no window layers: the link never idles in the forward

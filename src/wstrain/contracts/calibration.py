@@ -92,6 +92,17 @@ ALIGN_ELEMS: Final = 128
 # predicted 1.05-1.08 at 1.15 before the fit); with the fused kernels eight rows predict
 # -2.6% to +2.2% of the measured step.
 RUNTIME_OVERHEAD: Final = 1.22
+# A flash attention backward over its forward, in time: five matmuls to two (the
+# forward's scores are recomputed). The node profile's attention rate counts AdaWS's FLOPs
+# (the backward twice the forward: 3 forwards' worth) over the timed forward and backward,
+# so a forward takes 3 / (1 + 2.5) of its FLOPs at that rate: counted as 1 / 3, every
+# long-context prediction carried attention 1.17x its kernels' time.
+ATTENTION_BACKWARD_RATIO: Final = 2.5
+# The runtime's attention calls over the same kernels timed alone (node profile): a
+# piece's launches, its log-sum-exp merges, stream waits. Fitted on the recorded
+# long-context rows, H100 and H200, 32K-1M (bench/replan.py): at 1.10 they re-predict
+# within -8.5% to +7.6% of the measured step, mean 2.6% (at 1.0 -15.6% to +0.7%).
+ATTENTION_OVERHEAD: Final = 1.10
 # Share of the D2H link planned for saved activations; gradients and the device optimizer
 # share the rest. With the rolling backward prefetch 80% ran 18.0 s a step against 17.7 s
 # predicted (H200, 20 GiB budget).

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from wstrain.contracts.calibration import (
+    ATTENTION_BACKWARD_RATIO,
     ATTENTION_KEY_BLOCK_TOKENS,
     ELEMENT_BYTES,
     LEVELS,
@@ -102,7 +103,7 @@ def window_stream_s(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfi
         total += first_in_s + max(0.0, s0 * kv_b / node.h2d_bytes_per_s - first_in_s - fwd_s)
         first_in_s = min(s1, block) * (kv_b + sums_b) / node.h2d_bytes_per_s
         both_s = (s1 * (kv_b + sums_b) + s0 * sums_b) / node.both_bytes_per_s
-        total += first_in_s + max(0.0, both_s - first_in_s - 2.5 * fwd_s)
+        total += first_in_s + max(0.0, both_s - first_in_s - ATTENTION_BACKWARD_RATIO * fwd_s)
     return total
 
 

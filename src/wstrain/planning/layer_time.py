@@ -10,7 +10,12 @@ micro-batch that hides a layer's weight traffic. The resident planner
 
 from __future__ import annotations
 
-from wstrain.contracts.calibration import MLP_RECOMPUTED_SHARE, RUNTIME_OVERHEAD
+from wstrain.contracts.calibration import (
+    ATTENTION_BACKWARD_RATIO,
+    ATTENTION_OVERHEAD,
+    MLP_RECOMPUTED_SHARE,
+    RUNTIME_OVERHEAD,
+)
 from wstrain.contracts.hardware import NodeProfile
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.planning.memory_model import Layout
@@ -59,9 +64,11 @@ def core_attention_s(
     dims: ModelDims, seq_len: int, span: int, node: NodeProfile, call: int = 0
 ) -> float:
     """Causal attention forward of one sequence whose queries span `span` tokens (their
-    documents'), at the profiled rate of `call` tokens (attention_call; 0: `span`)."""
+    documents'), in the runtime at the profiled rate of `call` tokens (attention_call; 0:
+    `span`): the rate counts the backward as two forwards, the kernels take 2.5."""
     flops = 2 * seq_len * span * dims.num_heads * dims.head_dim
-    return flops / node.attention_flops(call or span)
+    forward_share = 3 / (1 + ATTENTION_BACKWARD_RATIO)
+    return ATTENTION_OVERHEAD * forward_share * flops / node.attention_flops(call or span)
 
 
 def recompute_shares(
@@ -109,7 +116,7 @@ def chunk_times(
         return k * node.layer.forward_s, k * node.layer.backward_s
     gemm = 2 * seq_len * dims.layer_params_active / node.matmul_flops  # MoE: Ψ_active
     attn_s = core_attention_s(dims, seq_len, span, node, call)
-    return k * gemm + attn_s, k * 2 * gemm + 2.5 * attn_s  # flash bwd: 5x vs 4x FLOPs
+    return k * gemm + attn_s, k * 2 * gemm + ATTENTION_BACKWARD_RATIO * attn_s
 
 
 def head_and_loss_s(dims: ModelDims, seq_len: int, node: NodeProfile) -> float:

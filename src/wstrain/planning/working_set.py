@@ -86,12 +86,15 @@ def _search(
             if w in first:
                 est = base.total_s + lead * first[w] + (rounds - lead) * cost
                 ranked.append((est, i, lay, sol, w, win, sol_first))
-    # The fastest estimate first; ties go to the earlier layout (deeper rings, larger loss
-    # block). An estimate assumes the DP's levels all fit the host; where _finish must drop
+    # The fastest estimate first (to the microsecond: windows that tie differ by float
+    # rounding); ties go to the earlier layout (deeper rings, larger loss block), then the
+    # wider window (fewer fetches, less host). An estimate assumes the DP's levels all fit the host; where _finish must drop
     # some to level 0 the candidate gets slower, so later ones are tried until no estimate
     # can beat the best finished candidate (the estimate never exceeds the finished time).
     best: Candidate | None = None
-    for est, _, lay, sol, w, win, first_sol in sorted(ranked, key=lambda r: (r[0], r[1], -r[4])):
+    for est, _, lay, sol, w, win, first_sol in sorted(
+        ranked, key=lambda r: (round(r[0], 6), r[1], -r[4])
+    ):
         if best is not None and est >= best.time.total_s * (1 - 1e-9):
             break
         cand = finish(dims, spec, node_for(lay), lay, sol, w, win.rows(), device, first_sol)
