@@ -99,9 +99,10 @@ RUNTIME_OVERHEAD: Final = 1.22
 # long-context prediction carried attention 1.17x its kernels' time.
 ATTENTION_BACKWARD_RATIO: Final = 2.5
 # The runtime's attention calls over the same kernels timed alone (node profile): a
-# piece's launches, its log-sum-exp merges, stream waits. Fitted on the recorded
-# long-context rows, H100 and H200, 32K-1M (bench/replan.py): at 1.10 they re-predict
-# within -8.5% to +7.6% of the measured step, mean 2.6% (at 1.0 -15.6% to +0.7%).
+# piece's launches, its log-sum-exp merges, stream waits. Fitted on the 30 recorded
+# long-context rows timed after a warm-up, H100 and H200, 32K-256K (bench/replan.py): at
+# 1.10 they predict -8.2% to +6.3% of the measured step, mean error 2.3% (1.0: 4.6%,
+# -9.6% to +0.7%; 1.15: 3.9%).
 ATTENTION_OVERHEAD: Final = 1.10
 # Share of the D2H link planned for saved activations; gradients and the device optimizer
 # share the rest. With the rolling backward prefetch 80% ran 18.0 s a step against 17.7 s
