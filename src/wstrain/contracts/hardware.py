@@ -55,7 +55,8 @@ class NodeProfile:
     h2d_bytes_per_s: float = 5.0e10  # pinned host->device copies
     d2h_bytes_per_s: float = 5.0e10  # pinned device->host copies
     both_bytes_per_s: float = 4.5e10  # each direction while both run
-    # (seq_len, FLOP/s) of causal attention fwd+bwd, ascending; empty: matmul rate
+    # (seq_len, FLOP/s) of causal attention fwd+bwd, ascending, its FLOPs AdaWS's (the
+    # backward counted as two forwards; planning/layer_time.py converts); empty: matmul rate
     attention_points: tuple[tuple[int, float], ...] = ()
     # the same for FlashAttention-3's kernels, where the node runs them (its wheel on a Hopper
     # GPU, worker/ops/fa3_attn.py; profile keys attention_flops.fa3.SEQ); empty: it does not
