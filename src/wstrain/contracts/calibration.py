@@ -95,8 +95,8 @@ RUNTIME_OVERHEAD: Final = 1.22
 # A flash attention backward over its forward, in time: five matmuls to two (the
 # forward's scores are recomputed). The node profile's attention rate counts AdaWS's FLOPs
 # (the backward twice the forward: 3 forwards' worth) over the timed forward and backward,
-# so a forward takes 3 / (1 + 2.5) of its FLOPs at that rate: counted as 1 / 3, every
-# long-context prediction carried attention 1.17x its kernels' time.
+# so a forward takes 3 / (1 + 2.5) of its FLOPs at that rate (taken as 1 / 3, attention
+# would cost 3.5 / 3 = 1.17x its kernels' time: 1M tokens at 16 layers, +13.9%).
 ATTENTION_BACKWARD_RATIO: Final = 2.5
 # The runtime's attention calls over the same kernels timed alone (node profile): a
 # piece's launches, its log-sum-exp merges, stream waits. Fitted on the 30 recorded

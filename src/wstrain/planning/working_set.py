@@ -88,9 +88,10 @@ def _search(
                 ranked.append((est, i, lay, sol, w, win, sol_first))
     # The fastest estimate first (to the microsecond: windows that tie differ by float
     # rounding); ties go to the earlier layout (deeper rings, larger loss block), then the
-    # wider window (fewer fetches, less host). An estimate assumes the DP's levels all fit the host; where _finish must drop
-    # some to level 0 the candidate gets slower, so later ones are tried until no estimate
-    # can beat the best finished candidate (the estimate never exceeds the finished time).
+    # wider window (fewer fetches, less host). An estimate assumes the DP's levels all fit
+    # the host; where _finish must drop some to level 0 the candidate gets slower, so later
+    # ones are tried until no estimate can beat the best finished candidate (the estimate
+    # never exceeds the finished time).
     best: Candidate | None = None
     for est, _, lay, sol, w, win, first_sol in sorted(
         ranked, key=lambda r: (round(r[0], 6), r[1], -r[4])
