@@ -1,8 +1,9 @@
 """Today's planner against every measured long-context row: each row of
 `bench/results/long-context/` planned again on the node profile its own run measured, with
-the piece length and the window's home it ran pinned, its step predicted and set beside the
-step it measured. The check behind "predicted step within 10% at every row", run on any CPU
-after a change to the cost model; the rows themselves are never re-measured here.
+the layout it ran pinned (micro-batch, window, slots, optimizer, piece length, the window's
+home), so the same plan costed today, beside the step it measured. The check behind
+"predicted step within 10% at every row", run on any CPU after a change to the cost model;
+the rows themselves are never re-measured here.
 
     python -m bench.replan --out bench/results/planner/X.json
 
@@ -30,12 +31,14 @@ DEFAULT_HOST_GIB = 110.0
 
 
 def measured_rows(folder: Path = ROWS_DIR) -> list[tuple[str, dict[str, Any]]]:
-    """(file name, row) for every row with a plan and a measured step, in file order."""
+    """(file name, row) for every bench.long_context row (named long-...), in file order;
+    the folder's other rows come from benches that plan their own way (bench.data_parallel's
+    ws-N)."""
     out = []
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text())
         for row in data if isinstance(data, list) else []:
-            if isinstance(row.get("plan"), dict) and row.get("measured_step_seconds"):
+            if str(row.get("name", "")).startswith("long-") and row.get("measured_step_seconds"):
                 out.append((path.name, row))
     return out
 
@@ -55,9 +58,16 @@ def replan(file: str, row: dict[str, Any]) -> dict[str, Any]:
     node = node_from_row(row).with_documents(docs)
     if "-cudnn" in name:  # run with FA3 off: planned without its rates
         node = dataclasses.replace(node, fa3_attention_points=())
-    pinned: dict[str, object] = {
+    pinned: dict[str, object] = {  # the layout it ran: the same plan, costed today
+        "micro_batch": plan["micro_batch"],
+        "window": plan["window"],
         "seq_chunk": int(ran.get("seq_chunk") or 0),
         "window_home": bool(ran.get("window_home", False)),  # older rows: on the device
+        **{
+            k: ran[k]
+            for k in ("r_param", "r_grad", "optimizer", "lead_rounds", "overlap")
+            if k in ran
+        },
     }
     layers, seq = int(row["layers"]), int(row["seq_len"])
     spec = llama_spec(
@@ -68,7 +78,7 @@ def replan(file: str, row: dict[str, Any]) -> dict[str, Any]:
     spec = spec.model_copy(update={"document_mask": docs > 0})
     today = make_plan(spec, llama_dims(layers), node)
     ws = today.working_set
-    measured_s = float(row["measured_step_seconds"])
+    step_s = float(row["measured_step_seconds"])
     recorded_s = float(row.get("predicted_step_seconds") or plan["predicted"]["step_seconds"])
     return {
         "file": file,
@@ -80,13 +90,13 @@ def replan(file: str, row: dict[str, Any]) -> dict[str, Any]:
         "window_home": pinned["window_home"],
         "attention_kernel": row.get("attention_kernel") or ran.get("attention_kernel"),
         "warm_up_timed": float((row.get("step_seconds") or [1.0])[0]) == 0.0,
-        "measured_step_seconds": measured_s,
+        "measured_step_seconds": step_s,
         "recorded_predicted_step_seconds": recorded_s,
-        "recorded_error": recorded_s / measured_s - 1,
+        "recorded_error": recorded_s / step_s - 1,
         "predicted_step_seconds": today.predicted.step_seconds,
         "predicted_compute_seconds": today.predicted.compute_seconds,
         "predicted_recompute_seconds": today.predicted.recompute_seconds,
-        "error": today.predicted.step_seconds / measured_s - 1,
+        "error": today.predicted.step_seconds / step_s - 1,
         "same_levels": ws is not None and _levels(ws.levels) == list(ran.get("levels") or []),
     }
 

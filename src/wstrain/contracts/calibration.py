@@ -99,10 +99,10 @@ RUNTIME_OVERHEAD: Final = 1.22
 # would cost 3.5 / 3 = 1.17x its kernels' time: 1M tokens at 16 layers, +13.9%).
 ATTENTION_BACKWARD_RATIO: Final = 2.5
 # The runtime's attention calls over the same kernels timed alone (node profile): a
-# piece's launches, its log-sum-exp merges, stream waits. Fitted on the 30 recorded
-# long-context rows timed after a warm-up, H100 and H200, 32K-256K (bench/replan.py): at
-# 1.10 they predict -8.2% to +6.3% of the measured step, mean error 2.3% (1.0: 4.6%,
-# -9.6% to +0.7%; 1.15: 3.9%).
+# piece's launches, its log-sum-exp merges, stream waits. Fitted on the 29 long-context
+# rows timed after a warm-up before it, H100 and H200, 32K-256K (bench/replan.py): at
+# 1.10 they predict -8.2% to +6.0% of the measured step, mean error 2.2% (1.0: 4.7%,
+# -9.6% to +0.7%; 1.15: 3.7%); the 128K row measured after it: +6.3%.
 ATTENTION_OVERHEAD: Final = 1.10
 # Share of the D2H link planned for saved activations; gradients and the device optimizer
 # share the rest. With the rolling backward prefetch 80% ran 18.0 s a step against 17.7 s

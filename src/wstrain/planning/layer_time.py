@@ -65,10 +65,11 @@ def core_attention_s(
 ) -> float:
     """Causal attention forward of one sequence whose queries span `span` tokens (their
     documents'), in the runtime at the profiled rate of `call` tokens (attention_call; 0:
-    `span`): the rate counts the backward as two forwards, the kernels take 2.5."""
+    `span`): a profiled rate counts the backward as two forwards where the kernels take
+    2.5; a node without attention points has the matmul rate, a forward's own."""
     flops = 2 * seq_len * span * dims.num_heads * dims.head_dim
-    forward_share = 3 / (1 + ATTENTION_BACKWARD_RATIO)
-    return ATTENTION_OVERHEAD * forward_share * flops / node.attention_flops(call or span)
+    timed = 3 / (1 + ATTENTION_BACKWARD_RATIO) if node.attention_points else 1.0
+    return ATTENTION_OVERHEAD * timed * flops / node.attention_flops(call or span)
 
 
 def recompute_shares(
@@ -105,11 +106,11 @@ def chunk_times(
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one sequence through one decoder layer: measured when
     the node carries the job's layer times, else from FLOPs at the profiled rates. From
-    FLOPs, the runtime's overhead (hooks, launch gaps, elementwise work) goes on the GEMM
-    part only: the attention kernel runs as profiled (long context, H100, 32K-512K: with
-    the overhead on attention too, 64K-512K predicted 12-28% over the measured step;
-    without, -12% at 32K and -2% to +8% from 64K; bench/RESULTS.md). `span`, `call`:
-    attention_span (0: the whole sequence) and attention_call."""
+    FLOPs, the GEMMs carry RUNTIME_OVERHEAD (hooks, launch gaps, elementwise work) and the
+    attention its own, ATTENTION_OVERHEAD (a piece's launches and merges; core_attention_s):
+    the GEMMs' 1.22 on attention too put 64K-512K steps 12-28% over the measured ones
+    (H100, bench/RESULTS.md). `span`, `call`: attention_span (0: the whole sequence) and
+    attention_call."""
     k = RUNTIME_OVERHEAD
     span = span or seq_len
     if node.layer is not None and node.layer.seq_len == seq_len and span == seq_len:

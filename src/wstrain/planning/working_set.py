@@ -39,6 +39,10 @@ from wstrain.planning.levels import Solution, solve
 from wstrain.planning.reasons import ws_reasons
 from wstrain.planning.refusal import host_over_bytes, infeasible, may_spill
 
+# Predicted steps this close are one speed: equal costs summed in another order differ by
+# float rounding (1e-15 s), the cost model's resolution is milliseconds.
+TIE_S = 1e-6
+
 
 def _search(
     spec: JobSpec,
@@ -86,20 +90,22 @@ def _search(
             if w in first:
                 est = base.total_s + lead * first[w] + (rounds - lead) * cost
                 ranked.append((est, i, lay, sol, w, win, sol_first))
-    # The fastest estimate first (to the microsecond: windows that tie differ by float
-    # rounding); ties go to the earlier layout (deeper rings, larger loss block), then the
-    # wider window (fewer fetches, less host). An estimate assumes the DP's levels all fit
-    # the host; where _finish must drop some to level 0 the candidate gets slower, so later
-    # ones are tried until no estimate can beat the best finished candidate (the estimate
-    # never exceeds the finished time).
+    # The fastest estimate first; estimates within TIE_S of the fastest are one speed (many
+    # windows cost the same but for float rounding) and go to the earlier layout (deeper
+    # rings, larger loss block), then the wider window (fewer fetches, less host). An
+    # estimate assumes the DP's levels all fit the host; where _finish must drop some to
+    # level 0 the candidate gets slower, so later ones are tried until no estimate can
+    # beat the best finished candidate by TIE_S (the estimate never exceeds the finished
+    # time).
+    ranked.sort(key=lambda r: (r[0], r[1], -r[4]))
+    tied = sum(r[0] <= ranked[0][0] + TIE_S for r in ranked) if ranked else 0
+    ranked[:tied] = sorted(ranked[:tied], key=lambda r: (r[1], -r[4]))
     best: Candidate | None = None
-    for est, _, lay, sol, w, win, first_sol in sorted(
-        ranked, key=lambda r: (round(r[0], 6), r[1], -r[4])
-    ):
-        if best is not None and est >= best.time.total_s * (1 - 1e-9):
+    for est, _, lay, sol, w, win, first_sol in ranked:
+        if best is not None and est >= best.time.total_s - TIE_S:
             break
         cand = finish(dims, spec, node_for(lay), lay, sol, w, win.rows(), device, first_sol)
-        if cand is not None and (best is None or cand.time.total_s < best.time.total_s):
+        if cand is not None and (best is None or cand.time.total_s < best.time.total_s - TIE_S):
             best = cand
     return best
 
