@@ -6,6 +6,8 @@ home), so the same plan costed today, beside the step it measured. The check beh
 the rows themselves are never re-measured here.
 
     python -m bench.replan --out bench/results/planner/X.json
+    python -m bench.replan --predict 262144,524288 --layers 32 --host-gib 256 \
+        --profile-of fa3-vs-cudnn-128k-h100-2026-11-28.json:long-131072
 
 A row timed over one step has its warm-up in it (`step_seconds` starts 0.0: the 1M rows,
 the profiled row); the summary keeps those apart.
@@ -101,6 +103,50 @@ def replan(file: str, row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def predict(
+    profile_of: str, lengths: list[int], layers: int, host_gib: float
+) -> list[dict[str, Any]]:
+    """Rows not run (a host no lent machine has): each length planned at `layers` on the
+    node profile of the measured row `profile_of` ("FILE:NAME"), its tokens/s as predicted
+    and times the measured over predicted steps of the rows of that run (the same profile,
+    the same kernel, timed after a warm-up)."""
+    file, name = profile_of.split(":")
+    rows = measured_rows()
+    src = next(r for f, r in rows if f == file and r["name"] == name)
+    node = node_from_row(src)
+    out = []
+    for seq in lengths:
+        spec = llama_spec(f"long-{seq}", layers, seq, 1, 2, 24.0, host_gib, {})
+        plan = make_plan(spec, llama_dims(layers), node)
+        assert plan.working_set is not None  # long context plans the working set
+        kernel = plan.working_set.attention_kernel
+        same = [
+            replan(f, r)
+            for f, r in rows
+            if r["plan"]["node"] == src["plan"]["node"] and r.get("attention_kernel") == kernel
+        ]
+        steady = [r for r in same if not r["warm_up_timed"]]
+        ratio = statistics.mean(
+            r["predicted_step_seconds"] / r["measured_step_seconds"] for r in steady
+        )
+        out.append(
+            {
+                "seq_len": seq,
+                "layers": layers,
+                "host_gib": host_gib,
+                "profile_of": profile_of,
+                "attention_kernel": kernel,
+                "seq_chunk": plan.working_set.seq_chunk,
+                "predicted_step_seconds": plan.predicted.step_seconds,
+                "predicted_tokens_per_s": seq / plan.predicted.step_seconds,
+                "ratio_rows": [f"{r['file']}:{r['name']}" for r in steady],
+                "predicted_over_measured": ratio,
+                "tokens_per_s_at_that_ratio": seq / plan.predicted.step_seconds * ratio,
+            }
+        )
+    return out
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Errors over the rows timed after a warm-up and over the rest."""
     out: dict[str, Any] = {}
@@ -120,7 +166,18 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="", help="write the rows and the summary here")
+    ap.add_argument("--predict", default="", help="comma-separated lengths not run: predict")
+    ap.add_argument("--layers", type=int, default=32, help="--predict: layers")
+    ap.add_argument("--host-gib", type=float, default=256.0, help="--predict: host budget")
+    ap.add_argument("--profile-of", default="", help="--predict: FILE:NAME, a measured row")
     args = ap.parse_args()
+    if args.predict:
+        lengths = [int(n) for n in args.predict.split(",")]
+        result = predict(args.profile_of, lengths, args.layers, args.host_gib)
+        print(json.dumps(result, indent=1))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        return
     rows = [replan(f, r) for f, r in measured_rows()]
     print(f"{'row':<60} {'measured':>9} {'recorded':>9} {'today':>9} {'error':>7}")
     for r in rows:

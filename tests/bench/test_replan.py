@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.replan import measured_rows, replan, summary
+from bench.replan import measured_rows, predict, replan, summary
 from wstrain.planning import layer_time
 
 ROWS = measured_rows()
@@ -65,3 +65,21 @@ def test_the_million_token_row_is_predicted_within_10_percent_as_it_was_not(
     old = replan(file, row)
     assert old["predicted_step_seconds"] == pytest.approx(row["predicted_step_seconds"])
     assert old["error"] > 0.10
+
+
+def test_a_row_not_run_is_predicted_on_a_measured_rows_profile_and_scaled_by_its_run() -> None:
+    """512K at 32 layers with FA3 needs a 256 GiB host: planned on the H100 FA3 run's
+    profile, its tokens/s scaled by that run's measured over predicted steps (its 128K and
+    256K rows, timed after a warm-up; its cuDNN rows are another kernel)."""
+    (row,) = predict("fa3-vs-cudnn-128k-h100-2026-11-28.json:long-131072", [524288], 32, 256.0)
+    assert row["attention_kernel"] == "fa3-hopper"
+    assert row["ratio_rows"] == [
+        "fa3-vs-cudnn-128k-h100-2026-11-28.json:long-131072",
+        "fa3-vs-cudnn-256k-h100-2026-11-28.json:long-262144",
+    ]
+    same_run = [replan(f, r) for f, r in ROWS if f"{f}:{r['name']}" in row["ratio_rows"]]
+    ratio = sum(r["predicted_step_seconds"] / r["measured_step_seconds"] for r in same_run) / 2
+    assert row["predicted_over_measured"] == pytest.approx(ratio)
+    assert row["tokens_per_s_at_that_ratio"] == pytest.approx(
+        524288 / row["predicted_step_seconds"] * ratio
+    )
