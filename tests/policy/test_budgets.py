@@ -50,6 +50,17 @@ def test_memory_goes_where_it_buys_the_most() -> None:
     assert _gib(got) == {"a": 40, "b": 10}  # b gains nothing from memory: it keeps its min
 
 
+def test_a_speed_equal_but_for_float_rounding_buys_no_memory() -> None:
+    """The same plan at two points is predicted equal up to rounding: the job keeps its min
+    (a real gain, however small, still buys the point)."""
+    rounding = {10: 1000.0, 20: 1000.0 * (1 + 1e-13)}
+    got = choose_points([_job("a", rounding)], 40 * GIB, HOST)
+    assert got is not None and _gib(got) == {"a": 10}
+    small = {10: 1000.0, 20: 1000.0 * (1 + 1e-6)}
+    got = choose_points([_job("a", small)], 40 * GIB, HOST)
+    assert got is not None and _gib(got) == {"a": 20}
+
+
 def test_the_choice_is_the_best_split_of_a_concave_curve() -> None:
     """Against every combination of points that fits: greedy is exact on concave curves."""
     jobs = [_job("a", CONCAVE), _job("b", CONCAVE, weight=2.0), _job("c", CONCAVE, weight=0.5)]

@@ -75,6 +75,12 @@ class RangedJob:
             raise ValueError(f"job {self.id}: points must ascend by device bytes, got {sizes}")
 
 
+# Speeds this close are one speed: two points whose plans are the same plan (a memory-flat
+# job's) are predicted equal but for float rounding (1e-15 relative), and the larger point
+# must not look faster by it.
+SAME_SPEED = 1e-9
+
+
 def _value(job: RangedJob, k: int) -> float:
     return job.weight * job.points[k].tokens_per_s
 
@@ -102,7 +108,8 @@ def choose_points(
                 extra_device = job.points[k].device_bytes - now.device_bytes
                 extra_host = job.points[k].host_bytes - now.host_bytes
                 gain = _value(job, k) - _value(job, at[job.id])
-                if gain <= 0 or extra_device > left_device or extra_host > left_host:
+                flat = gain <= SAME_SPEED * _value(job, at[job.id])
+                if flat or extra_device > left_device or extra_host > left_host:
                     continue
                 ratio = gain / max(_cost(extra_device, extra_host, left_device, left_host), 1e-12)
                 if best is None or ratio > best[0]:
