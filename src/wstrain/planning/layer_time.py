@@ -107,10 +107,9 @@ def chunk_times(
     """(forward, backward) seconds of one sequence through one decoder layer: measured when
     the node carries the job's layer times, else from FLOPs at the profiled rates. From
     FLOPs, the GEMMs carry RUNTIME_OVERHEAD (hooks, launch gaps, elementwise work) and the
-    attention its own, ATTENTION_OVERHEAD (a piece's launches and merges; core_attention_s):
-    the GEMMs' 1.22 on attention too put 64K-512K steps 12-28% over the measured ones
-    (H100, bench/RESULTS.md). `span`, `call`: attention_span (0: the whole sequence) and
-    attention_call."""
+    attention its own, ATTENTION_OVERHEAD (a piece's launches and merges; core_attention_s),
+    each fitted on the rows where it dominates. `span`, `call`: attention_span (0: the
+    whole sequence) and attention_call."""
     k = RUNTIME_OVERHEAD
     span = span or seq_len
     if node.layer is not None and node.layer.seq_len == seq_len and span == seq_len:
