@@ -45,6 +45,12 @@ def measured_rows(folder: Path = ROWS_DIR) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def warm_up_timed(row: dict[str, Any]) -> bool:
+    """Whether the row's one timed step is its warm-up (bench.long_context --steps 1 puts a
+    0.0 before it)."""
+    return float((row.get("step_seconds") or [1.0])[0]) == 0.0
+
+
 def _levels(levels: list[list[int]]) -> list[int]:
     """Units at each level, as bench rows record a plan's levels."""
     return [sum(r.count(lv) for r in levels) for lv in range(4)]
@@ -91,7 +97,7 @@ def replan(file: str, row: dict[str, Any]) -> dict[str, Any]:
         "seq_chunk": pinned["seq_chunk"],
         "window_home": pinned["window_home"],
         "attention_kernel": row.get("attention_kernel") or ran.get("attention_kernel"),
-        "warm_up_timed": float((row.get("step_seconds") or [1.0])[0]) == 0.0,
+        "warm_up_timed": warm_up_timed(row),
         "measured_step_seconds": step_s,
         "recorded_predicted_step_seconds": recorded_s,
         "recorded_error": recorded_s / step_s - 1,
@@ -114,18 +120,18 @@ def predict(
     rows = measured_rows()
     src = next(r for f, r in rows if f == file and r["name"] == name)
     node = node_from_row(src)
+    run = [
+        replan(f, r)
+        for f, r in rows
+        if r["plan"]["node"] == src["plan"]["node"] and not warm_up_timed(r)
+    ]
     out = []
     for seq in lengths:
         spec = llama_spec(f"long-{seq}", layers, seq, 1, 2, 24.0, host_gib, {})
         plan = make_plan(spec, llama_dims(layers), node)
         assert plan.working_set is not None  # long context plans the working set
         kernel = plan.working_set.attention_kernel
-        same = [
-            replan(f, r)
-            for f, r in rows
-            if r["plan"]["node"] == src["plan"]["node"] and r.get("attention_kernel") == kernel
-        ]
-        steady = [r for r in same if not r["warm_up_timed"]]
+        steady = [r for r in run if r["attention_kernel"] == kernel]
         ratio = statistics.mean(
             r["predicted_step_seconds"] / r["measured_step_seconds"] for r in steady
         )
