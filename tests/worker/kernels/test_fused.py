@@ -127,3 +127,23 @@ def test_fp32_matches_eager(eager: Callable[[], None]) -> None:
     for fs, ps in zip(fused, plain):
         for f, p in zip(fs, ps):
             assert _rel(f, p.double()) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_add_into_equals_the_eager_add(dtype: torch.dtype) -> None:
+    """The fp32 sums a piece's backward keeps: FA3's (B, T, KV, hd) gradients seen as
+    (B, KV, T, hd), added into a slice of a longer fp32 window; exactly the eager sum (one
+    fp32 addition an element either way), the window's other keys untouched."""
+    dst = torch.randn(2, 8, 5000, 128, device="cuda")  # (B, KV, S, hd)
+    src = torch.randn(2, 3001, 8, 128, device="cuda", dtype=dtype).transpose(1, 2)
+    want = dst.clone()
+    want[:, :, 1000:4001] += src
+    fused_ops.add_into(dst[:, :, 1000:4001], src)
+    assert torch.equal(dst, want)
+
+
+def test_add_into_falls_back_where_it_does_not_take_the_shape() -> None:
+    dst = torch.zeros(3, 4, 96, device="cuda")  # 3-D, 96 not a power of two: the eager add
+    src = torch.randn(3, 4, 96, device="cuda", dtype=torch.bfloat16)
+    fused_ops.add_into(dst, src)
+    assert torch.equal(dst, src.float())

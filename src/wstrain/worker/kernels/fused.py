@@ -1,5 +1,6 @@
 """Fused elementwise kernels (Triton) for the decoder's memory-bound ops: RMSNorm forward
-and backward, RoPE, and the SwiGLU product with its backward.
+and backward, RoPE, the SwiGLU product with its backward, and the fp32 gradient sums of a
+piece's attention (ops/prefix_attn.py: dq, dk, dv added a block of keys at a time).
 
 Eager PyTorch runs Hugging Face's RMSNorm as seven kernels over fp32 copies, RoPE as five
 (two of them broadcasting, unvectorised), and SwiGLU's backward as four; at Llama-3-8B dims
@@ -15,6 +16,7 @@ kernel against the eager op on the GPU.
     y = rms_norm_fused(x, w, eps)        # autograd-aware; x (..., D)
     q = rope_fused(q, cos, sin)          # (B, S, H, hd) strided in, contiguous out
     p = silu_mul_fused(g, u)             # autograd-aware; dg, du, p = swiglu_backward(dp, g, u)
+    add_into(dk_sum, dk)                 # fp32 (B, H, T, E) += any float dtype, any strides
 """
 
 from __future__ import annotations
@@ -143,8 +145,23 @@ if triton is not None:
         if WRITE_P:
             tl.store(P + offs, (silu * u).to(P.dtype.element_ty), mask=mask)
 
+    @triton.jit
+    def _add_into(
+        DST, SRC, T, H, sdb, sdh, sdt, ssb, ssh, sst, E: tl.constexpr, BLOCK_T: tl.constexpr
+    ):
+        # one program per BLOCK_T rows of one (b, h): E contiguous elements a row on both sides
+        bh = tl.program_id(1).to(tl.int64)
+        b, h = bh // H, bh % H
+        t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+        e = tl.arange(0, E)[None, :]
+        mask = t < T
+        dst = DST + b * sdb + h * sdh + t * sdt + e
+        src = tl.load(SRC + b * ssb + h * ssh + t * sst + e, mask=mask, other=0.0)
+        tl.store(dst, tl.load(dst, mask=mask, other=0.0) + src.to(tl.float32), mask=mask)
+
 
 ELEMENTWISE_BLOCK = 4096
+ADD_ROWS = 32  # rows of a (b, h) a program: 32 x 128 fp32 elements, 16 KiB in, 16 KiB out
 RMS_BWD_PROGRAMS = 264  # two per H100/H200 multiprocessor; the partial sums are G x D fp32
 
 
@@ -297,3 +314,32 @@ class _SiluMul(torch.autograd.Function):
 def silu_mul_fused(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """silu(g) * u with its fused backward (autograd saves g and u only)."""
     return _SiluMul.apply(g, u)
+
+
+def add_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst += src, dst fp32 (B, H, T, E), src the same shape in any float dtype and strides
+    (FA3's gradients come back as (B, T, H, E) memory seen as (B, H, T, E)). Eager PyTorch
+    adds a strided bf16 tensor into fp32 with its generic casting kernel, one element a
+    thread; this reads each row's E elements once on both sides and writes them once. Off
+    CUDA, without Triton, or for shapes it does not take: the eager add."""
+    e = dst.shape[-1]
+    if not (
+        ENABLED
+        and triton is not None
+        and dst.is_cuda
+        and src.is_cuda
+        and dst.dtype == torch.float32
+        and src.dtype.is_floating_point
+        and dst.dim() == 4
+        and dst.shape == src.shape
+        and dst.stride(-1) == 1
+        and src.stride(-1) == 1
+        and e == triton.next_power_of_2(e)
+        and e <= 256
+    ):
+        dst += src
+        return
+    b, h, t, _ = dst.shape
+    _add_into[(triton.cdiv(t, ADD_ROWS), b * h)](
+        dst, src, t, h, *dst.stride()[:3], *src.stride()[:3], E=e, BLOCK_T=ADD_ROWS, num_warps=4
+    )

@@ -37,6 +37,7 @@ from wstrain.contracts.hardware import CUDNN_PREFIX_DIAGONAL as CUDNN
 from wstrain.contracts.hardware import FA3_HOPPER as FA3
 from wstrain.contracts.hardware import FLASH_LOWER_RIGHT as FLASH
 from wstrain.contracts.hardware import piece_attention_kernel
+from wstrain.worker.kernels.fused import add_into
 from wstrain.worker.models.chunked import (
     block_attention_backward,
     block_attention_forward,
@@ -240,8 +241,8 @@ def blocks_backward(
     # the generator runs to its end (a staged block goes home after its call is queued)
     for i, (k, v, dk_sum, dv_sum) in enumerate(blocks(ranges)):
         dq, dk, dv = block_backward(k, v, i == len(ranges) - 1)
-        dq_sum += dq
-        dk_sum += _per_kv_head(dk, k.shape[1])
-        dv_sum += _per_kv_head(dv, k.shape[1])
+        add_into(dq_sum, dq)
+        add_into(dk_sum, _per_kv_head(dk, k.shape[1]))
+        add_into(dv_sum, _per_kv_head(dv, k.shape[1]))
         del dq, dk, dv
     return dq_sum
