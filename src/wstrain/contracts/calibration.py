@@ -56,12 +56,12 @@ CHECKPOINT_SHARD_BYTES: Final = GIB
 # GiB each at 512K for Llama-8B; in blocks of 64K keys that is 1 GiB in all.
 ATTENTION_KEY_BLOCK_TOKENS: Final = 65536
 # A long sequence's pieces add their attention gradients into fp32 sums (the same file):
-# each piece dK and dV of every key up to its end, dQ once per key block's call, as
-# mixed-dtype adds. Measured on an H100, 16 layers at 256K in 16K pieces: 0.675 s of those
-# add kernels a step for 1.29 TB read and written
-# (bench/results/long-context/profile-32k-and-256k-h100-2026-11-27.json), so finer pieces,
-# which re-add the prefix's gradients more often, cost that much more.
-PIECE_SUMS_BYTES_PER_S: Final = 1.91e12
+# each piece dK and dV of every key up to its end, dQ once per key block's call, in one
+# coalesced pass each (worker/kernels/fused.py add_into). Measured on an H200, one layer at
+# 128K in 8K pieces: 28.2 GB read and written in 6.83 ms, 4.12 TB/s (eager PyTorch's
+# strided casting add: 1.95; bench/results/long-context/piece-backward-sums-h200-2026-11-29.json),
+# so finer pieces, which re-add the prefix's gradients more often, cost that much more.
+PIECE_SUMS_BYTES_PER_S: Final = 4.12e12
 # fp8 saved activations (working_set/fp8_saves.py): one fp32 scale per this many elements,
 # so a 16-bit element goes home in 1 + 4/128 bytes.
 FP8_BLOCK_ELEMENTS: Final = 128
