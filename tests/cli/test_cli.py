@@ -38,7 +38,7 @@ from tests.conftest import (
     wait_job,
     wait_terminal,
 )
-from tests.helpers.cli import cli_process, run_main
+from tests.helpers.cli import as_a_foreground_job, cli_process, run_main
 from wstrain.cli.client import CliError, resolve
 from wstrain.cli.main import build_parser
 from wstrain.cli.spec import load_spec
@@ -294,14 +294,15 @@ def test_logs_follow_survives_an_api_restart_without_losing_or_repeating_a_line(
 
 def test_ctrl_c_in_logs_follow_exits_0_quietly(api_only: Stack) -> None:
     job = _submit(api_only, "cli-logs-ctrl-c")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wstrain.cli.main", "--server", api_only.url, "logs", "-f", job],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        start_new_session=True,
-    )
+    with as_a_foreground_job():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "wstrain.cli.main", "--server", api_only.url, "logs", "-f", job],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            start_new_session=True,
+        )
     time.sleep(2.0)  # connected and waiting for lines of a job that never runs
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=30)
@@ -380,15 +381,16 @@ def test_ctrl_c_in_submit_follow_detaches_and_the_job_keeps_running(
     spec_file.write_text(yaml.safe_dump(tiny_spec("cli-detach", steps=100_000)))
     master, slave = pty.openpty()  # a terminal: the rich bar, as a user sees it
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wstrain.cli.main", "submit", str(spec_file), "--follow"],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        cwd=REPO,
-        env={**os.environ, "WSTRAIN_URL": stack.url, "TERM": "xterm-256color"},
-        start_new_session=True,  # its own process group, as a shell's foreground job
-    )
+    with as_a_foreground_job():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "wstrain.cli.main", "submit", str(spec_file), "--follow"],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=REPO,
+            env={**os.environ, "WSTRAIN_URL": stack.url, "TERM": "xterm-256color"},
+            start_new_session=True,  # its own process group, as a shell's foreground job
+        )
     os.close(slave)
     try:
         text, m = _read_until(master, re.compile(r"step ([1-9]\d*)/100000"), 120)

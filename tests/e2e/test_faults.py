@@ -40,6 +40,7 @@ from tests.conftest import (
     wait_job,
     wait_terminal,
 )
+from tests.helpers.cli import as_a_foreground_job
 from tests.helpers.jobs import assert_same_weights, job_states
 from wstrain.agent.processes import is_running, start_ticks
 
@@ -252,7 +253,8 @@ def test_ctrl_c_to_serve_requeues_the_job_and_the_next_serve_finishes_it(
         cmd = [sys.executable, "-m", "wstrain.cli.main", "serve", "--port", str(port)]
         cmd += ["--state-dir", str(state), "--metrics-port", str(free_port())]
         # its own process group, as a shell gives a foreground job: Ctrl-C signals the group
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True)
+        with as_a_foreground_job():
+            proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         _wait_http(f"{url}/healthz", proc, timeout_s=60)
         return proc, url

@@ -4,9 +4,12 @@ about what a user's shell sees (exit code, both streams, the environment it read
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,3 +41,19 @@ def cli_process(
         env={**os.environ, **(env or {})},
         timeout=timeout_s,
     )
+
+
+@contextlib.contextmanager
+def as_a_foreground_job() -> Iterator[None]:
+    """Processes started in this block get SIGINT as an interactive shell gives its
+    foreground job: at its default and unblocked, so Ctrl-C is a KeyboardInterrupt. A child
+    keeps an ignored or blocked SIGINT across exec, and Python leaves an inherited SIG_IGN in
+    place, so a test worker that something left that way (reproduced by ignoring SIGINT in
+    the test process: the CLI then never sees Ctrl-C) would hang a Ctrl-C test."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, old if old is not None else signal.SIG_DFL)
