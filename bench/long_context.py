@@ -82,6 +82,7 @@ def plan_row(  # type: ignore[no-untyped-def]
     kernel: str = "auto",
     window: str = "auto",
     activations: str = "bf16",
+    write_buffer: str = "auto",
 ):
     """(spec, dims, plan, node) at `layers`, or the 32 layers when they fit the host
     budget and else 16; `documents`: under document_mask, documents of that many tokens
@@ -90,7 +91,8 @@ def plan_row(  # type: ignore[no-untyped-def]
     step (the planner picks the micro-batch); `kernel` "cudnn": plan and run without FA3
     where it is installed ("auto": the fastest present); `window` "host" or "device": the
     pieces' window of keys and values pinned there ("auto": the planner's);
-    `activations`: the saved sets' precision ("fp8": opt-in, lossy)."""
+    `activations`: the saved sets' precision ("fp8": opt-in, lossy); `write_buffer`: GiB
+    pinned, or "auto" (the planner's)."""
     node = measured_node()  # no layer timing: a whole layer at 512K is what does not fit
     node = node.with_documents(documents)
     if kernel == "cudnn":
@@ -101,6 +103,8 @@ def plan_row(  # type: ignore[no-untyped-def]
         pinned: dict[str, object] = {"seq_chunk": seq_chunk} if seq_chunk else {}
         if window != "auto":
             pinned["window_home"] = window == "host"
+        if write_buffer != "auto":
+            pinned["write_buffer_gib"] = float(write_buffer)
         spec = llama_spec(
             f"long-{seq}", n, seq, global_batch, steps, DEVICE_GIB, host_gib, pinned,
             activation_precision=activations,
@@ -169,7 +173,7 @@ def run_row(args: argparse.Namespace) -> Row:
     seq, docs, batch = int(args.row), args.document_tokens, args.global_batch
     spec, dims, plan, node = plan_row(
         seq, args.host_gib, args.steps, args.layers, docs, args.seq_chunk, batch, args.kernel,
-        args.window, args.activations,
+        args.window, args.activations, args.write_buffer,
     )  # fmt: skip
     log.info("plan: %s", plan.reasons)
     res = run_plan(spec, dims, plan, args.steps, args.profile, node, document_tokens=docs)
@@ -178,6 +182,7 @@ def run_row(args: argparse.Namespace) -> Row:
     name = f"long-{seq}" + (f"-docs{docs}" if docs else "") + (f"-x{batch}" if batch > 1 else "")
     name += f"-{args.kernel}" if args.kernel != "auto" else ""
     name += f"-window-{args.window}" if args.window != "auto" else ""
+    name += f"-wb{args.write_buffer}gib" if args.write_buffer != "auto" else ""
     name += "-fp8" if args.activations == "fp8" else ""
     row = row_from(name, "working_set", dims, seq, batch, DEVICE_GIB, res)
     if docs:  # the FLOPs its documents cost, and the whole sequence's beside them
@@ -249,6 +254,11 @@ def main() -> None:
         "--windows", default="auto", help="comma-separated windows (auto, host, device), each "
         "row once per window, side by side in one run",
     )  # fmt: skip
+    p.add_argument(
+        "--write-buffers", default="auto", help="comma-separated write buffers (auto, or GiB "
+        "pinned), each row once per buffer, side by side in one run",
+    )  # fmt: skip
+    p.add_argument("--write-buffer", default="auto", help=argparse.SUPPRESS)  # one row's
     p.add_argument("--kernel", default="auto", help=argparse.SUPPRESS)  # one row's, internal
     args = parse_or_run_row(p, "", run_row)
     if args is None:
@@ -260,12 +270,13 @@ def main() -> None:
     common += ["--profile"] if args.profile else []
     children = [
         (
-            ["bench.long_context", "--row", s, *common, "--kernel", k, "--window", w],
+            ["bench.long_context", "--row", s, *common, "--kernel", k, "--window", w, *buffer],
             {"name": f"long-{s}", "seq_len": int(s), "attention_kernel": k, "window": w},
         )
         for s in args.lengths.split(",")
         for k in args.kernels.split(",")
         for w in args.windows.split(",")
+        for buffer in (["--write-buffer", b] for b in args.write_buffers.split(","))
     ]
     rows = run_children(children, args.out)
     print(format_rows(rows))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.specs import llama_dims, llama_spec, node_from_row
+from wstrain.contracts.calibration import GIB
 from wstrain.planning.planner import make_plan
 
 ROWS_DIR = Path(__file__).parent / "results" / "long-context"
@@ -71,6 +72,7 @@ def replan(file: str, row: dict[str, Any]) -> dict[str, Any]:
         "window": plan["window"],
         "seq_chunk": int(ran.get("seq_chunk") or 0),
         "window_home": bool(ran.get("window_home", False)),  # older rows: on the device
+        "write_buffer_gib": int(ran.get("write_buffer_bytes") or GIB) / GIB,  # older: 1 GiB
         **{
             k: ran[k]
             for k in ("r_param", "r_grad", "optimizer", "lead_rounds", "overlap")

@@ -10,6 +10,7 @@ from pydantic import (
     Field,
 )
 
+from wstrain.contracts.calibration import WRITE_BUFFER_BYTES
 from wstrain.contracts.spec import JobSpec, Runtime
 from wstrain.contracts.spec_fields import MAX_BUDGET_GIB
 
@@ -82,6 +83,13 @@ class WorkingSetPlan(BaseModel):
         default=False,
         description="cross-round overlap: every pass after the step's first runs its forward "
         "layer by layer beside the previous pass's backward",
+    )
+    write_buffer_bytes: int = Field(
+        default=WRITE_BUFFER_BYTES,
+        gt=0,
+        description="saved activations in flight to the host at most (device memory): a "
+        "forward that would exceed it waits for the oldest copy, and backward prefetches "
+        "sets this far ahead",
     )
     spilled_layers: int = Field(
         default=0,

@@ -149,6 +149,14 @@ class PlanOverrides(StrictModel):
         "with their fp32 gradient sums in host memory, a 64K-key block at a time on the "
         "device (12 GiB less device at 1M tokens); None: the planner weighs it",
     )
+    write_buffer_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=64,
+        description="working set: saved activations in flight to the host at most, GiB "
+        "(device memory); None: the planner's (1 GiB, or 2 or 4 where one unit's saved set "
+        "outgrows it and that predicts faster)",
+    )
     overlap: bool | None = Field(
         default=None,
         description="working set: cross-round overlap, each round's forward beside the "

@@ -29,7 +29,6 @@ from wstrain.contracts.calibration import (
     MLP_BACKWARD_SHARE,
     PAIRED_LINK_SHARE,
     PIECE_SUMS_BYTES_PER_S,
-    WRITE_BUFFER_BYTES,
 )
 from wstrain.contracts.hardware import NodeProfile
 from wstrain.contracts.model_dims import ModelDims
@@ -132,9 +131,9 @@ def layer_cost(dims: ModelDims, spec: JobSpec, lay: Layout, node: NodeProfile) -
         value_s=tuple(
             fwd_s * (1.0 - r) for r in recompute_shares(dims, spec.seq_len, node, span, call)
         ),
-        cap_s=link_seconds(WRITE_BUFFER_BYTES, node),
+        cap_s=link_seconds(lay.write_buffer_bytes, node),
         back_s=tuple(b / inbound_bytes_per_s for b in saved),
-        prefetch_cap_s=WRITE_BUFFER_BYTES / inbound_bytes_per_s,
+        prefetch_cap_s=lay.write_buffer_bytes / inbound_bytes_per_s,
         inbound_s=(2 + paired) * weights / weights_in_bytes_per_s,
         busy_s=lay.micro_batch * (bwd_s + paired * fwd_s),
         unit_value_s=piece_values(dims, spec, lay, node),

@@ -1,11 +1,10 @@
 """The working-set memory model: a candidate plan's Layout and the bytes it holds, on the
-device (fixed parts, the context window, documents, the window's saved sets) and on the
-host (the training state, the store of saved sets sent home, the reserve), from the model's
-dimensions and the job's spec. Calibrated on H200 runs of bench/runtime.py (Llama-3-8B dims,
-8K tokens); the step's time is cost_model.py's.
+device (fixed parts, the context window, documents, the window's saved sets, the write
+buffer) and on the host (the training state, the saved sets sent home, the reserve), from
+the model's dimensions and the job's spec. Calibrated on H200 runs of bench/runtime.py
+(Llama-3-8B dims, 8K tokens); the step's time is cost_model.py's.
 
-    fixed_device_bytes(dims, spec, Layout(micro_batch=4), window)   # bytes
-"""
+    fixed_device_bytes(dims, spec, Layout(micro_batch=4), window)   # bytes"""
 
 from __future__ import annotations
 
@@ -62,6 +61,7 @@ class Layout:
     # long context: the pieces' window of K and V with their fp32 gradient sums in pinned
     # host memory, staged a key block at a time (worker/ops/host_window.py)
     window_home: bool = False
+    write_buffer_bytes: int = WRITE_BUFFER_BYTES  # saved sets in flight home (device memory)
 
     @property
     def pass_sequences(self) -> int:
@@ -263,7 +263,7 @@ def _home_in_flight_bytes(
     if level3_set is None:
         level3_set = saved_bytes(dims, spec, 3, lay.seq_chunk)
     home_layers = dims.num_layers - window
-    return (1 + lay.overlap) * min(WRITE_BUFFER_BYTES, home_layers * lay.units * level3_set)
+    return (1 + lay.overlap) * min(lay.write_buffer_bytes, home_layers * lay.units * level3_set)
 
 
 def device_bytes(

@@ -6,7 +6,7 @@ and `wstrain plan spec.yaml`: what was chosen, the numbers that chose it, and ov
 
 from __future__ import annotations
 
-from wstrain.contracts.calibration import GIB
+from wstrain.contracts.calibration import GIB, WRITE_BUFFER_BYTES
 from wstrain.contracts.hardware import NodeProfile
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import JobSpec
@@ -14,6 +14,16 @@ from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
 from wstrain.planning import spill as sp
 from wstrain.planning.layer_time import attention_call, attention_span
+
+
+def _write_buffer(spec: JobSpec, lay: mm.Layout) -> str:
+    """The levels reason's note on a write buffer other than the default."""
+    if lay.write_buffer_bytes == WRITE_BUFFER_BYTES and spec.overrides.write_buffer_gib is None:
+        return ""
+    size = f"; write buffer {lay.write_buffer_bytes / GIB:.3g} GiB"
+    if spec.overrides.write_buffer_gib is not None:
+        return size + " (override)"
+    return size + ": a unit's whole saved set outgrows 1 GiB, and the larger buffer was faster"
 
 
 def _count(levels: list[list[int]]) -> str:
@@ -77,7 +87,8 @@ def ws_reasons(
         else f"home layers by the write-buffer DP, stepped down where the host budget runs "
         f"out, the least recomputation per byte first ({_count(home)}); window by spare "
         f"device memory ({_count(in_window)}); 0 = recompute the layer, 1 = keep the "
-        "attention kernel's set, 2 = keep the MLP's lean set, 3 = keep both",
+        "attention kernel's set, 2 = keep the MLP's lean set, 3 = keep both"
+        + _write_buffer(spec, lay),
         "optimizer": {
             "device": "device: AdamW over streamed moments, in the next forward",
             "host": "host: CPU AdamW in a thread beside the next forward",

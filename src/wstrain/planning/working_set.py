@@ -59,14 +59,15 @@ def _search(
     in_pieces = whole.for_piece_kernel(_piece_kernel(spec, dims, whole, device))
     whole = whole.for_piece_kernel(_whole_kernel(spec, dims, whole, device))
     ranked: list[tuple[float, int, mm.Layout, Solution, int, Window, Solution | None]] = []
-    # the DP depends on the units and whether a backward runs beside the forward alone
-    solutions: dict[tuple[int, int, bool], tuple[cm.LayerCost, Solution]] = {}
+    # the DP depends on the units, whether a backward runs beside the forward, and the
+    # write buffer (its cap)
+    solutions: dict[tuple[int, int, bool, int], tuple[cm.LayerCost, Solution]] = {}
 
     def node_for(lay: mm.Layout) -> NodeProfile:
         return in_pieces if lay.pieces > 1 else whole
 
     def solved(lay: mm.Layout) -> tuple[cm.LayerCost, Solution]:
-        key = (lay.micro_batch, lay.seq_chunk, lay.overlap)
+        key = (lay.micro_batch, lay.seq_chunk, lay.overlap, lay.write_buffer_bytes)
         if key not in solutions:
             lc = cm.layer_cost(dims, spec, lay, node_for(lay))
             solutions[key] = (lc, solve([lc] * dims.num_layers))
@@ -248,6 +249,7 @@ def _plan(
             overlap=lay.overlap,
             first_levels=c.first_levels or [],
             spilled_layers=lay.spilled_layers,
+            write_buffer_bytes=lay.write_buffer_bytes,
         ),
         reasons=ws_reasons(
             spec,

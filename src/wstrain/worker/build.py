@@ -135,6 +135,7 @@ def ws_config(spec: JobSpec, plan: Plan) -> WorkingSetConfig:
         activation_precision=spec.activation_precision,
         overlap=ws.overlap,
         first_levels=tuple(tuple(row) for row in ws.first_levels),
+        write_buffer_bytes=ws.write_buffer_bytes,
     )
 
 

@@ -1,0 +1,71 @@
+"""The write buffer as a planned quantity (Layout.write_buffer_bytes, planning/layouts.py
+write_buffers): whole sequences whose full saved set outgrows the 1 GiB default are also
+costed with 2 and 4 GiB, the buffer's device bytes charged, and the plan carries the size to
+the runtime; pieces and short sequences keep the default; an override pins it.
+
+    pytest tests/planning/test_write_buffer.py
+"""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from tests.helpers.specs import working_set_spec as _spec
+from wstrain.contracts.calibration import GIB, WRITE_BUFFER_BYTES
+from wstrain.contracts.hardware import H200
+from wstrain.contracts.model_dims import PRESETS
+from wstrain.planning import memory_model as mm
+from wstrain.planning.layouts import write_buffers
+from wstrain.planning.working_set import make_ws_plan
+from wstrain.worker.build import ws_config
+
+DIMS = PRESETS["llama3-8b"]
+
+
+def test_a_32k_sequence_plans_a_larger_buffer_only_where_it_predicts_faster() -> None:
+    """32K tokens: a layer's whole saved set is 2.63 GiB, more than the default buffer
+    holds, so the DP recomputed the MLP of nearly every layer; with a larger buffer some
+    layers keep it, the plan is faster than with the default pinned, and it fits."""
+    spec = _spec(DIMS, 32768, 8, 24, 240)
+    assert mm.saved_bytes(DIMS, spec, 3) > WRITE_BUFFER_BYTES
+    assert write_buffers(spec, DIMS, 0) == [GIB, 2 * GIB, 4 * GIB]
+    plan = make_ws_plan(spec, DIMS, H200)
+    pinned = make_ws_plan(_spec(DIMS, 32768, 8, 24, 240, write_buffer_gib=1), DIMS, H200)
+    ws, ws1 = plan.working_set, pinned.working_set
+    assert ws is not None and ws1 is not None
+    assert ws1.write_buffer_bytes == GIB
+    assert ws.write_buffer_bytes > GIB
+    assert plan.predicted.step_seconds < pinned.predicted.step_seconds
+    kept = sum(lv == 3 for row in ws.levels for lv in row)
+    assert kept > sum(lv == 3 for row in ws1.levels for lv in row)
+    assert plan.predicted.peak_device_bytes <= 24 * GIB
+    assert "write buffer" in plan.reasons["levels"]
+    assert "1 GiB (override)" in pinned.reasons["levels"]
+
+
+def test_the_buffer_is_device_memory_the_plan_charges() -> None:
+    spec = _spec(DIMS, 32768, 8, 24, 240)
+    lay = mm.Layout(1)
+    larger = mm.Layout(1, write_buffer_bytes=4 * GIB)
+    extra = mm.fixed_device_bytes(DIMS, spec, larger, 0) - mm.fixed_device_bytes(DIMS, spec, lay, 0)
+    assert extra >= 3 * GIB
+
+
+def test_pieces_and_short_sequences_keep_the_default() -> None:
+    assert write_buffers(_spec(DIMS, 8192, 16, 24, 110), DIMS, 0) == [WRITE_BUFFER_BYTES]
+    assert write_buffers(_spec(DIMS, 131072, 1, 24, 110), DIMS, 8192) == [WRITE_BUFFER_BYTES]
+
+
+def test_an_override_pins_it_and_reaches_the_runtime() -> None:
+    spec = _spec(DIMS, 32768, 1, 24, 110, write_buffer_gib=2)
+    plan = make_ws_plan(spec, DIMS, H200)
+    assert plan.working_set is not None and plan.working_set.write_buffer_bytes == 2 * GIB
+    assert "2 GiB (override)" in plan.reasons["levels"]
+    assert ws_config(spec, plan).write_buffer_bytes == 2 * GIB
+
+
+@pytest.mark.parametrize("gib", [0, -1, 65])
+def test_an_out_of_range_override_names_the_field(gib: float) -> None:
+    with pytest.raises(ValidationError, match="write_buffer_gib"):
+        _spec(DIMS, 32768, 1, 24, 110, write_buffer_gib=gib)
