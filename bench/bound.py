@@ -47,7 +47,12 @@ from dataclasses import dataclass, replace
 
 from bench.overlap_plan import report
 from bench.specs import link_share_of, node_from_row, spec_dims_of
-from wstrain.contracts.calibration import ALLOCATOR_SLACK, LEVELS, PAIRED_LINK_SHARE
+from wstrain.contracts.calibration import (
+    ALLOCATOR_SLACK,
+    LEVELS,
+    PAIRED_LINK_SHARE,
+    WRITE_BUFFER_BYTES,
+)
 from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
 from wstrain.planning.layouts import micro_batches
@@ -112,6 +117,7 @@ def layout_of(row: dict, X: int, planned: bool, overlap: bool) -> tuple[mm.Layou
             optimizer=ws["optimizer"],
             loss_tokens=ws["loss_tokens"],
             lead_rounds=ws["lead_rounds"],
+            write_buffer_bytes=int(ws.get("write_buffer_bytes") or WRITE_BUFFER_BYTES),
         )
         window = int(row["plan"]["window"])
     else:

@@ -271,7 +271,8 @@ def main() -> None:
     children = [
         (
             ["bench.long_context", "--row", s, *common, "--kernel", k, "--window", w, *buffer],
-            {"name": f"long-{s}", "seq_len": int(s), "attention_kernel": k, "window": w},
+            {"name": f"long-{s}", "seq_len": int(s), "attention_kernel": k, "window": w}
+            | {"write_buffer": buffer[1]},
         )
         for s in args.lengths.split(",")
         for k in args.kernels.split(",")

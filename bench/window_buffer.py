@@ -4,17 +4,16 @@ window's unfilled device bytes. CPU only.
     python -m bench.window_buffer bench/results/runtime/working-set-rows-h200-2026-11-27.json \
         --row ws-20
 
-The DP (planning/levels.py) lets a home layer's saved sets queue for the D2H link
-only within the 1 GiB write buffer (WRITE_BUFFER_BYTES). The window's layers run last in the
-forward and send nothing, so the outbound link idles through them, while the device bytes
-their sets will take are still free. Here each home layer's cap is the write buffer plus
-the window's sets (all unfilled while the home layers run), and the backlog left at the
-home layers' end must drain, at the link's rate, within the window's forward to the plain
-write buffer. That is conservative: it ignores the window's own sets filling the device
-while the backlog drains. Each window is re-solved on the row's own node profile and link
-share, and it prints the best per-round recomputation cost with and without this change.
-The plain DP reproduces the row's planned recomputation.
-"""
+The DP (planning/levels.py) lets a home layer's saved sets queue for the D2H link only
+within the write buffer (WRITE_BUFFER_BYTES, 1 GiB, unless the plan took more). The window's
+layers run last in the forward and send nothing, so the outbound link idles through them,
+while the device bytes their sets will take are still free. Here each home layer's cap is
+the write buffer plus the window's sets (all unfilled while the home layers run), and the
+backlog left at the home layers' end must drain, at the link's rate, within the window's
+forward to the plain write buffer. That is conservative: it ignores the window's own sets
+filling the device while the backlog drains. Each window is re-solved on the row's own node
+profile and link share, and it prints the best per-round recomputation cost with and without
+this change. The plain DP reproduces the row's planned recomputation. """
 
 from __future__ import annotations
 

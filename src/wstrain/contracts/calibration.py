@@ -60,13 +60,16 @@ ATTENTION_KEY_BLOCK_TOKENS: Final = 65536
 # coalesced pass each (worker/kernels/fused.py add_into). Measured on an H200, one layer at
 # 128K in 8K pieces: 28.2 GB read and written in 6.83 ms, 4.12 TB/s (eager PyTorch's
 # strided casting add: 1.95; bench/results/long-context/piece-backward-sums-h200-2026-11-29.json),
-# so finer pieces, which re-add the prefix's gradients more often, cost that much more.
+# so finer pieces, which re-add the prefix's gradients more often, cost that much more. An
+# H100's HBM (3.35 TB/s) caps it lower there: its plans undercount the sums by ~0.1 s a
+# 128K step of 32 layers (0.3%).
 PIECE_SUMS_BYTES_PER_S: Final = 4.12e12
 # fp8 saved activations (working_set/fp8_saves.py): one fp32 scale per this many elements,
 # so a 16-bit element goes home in 1 + 4/128 bytes.
 FP8_BLOCK_ELEMENTS: Final = 128
-# Saved activations in flight to the host at most (the D2H write buffer): a forward that
-# would exceed it waits for the oldest copy.
+# Saved activations in flight to the host at most (the D2H write buffer) by default: a
+# forward that would exceed it waits for the oldest copy. The planner may take 2 or 4 GiB
+# for whole sequences whose set outgrows it (planning/layouts.py write_buffers).
 WRITE_BUFFER_BYTES: Final = GIB
 # The host activation store's chunk: sets are placed first-fit in 64 MiB chunks, so it
 # holds at most a part-used last chunk and small tails beyond the sets (simulated at 8K on

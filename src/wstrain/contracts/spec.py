@@ -151,7 +151,7 @@ class PlanOverrides(StrictModel):
     )
     write_buffer_gib: float | None = Field(
         default=None,
-        gt=0,
+        ge=1 / 16,  # the host store's 64 MiB chunk: below it no set could be in flight
         le=64,
         description="working set: saved activations in flight to the host at most, GiB "
         "(device memory); None: the planner's (1 GiB, or 2 or 4 where one unit's saved set "

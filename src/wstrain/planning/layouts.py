@@ -34,6 +34,9 @@ PIECES_FROM_TOKENS = 65536
 # planner predicts 4 GiB 1.2% faster (bf16 sets), 2 GiB 6.7% (fp8); for pieces (64K-256K)
 # at most 0.2%, not worth the search's time.
 WRITE_BUFFER_MULTIPLES = (1, 2, 4)
+# A larger buffer is taken only where it predicts at least this much faster: its device
+# bytes are headroom, and a smaller gain is inside the predictions' error (+-5%).
+WRITE_BUFFER_GAIN = 0.01
 
 
 def micro_batches(

@@ -48,12 +48,10 @@ class Layout:
     loss_tokens: int = 2048  # LM-head token block
     lead_rounds: int = 1  # rounds the step's first pass carries (working_set/schedule.py)
     device_layers: int = 0  # split: 0 until the planner picks it (split_layers)
-    # long context (working_set/sequence_chunks.py): tokens per piece of a sequence and
-    # pieces a sequence; 0 and 1: whole sequences
+    # long context (working_set/sequence_chunks.py): piece tokens, pieces; 0 and 1: whole
     seq_chunk: int = 0
     pieces: int = 1
-    # cross-round overlap (working_set/pass_order.py): a pass's forward beside the previous
-    # pass's backward, so two passes are in flight
+    # cross-round overlap (working_set/pass_order.py): a forward beside the last backward
     overlap: bool = False
     # the disk tier (working_set/spill.py): the last spilled_layers layers' AdamW moments in
     # the spill file, updated by the host through SPILL_SLOTS slots
@@ -259,11 +257,12 @@ def _home_in_flight_bytes(
 ) -> int:
     """The copies in flight home: bounded by the write buffer and by all the home layers
     can send; with overlap the previous pass's sets coming back (as many again) beside
-    them. `level3_set`: saved_bytes(dims, spec, 3, lay.seq_chunk), where the caller has it."""
-    if level3_set is None:
-        level3_set = saved_bytes(dims, spec, 3, lay.seq_chunk)
-    home_layers = dims.num_layers - window
-    return (1 + lay.overlap) * min(lay.write_buffer_bytes, home_layers * lay.units * level3_set)
+    them (backward's prefetch past the default while the forward's last sets still go home
+    waits for them: working_set/saved_acts.py). `level3_set`: saved_bytes(.., 3,
+    lay.seq_chunk) where the caller has it."""
+    level3_set = level3_set or saved_bytes(dims, spec, 3, lay.seq_chunk)
+    sent = (dims.num_layers - window) * lay.units * level3_set
+    return (1 + lay.overlap) * min(lay.write_buffer_bytes, sent)
 
 
 def device_bytes(

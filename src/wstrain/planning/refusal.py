@@ -19,7 +19,7 @@ from wstrain.contracts.plan import MinBudget
 from wstrain.contracts.spec import JobSpec
 from wstrain.planning import memory_model as mm
 from wstrain.planning import spill as sp
-from wstrain.planning.layouts import seq_chunks, window_homes
+from wstrain.planning.layouts import seq_chunks, window_homes, write_buffers
 
 
 def host_over_bytes(spec: JobSpec, dims: ModelDims, device: str) -> int:
@@ -31,9 +31,12 @@ def infeasible(
     spec: JobSpec, dims: ModelDims, node: NodeProfile, device: str, mbs: list[int]
 ) -> InfeasibleBudget:
     smallest = [  # long context: with its window on the host too, as layouts() weighs it
-        mm.Layout(min(mbs), 2, 1, "host", 512, seq_chunk=c, pieces=p, window_home=h)
+        mm.Layout(
+            min(mbs), 2, 1, "host", 512, seq_chunk=c, pieces=p, window_home=h, write_buffer_bytes=b
+        )
         for c, p in seq_chunks(spec, dims)
         for h in (window_homes(spec, device) if p > 1 else [False])
+        for b in write_buffers(spec, dims, c)[:1]  # an override's, else the default
     ]
 
     def one(lay: mm.Layout, w: int) -> int:  # device bytes with the last w layers' sets kept

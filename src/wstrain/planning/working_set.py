@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from wstrain.contracts.calibration import WRITE_BUFFER_BYTES
 from wstrain.contracts.errors import InvalidSpec
 from wstrain.contracts.hardware import Device, NodeProfile
 from wstrain.contracts.model_dims import ModelDims
@@ -34,7 +35,7 @@ from wstrain.planning import cost_model as cm
 from wstrain.planning import memory_model as mm
 from wstrain.planning import spill as sp
 from wstrain.planning.candidates import Candidate, Window, finish, window_costs
-from wstrain.planning.layouts import PIECES_FROM_TOKENS, layouts, micro_batches
+from wstrain.planning.layouts import PIECES_FROM_TOKENS, WRITE_BUFFER_GAIN, layouts, micro_batches
 from wstrain.planning.levels import Solution, solve
 from wstrain.planning.reasons import ws_reasons
 from wstrain.planning.refusal import host_over_bytes, infeasible, may_spill
@@ -80,7 +81,9 @@ def _search(
         base = cm.step_time(dims, spec, lay, [], 0, node, device)  # compute, fwd, optimizer
         if not lay.overlap:
             for cost, w, win in window_costs(dims, spec, lay, sol, lc):
-                ranked.append((base.total_s + rounds * cost, i, lay, sol, w, win, None))
+                ranked.append(
+                    (weighed(lay, base.total_s + rounds * cost), i, lay, sol, w, win, None)
+                )
             continue
         # overlap: the first pass (its lead rounds) alone, the later rounds beside a backward,
         # one window for both
@@ -90,7 +93,7 @@ def _search(
         for cost, w, win in window_costs(dims, spec, lay, sol, lc):
             if w in first:
                 est = base.total_s + lead * first[w] + (rounds - lead) * cost
-                ranked.append((est, i, lay, sol, w, win, sol_first))
+                ranked.append((weighed(lay, est), i, lay, sol, w, win, sol_first))
     # The fastest estimate first; estimates within TIE_S of the fastest are one speed (many
     # windows cost the same but for float rounding) and go to the earlier layout (deeper
     # rings, larger loss block), then the wider window (fewer fetches, less host). An
@@ -103,12 +106,23 @@ def _search(
     ranked[:tied] = sorted(ranked[:tied], key=lambda r: (r[1], -r[4]))
     best: Candidate | None = None
     for est, _, lay, sol, w, win, first_sol in ranked:
-        if best is not None and est >= best.time.total_s - TIE_S:
+        if best is not None and est >= weighed(best.lay, best.time.total_s) - TIE_S:
             break
         cand = finish(dims, spec, node_for(lay), lay, sol, w, win.rows(), device, first_sol)
-        if cand is not None and (best is None or cand.time.total_s < best.time.total_s - TIE_S):
+        if cand is not None and (
+            best is None
+            or weighed(cand.lay, cand.time.total_s) < weighed(best.lay, best.time.total_s) - TIE_S
+        ):
             best = cand
     return best
+
+
+def weighed(lay: mm.Layout, step_s: float) -> float:
+    """A candidate's step time as the search ranks it: a write buffer past the default
+    must buy WRITE_BUFFER_GAIN of speed."""
+    return (
+        step_s * (1 + WRITE_BUFFER_GAIN) if lay.write_buffer_bytes > WRITE_BUFFER_BYTES else step_s
+    )
 
 
 def make_ws_plan(spec: JobSpec, dims: ModelDims, node: NodeProfile) -> Plan:

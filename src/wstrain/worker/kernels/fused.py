@@ -161,7 +161,9 @@ if triton is not None:
 
 
 ELEMENTWISE_BLOCK = 4096
-ADD_ROWS = 32  # rows of a (b, h) a program: 32 x 128 fp32 elements, 16 KiB in, 16 KiB out
+ADD_ROWS = 32  # rows of a (b, h) a program: 32 x 128 elements, 16 KiB of fp32 sums in and out
+ADD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+GRID_Y_MAX = 65535  # CUDA's limit on a grid's second dimension: the (b, h) pairs
 RMS_BWD_PROGRAMS = 264  # two per H100/H200 multiprocessor; the partial sums are G x D fp32
 
 
@@ -317,7 +319,7 @@ def silu_mul_fused(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def add_into(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst += src, dst fp32 (B, H, T, E), src the same shape in any float dtype and strides
+    """dst += src, dst fp32 (B, H, T, E), src the same shape in bf16, fp16 or fp32, any strides
     (FA3's gradients come back as (B, T, H, E) memory seen as (B, H, T, E)). Eager PyTorch
     adds a strided bf16 tensor into fp32 with its generic casting kernel, one element a
     thread; this reads each row's E elements once on both sides and writes them once. Off
@@ -328,14 +330,17 @@ def add_into(dst: torch.Tensor, src: torch.Tensor) -> None:
         and triton is not None
         and dst.is_cuda
         and src.is_cuda
+        and dst.device == src.device
         and dst.dtype == torch.float32
-        and src.dtype.is_floating_point
+        and src.dtype in ADD_DTYPES
         and dst.dim() == 4
         and dst.shape == src.shape
         and dst.stride(-1) == 1
         and src.stride(-1) == 1
+        and 0 not in dst.stride()  # an expanded sum: programs would race on its elements
         and e == triton.next_power_of_2(e)
         and e <= 256
+        and dst.shape[0] * dst.shape[1] <= GRID_Y_MAX
     ):
         dst += src
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from wstrain.contracts.calibration import WRITE_BUFFER_BYTES
 from wstrain.worker.runtime.working_set.host_store import HostRoom
 from wstrain.worker.runtime.working_set.rings import Streams
 from wstrain.worker.runtime.working_set.saved_acts import (
@@ -122,3 +123,21 @@ def test_hooks_send_cuda_activations_home() -> None:
     assert len(packed) == 1 and next(iter(packed.values())).host.parts[0].device.type == "cpu"
     y.backward()
     assert torch.allclose(x.grad, 2 * x)
+
+
+def test_sets_still_going_home_past_the_default_buffer_hold_the_prefetch_back() -> None:
+    """At the turn from forward to backward the forward's last sets may still be on their
+    way home; what of them is past the default buffer comes off the prefetch's cap, so a
+    planned larger buffer never holds more on the device than the model charges."""
+    streams = Streams(torch.device("cpu"))
+    counters = {"h2d_bytes": 0, "d2h_bytes": 0, "h2d_on_demand_bytes": 0}
+    outgoing = [WRITE_BUFFER_BYTES + 2 * 1024]  # the default's worth and 2 KiB more
+    copies = _copies(4, 256)  # 1 KiB each
+    ahead = BackwardPrefetch(streams, counters, cap_bytes=3 * 1024, outgoing=lambda: outgoing[0])
+    for c in copies:
+        ahead.add(c)
+    ahead.top_up()
+    assert [c.device is not None for c in copies] == [True, False, False, False]
+    outgoing[0] = WRITE_BUFFER_BYTES  # within the default: the whole cap again
+    ahead.top_up()
+    assert [c.device is not None for c in copies] == [True, True, True, False]

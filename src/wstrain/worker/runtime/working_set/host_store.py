@@ -159,6 +159,12 @@ class HostActivationStore:
             self.in_flight.popleft()
             self.in_flight_bytes -= size
 
+    def outgoing_bytes(self) -> int:
+        """Bytes of saved sets still on their way home, finished copies retired first."""
+        while self.in_flight and self.in_flight[0][0].query():
+            self.in_flight_bytes -= self.in_flight.popleft()[1]
+        return self.in_flight_bytes
+
     def track(self, event: torch.cuda.Event, nbytes: int) -> None:
         self.in_flight.append((event, nbytes))
         self.in_flight_bytes += nbytes

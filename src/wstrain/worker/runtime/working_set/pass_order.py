@@ -163,7 +163,12 @@ class PassOrder(LayerPasses):
         groups = [range(c, c + P) for c in reversed(range(0, len(T), P))]  # backward's order
         # saved sets come back ahead of the chunks that take them
         # (with seq_chunk, a chunk's inputs first, in order, for rebuilding its K and V)
-        ahead = p.ahead = BackwardPrefetch(self.streams, self.counters, self.cfg.write_buffer_bytes)
+        # with the overlap a forward's sets go home beside this backward by design (the
+        # memory model charges both): the cap is the backward's own
+        outgoing = None if self.cfg.overlap else self.acts.outgoing_bytes
+        ahead = p.ahead = BackwardPrefetch(
+            self.streams, self.counters, self.cfg.write_buffer_bytes, outgoing
+        )
         for k in self._bwd_order:
             for units in groups:
                 if self.pieces is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from wstrain.contracts.calibration import WRITE_BUFFER_BYTES
 from wstrain.worker.runtime.working_set import fp8_saves
 from wstrain.worker.runtime.working_set.fp8_saves import Fp8Home
 from wstrain.worker.runtime.working_set.host_store import HostActivationStore, HostRoom
@@ -191,13 +192,23 @@ class BackwardPrefetch:
     the order backward takes them and kept up to `cap_bytes` ahead on the inbound stream.
     Topped up before each chunk's backward and again as its backward takes each tensor, so
     the next set starts while this one computes: a 32K-token sequence's set (0.94 GB) is
-    most of the 1 GiB cap, and topped up between chunks alone each layer's backward would
-    wait for its own set (0.56 s of a 5.4 s step on an H100). One is copied in on the
+    most of the default 1 GiB cap, and topped up between chunks alone each layer's backward
+    would wait for its own set (0.56 s of a 5.4 s step on an H100). One is copied in on the
     compute stream (a `fetch` without prefetch) only when the inbound link fell behind. The
-    cap is the write buffer's bytes, idle in backward."""
+    cap is the plan's write buffer bytes, idle in backward; `outgoing` (the forward's sets
+    still going home, as the store counts them) past the default buffer comes off it, so
+    at the turn from forward to backward the two directions together hold at most the
+    plan's buffer plus the default, as at the default (planning/memory_model.py)."""
 
-    def __init__(self, streams: Streams, counters: dict[str, int], cap_bytes: int) -> None:
+    def __init__(
+        self,
+        streams: Streams,
+        counters: dict[str, int],
+        cap_bytes: int,
+        outgoing: Callable[[], int] | None = None,
+    ) -> None:
         self.streams, self.counters, self.cap_bytes = streams, counters, cap_bytes
+        self.outgoing = outgoing
         # (copy, for the window's rebuild): an input is queued twice with long context,
         # once for the rebuild and once for its piece's backward
         self.queue: deque[tuple[HostCopy, bool]] = deque()
@@ -217,6 +228,8 @@ class BackwardPrefetch:
         self.started = [c for c in self.started if not c.used and c.device is not None]
         # device bytes; a kept input counts as it will be held, decoded, until its backward
         ahead = sum(self._held(c) for c in self.started)
+        if self.outgoing is not None:
+            ahead += max(0, self.outgoing() - WRITE_BUFFER_BYTES)
         while self.queue:
             copy, rebuild = self.queue[0]
             if not (copy.rebuilt if rebuild else copy.used):  # not taken yet
