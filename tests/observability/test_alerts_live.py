@@ -135,6 +135,9 @@ def test_failed_and_stopped_jobs_as_prometheus_sees_them(
 
         # both in job_info with who and what; the failed one with its state
         wait_for(prom, f'count(wstrain_job_info{{job=~"{fid}|{sid}"}}) == 2')
+        # the running job's series gains its node once a scrape after its claim sees it (a
+        # scrape between submit and claim has the series without one: seen under load)
+        wait_for(prom, f'count(wstrain_job_info{{job="{sid}",node="node-lab"}}) == 1')
         info = query(prom, f'wstrain_job_info{{job=~"{fid}|{sid}"}}')
         labels = {r["metric"]["job"]: r["metric"] for r in info}
         assert labels[fid]["owner"] == "ada" and labels[fid]["name"] == "fails-at-once"
