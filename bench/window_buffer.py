@@ -13,7 +13,8 @@ backlog left at the home layers' end must drain, at the link's rate, within the 
 forward to the plain write buffer. That is conservative: it ignores the window's own sets
 filling the device while the backlog drains. Each window is re-solved on the row's own node
 profile and link share, and it prints the best per-round recomputation cost with and without
-this change. The plain DP reproduces the row's planned recomputation. """
+this change. The plain DP reproduces the row's planned recomputation.
+"""
 
 from __future__ import annotations
 

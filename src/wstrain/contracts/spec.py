@@ -154,8 +154,8 @@ class PlanOverrides(StrictModel):
         ge=1 / 16,  # the host store's 64 MiB chunk: below it no set could be in flight
         le=64,
         description="working set: saved activations in flight to the host at most, GiB "
-        "(device memory); None: the planner's (1 GiB, or 2 or 4 where one unit's saved set "
-        "outgrows it and that predicts faster)",
+        "(device memory); None: the planner's (1 GiB, or 2 or 4 where a whole sequence's saved "
+        "set outgrows it and that predicts at least 1% faster)",
     )
     overlap: bool | None = Field(
         default=None,

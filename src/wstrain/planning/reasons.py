@@ -17,13 +17,13 @@ from wstrain.planning.layer_time import attention_call, attention_span
 
 
 def _write_buffer(spec: JobSpec, lay: mm.Layout) -> str:
-    """The levels reason's note on a write buffer other than the default."""
-    if lay.write_buffer_bytes == WRITE_BUFFER_BYTES and spec.overrides.write_buffer_gib is None:
-        return ""
+    """The levels reason's note on a pinned write buffer or one other than the default."""
     size = f"; write buffer {lay.write_buffer_bytes / GIB:.3g} GiB"
     if spec.overrides.write_buffer_gib is not None:
         return size + " (override)"
-    return size + ": a unit's whole saved set outgrows 1 GiB, and the larger buffer was faster"
+    if lay.write_buffer_bytes == WRITE_BUFFER_BYTES:
+        return ""
+    return size + ": a whole sequence's saved set outgrows 1 GiB, and it predicted 1% faster"
 
 
 def _count(levels: list[list[int]]) -> str:

@@ -148,16 +148,11 @@ class HostActivationStore:
     # ------------------------------------------------------------ the write buffer
 
     def admit(self, nbytes: int, streams: Streams) -> None:
-        """Make room for a copy of `nbytes` in the write buffer (CUDA only)."""
-        while self.in_flight:
-            event, size = self.in_flight[0]
-            if not event.query():  # the oldest copy is still going: wait only if full
-                if self.in_flight_bytes + nbytes <= self.write_buffer_bytes:
-                    return
-                with streams.host_waits("write_buffer"):
-                    event.synchronize()
-            self.in_flight.popleft()
-            self.in_flight_bytes -= size
+        """Make room for a copy of `nbytes` in the write buffer (CUDA only): wait for the
+        oldest copy still going only while the buffer is full."""
+        while self.in_flight and self.outgoing_bytes() + nbytes > self.write_buffer_bytes:
+            with streams.host_waits("write_buffer"):
+                self.in_flight[0][0].synchronize()  # retired by outgoing_bytes next
 
     def outgoing_bytes(self) -> int:
         """Bytes of saved sets still on their way home, finished copies retired first."""
