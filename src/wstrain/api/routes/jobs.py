@@ -147,28 +147,43 @@ async def get_events(
 @router.post("/{job_id}/cancel", status_code=202, response_model=Job, responses=_FINISHED)
 async def cancel(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
     job_id, who = job.id, caller.owner
-    if job.state in TERMINAL_STATES:
-        raise Conflict(
-            f"job {job_id} is already {job.state.value}; only queued, planning or running "
-            "jobs can be cancelled",
-            state=job.state.value,
-        )
-    if job.state == JobState.cancelling:
-        return job
-    if job.state in _BEFORE_RUNNING:
-        await st.transition(
-            job_id, JobState.cancelled, f"cancelled by {who} before it ran", sources=_BEFORE_RUNNING
-        )
-    else:
-        # A running job stops at its next step boundary, after a checkpoint (the agent
-        # forwards the cancel to its worker), so it passes through `cancelling`.
-        await st.transition(
-            job_id,
-            JobState.cancelling,
-            f"cancel requested by {who}; stopping at the next step",
-            sources=frozenset({JobState.running}),
-        )
-    return await st.get(job_id)
+    # The state read with the job can move before the transition lands (the agent claims a
+    # queued job, its worker starts); each retry reads it again. A job passes through at
+    # most queued -> planning -> running -> cancelling, so four reads see it settle.
+    for _ in range(4):
+        if job.state in TERMINAL_STATES:
+            raise Conflict(
+                f"job {job_id} is already {job.state.value}; only queued, planning or running "
+                "jobs can be cancelled",
+                state=job.state.value,
+            )
+        if job.state == JobState.cancelling:
+            return job
+        try:
+            if job.state in _BEFORE_RUNNING:
+                await st.transition(
+                    job_id,
+                    JobState.cancelled,
+                    f"cancelled by {who} before it ran",
+                    sources=_BEFORE_RUNNING,
+                )
+            else:
+                # A running job stops at its next step boundary, after a checkpoint (the
+                # agent forwards the cancel to its worker), so it passes through `cancelling`.
+                await st.transition(
+                    job_id,
+                    JobState.cancelling,
+                    f"cancel requested by {who}; stopping at the next step",
+                    sources=frozenset({JobState.running}),
+                )
+            return await st.get(job_id)
+        except Conflict:
+            job = await st.get(job_id)
+    raise Conflict(
+        f"job {job_id} changed state on every try to cancel it (now {job.state.value}); "
+        "cancel it again",
+        state=job.state.value,
+    )
 
 
 @router.post(
