@@ -45,11 +45,14 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import Any
 
 import torch
 
 from bench.children import parse_or_run_row, run_children
+from bench.held_floor import gemm_call, held_rate
 from bench.rows import Row, mfu_fields, row_from
 from bench.specs import llama_dims, llama_spec
 from bench.table import format_rows
@@ -68,6 +71,8 @@ log = logging.getLogger("bench.long_context")
 DEVICE_GIB = 24.0
 # past 512K a layer's whole attention, timed twice per kernel, is minutes: time 8 pieces
 MOST_TIMED_FROM_TOKENS, MOST_TIMED_PIECES = 524288, 8
+# the node profile's GEMM shape (worker/profile/node.py): an MLP projection of 8K tokens
+HELD_GEMM_TOKENS = 8192
 ADAWS_H100_MFU = {32768: 0.571, 65536: 0.560, 131072: 0.531, 262144: 0.519, 524288: 0.425}
 
 
@@ -119,10 +124,12 @@ def plan_row(  # type: ignore[no-untyped-def]
     raise RuntimeError(f"no plan at {seq} tokens: {last}")
 
 
-def attention_rate(dims: ModelDims, seq: int, seq_chunk: int, most_pieces: int = 0) -> float:
-    """FLOP/s of one layer's causal attention fwd+bwd at `seq` tokens in pieces of
-    `seq_chunk` (or whole), as ops/prefix_attn.py runs it; FLOPs counted as the model's
-    (4·S²·H·hd/2 forward, 2.5x that backward). `most_pieces`: time that many pieces evenly
+def attention_call(
+    dims: ModelDims, seq: int, seq_chunk: int, most_pieces: int = 0
+) -> tuple[Callable[[], None], float]:
+    """One layer's causal attention fwd+bwd at `seq` tokens in pieces of `seq_chunk` (or
+    whole), as ops/prefix_attn.py runs it, and its FLOPs counted as the model's
+    (4·S²·H·hd/2 forward, 2.5x that backward). `most_pieces`: that many pieces evenly
     spread over the sequence, their own FLOPs counted (a 1M-token layer's whole attention
     is over a minute twice)."""
     h, kv, hd = dims.num_heads, dims.num_kv_heads, dims.head_dim
@@ -145,13 +152,18 @@ def attention_rate(dims: ModelDims, seq: int, seq_chunk: int, most_pieces: int =
                 dk[:, :, :s1], dv[:, :, :s1],
             )  # fmt: skip
 
+    # causal fwd 2·S²·H·hd over the whole sequence, bwd 2.5x; a piece's share (s1²-s0²)/S²
+    return once, 3.5 * 2 * h * hd * sum(s1 * s1 - s0 * s0 for s0, s1 in spans)
+
+
+def attention_rate(dims: ModelDims, seq: int, seq_chunk: int, most_pieces: int = 0) -> float:
+    """attention_call's FLOP/s, one call timed after one warm-up call."""
+    once, flops = attention_call(dims, seq, seq_chunk, most_pieces)
     once()  # warm-up
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     once()
     torch.cuda.synchronize()
-    # causal fwd 2·S²·H·hd over the whole sequence, bwd 2.5x; a piece's share (s1²-s0²)/S²
-    flops = 3.5 * 2 * h * hd * sum(s1 * s1 - s0 * s0 for s0, s1 in spans)
     return flops / (time.perf_counter() - t0)
 
 
@@ -167,6 +179,25 @@ def kernel_floor_s(
     span = docs or seq  # tokens a query's causal attention spans, doubled (half are masked)
     attn_s = sequences * layers * 3.5 * 2 * seq * span * h * hd / attn_flops
     return gemm_s + attn_s
+
+
+def held_floor(
+    dims: ModelDims, seq: int, sequences: int, seq_chunk: int, most: int, docs: int, hold_s: float
+) -> dict[str, Any]:
+    """kernel_floor_s at held rates (bench/held_floor.py): the GEMM at the node profile's
+    shape and the attention as the row's pieces call it, each timed over `hold_s` of calls
+    after as long a warm-up; with the SM clock and power each ran at."""
+    fn, flops = gemm_call(HELD_GEMM_TOKENS, dims.hidden_size, dims.intermediate_size)
+    gemm = held_rate(fn, flops, hold_s)
+    fn, flops = attention_call(dims, seq, seq_chunk, most)
+    attn = held_rate(fn, flops, hold_s)
+    floor_s = kernel_floor_s(dims, seq, sequences, gemm.flops_per_s, attn.flops_per_s, docs)
+    return {
+        "step_seconds": floor_s,
+        "hold_s": hold_s,
+        "gemm": asdict(gemm),
+        "attention": asdict(attn),
+    }
 
 
 def run_row(args: argparse.Namespace) -> Row:
@@ -210,6 +241,10 @@ def run_row(args: argparse.Namespace) -> Row:
     floor_s = kernel_floor_s(dims, seq, batch, node.matmul_flops, rate, docs)
     row.plan["kernel_floor_step_seconds"] = floor_s  # type: ignore[index]
     row.kernel_floor_ratio = floor_s / row.measured_step_seconds
+    if args.held_s > 0:
+        held = held_floor(dims, seq, batch, ws.seq_chunk, most, docs, args.held_s)
+        row.plan["held_floor"] = held  # type: ignore[index]
+        row.kernel_floor_held_ratio = held["step_seconds"] / row.measured_step_seconds
     fa3.ENABLED = prefix_attn.USE_CUDNN = False  # FA2, the fallback, for the record
     row.plan["flash2_fwd_bwd_flops"] = attention_rate(dims, seq, ws.seq_chunk, most)  # type: ignore[index]
     row.plan["adaws_h100_mfu"] = ADAWS_H100_MFU.get(seq)  # type: ignore[index]
@@ -258,6 +293,10 @@ def main() -> None:
         "--write-buffers", default="auto", help="comma-separated write buffers (auto, or GiB "
         "pinned), each row once per buffer, side by side in one run",
     )  # fmt: skip
+    p.add_argument(
+        "--held-s", type=float, default=10.0, help="also time the floor's kernels held: this "
+        "many seconds of calls after as many of warm-up, each (bench/held_floor.py; 0: off)",
+    )  # fmt: skip
     p.add_argument("--write-buffer", default="auto", help=argparse.SUPPRESS)  # one row's
     p.add_argument("--kernel", default="auto", help=argparse.SUPPRESS)  # one row's, internal
     args = parse_or_run_row(p, "", run_row)
@@ -266,7 +305,7 @@ def main() -> None:
     common = ["--steps", str(args.steps), "--host-gib", str(args.host_gib)]
     common += ["--layers", str(args.layers), "--document-tokens", str(args.document_tokens)]
     common += ["--seq-chunk", str(args.seq_chunk), "--global-batch", str(args.global_batch)]
-    common += ["--activations", args.activations]
+    common += ["--activations", args.activations, "--held-s", str(args.held_s)]
     common += ["--profile"] if args.profile else []
     children = [
         (
@@ -295,6 +334,7 @@ def main() -> None:
             f"{r['stall_share']:.3f}  on demand {r.get('h2d_on_demand_gb') or 0.0:.1f} GB"
             f"  piece {plan['working_set']['seq_chunk']}  {r.get('attention_kernel')}"
             f"  floor ratio {r.get('kernel_floor_ratio') or 0.0:.3f}"
+            f" (held {r.get('kernel_floor_held_ratio') or 0.0:.3f})"
         )
 
 

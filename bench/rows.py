@@ -57,6 +57,9 @@ class Row:
     # long context: the step's kernels alone at their measured rates over the measured step
     # (bench/long_context.py kernel_floor_s), = tokens/s over the floor's tokens/s
     kernel_floor_ratio: float | None = None
+    # the same over the floor at held rates (bench/held_floor.py): the kernels timed at the
+    # clock a long run settles at, as the step's own ran
+    kernel_floor_held_ratio: float | None = None
 
 
 class MfuFields(TypedDict):
