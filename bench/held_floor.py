@@ -16,6 +16,7 @@ floor stays in every row beside this one (bench/long_context.py).
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import subprocess
@@ -28,7 +29,10 @@ import torch
 
 # nvidia-smi takes ~0.1 s to answer; a sample a second is ~15 over a 15 s window
 SAMPLE_EVERY_S = 1.0
-_QUERY = ("nvidia-smi", "-i", "0", "--query-gpu=clocks.sm,power.draw")
+# a host sync between calls leaves the card idle; a call of a 1.3 ms GEMM waits ~20 us
+# for it, so calls go in batches of at least this long between syncs
+BATCH_S = 0.05
+_FIELDS = ("--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits")
 
 
 @dataclass(frozen=True)
@@ -41,12 +45,15 @@ class Held:
 
 
 def gpu_sample() -> tuple[float, float] | None:
-    """(SM clock MHz, power W) of GPU 0 from nvidia-smi; None where it is absent or fails."""
+    """(SM clock MHz, power W) of this process's first GPU from nvidia-smi (which numbers
+    the machine's GPUs, not CUDA_VISIBLE_DEVICES': its first entry, an index or a UUID,
+    names the same card); None where nvidia-smi is absent or fails."""
     if shutil.which("nvidia-smi") is None:
         return None
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
     try:
         out = subprocess.run(
-            [*_QUERY, "--format=csv,noheader,nounits"],
+            ["nvidia-smi", "-i", gpu, *_FIELDS],
             capture_output=True,
             text=True,
             timeout=10,
@@ -88,17 +95,26 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _run_for(fn: Callable[[], object], seconds: float) -> tuple[int, float]:
-    """Calls of `fn` until `seconds` have passed, synchronizing once a call (a queue of
-    launched work never runs far ahead of the clock); (calls, seconds taken)."""
+def _run_for(fn: Callable[[], object], seconds: float, batch: int) -> tuple[int, float]:
+    """Calls of `fn`, `batch` between host syncs, until `seconds` have passed; (calls,
+    seconds taken)."""
     calls, start = 0, time.perf_counter()
     while True:
-        fn()
+        for _ in range(batch):
+            fn()
         _sync()
-        calls += 1
+        calls += batch
         took = time.perf_counter() - start
         if took >= seconds:
             return calls, took
+
+
+def _batch(fn: Callable[[], object]) -> int:
+    """Calls a batch: as many as last BATCH_S, one for a call longer than that."""
+    start = time.perf_counter()
+    fn()
+    _sync()
+    return max(1, int(BATCH_S / max(time.perf_counter() - start, 1e-9)))
 
 
 def held_rate(fn: Callable[[], object], flops_per_call: float, hold_s: float) -> Held:
@@ -106,9 +122,10 @@ def held_rate(fn: Callable[[], object], flops_per_call: float, hold_s: float) ->
     settles at, then calls for `hold_s` more, timed and sampled."""
     if hold_s <= 0:
         raise ValueError(f"hold_s={hold_s}: a held rate needs a window; pass seconds > 0")
-    _run_for(fn, hold_s)
+    batch = _batch(fn)
+    _run_for(fn, hold_s, batch)
     with _Sampler() as sampler:
-        calls, took = _run_for(fn, hold_s)
+        calls, took = _run_for(fn, hold_s, batch)
     mhz = [m for m, _ in sampler.samples]
     watts = [w for _, w in sampler.samples]
     return Held(

@@ -47,6 +47,7 @@ def test_the_clock_and_power_are_nvidia_smis_median(
     smi.write_text("#!/bin/sh\necho '1515, 690.42'\n")
     smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert gpu_sample() == (1515.0, 690.42)
     fn, flops = _matmul()
     held = held_rate(fn, flops, HOLD_S)
@@ -62,3 +63,18 @@ def test_a_broken_nvidia_smi_gives_no_sample(
     smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert gpu_sample() is None
+
+
+def test_the_sample_is_of_the_card_cuda_visible_devices_names_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvidia-smi numbers every card of the machine: a row run with CUDA_VISIBLE_DEVICES=1
+    reads card 1, not card 0 (this stand-in answers with the -i it was given as the clock)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "$2, 600"\n')
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert gpu_sample() == (1.0, 600.0)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert gpu_sample() == (0.0, 600.0)

@@ -94,3 +94,16 @@ def test_an_override_pins_it_and_reaches_the_runtime() -> None:
 def test_an_out_of_range_override_names_the_field(gib: float) -> None:
     with pytest.raises(ValidationError, match="write_buffer_gib"):
         _spec(DIMS, 32768, 1, 24, 110, write_buffer_gib=gib)
+
+
+def test_a_buffer_smaller_than_a_saved_tensor_is_charged_that_tensor() -> None:
+    """The host store sends a tensor larger than the buffer alone (host_store.admit), so a
+    pinned 64 MiB buffer at 32K tokens holds an MLP gate of 32K x 14,336 bf16 (896 MiB) in
+    flight: the device charge counts the tensor, not the buffer."""
+    spec = _spec(DIMS, 32768, 1, 24, 240, write_buffer_gib=1 / 16)
+    gate = 32768 * DIMS.intermediate_size * 2
+    small = mm.Layout(1, write_buffer_bytes=GIB // 16)
+    default = mm.Layout(1)
+    no_home = mm.layer_temporaries_bytes(DIMS, spec, small, DIMS.num_layers)  # nothing sent
+    assert mm.layer_temporaries_bytes(DIMS, spec, small, 0) - no_home == gate
+    assert mm.layer_temporaries_bytes(DIMS, spec, default, 0) - no_home == GIB

@@ -41,9 +41,8 @@ class Layout:
     micro_batch: int  # sequences per round, one chunk each
     r_param: int = 3
     r_grad: int = 2
-    # where last step's deferred AdamW runs (working_set/schedule.py device_opt_layers):
-    # "host", "device" (two moment slots each for m and v on the device) or "split" (the
-    # first device_layers layers and the embedding on the device, the rest on the host)
+    # last step's deferred AdamW (working_set/schedule.py): "host", "device" (two moment
+    # slots each for m and v) or "split" (the first device_layers layers and the embedding)
     optimizer: OptimizerPlacement = "host"
     loss_tokens: int = 2048  # LM-head token block
     lead_rounds: int = 1  # rounds the step's first pass carries (working_set/schedule.py)
@@ -202,17 +201,15 @@ def fixed_device_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window: int)
     once at their exact size (embedding, head, slot rings) count as they are; what is
     allocated and freed layer by layer (transition, loss block, workspace, copies in
     flight, the reserve) takes ALLOCATOR_SLACK for the caching allocator's rounding and
-    fragmentation. (The window's saved sets, exact and freed in order, take none: with
-    slack on every byte the H200 plans predicted 1.12-1.25x the reserved peak;
-    bench/RESULTS.md.)"""
+    fragmentation. (The window's saved sets, exact and freed in order, take none: slack on
+    every byte predicted 1.12-1.25x the H200's reserved peak; bench/RESULTS.md.)"""
     once, moving = _fixed_device_parts(dims, spec, lay)
     return int(once + (moving + _home_in_flight_bytes(dims, spec, lay, window)) * ALLOCATOR_SLACK)
 
 
 def _fixed_device_parts(dims: ModelDims, spec: JobSpec, lay: Layout) -> tuple[int, int]:
-    """fixed_device_bytes's parts that do not depend on the window: (the bytes allocated
-    once, the moving bytes but the copies in flight home), both exact integers, so adding
-    a window's copies in flight after gives fixed_device_bytes's sum to the byte."""
+    """fixed_device_bytes but the window's part: (bytes allocated once, moving bytes but the
+    copies in flight home), exact integers, so the sum is fixed_device_bytes' to the byte."""
     e = ELEMENT_BYTES[spec.precision]
     S, D = spec.seq_len, dims.hidden_size
     groups = 4 * dims.embedding_params * e + 2 * D * e  # embedding + head, weights + grads
@@ -236,8 +233,7 @@ def layer_temporaries_bytes(dims: ModelDims, spec: JobSpec, lay: Layout, window:
 
 
 def _layer_temporaries_but_home(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
-    """layer_temporaries_bytes but the copies in flight home: the workspace and the weight
-    gradients made whole, the same at every window."""
+    """layer_temporaries_bytes but the copies in flight home, the same at every window."""
     e = ELEMENT_BYTES[spec.precision]
     piece = min(lay.seq_chunk or spec.seq_len, spec.seq_len)  # tokens a layer holds at once
     workspace = int(
@@ -255,14 +251,19 @@ def _layer_temporaries_but_home(dims: ModelDims, spec: JobSpec, lay: Layout) -> 
 def _home_in_flight_bytes(
     dims: ModelDims, spec: JobSpec, lay: Layout, window: int, level3_set: int | None = None
 ) -> int:
-    """The copies in flight home: bounded by the write buffer and by all the home layers
-    can send; with overlap the previous pass's sets coming back (as many again) beside
-    them (backward's prefetch past the default while the forward's last sets still go home
-    waits for them: working_set/saved_acts.py). `level3_set`: saved_bytes(.., 3,
+    """The copies in flight home: bounded by the write buffer (or the largest saved tensor,
+    which goes alone where it outgrows the buffer: host_store.admit) and by all the home
+    layers can send; with overlap the previous pass's sets coming back (as many again)
+    beside them (backward's prefetch past the default while the forward's last sets still
+    go home waits for them: working_set/saved_acts.py). `level3_set`: saved_bytes(.., 3,
     lay.seq_chunk) where the caller has it."""
     level3_set = level3_set or saved_bytes(dims, spec, 3, lay.seq_chunk)
     sent = (dims.num_layers - window) * lay.units * level3_set
-    return (1 + lay.overlap) * min(lay.write_buffer_bytes, sent)
+    # a tensor's width a token, at most: the input, q or the output, the MLP's gate or up
+    width = max(dims.hidden_size, dims.num_heads * dims.head_dim, dims.ffn_width)
+    tokens = min(lay.seq_chunk or spec.seq_len, spec.seq_len)
+    largest = tokens * width * ELEMENT_BYTES[spec.precision]
+    return (1 + lay.overlap) * min(max(lay.write_buffer_bytes, largest), sent)
 
 
 def device_bytes(

@@ -39,6 +39,7 @@ _FINISHED = {**JOB, **error_responses(409)}  # cancel or resume in the wrong sta
 
 _BEFORE_RUNNING = frozenset({JobState.queued, JobState.planning})
 _RESUMABLE = frozenset({JobState.cancelled, JobState.failed, JobState.timeout})
+_CANCEL_TRIES = 4  # transitions tried while the agent moves the job (cancel)
 
 
 # 429: the owner's plans already fill WSTRAIN_PLAN_QUEUE_PER_OWNER (api/planning.py)
@@ -148,9 +149,10 @@ async def get_events(
 async def cancel(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
     job_id, who = job.id, caller.owner
     # The state read with the job can move before the transition lands (the agent claims a
-    # queued job, its worker starts); each retry reads it again. A job passes through at
-    # most queued -> planning -> running -> cancelling, so four reads see it settle.
-    for _ in range(4):
+    # queued job, its worker starts, or the agent gives it back): each try reads it again.
+    # One agent step falls between a read and a write in practice; after the last try the
+    # state read is answered as the first was.
+    for tries_left in range(_CANCEL_TRIES, -1, -1):
         if job.state in TERMINAL_STATES:
             raise Conflict(
                 f"job {job_id} is already {job.state.value}; only queued, planning or running "
@@ -159,6 +161,8 @@ async def cancel(job: VisibleJob, st: Store, caller: CallerDep) -> Job:
             )
         if job.state == JobState.cancelling:
             return job
+        if not tries_left:
+            break
         try:
             if job.state in _BEFORE_RUNNING:
                 await st.transition(

@@ -16,7 +16,7 @@ kernel against the eager op on the GPU.
     y = rms_norm_fused(x, w, eps)        # autograd-aware; x (..., D)
     q = rope_fused(q, cos, sin)          # (B, S, H, hd) strided in, contiguous out
     p = silu_mul_fused(g, u)             # autograd-aware; dg, du, p = swiglu_backward(dp, g, u)
-    add_into(dk_sum, dk)                 # fp32 (B, H, T, E) += any float dtype, any strides
+    add_into(dk_sum, dk)                 # fp32 (B, H, T, E) += bf16/fp16/fp32, unit last stride
 """
 
 from __future__ import annotations
@@ -320,7 +320,8 @@ def silu_mul_fused(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def add_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst += src, dst fp32 (B, H, T, E), src the same shape in bf16, fp16 or fp32, any strides
-    (FA3's gradients come back as (B, T, H, E) memory seen as (B, H, T, E)). Eager PyTorch
+    with a unit last stride (FA3's gradients come back as (B, T, H, E) memory seen as
+    (B, H, T, E)). Eager PyTorch
     adds a strided bf16 tensor into fp32 with its generic casting kernel, one element a
     thread; this reads each row's E elements once on both sides and writes them once. Off
     CUDA, without Triton, or for shapes it does not take: the eager add."""

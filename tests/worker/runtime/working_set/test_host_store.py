@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from wstrain.planning.memory_model import overlap_stored_bytes
 from wstrain.worker.runtime.working_set.arena import HostArena
 from wstrain.worker.runtime.working_set.host_store import HostActivationStore
+from wstrain.worker.runtime.working_set.rings import Streams
 
 # A saved set's tensors in the order the runtime takes them, in KiB: the shapes of one
 # Llama-3-8B (layer, 8K sequence) at 1/1024 scale: input, k, q, v, log-sum-exp, output
@@ -199,3 +200,36 @@ def test_the_planners_count_is_what_the_overlap_holds(
         assert store.arena.total_bytes <= counted
     if passes > 2:  # two later passes side by side reach the count the planner takes
         assert store.arena.total_bytes == counted
+
+
+class _Copy:
+    """A copy home as the store sees it (a CUDA event's query and synchronize): finished
+    once synchronized, or from the start."""
+
+    def __init__(self, done: bool = False) -> None:
+        self.done = done
+        self.waited = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited = self.done = True
+
+
+def test_the_write_buffer_waits_for_the_oldest_copies_only_while_full() -> None:
+    store = HostActivationStore(HostArena(pin=False), chunk_bytes=64 * KIB)
+    store.write_buffer_bytes = 64 * KIB
+    streams = Streams(torch.device("cpu"))
+    old, new = _Copy(), _Copy()
+    store.track(old, 32 * KIB)  # type: ignore[arg-type]
+    store.track(new, 16 * KIB)  # type: ignore[arg-type]
+    store.admit(16 * KIB, streams)  # 64 of 64: fits, no wait
+    assert not old.waited and store.outgoing_bytes() == 48 * KIB
+    store.admit(32 * KIB, streams)  # the oldest copy makes room
+    assert old.waited and not new.waited and store.outgoing_bytes() == 16 * KIB
+    # a tensor larger than the whole buffer waits for everything in flight, then goes alone
+    store.track(_Copy(done=True), 8 * KIB)  # type: ignore[arg-type]
+    store.admit(224 * KIB, streams)
+    assert new.waited and store.outgoing_bytes() == 0 and not store.in_flight
+    assert "write_buffer" in streams.stall_s  # the waits are timed as the stall they are

@@ -127,8 +127,10 @@ def test_hooks_send_cuda_activations_home() -> None:
 
 def test_sets_still_going_home_past_the_default_buffer_hold_the_prefetch_back() -> None:
     """At the turn from forward to backward the forward's last sets may still be on their
-    way home; what of them is past the default buffer comes off the prefetch's cap, so a
-    planned larger buffer never holds more on the device than the model charges."""
+    way home; what of them is past the default buffer comes off the prefetch's cap, so with
+    a planned larger buffer the two directions hold at most that buffer plus the default's
+    1 GiB, as at the default (the model charges the buffer alone: up to 1 GiB uncharged
+    at the turn, at any buffer)."""
     streams = Streams(torch.device("cpu"))
     counters = {"h2d_bytes": 0, "d2h_bytes": 0, "h2d_on_demand_bytes": 0}
     outgoing = [WRITE_BUFFER_BYTES + 2 * 1024]  # the default's worth and 2 KiB more

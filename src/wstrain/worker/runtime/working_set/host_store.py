@@ -149,8 +149,10 @@ class HostActivationStore:
 
     def admit(self, nbytes: int, streams: Streams) -> None:
         """Make room for a copy of `nbytes` in the write buffer (CUDA only): wait for the
-        oldest copy still going only while the buffer is full."""
-        while self.in_flight and self.outgoing_bytes() + nbytes > self.write_buffer_bytes:
+        oldest copy still going only while the buffer is full. A tensor larger than the
+        buffer goes alone, once nothing else is in flight."""
+        # retire finished copies before asking whether any is left to wait for
+        while self.outgoing_bytes() + nbytes > self.write_buffer_bytes and self.in_flight:
             with streams.host_waits("write_buffer"):
                 self.in_flight[0][0].synchronize()  # retired by outgoing_bytes next
 

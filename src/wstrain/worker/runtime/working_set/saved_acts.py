@@ -198,7 +198,8 @@ class BackwardPrefetch:
     cap is the plan's write buffer bytes, idle in backward; `outgoing` (the forward's sets
     still going home, as the store counts them) past the default buffer comes off it, so
     at the turn from forward to backward the two directions together hold at most the
-    plan's buffer plus the default, as at the default (planning/memory_model.py)."""
+    plan's buffer plus the default, as at the default; planning/memory_model.py charges
+    the buffer alone, so up to the default's 1 GiB of the turn is uncharged."""
 
     def __init__(
         self,
