@@ -38,15 +38,20 @@ def test_a_held_rate_counts_the_timed_windows_calls(monkeypatch: pytest.MonkeyPa
         held_rate(fn, 10.0, 0)
 
 
+def _nvidia_smi(monkeypatch: pytest.MonkeyPatch, folder: Path, script: str) -> None:
+    """A stand-in nvidia-smi running `script` (sh), first on PATH."""
+    smi = folder / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n{script}\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+
+
 def test_the_clock_and_power_are_nvidia_smis_median(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    smi = tmp_path / "nvidia-smi"
     # what `nvidia-smi -i 0 --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits`
     # prints on the lent H200 under load
-    smi.write_text("#!/bin/sh\necho '1515, 690.42'\n")
-    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    _nvidia_smi(monkeypatch, tmp_path, "echo '1515, 690.42'")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert gpu_sample() == (1515.0, 690.42)
     fn, flops = _matmul()
@@ -58,10 +63,7 @@ def test_the_clock_and_power_are_nvidia_smis_median(
 def test_a_broken_nvidia_smi_gives_no_sample(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
-    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", str(tmp_path))
+    _nvidia_smi(monkeypatch, tmp_path, "echo 'No devices were found'; exit 6")
     assert gpu_sample() is None
 
 
@@ -70,10 +72,7 @@ def test_the_sample_is_of_the_card_cuda_visible_devices_names_first(
 ) -> None:
     """nvidia-smi numbers every card of the machine: a row run with CUDA_VISIBLE_DEVICES=1
     reads card 1, not card 0 (this stand-in answers with the -i it was given as the clock)."""
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text('#!/bin/sh\necho "$2, 600"\n')
-    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", str(tmp_path))
+    _nvidia_smi(monkeypatch, tmp_path, 'echo "$2, 600"')
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     assert gpu_sample() == (1.0, 600.0)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
