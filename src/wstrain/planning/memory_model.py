@@ -249,21 +249,23 @@ def _layer_temporaries_but_home(dims: ModelDims, spec: JobSpec, lay: Layout) -> 
 
 
 def _home_in_flight_bytes(
-    dims: ModelDims, spec: JobSpec, lay: Layout, window: int, level3_set: int | None = None
+    dims: ModelDims, spec: JobSpec, lay: Layout, window: int, level3_set: int = 0, cap: int = 0
 ) -> int:
-    """The copies in flight home: bounded by the write buffer (or the largest saved tensor,
-    which goes alone where it outgrows the buffer: host_store.admit) and by all the home
-    layers can send; with overlap the previous pass's sets coming back (as many again)
-    beside them (backward's prefetch past the default while the forward's last sets still
-    go home waits for them: working_set/saved_acts.py). `level3_set`: saved_bytes(.., 3,
-    lay.seq_chunk) where the caller has it."""
+    """The copies in flight home, at most _in_flight_cap and all the home layers send; with
+    overlap the previous pass's sets coming back (as many again) beside them (saved_acts.py
+    BackwardPrefetch for the turn to backward). `level3_set`, `cap`: saved_bytes(.., 3,
+    lay.seq_chunk) and _in_flight_cap where the caller has them."""
     level3_set = level3_set or saved_bytes(dims, spec, 3, lay.seq_chunk)
     sent = (dims.num_layers - window) * lay.units * level3_set
-    # a tensor's width a token, at most: the input, q or the output, the MLP's gate or up
+    return (1 + lay.overlap) * min(cap or _in_flight_cap(dims, spec, lay), sent)
+
+
+def _in_flight_cap(dims: ModelDims, spec: JobSpec, lay: Layout) -> int:
+    """The write buffer, or the largest saved tensor where it outgrows the buffer (it goes
+    alone: host_store.admit): a unit's input, q or output, or the MLP's gate or up."""
     width = max(dims.hidden_size, dims.num_heads * dims.head_dim, dims.ffn_width)
     tokens = min(lay.seq_chunk or spec.seq_len, spec.seq_len)
-    largest = tokens * width * ELEMENT_BYTES[spec.precision]
-    return (1 + lay.overlap) * min(max(lay.write_buffer_bytes, largest), sent)
+    return max(lay.write_buffer_bytes, tokens * width * ELEMENT_BYTES[spec.precision])
 
 
 def device_bytes(
@@ -288,9 +290,10 @@ def spare_window_bytes_each(
     once, moving = _fixed_device_parts(dims, spec, lay)
     level3_set = saved_bytes(dims, spec, 3, lay.seq_chunk)
     input_set = saved_bytes(dims, spec, 0, lay.seq_chunk, home=False)
+    cap = _in_flight_cap(dims, spec, lay)
     out: list[float] = []
     for w in windows:
-        home = _home_in_flight_bytes(dims, spec, lay, w, level3_set)
+        home = _home_in_flight_bytes(dims, spec, lay, w, level3_set, cap)
         fixed = int(once + (moving + home) * ALLOCATOR_SLACK)
         out.append(spec.budget.device_bytes - fixed - w * lay.units * input_set)
     return out
@@ -298,16 +301,15 @@ def spare_window_bytes_each(
 
 def lead_pass_saved(lay: Layout, home_saved: int, window_inputs: int) -> int:
     """Saved bytes a lead pass sends home beyond one round's `home_saved`: its other rounds'
-    home sets, and its window chunks past the first round's at level 1 (`window_inputs`:
-    one round's level-1 bytes over the window)."""
+    home sets, and its window chunks past the first round's at level 1 (`window_inputs`)."""
     return (lay.lead_rounds - 1) * (home_saved + window_inputs)
 
 
 def host_state_bytes(dims: ModelDims, precision: str, spilled: int = 0) -> int:
     """The host tiles (working_set/state.py): weights, gradients and two moments, each of the
-    streamed element size; in mixed precision bf16 weights and gradients, an fp32 master and
-    fp32 moments, and the fp32 gradient scratch of the largest group. With `spilled` layers'
-    moments on disk: without those, and with the spill slots."""
+    streamed element size; mixed: bf16 weights and gradients, an fp32 master and moments,
+    the largest group's fp32 gradient scratch; less what `spilled` layers' moments on disk
+    save (planning/spill.py host_saved_bytes: the moments less the spill slots)."""
     if spilled:
         return host_state_bytes(dims, precision) - host_saved_bytes(dims, precision, spilled)
     if precision == "mixed":  # the largest group: a layer, or the head with the final norm
@@ -339,10 +341,8 @@ def overlap_stored_bytes(
     first: list[int], later: list[int], chunk_bytes: int = ACTIVATION_CHUNK_BYTES
 ) -> int:
     """Host store bytes with the cross-round overlap: one store shared by the two passes in
-    flight, each layer's sets in pages of their own (whole chunks, host_store.py
-    _take_paged), so it holds exactly overlap_live_bytes's pages: layer k's bytes rounded
-    up to whole chunks (checked against the store by a property test,
-    tests/worker/runtime/working_set/test_host_store.py)."""
+    flight, each layer's sets in whole chunks of their own (host_store.py _take_paged), so
+    it holds exactly overlap_live_bytes's pages (a property test: test_host_store.py)."""
 
     def pages(sent: list[int]) -> list[int]:
         return [-(-b // chunk_bytes) for b in sent]
