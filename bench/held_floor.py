@@ -110,7 +110,10 @@ def _run_for(fn: Callable[[], object], seconds: float, batch: int) -> tuple[int,
 
 
 def _batch(fn: Callable[[], object]) -> int:
-    """Calls a batch: as many as last BATCH_S, one for a call longer than that."""
+    """Calls a batch: as many as last BATCH_S, one for a call longer than that (timed on
+    a second call: the first pays the library's set-up)."""
+    fn()
+    _sync()
     start = time.perf_counter()
     fn()
     _sync()
