@@ -10,7 +10,7 @@ at least the step's power, so the floor they set is timed the same way: the rate
 second `hold_s` of calls, with nvidia-smi's SM clock and power sampled across it. The burst
 floor stays in every row beside this one (bench/long_context.py).
 
-    held = held_rate(lambda: a @ b, 2 * m * k * n, hold_s=15.0)
+    held = held_rate(lambda: a @ b, 2 * m * k * n, hold_s=10.0)
     held.flops_per_s, held.sm_mhz, held.power_w
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-# nvidia-smi takes ~0.1 s to answer; a sample a second is ~15 over a 15 s window
+# nvidia-smi takes ~0.1 s to answer; a sample a second is ~10 over a 10 s window
 SAMPLE_EVERY_S = 1.0
 # a host sync between calls leaves the card idle; a call of a 1.3 ms GEMM waits ~20 us
 # for it, so calls go in batches of at least this long between syncs
@@ -138,11 +138,3 @@ def held_rate(fn: Callable[[], object], flops_per_call: float, hold_s: float) ->
         sm_mhz=statistics.median(mhz) if mhz else None,
         power_w=statistics.median(watts) if watts else None,
     )
-
-
-def gemm_call(tokens: int, hidden: int, ffn: int) -> tuple[Callable[[], object], float]:
-    """One (tokens, hidden) x (hidden, ffn) bf16 GEMM on the GPU, the node profile's shape
-    (worker/profile/node.py matmul_flops), and its FLOPs."""
-    a = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(hidden, ffn, device="cuda", dtype=torch.bfloat16)
-    return (lambda: a @ b), 2.0 * tokens * hidden * ffn

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from bench.children import parse_or_run_row, run_children
-from bench.held_floor import gemm_call, held_rate
+from bench.held_floor import held_rate
 from bench.rows import Row, mfu_fields, row_from
 from bench.specs import llama_dims, llama_spec
 from bench.table import format_rows
@@ -65,14 +65,13 @@ from wstrain.worker.kernels import fa3
 from wstrain.worker.kernels.fa3 import fa3_takes
 from wstrain.worker.ops import prefix_attn
 from wstrain.worker.ops.prefix_attn import prefix_attention, prefix_attention_backward
+from wstrain.worker.profile.node import GPU_GEMM_TOKENS, matmul_call
 
 log = logging.getLogger("bench.long_context")
 
 DEVICE_GIB = 24.0
 # past 512K a layer's whole attention, timed twice per kernel, is minutes: time 8 pieces
 MOST_TIMED_FROM_TOKENS, MOST_TIMED_PIECES = 524288, 8
-# the node profile's GEMM shape (worker/profile/node.py): an MLP projection of 8K tokens
-HELD_GEMM_TOKENS = 8192
 ADAWS_H100_MFU = {32768: 0.571, 65536: 0.560, 131072: 0.531, 262144: 0.519, 524288: 0.425}
 
 
@@ -187,7 +186,8 @@ def held_floor(
     """kernel_floor_s at held rates (bench/held_floor.py): the GEMM at the node profile's
     shape and the attention as the row's pieces call it, each timed over `hold_s` of calls
     after as long a warm-up; with the SM clock and power each ran at."""
-    fn, flops = gemm_call(HELD_GEMM_TOKENS, dims.hidden_size, dims.intermediate_size)
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    fn, flops = matmul_call(cuda, bf16, GPU_GEMM_TOKENS, dims.hidden_size, dims.intermediate_size)
     gemm = held_rate(fn, flops, hold_s)
     fn, flops = attention_call(dims, seq, seq_chunk, most)
     attn = held_rate(fn, flops, hold_s)

@@ -321,10 +321,10 @@ def silu_mul_fused(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def add_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst += src, dst fp32 (B, H, T, E), src the same shape in bf16, fp16 or fp32, any strides
     with a unit last stride (FA3's gradients come back as (B, T, H, E) memory seen as
-    (B, H, T, E)). Eager PyTorch
-    adds a strided bf16 tensor into fp32 with its generic casting kernel, one element a
-    thread; this reads each row's E elements once on both sides and writes them once. Off
-    CUDA, without Triton, or for shapes it does not take: the eager add."""
+    (B, H, T, E)). Eager PyTorch adds a strided bf16 tensor into fp32 with its generic
+    casting kernel, one element a thread; this reads each row's E elements once on both
+    sides and writes them once. Off CUDA, without Triton, or for shapes it does not take:
+    the eager add."""
     e = dst.shape[-1]
     if not (
         ENABLED

@@ -57,6 +57,11 @@ def _pinned(nbytes: int) -> torch.Tensor:
     return host
 
 
+# the GEMM rate's tokens on a GPU, an 8K-token MLP projection (bench/long_context.py times
+# its floor at held clocks at the same shape)
+GPU_GEMM_TOKENS = 8192
+
+
 def link_bandwidth(nbytes: int) -> dict[str, float]:
     """Bytes/s of pinned H2D, D2H, and each direction while both run on two streams."""
     host_in, host_out = _pinned(nbytes), _pinned(nbytes)
@@ -92,13 +97,21 @@ def host_memcpy(nbytes: int) -> float:
     return nbytes / _time(lambda: dst.copy_(src), 5)
 
 
+def matmul_call(
+    dev: torch.device, dtype: torch.dtype, tokens: int, hidden: int, ffn: int
+) -> tuple[Callable[[], object], float]:
+    """One (tokens, hidden) x (hidden, ffn) GEMM, an MLP projection's shape, and its FLOPs."""
+    a = torch.randn(tokens, hidden, device=dev, dtype=dtype)
+    b = torch.randn(hidden, ffn, device=dev, dtype=dtype)
+    return (lambda: a @ b), 2.0 * tokens * hidden * ffn
+
+
 def matmul_flops(
     dev: torch.device, dtype: torch.dtype, tokens: int, hidden: int, ffn: int
 ) -> float:
-    """FLOP/s of one (tokens, hidden) x (hidden, ffn) GEMM, an MLP projection's shape."""
-    a = torch.randn(tokens, hidden, device=dev, dtype=dtype)
-    b = torch.randn(hidden, ffn, device=dev, dtype=dtype)
-    return 2 * tokens * hidden * ffn / _time(lambda: a @ b, 10)
+    """matmul_call's FLOP/s."""
+    fn, flops = matmul_call(dev, dtype, tokens, hidden, ffn)
+    return flops / _time(fn, 10)
 
 
 def attention_flops(
@@ -200,7 +213,7 @@ def profile() -> dict[str, object]:
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     # Llama-3-8B shapes on a GPU; small ones keep a CPU host's profile to a couple of seconds.
-    tokens, hidden, ffn = (8192, 4096, 14336) if cuda else (256, 256, 1024)
+    tokens, hidden, ffn = (GPU_GEMM_TOKENS, 4096, 14336) if cuda else (256, 256, 1024)
     heads, kv_heads, head_dim = (32, 8, 128) if cuda else (4, 2, 64)
     seqs = (2048, 4096, 8192, 16384, 32768) if cuda else (128, 256, 512)
     start = time.perf_counter()
