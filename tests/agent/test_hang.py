@@ -1,6 +1,7 @@
 """agent/hang.py and the hang settings: a worker's no-progress window is its startup window
-before its first step report, then max(factor x its last step, floor); the cause names how
-long it was silent, the window and the setting that widens it; the settings are bounded.
+and its plan's predicted step before its first step report, then max(factor x its last step,
+floor); the cause names how long it was silent, the window and the setting that widens it;
+the settings are bounded.
 agent/scheduling.py's preemptor_text: a victim's owner reads another owner's job by priority,
 never by id. A real frozen worker: tests/e2e/test_hang.py.
 
@@ -24,6 +25,18 @@ def test_the_window_is_startup_before_a_step_then_the_larger_of_factor_and_floor
     assert w.window_s(0.5) == 600  # 20 x 0.5 s = 10 s: the floor covers a checkpoint write
     assert w.window_s(45.0) == 900  # 20 x 45 s past the floor
     assert HangWindow(20, 600, 60).window_s(None) == 600  # the floor holds before a step too
+
+
+def test_the_first_step_runs_inside_the_startup_window_at_its_predicted_time() -> None:
+    w = HangWindow(step_factor=20, floor_s=600, startup_s=1800)
+    long = w.for_plan(2543.0)  # a million tokens over 32 layers at 240 GiB of host
+    assert long.window_s(None) == 1800 + 20 * 2543
+    assert long.window_s(45.0) == 900  # once a step is reported, the plan no longer counts
+    assert w.for_plan(0.004).window_s(None) == pytest.approx(1800.08)
+    assert w.for_plan(float("nan")).window_s(None) == 1800
+    assert w.for_plan(float("inf")).window_s(None) == 1800 + 20 * 86400
+    cause = long.describe(60000.0, None)
+    assert "(startup window 52660 s: 1800 s and 20 x its predicted step 2543 s, before" in cause
 
 
 def test_the_cause_says_how_long_the_window_and_the_fix() -> None:

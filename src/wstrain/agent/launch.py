@@ -227,7 +227,7 @@ class Launcher:
             self.exporter,
             self.agent_id,
             retry_backoff_s=self.settings.retry_backoff_s,
-            hang=self.settings.hang_window(),
+            hang=self.settings.hang_window().for_plan(plan.predicted.step_seconds),
             # a ranged job on one GPU of one node may be shrunk rather than preempted; the
             # policy finds its current point among these by its reserved bytes
             points=await self.store.range_points(job_id)

@@ -125,8 +125,10 @@ class AgentSettings(SharedSettings):
     # hung (SIGSTOPped, deadlocked, wedged in a driver): SIGKILLed, no checkpoint (a frozen
     # process cannot write one), the job retried per max_retries. The window is
     # max(hang_step_factor x its last step's wall time, hang_floor_s) once it reported a step,
-    # hang_startup_s before (model load, data index, first compile). 20x and 1800 s: twice
-    # the Prometheus alerts' 10x and 900 s (deploy/prometheus/rules.yml), so a person is
+    # hang_startup_s plus hang_step_factor x the plan's predicted step before (model load,
+    # data index, first compile, and the first step itself, which reports only when it
+    # ends). 20x and 1800 s: twice the Prometheus alerts' 10x and 900 s
+    # (deploy/prometheus/rules.yml), so a person is
     # warned first; 600 s: a 1 TB checkpoint (a 70B model with AdamW) written at 2 GB/s
     # takes ~500 s and reports only when it is done.
     hang_step_factor: float = Field(
@@ -149,7 +151,8 @@ class AgentSettings(SharedSettings):
         le=86400,
         description="the no-progress window before a worker's first step report (at least "
         "hang_floor_s): loading the model and data, resuming a checkpoint, the first "
-        "step's compile",
+        "step's compile; hang_step_factor x the plan's predicted step is added for the first "
+        "step itself",
     )
     shm_dir: Path = Field(
         default=Path("/dev/shm"),
