@@ -53,12 +53,8 @@ from wstrain.agent.processes import is_running, start_ticks
 from wstrain.agent.recovery import LIVE, fail_orphan, take_back
 from wstrain.agent.scheduling import GangSettings, Rounds
 from wstrain.agent.settings import AgentSettings
-from wstrain.agent.supervisor import (
-    WorkerHandle,
-    forward_cancel,
-    lose_lease,
-    preempt,
-)
+from wstrain.agent.stops import forward_cancel, preempt
+from wstrain.agent.supervisor import WorkerHandle, lose_lease
 from wstrain.agent.zygote import WorkerZygote
 from wstrain.contracts.calibration import GIB
 from wstrain.contracts.hardware import Device

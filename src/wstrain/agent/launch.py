@@ -32,13 +32,8 @@ from wstrain.agent.members import Hold
 from wstrain.agent.processes import start_ticks
 from wstrain.agent.recovery import LIVE
 from wstrain.agent.settings import AgentSettings
-from wstrain.agent.supervisor import (
-    WorkerHandle,
-    enforce_time_limit,
-    pump,
-    resumed_runtime,
-    spawn,
-)
+from wstrain.agent.stops import enforce_time_limit
+from wstrain.agent.supervisor import WorkerHandle, pump, resumed_runtime, spawn
 from wstrain.agent.zygote import WorkerProcess, WorkerZygote
 from wstrain.contracts.access import DataAccess
 from wstrain.contracts.errors import Conflict, LeaseLost, WstrainError

@@ -1,6 +1,7 @@
 """Supervision of one worker process: spawn it, turn its JSON-line reports into job-store
-updates and events, forward cancel as SIGTERM, SIGKILL it once it has reported nothing for
-its no-progress window (hung: agent/hang.py), and map its exit to the job's final state.
+updates and events, SIGKILL it once it has reported nothing for its no-progress window
+(hung: agent/hang.py), and map its exit to the job's final state. Stopping it early (cancel,
+preemption, time limit) is agent/stops.py.
 Every write is fenced by the agent's lease on the job: once another agent has taken the job
 over (this one was presumed dead), writes change nothing and the worker is stopped.
 
@@ -28,7 +29,7 @@ from wstrain.agent.processes import kill_group, session_pss_bytes
 from wstrain.agent.zygote import WorkerProcess, WorkerZygote
 from wstrain.contracts.access import DataAccess
 from wstrain.contracts.errors import LeaseLost
-from wstrain.contracts.jobs import Job, JobState, WorkerMessage, gpu_text
+from wstrain.contracts.jobs import Job, WorkerMessage, gpu_text
 from wstrain.contracts.plan import Plan
 from wstrain.policy import BudgetPoint
 from wstrain.store import JobStore
@@ -332,69 +333,3 @@ async def watch_hang(store: JobStore, h: WorkerHandle) -> None:
         with contextlib.suppress(LeaseLost):
             await store.report(h.job.id, h.fence, ("hung", h.hung, {**data, "pid": h.proc.pid}))
         return
-
-
-async def enforce_time_limit(store: JobStore, h: WorkerHandle, grace_s: float) -> None:
-    """The job's `time_limit_s`, counted from this worker's start: a warning event `grace_s`
-    before it, then SIGTERM at it (the worker checkpoints at its next step boundary and
-    exits; the job ends `timeout`, resumable)."""
-    limit_s = h.job.spec.time_limit_s
-    if limit_s is None:
-        return
-    warn_in_s = max(0.0, limit_s - grace_s)
-    await asyncio.sleep(warn_in_s)
-    if h.proc.returncode is not None or h.lease_lost:
-        return
-    left_s = limit_s - warn_in_s
-    with contextlib.suppress(LeaseLost):
-        await store.report(
-            h.job.id,
-            h.fence,
-            (
-                "time_limit",
-                f"time limit {limit_s:.0f} s: checkpoint and stop in {left_s:.0f} s",
-                {"time_limit_s": limit_s, "stop_in_s": left_s},
-            ),
-        )
-    await asyncio.sleep(left_s)
-    if h.proc.returncode is None and not h.lease_lost and not h.cancel_sent:
-        h.timed_out = True
-        h.proc.send_signal(signal.SIGTERM)
-        log.info(
-            "job %s: time limit %.0f s reached; stopping pid %d", h.job.id, limit_s, h.proc.pid
-        )
-
-
-def preempt(h: WorkerHandle, for_job: str, grace_s: float, resize: Resize | None = None) -> None:
-    """Stop the worker to make room for `for_job` (its owner's words for it: "job ID" or
-    "another owner's job of priority P"): SIGTERM (it checkpoints at its next step
-    boundary and exits; its job is requeued, not failed), SIGKILL if it has not exited
-    `grace_s` later (requeued all the same, from its last checkpoint). `resize`: a ranged
-    job stopped to restart lower in its range (room for `for_job`) or higher (`for_job`
-    names the room), not evicted: the same stop, and its requeue says so."""
-    if h.preempted_by or h.proc.returncode is not None:
-        return
-    h.preempted_by, h.resize = for_job, resize
-    what = "preempted" if resize is None else "shrunk" if resize.shrink else "grown"
-    log.info("job %s: %s for %s; stopping pid %d", h.job.id, what, for_job, h.proc.pid)
-    h.proc.send_signal(signal.SIGTERM)
-
-    def kill() -> None:
-        if h.proc.returncode is None:
-            log.warning("job %s: no checkpoint %.0f s after preemption; SIGKILL", h.job.id, grace_s)
-            h.proc.kill()
-            if h.gang:  # its ranks as well: the worker leads their process group
-                kill_group(h.proc.pid)
-
-    asyncio.get_running_loop().call_later(grace_s, kill)
-
-
-async def forward_cancel(store: JobStore, h: WorkerHandle) -> None:
-    """SIGTERM the worker once its job is `cancelling`: it checkpoints and exits 3."""
-    if h.cancel_sent or not h.started or h.proc.returncode is not None:
-        return
-    state = await store.redis.hget(store.keys.job(h.job.id), "state")
-    if state == JobState.cancelling.value:
-        h.cancel_sent = True
-        h.proc.send_signal(signal.SIGTERM)
-        log.info("job %s: cancel forwarded to pid %d at %.0f", h.job.id, h.proc.pid, time.time())

@@ -1,0 +1,115 @@
+"""How the agent stops a worker that has not finished: its job's time limit, a preemption
+(or a ranged job's resize) and a cancel. Each is a SIGTERM, after which the worker finishes
+the step in flight, checkpoints and exits (worker/main.py); only a preemption has a
+deadline, past which it is SIGKILLed (its job restarts from its last checkpoint).
+
+A step is the unit of that stop, and a long sequence's step takes minutes: 573 s at 512K
+tokens over 32 layers, ~2,500 s planned for a million (bench/RESULTS.md#long-context). So a
+preempted worker's deadline is its checkpoint's grace plus what is left of the step in
+flight; SIGKILLed mid-step it would lose every step since its last checkpoint (with the
+default checkpoint_every 0, its whole run).
+
+    preempt(handle, "job j-2", grace_s=120.0)   # SIGTERM; SIGKILL at preempt_grace_s(...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+
+from wstrain.agent.outcomes import Resize
+from wstrain.agent.processes import kill_group
+from wstrain.agent.supervisor import WorkerHandle
+from wstrain.contracts.errors import LeaseLost
+from wstrain.contracts.jobs import JobState
+from wstrain.store import JobStore
+
+log = logging.getLogger(__name__)
+
+# the step in flight may run this much longer than the last one reported (one job's steps
+# spread by a few percent; 25% leaves room for an evaluation's or a data shard's extra)
+STEP_SPREAD = 1.25
+
+
+def preempt_grace_s(grace_s: float, step_s: float | None, reported_s: float, now_s: float) -> float:
+    """How long a preempted worker gets before SIGKILL, from `now_s`: `grace_s` for its
+    checkpoint and exit, plus the rest of the step in flight (STEP_SPREAD x its last step's
+    wall time `step_s`, less the time since its last report at `reported_s`; both
+    monotonic). Before its first step report (`step_s` None) it has no step of this run to
+    lose, and gets `grace_s`."""
+    if step_s is None:
+        return grace_s
+    return grace_s + max(0.0, STEP_SPREAD * step_s - (now_s - reported_s))
+
+
+async def enforce_time_limit(store: JobStore, h: WorkerHandle, grace_s: float) -> None:
+    """The job's `time_limit_s`, counted from this worker's start: a warning event `grace_s`
+    before it, then SIGTERM at it (the worker checkpoints at its next step boundary and
+    exits; the job ends `timeout`, resumable)."""
+    limit_s = h.job.spec.time_limit_s
+    if limit_s is None:
+        return
+    warn_in_s = max(0.0, limit_s - grace_s)
+    await asyncio.sleep(warn_in_s)
+    if h.proc.returncode is not None or h.lease_lost:
+        return
+    left_s = limit_s - warn_in_s
+    with contextlib.suppress(LeaseLost):
+        await store.report(
+            h.job.id,
+            h.fence,
+            (
+                "time_limit",
+                f"time limit {limit_s:.0f} s: checkpoint and stop in {left_s:.0f} s",
+                {"time_limit_s": limit_s, "stop_in_s": left_s},
+            ),
+        )
+    await asyncio.sleep(left_s)
+    if h.proc.returncode is None and not h.lease_lost and not h.cancel_sent:
+        h.timed_out = True
+        h.proc.send_signal(signal.SIGTERM)
+        log.info(
+            "job %s: time limit %.0f s reached; stopping pid %d", h.job.id, limit_s, h.proc.pid
+        )
+
+
+def preempt(h: WorkerHandle, for_job: str, grace_s: float, resize: Resize | None = None) -> None:
+    """Stop the worker to make room for `for_job` (its owner's words for it: "job ID" or
+    "another owner's job of priority P"): SIGTERM (it checkpoints at its next step
+    boundary and exits; its job is requeued, not failed), SIGKILL if it has not exited
+    `grace_s` and the rest of its step in flight later (preempt_grace_s; requeued all the
+    same, from its last checkpoint). `resize`: a ranged
+    job stopped to restart lower in its range (room for `for_job`) or higher (`for_job`
+    names the room), not evicted: the same stop, and its requeue says so."""
+    if h.preempted_by or h.proc.returncode is not None:
+        return
+    h.preempted_by, h.resize = for_job, resize
+    what = "preempted" if resize is None else "shrunk" if resize.shrink else "grown"
+    log.info("job %s: %s for %s; stopping pid %d", h.job.id, what, for_job, h.proc.pid)
+    h.proc.send_signal(signal.SIGTERM)
+    deadline_s = preempt_grace_s(grace_s, h.step_s, h.reported_s, time.monotonic())
+
+    def kill() -> None:
+        if h.proc.returncode is None:
+            log.warning(
+                "job %s: no checkpoint %.0f s after preemption; SIGKILL", h.job.id, deadline_s
+            )
+            h.proc.kill()
+            if h.gang:  # its ranks as well: the worker leads their process group
+                kill_group(h.proc.pid)
+
+    asyncio.get_running_loop().call_later(deadline_s, kill)
+
+
+async def forward_cancel(store: JobStore, h: WorkerHandle) -> None:
+    """SIGTERM the worker once its job is `cancelling`: it checkpoints and exits 3."""
+    if h.cancel_sent or not h.started or h.proc.returncode is not None:
+        return
+    state = await store.redis.hget(store.keys.job(h.job.id), "state")
+    if state == JobState.cancelling.value:
+        h.cancel_sent = True
+        h.proc.send_signal(signal.SIGTERM)
+        log.info("job %s: cancel forwarded to pid %d at %.0f", h.job.id, h.proc.pid, time.time())
