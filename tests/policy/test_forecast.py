@@ -150,6 +150,18 @@ def test_a_higher_class_job_starts_once_its_victims_have_left() -> None:
     assert (got["u"].start_s, got["u"].end_s) == (NOW + 30, NOW + 90)
 
 
+def test_a_victim_leaves_after_its_step_in_flight() -> None:
+    """A victim stops at its step's end: a 600 s step (a long sequence's) is half done on
+    average when the SIGTERM lands, so the urgent job starts 300 s and stop_s later."""
+    low = RunningJob("low", "ben", -10, 0, 90 * GIB, 8 * GIB, 0.0)
+    urgent = PendingJob("u", "ana", 10, 1.0, 50 * GIB, 8 * GIB)
+    node = ForecastNode("n", ONE_GPU, (low,))
+    args = (NOW, [urgent], [node], {"low": NOW + 3600}, {"u": 60})
+    got = forecast(*args, stop_s=30, step_s={"low": 600.0})
+    assert (got["u"].start_s, got["u"].end_s) == (NOW + 330, NOW + 390)
+    assert forecast(*args, stop_s=30, step_s={"low": None})["u"].start_s == NOW + 30
+
+
 def test_ranged_jobs_shrink_in_the_replay_as_the_policy_shrinks_them() -> None:
     """r runs at the top of its 10-100 GiB range with no predicted end. u (class 10, 60 GiB)
     makes room by shrinking it to 30: u starts once r has stopped (stop_s), and s, ranged,
@@ -167,3 +179,9 @@ def test_ranged_jobs_shrink_in_the_replay_as_the_policy_shrinks_them() -> None:
         {"u": 600.0, "s": 500.0, "t": 100.0}, stop_s=30.0,
     )  # fmt: skip
     assert [got[j].start_s for j in "ust"] == [NOW + 30, NOW + 30, NOW + 130]
+    # with r's 100 s steps it leaves each point after the step in flight too: 50 s more
+    slow = forecast(
+        NOW, [u, s, t], [ForecastNode("n", ONE_GPU, (r,))], {"r": None},
+        {"u": 600.0, "s": 500.0, "t": 100.0}, stop_s=30.0, step_s={"r": 100.0},
+    )  # fmt: skip
+    assert [slow[j].start_s for j in "ust"] == [NOW + 80, NOW + 80, NOW + 180]

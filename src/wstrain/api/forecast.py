@@ -30,6 +30,7 @@ from wstrain.policy import (
     Usage,
     forecast,
     run_seconds,
+    stop_after,
 )
 from wstrain.store import JobStore
 from wstrain.store.grants import GrantStore
@@ -80,11 +81,12 @@ def compute(
 ) -> dict[str, Forecast]:
     """The store's rows as the forecast's inputs, and its answer (CPU only)."""
     ends: dict[str, float | None] = {}
+    steps = {j: prog.step_s or prog.predicted_step_s for j, prog in progress.items()}
     on: dict[str, list[RunningJob]] = {n.name: [] for n in nodes}
     for p in placed:
         prog = progress.get(p.id)
-        if p.state == JobState.cancelling.value:
-            ends[p.id] = now + STOP_S  # it stops at its next step, with a checkpoint
+        if p.state == JobState.cancelling.value:  # it stops at its next step, checkpointed
+            ends[p.id] = now + stop_after(STOP_S, steps.get(p.id))
         elif prog is None:
             ends[p.id] = None
         else:
@@ -107,7 +109,9 @@ def compute(
     targets = [
         ForecastNode(n.name, _node_state(n), tuple(on[n.name])) for n in nodes if n.name in on
     ]
-    out |= forecast(now, pending, targets, ends, durations, usage, config, states, STOP_S)
+    out |= forecast(
+        now, pending, targets, ends, durations, usage, config, states, STOP_S, step_s=steps
+    )
     return out
 
 

@@ -26,6 +26,7 @@ from wstrain.policy.fairshare import (
     running_weight,
 )
 from wstrain.policy.forecast import Forecast, ForecastNode, forecast, run_seconds
+from wstrain.policy.replay import stop_after
 from wstrain.policy.state import (
     DEFAULT_GROW_AFTER_S,
     DEFAULT_GROW_MIN_GAIN,
@@ -69,4 +70,5 @@ __all__ = [
     "order_key",
     "run_seconds",
     "running_weight",
+    "stop_after",
 ]

@@ -7,7 +7,8 @@ policy's own fit rules. Pure: the same inputs give the same forecast; no clock, 
 
 Rules. The near future is the policy's own rounds (policy/replay.py): `decide` now and at
 each moment a running job is predicted to end (remaining steps x predicted step seconds,
-clamped >= 0), a back-off to pass or a preempted job to leave (`stop_s` after its round), up
+clamped >= 0), a back-off to pass or a preempted job to leave (its step in flight, then
+`stop_s`, after its round), up
 to `rounds` of them, node after node as agents take turns: backfill into any hole, the
 round's drain hold, quotas and preemption as the policy does them. Past the last round the
 jobs still pending are booked in the policy's order (fairshare.py: class, owner's factor,
@@ -112,11 +113,13 @@ def forecast(
     dependencies: Mapping[str, JobState] | None = None,
     stop_s: float = 30.0,
     rounds: int = 64,
+    step_s: Mapping[str, float | None] | None = None,
 ) -> dict[str, Forecast]:
     """Every pending job's Forecast. `ends`: each running job's predicted end (epoch s; None
     or missing: unknown); `durations`: each pending job's run seconds (None or missing:
     unknown); `dependencies`: the state of every job an `after` names (missing: unknown);
-    `stop_s`: how long a preempted job takes to exit (its checkpoint); `rounds`: the
+    `stop_s`: how long a preempted job takes to exit (its checkpoint) once its step in
+    flight has ended; `step_s`: each job's step time (missing: none); `rounds`: the
     policy's rounds replayed before the rest is booked in order (policy/replay.py).
     The order is the policy's, from `usage` and `config` as `decide` computes it."""
     config = config or PolicyConfig()
@@ -141,6 +144,7 @@ def forecast(
         states,
         stop_s,
         rounds,
+        step_s,
     )
     timelines = {n.name: Timeline(now_s, n.name, n.state, n.running, ends) for n in nodes}
     quotas = QuotaLine(config.quotas)

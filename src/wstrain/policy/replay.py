@@ -5,12 +5,13 @@ them (backfill into any hole, the round's drain hold, quotas, preemption). Pure.
 Between rounds nothing arrives: a round runs now, then at each moment a job is predicted
 to end, a back-off to pass, or a preempted job to leave, up to `rounds` of them. A job
 started in the replay runs for its run seconds (None: for good); a job preempted leaves
-`stop_s` later; a dependency counts as succeeded once its predicted end has passed. A
-ranged job started holds the point of its range the round chose for it; a ranged job the
-round shrinks holds its old point until `stop_s` later, then runs on at its new one.
+when it has finished its step in flight and `stop_s` later (stop_after); a dependency counts
+as succeeded once its predicted end has passed. A ranged job started holds the point of its
+range the round chose for it; a ranged job the round shrinks holds its old point until it
+has so stopped, then runs on at its new one.
 
     starts, ends, horizon_s = replay(now_s, queue, nodes, ends, durations, usage, config,
-                                     states, stop_s, rounds)
+                                     states, stop_s, rounds, step_s)
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ def replay(
     states: Mapping[str, JobState],
     stop_s: float,
     rounds: int,
+    step_s: Mapping[str, float | None] | None = None,
 ) -> tuple[list[Started], dict[str, float | None], float]:
-    """(the starts, every running or started job's end, the last round's time)."""
+    """(the starts, every running or started job's end, the last round's time). `step_s`:
+    each job's step time (missing or None: unknown, taken as none)."""
+    steps = step_s or {}
     end_of: dict[str, float | None] = dict(ends)
     on = {name: list(running) for name, _, running in nodes}
     left = list(queue)
@@ -77,9 +81,10 @@ def replay(
                 point = d.budgets.get(job.id)
                 on[name].append(_running(job, s.gpu_index, tuple(gpus), t, point))
             for victim in d.preempt:
-                end_of[victim] = min(end_of.get(victim) or math.inf, t + stop_s)
+                gone_s = t + stop_after(stop_s, steps.get(victim))
+                end_of[victim] = min(end_of.get(victim) or math.inf, gone_s)
             for shrunk, point in d.shrink.items():
-                restarts[shrunk] = (t + stop_s, point)
+                restarts[shrunk] = (t + stop_after(stop_s, steps.get(shrunk)), point)
                 on[name] = [replace(j, stopping=True) if j.id == shrunk else j for j in on[name]]
             done = {s.job_id for s in d.start}
             left = [j for j in left if j.id not in done]
@@ -93,6 +98,13 @@ def replay(
 
 
 _LIVE = {JobState.queued, JobState.planning, JobState.running}
+
+
+def stop_after(stop_s: float, step_s: float | None) -> float:
+    """Seconds from a SIGTERM until the worker has left: it ends its step in flight (half a
+    step on average: the signal lands anywhere in it), then checkpoints and exits in
+    `stop_s`. A long sequence's step takes minutes (573 s at 512K tokens over 32 layers)."""
+    return stop_s + 0.5 * (step_s or 0.0)
 
 
 def _running(
