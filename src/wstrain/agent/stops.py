@@ -81,9 +81,9 @@ def preempt(h: WorkerHandle, for_job: str, grace_s: float, resize: Resize | None
     "another owner's job of priority P"): SIGTERM (it checkpoints at its next step
     boundary and exits; its job is requeued, not failed), SIGKILL if it has not exited
     `grace_s` and the rest of its step in flight later (preempt_grace_s; requeued all the
-    same, from its last checkpoint). `resize`: a ranged
-    job stopped to restart lower in its range (room for `for_job`) or higher (`for_job`
-    names the room), not evicted: the same stop, and its requeue says so."""
+    same, from its last checkpoint). `resize`: a ranged job stopped to restart lower in its
+    range (room for `for_job`) or higher (`for_job` names the room), not evicted: the same
+    stop, and its requeue says so."""
     if h.preempted_by or h.proc.returncode is not None:
         return
     h.preempted_by, h.resize = for_job, resize

@@ -5,8 +5,10 @@ steps and step times, the registered nodes) turned into the pure forecast's inpu
 
 A running job ends after its remaining steps at its last reported step time (the plan's
 predicted one before its first step); a queued job runs its remaining steps at the plan's
-predicted step time. A job on several nodes is not forecast (one node's replay cannot place
-it), nor one past the queue's head.
+predicted step time. A job stopped (cancelled, preempted, shrunk) leaves STOP_S after its
+step in flight ends: half its last reported step on average (policy/replay.py stop_after).
+A job on several nodes is not forecast (one node's replay cannot place it), nor one past
+the queue's head.
 
     forecasts = await queue_forecast(store, settings.policy_config())
     forecasts[job_id].start_s, .end_s, .reason
@@ -81,7 +83,8 @@ def compute(
 ) -> dict[str, Forecast]:
     """The store's rows as the forecast's inputs, and its answer (CPU only)."""
     ends: dict[str, float | None] = {}
-    steps = {j: prog.step_s or prog.predicted_step_s for j, prog in progress.items()}
+    # a worker stopped before its first step report is not waited for (agent/stops.py)
+    steps = {j: prog.step_s for j, prog in progress.items()}
     on: dict[str, list[RunningJob]] = {n.name: [] for n in nodes}
     for p in placed:
         prog = progress.get(p.id)
