@@ -1,7 +1,9 @@
-"""agent/stops.py: a preempted worker's deadline is its checkpoint's grace plus the rest of
-its step in flight (a long sequence's step takes minutes and it stops only at a step's end),
-and preempt() holds its SIGKILL until then: a real process that ignores SIGTERM outlives the
-bare grace and is killed at the deadline.
+"""agent/stops.py with supervisor.heard: a preempted worker's SIGKILL deadline runs from
+its `stopping` report (it has ended its step in flight; a long sequence's step takes
+minutes), not from the SIGTERM, so a real process that ignores SIGTERM mid-step outlives
+the grace until it reports `stopping`, then is killed the grace later; one that has
+reported no step of this run is killed the grace after the SIGTERM. The worker's side (it
+reports `stopping` before its checkpoint): tests/e2e/test_jobs.py's cancel.
 
     pytest tests/agent/test_stops.py
 """
@@ -12,26 +14,16 @@ import asyncio
 import sys
 import time
 from types import SimpleNamespace
-from typing import cast
 
-import pytest
+from wstrain.agent.stops import preempt
+from wstrain.agent.supervisor import WorkerHandle, heard
+from wstrain.contracts.jobs import WorkerMessage
 
-from wstrain.agent.stops import STEP_SPREAD, preempt, preempt_grace_s
-from wstrain.agent.supervisor import WorkerHandle
-
-
-def test_the_deadline_is_the_grace_and_the_rest_of_the_step_in_flight() -> None:
-    assert preempt_grace_s(120.0, None, 0.0, 50.0) == 120.0  # no step of this run to lose
-    # a 512K step of 573 s, reported 100 s ago: 1.25 x 573 - 100 s of it may be left
-    assert preempt_grace_s(120.0, 573.0, 1000.0, 1100.0) == pytest.approx(
-        120.0 + STEP_SPREAD * 573.0 - 100.0
-    )
-    assert preempt_grace_s(120.0, 573.0, 0.0, 5000.0) == 120.0  # past it: the grace alone
-    assert preempt_grace_s(120.0, 0.01, 0.0, 0.0) == pytest.approx(120.0125)  # short steps
+GRACE_S = 0.3
 
 
-async def _preempt_mid_step() -> None:
-    # a worker in the middle of a step: it ignores SIGTERM until its step would end
+async def _mid_step(step_s: float | None) -> tuple[SimpleNamespace, asyncio.subprocess.Process]:
+    """A worker in the middle of a step, ignoring SIGTERM, as a handle sees it."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -46,19 +38,48 @@ async def _preempt_mid_step() -> None:
         proc=proc,
         preempted_by=None,
         resize=None,
-        step_s=0.8,
+        step_s=step_s,
         reported_s=time.monotonic(),
+        on_stopping=None,
         gang=False,
     )
-    grace_s = 0.3
-    start = time.monotonic()
-    preempt(cast(WorkerHandle, handle), "job j-2", grace_s)
-    await asyncio.sleep(0.9)  # past the bare grace: the step in flight may not be done
-    assert proc.returncode is None, "killed at the bare grace, mid-step"
+    return handle, proc
+
+
+async def _killed_after_stopping() -> None:
+    handle, proc = await _mid_step(step_s=600.0)  # a 512K step: 10 minutes
+    preempt(handle, "job j-2", GRACE_S)  # type: ignore[arg-type]
+    await asyncio.sleep(3 * GRACE_S)  # past the grace: its step has not ended
+    assert proc.returncode is None, "killed at the grace from the SIGTERM, mid-step"
+    stopped = time.monotonic()
+    heard(handle, WorkerMessage(kind="stopping", step=7))  # type: ignore[arg-type]
+    assert handle.on_stopping is None  # armed once
     await asyncio.wait_for(proc.wait(), 10)
-    assert time.monotonic() - start >= grace_s + STEP_SPREAD * 0.8 - 0.05
+    assert time.monotonic() - stopped >= GRACE_S - 0.05
     assert proc.returncode == -9 and handle.preempted_by == "job j-2"
 
 
-def test_preempt_waits_for_the_step_in_flight_before_sigkill() -> None:
-    asyncio.run(_preempt_mid_step())
+async def _killed_at_grace_before_a_step() -> None:
+    handle, proc = await _mid_step(step_s=None)  # its first step of this run: none to lose
+    start = time.monotonic()
+    preempt(handle, "job j-2", GRACE_S)  # type: ignore[arg-type]
+    await asyncio.wait_for(proc.wait(), 10)
+    assert GRACE_S - 0.05 <= time.monotonic() - start < 5 and proc.returncode == -9
+
+
+def test_a_preempted_worker_is_killed_the_grace_after_it_reports_stopping() -> None:
+    asyncio.run(_killed_after_stopping())
+
+
+def test_a_worker_with_no_step_yet_is_killed_the_grace_after_the_sigterm() -> None:
+    asyncio.run(_killed_at_grace_before_a_step())
+
+
+def test_heard_keeps_the_last_step_and_the_time_of_every_report() -> None:
+    h = SimpleNamespace(reported_s=0.0, step_s=None, on_stopping=None)
+    heard(h, WorkerMessage(kind="step", step=3, step_seconds=12.4))  # type: ignore[arg-type]
+    assert h.step_s == 12.4 and h.reported_s > 0
+    before = h.reported_s
+    heard(h, WorkerMessage(kind="eval", step=3, loss=2.0))  # type: ignore[arg-type]
+    assert h.step_s == 12.4 and h.reported_s >= before
+    assert WorkerHandle.__dataclass_fields__["on_stopping"].default is None

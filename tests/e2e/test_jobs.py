@@ -102,11 +102,14 @@ def test_cancel_then_resume_is_bit_identical(stack: Stack, runtime: str) -> None
         assert a.keys() == b.keys()
         for name in a:
             assert a[name].equal(b[name]), f"{name} differs after cancel+resume"
-        states = [
-            e["data"]["state"]
-            for e in c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
-            if e["kind"] == "state"
-        ]
+        events = c.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()
+        # the worker said it had ended its step before it wrote the cancel's checkpoint
+        stops = [e["message"] for e in events if e["kind"] == "stopping"]
+        assert stops == [f"stopping at step {stopped_at}: writing its checkpoint"]
+        at = [e["kind"] for e in events].index("stopping")
+        saved = next(e["data"]["step"] for e in events[at:] if e["kind"] == "checkpoint")
+        assert saved == stopped_at
+        states = [e["data"]["state"] for e in events if e["kind"] == "state"]
         assert states == [
             "queued",
             "planning",

@@ -91,8 +91,8 @@ class AgentSettings(SharedSettings):
         default=120.0,
         ge=1,
         le=3600,
-        description="how long a preempted worker gets to checkpoint before SIGKILL, after "
-        "the rest of its step in flight (it stops at a step boundary; agent/stops.py)",
+        description="how long a preempted worker gets to checkpoint and exit before SIGKILL, "
+        "from its `stopping` report (its step in flight ended; agent/stops.py)",
     )
     redis_retry_s: float = Field(
         default=300.0,

@@ -1,15 +1,18 @@
 """How the agent stops a worker that has not finished: its job's time limit, a preemption
-(or a ranged job's resize) and a cancel. Each is a SIGTERM, after which the worker finishes
-the step in flight, checkpoints and exits (worker/main.py); only a preemption has a
-deadline, past which it is SIGKILLed (its job restarts from its last checkpoint).
+(or a ranged job's resize) and a cancel. Each is a SIGTERM, after which the worker ends the
+step in flight, reports `stopping`, checkpoints and exits (worker/main.py); only a
+preemption has a deadline, past which it is SIGKILLed (its job restarts from its last
+checkpoint).
 
 A step is the unit of that stop, and a long sequence's step takes minutes: 573 s at 512K
-tokens over 32 layers, ~2,500 s planned for a million (bench/RESULTS.md#long-context). So a
-preempted worker's deadline is its checkpoint's grace plus what is left of the step in
-flight; SIGKILLed mid-step it would lose every step since its last checkpoint (with the
-default checkpoint_every 0, its whole run).
+tokens over 32 layers, ~2,500 s planned for a million (bench/RESULTS.md#long-context), and
+longer where a job packed beside it shares the GPU. So a preempted worker's `grace_s` runs
+from its `stopping` report, not from the SIGTERM: killed mid-step it would lose every step
+since its last checkpoint (with the default checkpoint_every 0, its whole run). Until that
+report the hang window (agent/hang.py) bounds a worker that never gets there. One that has
+reported no step of this run has none to lose: its grace runs from the SIGTERM.
 
-    preempt(handle, "job j-2", grace_s=120.0)   # SIGTERM; SIGKILL at preempt_grace_s(...)
+    preempt(handle, "job j-2", grace_s=120.0)   # SIGTERM; SIGKILL grace_s after `stopping`
 """
 
 from __future__ import annotations
@@ -28,22 +31,6 @@ from wstrain.contracts.jobs import JobState
 from wstrain.store import JobStore
 
 log = logging.getLogger(__name__)
-
-# the step in flight may run this much longer than the last one reported: one job's steps
-# spread by about 1% (a 256K row's two steps: 132.45 and 131.66 s); a worker still in
-# an evaluation past it is killed as before, back to its last checkpoint
-STEP_SPREAD = 1.25
-
-
-def preempt_grace_s(grace_s: float, step_s: float | None, reported_s: float, now_s: float) -> float:
-    """How long a preempted worker gets before SIGKILL, from `now_s`: `grace_s` for its
-    checkpoint and exit, plus the rest of the step in flight (STEP_SPREAD x its last step's
-    wall time `step_s`, less the time since its last report at `reported_s`; both
-    monotonic). Before its first step report (`step_s` None) it has no step of this run to
-    lose, and gets `grace_s`."""
-    if step_s is None:
-        return grace_s
-    return grace_s + max(0.0, STEP_SPREAD * step_s - (now_s - reported_s))
 
 
 async def enforce_time_limit(store: JobStore, h: WorkerHandle, grace_s: float) -> None:
@@ -79,30 +66,33 @@ async def enforce_time_limit(store: JobStore, h: WorkerHandle, grace_s: float) -
 
 def preempt(h: WorkerHandle, for_job: str, grace_s: float, resize: Resize | None = None) -> None:
     """Stop the worker to make room for `for_job` (its owner's words for it: "job ID" or
-    "another owner's job of priority P"): SIGTERM (it checkpoints at its next step
-    boundary and exits; its job is requeued, not failed), SIGKILL if it has not exited
-    `grace_s` and the rest of its step in flight later (preempt_grace_s; requeued all the
-    same, from its last checkpoint). `resize`: a ranged job stopped to restart lower in its
-    range (room for `for_job`) or higher (`for_job` names the room), not evicted: the same
-    stop, and its requeue says so."""
+    "another owner's job of priority P"): SIGTERM (it checkpoints at its next step boundary
+    and exits; its job is requeued, not failed), SIGKILL if it has not exited `grace_s`
+    after it reported `stopping` (or after the SIGTERM, before its first step report;
+    requeued all the same, from its last checkpoint). `resize`: a ranged job stopped to
+    restart lower in its range (room for `for_job`) or higher (`for_job` names the room),
+    not evicted: the same stop, and its requeue says so."""
     if h.preempted_by or h.proc.returncode is not None:
         return
     h.preempted_by, h.resize = for_job, resize
     what = "preempted" if resize is None else "shrunk" if resize.shrink else "grown"
     log.info("job %s: %s for %s; stopping pid %d", h.job.id, what, for_job, h.proc.pid)
-    h.proc.send_signal(signal.SIGTERM)
-    deadline_s = preempt_grace_s(grace_s, h.step_s, h.reported_s, time.monotonic())
 
     def kill() -> None:
         if h.proc.returncode is None:
-            log.warning(
-                "job %s: no checkpoint %.0f s after preemption; SIGKILL", h.job.id, deadline_s
-            )
+            log.warning("job %s: no checkpoint %.0f s after preemption; SIGKILL", h.job.id, grace_s)
             h.proc.kill()
             if h.gang:  # its ranks as well: the worker leads their process group
                 kill_group(h.proc.pid)
 
-    asyncio.get_running_loop().call_later(deadline_s, kill)
+    def arm() -> None:
+        asyncio.get_running_loop().call_later(grace_s, kill)
+
+    if h.step_s is None:  # no step of this run reported: nothing of it to lose
+        arm()
+    else:  # the grace counts from the end of the step in flight (supervisor's `stopping`)
+        h.on_stopping = arm
+    h.proc.send_signal(signal.SIGTERM)
 
 
 async def forward_cancel(store: JobStore, h: WorkerHandle) -> None:

@@ -19,6 +19,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +73,9 @@ class WorkerHandle:
     reported_s: float = field(default_factory=time.monotonic)  # monotonic s of its last report
     step_s: float | None = None  # its last reported step's wall time; None before the first
     hung: str | None = None  # SIGKILLed for reporting nothing: why (the job's cause)
+    # called once when the worker reports `stopping` (agent/stops.py arms a preemption's
+    # SIGKILL there: the step in flight has ended)
+    on_stopping: Callable[[], None] | None = None
     spill_dir: Path | None = None  # its spill subdirectory: removed once the worker is gone
 
     @property
@@ -169,14 +173,24 @@ async def _gang_memory(h: WorkerHandle, msg: WorkerMessage) -> None:
         msg.metrics["host_rss_bytes"] = float(h.pss_bytes)
 
 
+def heard(h: WorkerHandle, msg: WorkerMessage) -> None:
+    """What any report tells the agent's own watch of the worker: it is alive (watch_hang),
+    its last step's time, and with `stopping` that its step in flight has ended."""
+    h.reported_s = time.monotonic()
+    armed = h.on_stopping
+    if msg.kind == "stopping" and armed is not None:
+        h.on_stopping = None
+        armed()
+    if msg.kind == "step" and msg.step_seconds:
+        h.step_s = msg.step_seconds
+
+
 async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) -> None:
     jid, fence = h.job.id, h.fence
     if h.gang and msg.kind == "step":
         await _gang_memory(h, msg)
     h.exporter.job_message(jid, msg)  # every report is progress for the no-progress alert
-    h.reported_s = time.monotonic()  # and for watch_hang
-    if msg.kind == "step" and msg.step_seconds:
-        h.step_s = msg.step_seconds
+    heard(h, msg)
     if msg.kind == "step" and msg.step is not None:
         h.last_step = msg.step
         remaining = h.job.steps - msg.step
@@ -236,7 +250,15 @@ async def _handle_message(store: JobStore, h: WorkerHandle, msg: WorkerMessage) 
             include={"step", "flops_per_token", "peak_flops", "peak_source", "precision"},
             exclude_none=True,
         )
-        await store.report(jid, fence, ("started", msg.message or "started", data), step=msg.step)
+        # this attempt's step time is unknown until its first step (a resize or a retry
+        # elsewhere runs at another speed): the forecast falls back to the plan's
+        await store.report(
+            jid,
+            fence,
+            ("started", msg.message or "started", data),
+            step=msg.step,
+            step_seconds=None,
+        )
     else:
         await store.report(jid, fence, (msg.kind, msg.message or msg.kind, {}))
 

@@ -6,7 +6,8 @@ steps and step times, the registered nodes) turned into the pure forecast's inpu
 A running job ends after its remaining steps at its last reported step time (the plan's
 predicted one before its first step); a queued job runs its remaining steps at the plan's
 predicted step time. A job stopped (cancelled, preempted, shrunk) leaves STOP_S after its
-step in flight ends: half its last reported step on average (policy/replay.py stop_after).
+step in flight ends: half a step on average (policy/replay.py stop_after), the last one it
+reported (a cancelled job before its first: the plan's; a preempted one then leaves at once).
 A job on several nodes is not forecast (one node's replay cannot place it), nor one past
 the queue's head.
 
@@ -83,13 +84,15 @@ def compute(
 ) -> dict[str, Forecast]:
     """The store's rows as the forecast's inputs, and its answer (CPU only)."""
     ends: dict[str, float | None] = {}
-    # a worker stopped before its first step report is not waited for (agent/stops.py)
+    # a preempted worker that has reported no step of this run is not waited for
+    # (agent/stops.py); a cancelled one ends its step in flight, the first one too
     steps = {j: prog.step_s for j, prog in progress.items()}
     on: dict[str, list[RunningJob]] = {n.name: [] for n in nodes}
     for p in placed:
         prog = progress.get(p.id)
         if p.state == JobState.cancelling.value:  # it stops at its next step, checkpointed
-            ends[p.id] = now + stop_after(STOP_S, steps.get(p.id))
+            step_s = None if prog is None else prog.step_s or prog.predicted_step_s
+            ends[p.id] = now + stop_after(STOP_S, step_s)
         elif prog is None:
             ends[p.id] = None
         else:

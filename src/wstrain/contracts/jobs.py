@@ -199,9 +199,11 @@ class PresetList(BaseModel):
 
 
 class WorkerMessage(BaseModel):
-    """One JSON line a worker writes on stdout for its agent."""
+    """One JSON line a worker writes on stdout for its agent. `stopping`: asked to stop
+    (SIGTERM, or its agent gone), it has ended its step in flight and writes its checkpoint
+    now; a preempted worker's SIGKILL deadline runs from here (agent/stops.py)."""
 
-    kind: Literal["started", "step", "eval", "checkpoint", "log", "error"]
+    kind: Literal["started", "step", "eval", "checkpoint", "stopping", "log", "error"]
     step: int | None = None
     epoch: float | None = None  # epochs of the training data done
     tokens_seen: int | None = None

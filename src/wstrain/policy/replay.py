@@ -104,7 +104,9 @@ def stop_after(stop_s: float, step_s: float | None) -> float:
     """Seconds from a SIGTERM until the worker has left: it ends its step in flight (half a
     step on average: the signal lands anywhere in it), then checkpoints and exits in
     `stop_s`. A long sequence's step takes minutes (573 s at 512K tokens over 32 layers)."""
-    return stop_s + 0.5 * (step_s or 0.0)
+    if step_s is None or not math.isfinite(step_s) or step_s <= 0:
+        return stop_s
+    return stop_s + 0.5 * step_s
 
 
 def _running(

@@ -276,6 +276,8 @@ class Worker:
         for step in range(start, self.spec.steps):
             # every rank stops at the same step when any was asked to
             if group.any(self.cancel_requested) if group else self.cancel_requested:
+                note = f"stopping at step {step}: writing its checkpoint"
+                self.emit(WorkerMessage(kind="stopping", step=step, message=note))
                 save(step)
                 self._leave(group)
                 return WorkerExit.cancelled
