@@ -7,12 +7,14 @@ faults every page in on one thread). The training state fills before the first s
 store fills inside the first step: at 64K tokens with a 240 GiB host budget the first step
 took 55.3 s against 12.4 s after it
 (bench/results/long-context/gpu-clocks-host-memory-512k-256k-64k-h200-2026-11-29.json).
-This times `--gib` of 64 MiB tiles four ways, each on fresh memory:
+This times `--gib` of 64 MiB tiles six ways, each on fresh memory:
 
-- `arena`: HostArena.alloc, one tile after another (today);
+- `arena`: HostArena.alloc, one tile after another (today's arena);
+- `register`: a plain mapping registered as it is, one tile after another, on one thread;
 - `prefault`: each tile's pages first written by `--threads` threads, then registered;
 - `hugepage`: as prefault, after madvise(MADV_HUGEPAGE) (2 MiB pages where THP allows);
-- `threads`: `--threads` threads each mapping and registering whole tiles.
+- `threads`: `--threads` threads each mapping and registering whole tiles;
+- `threads-hugepage`: as threads, each tile advised to THP and written before registering.
 
     python -m bench.host_fill --gib 32 --threads 8 --out X.json
 
@@ -38,7 +40,7 @@ from wstrain.contracts.calibration import ACTIVATION_CHUNK_BYTES, GIB
 from wstrain.worker.runtime.working_set.arena import HostArena
 
 PAGE = mmap.PAGESIZE
-METHODS = ("arena", "prefault", "hugepage", "threads")
+METHODS = ("arena", "register", "prefault", "hugepage", "threads", "threads-hugepage")
 
 
 def _register(t: torch.Tensor) -> None:
@@ -89,10 +91,13 @@ def fill(method: str, total_bytes: int, threads: int, tile_bytes: int) -> dict[s
         arena.close()
         return _row(method, n * tile_bytes, took)
     with ThreadPoolExecutor(threads) as pool:
-        if method == "threads":
+        if method.startswith("threads"):
+            huge = method == "threads-hugepage"
 
             def one(_: int) -> tuple[mmap.mmap, torch.Tensor]:
-                region, t = _mapped(tile_bytes, huge=False)
+                region, t = _mapped(tile_bytes, huge=huge)
+                if huge:
+                    t[::PAGE].fill_(0)
                 _register(t)
                 return region, t
 
@@ -102,7 +107,8 @@ def fill(method: str, total_bytes: int, threads: int, tile_bytes: int) -> dict[s
         else:
             for _ in range(n):
                 region, t = _mapped(tile_bytes, huge=method == "hugepage")
-                _touch(t, pool, threads)
+                if method != "register":
+                    _touch(t, pool, threads)
                 _register(t)
                 keep.append(region)
                 tiles.append(t)
@@ -144,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{m:9s} {gib:.1f} GiB {took:7.2f} s {row['gib_per_s']:6.2f} GiB/s")
             rows.append(row)
     run = {
-        "what": "host tiles of 64 MiB made page-locked, four ways (bench/host_fill.py)",
+        "what": "host tiles of 64 MiB made page-locked, six ways (bench/host_fill.py)",
         "commit": os.environ.get("BENCH_COMMIT", ""),
         "cuda": torch.cuda.is_available(),
         "cpus": os.cpu_count(),
