@@ -1,15 +1,15 @@
-"""How fast host memory becomes page-locked arena tiles: today's path beside three others.
+"""How fast host memory becomes page-locked arena tiles: the arena's way beside five others.
 
-The working-set runtime maps and page-locks each host tile as it first needs it
-(worker/runtime/working_set/arena.py: an anonymous mapping, then cudaHostRegister, which
-faults every page in on one thread). The training state fills before the first step at
-1.6-2.5 GiB/s on the lent H200 hosts (59.8 GiB in 24.4-36.4 s), and the saved-activation
-store fills inside the first step: at 64K tokens with a 240 GiB host budget the first step
-took 55.3 s against 12.4 s after it
+The working-set runtime page-locks every host tile it streams through: the training state
+before the first step, the saved-activation store's chunks as the first step asks for them
+(worker/runtime/working_set/arena.py, host_store.py). One tile after another (a plain
+mapping, then cudaHostRegister, which faults every page in inside the driver) the lent
+H200 hosts filled at 1.4-2.4 GiB/s: the state's 59.8 GiB took 24.4-36.4 s, and at 64K tokens
+with a 240 GiB host budget the first step took 55.3 s against 12.4 s after it
 (bench/results/long-context/gpu-clocks-host-memory-512k-256k-64k-h200-2026-11-29.json).
 This times `--gib` of 64 MiB tiles six ways, each on fresh memory:
 
-- `arena`: HostArena.alloc, one tile after another (today's arena);
+- `arena`: HostArena.alloc_many in batches of the store's STORE_FILL_CHUNKS (the runtime's);
 - `register`: a plain mapping registered as it is, one tile after another, on one thread;
 - `prefault`: each tile's pages first written by `--threads` threads, then registered;
 - `hugepage`: as prefault, after madvise(MADV_HUGEPAGE) (2 MiB pages where THP allows);
@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 
 from wstrain.contracts.calibration import ACTIVATION_CHUNK_BYTES, GIB
-from wstrain.worker.runtime.working_set.arena import HostArena
+from wstrain.worker.runtime.working_set.arena import HostArena, Tile
+from wstrain.worker.runtime.working_set.host_store import STORE_FILL_CHUNKS
 
 PAGE = mmap.PAGESIZE
 METHODS = ("arena", "register", "prefault", "hugepage", "threads", "threads-hugepage")
@@ -83,10 +84,15 @@ def fill(method: str, total_bytes: int, threads: int, tile_bytes: int) -> dict[s
     start = time.perf_counter()
     if method == "arena":
         arena = HostArena(pin=torch.cuda.is_available())
-        for i in range(n):
-            tiles.append(arena.alloc(f"t{i}", tile_bytes, torch.uint8, "bench"))
+        for first in range(0, n, STORE_FILL_CHUNKS):
+            batch = range(first, min(n, first + STORE_FILL_CHUNKS))
+            made = arena.alloc_many(
+                [Tile(f"t{i}", tile_bytes, torch.uint8, "bench") for i in batch]
+            )
+            tiles += made
             if not arena.pin:
-                _register(tiles[-1])  # its stand-in: the faulting alone
+                for t in made:
+                    _register(t)  # its stand-in: the faulting alone
         took = time.perf_counter() - start
         arena.close()
         return _row(method, n * tile_bytes, took)

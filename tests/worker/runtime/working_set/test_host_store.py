@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wstrain.contracts.errors import BudgetExceeded
 from wstrain.planning.memory_model import overlap_stored_bytes
 from wstrain.worker.runtime.working_set.arena import HostArena
-from wstrain.worker.runtime.working_set.host_store import HostActivationStore
+from wstrain.worker.runtime.working_set.host_store import STORE_FILL_CHUNKS, HostActivationStore
 from wstrain.worker.runtime.working_set.rings import Streams
 
 # A saved set's tensors in the order the runtime takes them, in KiB: the shapes of one
@@ -82,7 +84,7 @@ def test_store_packs_a_rounds_sets_and_reuses_them() -> None:
     for r in range(2):  # two rounds, one after the other
         taken = [s for k, sizes in enumerate(sets) for s in _place(store, (r, k), sizes)]
         assert _disjoint(taken)
-        assert wanted <= store.arena.total_bytes <= wanted + 64 * KIB
+        assert wanted <= store.held_bytes <= wanted + 64 * KIB
         assert store.live_bytes == sum(n for _, n in taken)
         for k in reversed(range(len(sets))):  # backward takes them back
             store.release((r, k), [])
@@ -100,7 +102,7 @@ def test_overlapped_passes_share_one_passs_room() -> None:
     live: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for k in range(L):  # pass 0, two rounds
         live[(0, k)] = _place(store, (0, k), layer + layer)
-    first = store.arena.total_bytes
+    first = store.held_bytes
     for p in range(1, 6):
         for i in range(L):
             live[(p, i)] = _place(store, (p, i), layer)
@@ -109,15 +111,49 @@ def test_overlapped_passes_share_one_passs_room() -> None:
             del live[(p - 1, L - 1 - i)]
     per_layer = sum(layer) * KIB
     # one pass's sets (the lead pass's), and the next pass's first layer beside them
-    assert store.arena.total_bytes <= first + per_layer + 64 * KIB
+    assert store.held_bytes <= first + per_layer + 64 * KIB
     for i in range(L):
         store.release((5, L - 1 - i), [])
     assert store.live_bytes == 0
-    grown = store.arena.total_bytes
-    store.reset()  # the next step finds every chunk free: no new tile
+    grown = store.held_bytes
+    store.reset()  # the next step finds every chunk free: no new tile, and no spare left
+    assert store.arena.total_bytes == grown
     for k in range(L):
         _place(store, (0, k), layer + layer)
-    assert store.arena.total_bytes == grown
+    assert store.arena.total_bytes == store.held_bytes == grown
+
+
+def test_a_new_chunk_comes_with_spares_that_the_next_step_gives_back() -> None:
+    """The store makes a chunk it lacks with spares of its size, all page-locked together
+    (STORE_FILL_CHUNKS of them): the next ones are taken from the spares without a new arena
+    tile, and the next step's reset gives back those never placed."""
+    store = _store()
+    _place(store, (0, 0), (64,))
+    assert store.arena.total_bytes == STORE_FILL_CHUNKS * 64 * KIB
+    assert store.held_bytes == 64 * KIB and len(store.spare[64 * KIB]) == STORE_FILL_CHUNKS - 1
+    _place(store, (0, 1), (64, 64, 64))
+    assert store.arena.total_bytes == STORE_FILL_CHUNKS * 64 * KIB  # no new tile
+    assert store.held_bytes == 4 * 64 * KIB
+    store.reset()
+    assert store.arena.total_bytes == store.held_bytes == 4 * 64 * KIB and not store.spare
+    _place(store, (0, 0), (64, 64, 64, 64))  # the next step fits the chunks it kept
+    assert store.arena.total_bytes == 4 * 64 * KIB
+
+
+def test_spares_go_back_when_the_host_budget_would_refuse_a_chunk() -> None:
+    """Spares never take room a plan counts on: they are made only within the arena's
+    room, and where a chunk of another size then finds none, the spares go back first.
+    With no spare to give back the refusal stands and names the budget."""
+    arena = HostArena(pin=False, limit_bytes=10 * 64 * KIB)
+    store = HostActivationStore(arena, chunk_bytes=64 * KIB)
+    _place(store, (0, 0), (64,))
+    assert arena.total_bytes == 10 * 64 * KIB  # the spares stopped at the limit
+    _place(store, (0, 0), (256,))  # a chunk of its own size: only after the spares went
+    assert arena.total_bytes == store.held_bytes == (64 + 256) * KIB
+    assert not any(store.spare.values())
+    with pytest.raises(BudgetExceeded, match="host_gib"):
+        _place(store, (0, 1), (384,))
+    assert arena.total_bytes == (64 + 256) * KIB
 
 
 @given(
@@ -144,8 +180,9 @@ def test_the_planners_count_is_what_the_overlap_holds(
     """Random levels per (layer, unit), a first pass of `lead` rounds with its own levels,
     the top `window` layers on the device, sets of other lengths than 8K (`scale`), fp8
     data with its scales: through two steps of the overlap's order, live sets never share a
-    byte and the arena holds exactly the planner's count (memory_model.overlap_stored_bytes),
-    so a plan that fits its host budget does not run out of arena. (With mixed chunk sizes
+    byte and the store holds exactly the planner's count (memory_model.overlap_stored_bytes)
+    in an arena limited to that count, its spares given back where they would pass it, so a
+    plan that fits its host budget does not run out of arena. (With mixed chunk sizes
     and shared tails the arena had grown up to 15% past the sets; the count held only for
     8K shapes.)"""
     gen = torch.Generator().manual_seed(seed)
@@ -172,7 +209,8 @@ def test_the_planners_count_is_what_the_overlap_holds(
         return [sum(-(-n // 256) * 256 for unit in sets[p][k] for n in unit) for k in range(layers)]
 
     counted = overlap_stored_bytes(layer_bytes(0), layer_bytes(min(1, passes - 1)), 64 * KIB)
-    store, live = _store(split=True), {}
+    arena = HostArena(pin=False, limit_bytes=counted)
+    store, live = HostActivationStore(arena, chunk_bytes=64 * KIB, split=True), {}
 
     def place(p: int, k: int) -> None:
         store.tag = (p, k)
@@ -197,9 +235,9 @@ def test_the_planners_count_is_what_the_overlap_holds(
         for k in reversed(range(layers)):
             store.release((passes - 1, k), [])
         assert store.live_bytes == 0
-        assert store.arena.total_bytes <= counted
+        assert store.held_bytes <= arena.total_bytes <= counted
     if passes > 2:  # two later passes side by side reach the count the planner takes
-        assert store.arena.total_bytes == counted
+        assert store.held_bytes == counted
 
 
 class _Copy:

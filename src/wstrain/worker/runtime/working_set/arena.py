@@ -4,18 +4,24 @@ Training state lives here in layer-contiguous flat tiles (one DMA per layer): we
 gradients and the two AdamW moments of each decoder layer, plus the embedding and the
 head group (final norm + LM head). Tiles are allocated at exact size and, on a CUDA host,
 page-locked with cudaHostRegister — not `pin_memory()`, whose caching allocator rounds up
-to powers of two and can double host use.
+to powers of two and can double host use. Page-locking is the slow part of filling the host
+(the kernel faults and zeroes every page, the driver pins it), so a page-locked tile is
+advised to transparent huge pages and written once a page before it is registered, and
+tiles asked for together are page-locked on several threads (`alloc_many`).
 
     layout = LayerLayout.decoder(dims); arena = HostArena(pin=torch.cuda.is_available())
-    tile = arena.alloc("layer3.weights", layout.numel, torch.bfloat16)
+    tile = arena.alloc("layer3.weights", layout.numel, torch.bfloat16, "weights")
+    tiles = arena.alloc_many([Tile(f"layer{i}.weights", layout.numel, torch.bfloat16,
+                                   "weights") for i in range(32)])
 """
 
 from __future__ import annotations
 
 import logging
 import mmap
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 import torch
 
@@ -24,6 +30,14 @@ from wstrain.contracts.errors import BudgetExceeded
 from wstrain.contracts.model_dims import ModelDims
 
 log = logging.getLogger(__name__)
+
+# Threads that page-lock the tiles of one alloc_many. On a lent H200 host (16 cores, kernel
+# 6.18, THP "madvise"), 16 GiB of 64 MiB tiles page-locked at 1.4-2.4 GiB/s one tile after
+# another and 3.7 GiB/s with the pages written on 8 threads first, since the driver's pinning
+# is serial within a tile; 8 threads each advising, writing and registering whole tiles
+# reached 10.1-11.6 GiB/s and 16 threads 17.8 (bench/results/host-memory/, bench/host_fill.py).
+# Eight leaves half of a 16-core host to a second worker filling beside it.
+FILL_THREADS: Final = 8
 
 
 class SharedRegions(Protocol):
@@ -156,6 +170,24 @@ class LayerLayout:
         return out
 
 
+@dataclass(frozen=True)
+class Tile:
+    """One arena allocation asked for: `numel` elements of `dtype` counted under `kind`;
+    page-locked when the arena pins and it `crosses_pcie`; the node's one copy when
+    `shared` and the arena has a share."""
+
+    name: str
+    numel: int
+    dtype: torch.dtype
+    kind: str
+    crosses_pcie: bool = True
+    shared: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+
 class HostArena:
     """Exact-size host allocations, optionally page-locked, with a byte count per purpose.
 
@@ -171,9 +203,9 @@ class HostArena:
         self.pin, self.limit_bytes, self.share = pin, limit_bytes, share
         self.tensors: dict[str, torch.Tensor] = {}
         self.bytes_by_kind: dict[str, int] = {}
-        self._registered: list[int] = []
-        self._pinned_bytes = 0
+        self._registered: dict[int, int] = {}  # page-locked tiles: data pointer -> bytes
         self._maps: dict[str, mmap.mmap] = {}
+        self._kind_of: dict[str, str] = {}
 
     def alloc(
         self,
@@ -186,31 +218,78 @@ class HostArena:
     ) -> torch.Tensor:
         """A zeroed tile; page-locked when the arena pins and the tile crosses PCIe; one
         copy for the node's ranks when `shared` and the arena has a share."""
-        assert name not in self.tensors, f"arena tile {name} allocated twice"
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        self._check_limit(name, kind, numel * itemsize)
-        pages = max(1, -(-numel * itemsize // mmap.PAGESIZE))
+        return self.alloc_many([Tile(name, numel, dtype, kind, crosses_pcie, shared)])[0]
+
+    def alloc_many(self, tiles: list[Tile]) -> list[torch.Tensor]:
+        """Zeroed tiles, as `alloc` makes each, page-locked on up to FILL_THREADS threads;
+        refused whole, before any is mapped, when together they would pass the limit."""
+        if not tiles:
+            return []
+        for i, tile in enumerate(tiles):
+            assert tile.name not in self.tensors, f"arena tile {tile.name} allocated twice"
+            assert all(t.name != tile.name for t in tiles[:i]), f"{tile.name} asked twice"
+        more = f" and {len(tiles) - 1} more" if len(tiles) > 1 else ""
+        self._check_limit(tiles[0].name + more, tiles[0].kind, sum(t.nbytes for t in tiles))
+        views = [self._map(tile) for tile in tiles]
+        locked = [
+            (tile, t)
+            for tile, t in zip(tiles, views)
+            if self.pin and tile.crosses_pcie and t.numel()
+        ]
+        if len(locked) > 1:
+            # registered in the caller's device's context: memory registered without the
+            # portable flag is page-locked for that context only, and a new thread's is GPU 0's
+            device = torch.cuda.current_device()
+
+            def lock(pair: tuple[Tile, torch.Tensor]) -> None:
+                with torch.cuda.device(device):
+                    self._lock(*pair)
+
+            with ThreadPoolExecutor(min(FILL_THREADS, len(locked))) as pool:
+                list(pool.map(lock, locked))
+        elif locked:
+            self._lock(*locked[0])
+        for tile, t in zip(tiles, views):
+            self.tensors[tile.name] = t
+            self._kind_of[tile.name] = tile.kind
+            self.bytes_by_kind[tile.kind] = self.bytes_by_kind.get(tile.kind, 0) + t.nbytes
+        return views
+
+    def _map(self, tile: Tile) -> torch.Tensor:
+        """The tile's own anonymous mapping (or its share's), page-rounded, as a tensor."""
+        pages = max(1, -(-tile.nbytes // mmap.PAGESIZE))
         region = (
-            self.share.map(name, pages * mmap.PAGESIZE)
-            if shared and self.share is not None
+            self.share.map(tile.name, pages * mmap.PAGESIZE)
+            if tile.shared and self.share is not None
             else mmap.mmap(-1, pages * mmap.PAGESIZE)
         )
-        self._maps[name] = region
-        t = (
-            torch.frombuffer(region, dtype=dtype, count=numel)
-            if numel
-            else torch.zeros(0, dtype=dtype)
-        )
-        if self.pin and crosses_pcie and numel:
-            cudart = torch.cuda.cudart()
-            rc = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-            if int(rc) != 0:
-                raise RuntimeError(f"cudaHostRegister of {name} ({t.nbytes} bytes) failed: {rc}")
-            self._registered.append(t.data_ptr())
-            self._pinned_bytes += t.nbytes
-        self.tensors[name] = t
-        self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + t.nbytes
-        return t
+        self._maps[tile.name] = region
+        if not tile.numel:
+            return torch.zeros(0, dtype=tile.dtype)
+        return torch.frombuffer(region, dtype=tile.dtype, count=tile.numel)
+
+    def _lock(self, tile: Tile, t: torch.Tensor) -> None:
+        """Page-lock one tile: huge pages where THP allows, its pages written here first
+        (a fault a page on this thread, not inside the driver's pinning), then registered.
+        A shared tile is left as it is: another rank may already be filling it, and THP
+        over shared memory is the host's shmem setting, not an advice."""
+        if not (tile.shared and self.share is not None):
+            if hasattr(mmap, "MADV_HUGEPAGE"):
+                self._maps[tile.name].madvise(mmap.MADV_HUGEPAGE)
+            t.view(torch.uint8)[:: mmap.PAGESIZE].fill_(0)  # zero already: a no-op write
+        rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+        if int(rc) != 0:
+            raise RuntimeError(f"cudaHostRegister of {tile.name} ({t.nbytes} bytes) failed: {rc}")
+        self._registered[t.data_ptr()] = t.nbytes  # one key a thread: safe under the GIL
+
+    def free(self, name: str) -> None:
+        """Give tile `name` back: unpinned, uncounted, its mapping dropped with the last
+        view of it (the caller drops its own)."""
+        t = self.tensors.pop(name)
+        if self._registered.pop(t.data_ptr(), None) is not None:
+            torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+        self.bytes_by_kind[self._kind_of.pop(name)] -= t.nbytes
+        del self._maps[name]
 
     def _check_limit(self, name: str, kind: str, nbytes: int) -> None:
         """The host budget is a contract: refuse a tile that would take the arena past it."""
@@ -239,7 +318,7 @@ class HostArena:
 
     @property
     def pinned_bytes(self) -> int:
-        return self._pinned_bytes
+        return sum(self._registered.values())
 
     def close(self) -> None:
         """Unpin every tile; the memory itself goes when the last tensor view is dropped."""

@@ -17,14 +17,24 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 import torch
 
-from wstrain.contracts.calibration import ACTIVATION_CHUNK_BYTES, WRITE_BUFFER_BYTES
-from wstrain.worker.runtime.working_set.arena import HostArena
+from wstrain.contracts.calibration import ACTIVATION_CHUNK_BYTES, GIB, WRITE_BUFFER_BYTES
+from wstrain.contracts.errors import BudgetExceeded
+from wstrain.worker.runtime.working_set.arena import HostArena, Tile
 from wstrain.worker.runtime.working_set.rings import Streams
 
 Tag = tuple[int, int]  # (pass of the step, layer)
+
+# A chunk the store lacks is made with spares of its size, up to STORE_FILL_CHUNKS chunks and
+# STORE_FILL_BYTES in all, page-locked together on the arena's threads (arena.py
+# FILL_THREADS): the first step fills the store, up to 173 GiB at 240 GiB of host, at ~10
+# GiB/s instead of 1.4-2.4 GiB/s a chunk at a time. At most this much a size goes unused
+# until the next step's reset gives it back.
+STORE_FILL_CHUNKS: Final = 16
+STORE_FILL_BYTES: Final = GIB
 
 
 def memory_order(t: torch.Tensor) -> torch.Tensor | None:
@@ -127,6 +137,9 @@ class HostActivationStore:
         takes a chunk of its own size and smaller ones share chunks' tails."""
         self.arena, self.chunk_bytes, self.split = arena, chunk_bytes, split
         self.chunks: list[torch.Tensor] = []  # uint8 tiles
+        # chunks made beside one asked for, by size: what the next new chunk of that size is
+        self.spare: dict[int, list[int]] = {}
+        self.dropped: set[int] = set()  # spares given back to the arena: empty tensors
         self.used: list[int] = []  # each chunk's write cursor, bytes
         self.live: list[int] = []  # each chunk's bytes not yet released
         self.open: list[int] = []  # part-used chunks with room left
@@ -169,13 +182,16 @@ class HostActivationStore:
     # ------------------------------------------------------------ placement
 
     def reset(self) -> None:
-        """Every chunk free (the step's start: no pass in flight)."""
+        """Every chunk free (the step's start: no pass in flight); spares the last step never
+        placed go back to the arena."""
+        self._drop_spares()
         self.used = [0] * len(self.chunks)
         self.live = [0] * len(self.chunks)
         self.open, self.empty, self.placed, self.cursor = [], {}, {}, {}
         self.live_bytes = self.peak_bytes = 0
         for idx in range(len(self.chunks)):
-            self._free(idx)
+            if idx not in self.dropped:
+                self._free(idx)
 
     def release(self, tag: Tag, reads: list[torch.cuda.Event]) -> None:
         """`tag`'s sets are taken back: their chunks are free once nothing else in them is
@@ -190,6 +206,12 @@ class HostActivationStore:
                     self.open.remove(idx)
                 self.used[idx] = 0
                 self._free(idx)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the chunks the store has placed sets in: its arena tiles less spares."""
+        gone = self.dropped.union(*self.spare.values())
+        return sum(c.numel() for i, c in enumerate(self.chunks) if i not in gone)
 
     def pop_waits(self) -> list[torch.cuda.Event]:
         """Reads the next copy home must wait for (its room was read by them)."""
@@ -278,13 +300,42 @@ class HostActivationStore:
         return self._new_chunk(self.chunk_bytes) if reused is None else reused
 
     def _new_chunk(self, nbytes: int) -> int:
-        """A new arena tile of `nbytes` (the arena refuses one past the host budget)."""
-        idx = len(self.chunks)
-        self.chunks.append(self.arena.alloc(f"acts{idx}", nbytes, torch.uint8, "activations"))
-        self.used.append(0)
-        self.live.append(0)
-        self.readers.append([])
-        return idx
+        """A chunk of `nbytes` the store has not used yet: a spare of that size, else a new
+        arena tile made with spares up to STORE_FILL_CHUNKS, STORE_FILL_BYTES and the
+        arena's room. Where the arena refuses even one (past the host budget), the spares go
+        back first and it is asked again."""
+        if self.spare.get(nbytes):
+            return self.spare[nbytes].pop()
+        n = max(1, min(STORE_FILL_CHUNKS, STORE_FILL_BYTES // nbytes))
+        if self.arena.limit_bytes is not None:
+            n = max(1, min(n, (self.arena.limit_bytes - self.arena.total_bytes) // nbytes))
+        try:
+            made = self._make(n, nbytes)
+        except BudgetExceeded:
+            if not any(self.spare.values()):
+                raise
+            self._drop_spares()
+            made = self._make(1, nbytes)
+        self.spare[nbytes] = made[:0:-1]  # popped from the end: in the order made
+        return made[0]
+
+    def _make(self, n: int, nbytes: int) -> list[int]:
+        first = len(self.chunks)
+        tiles = [Tile(f"acts{first + i}", nbytes, torch.uint8, "activations") for i in range(n)]
+        self.chunks += self.arena.alloc_many(tiles)
+        self.used += [0] * n
+        self.live += [0] * n
+        self.readers += [[] for _ in range(n)]
+        return list(range(first, first + n))
+
+    def _drop_spares(self) -> None:
+        """Give every spare back to the arena, an empty tensor in its place (chunk indices
+        stay stable)."""
+        for idx in (i for spares in self.spare.values() for i in spares):
+            self.chunks[idx] = torch.empty(0, dtype=torch.uint8)
+            self.arena.free(f"acts{idx}")
+            self.dropped.add(idx)
+        self.spare.clear()
 
     def _count(self, idx: int, nbytes: int) -> None:
         self.live[idx] += nbytes

@@ -32,7 +32,7 @@ from wstrain.contracts.access import DataAccess
 from wstrain.contracts.model_dims import ModelDims
 from wstrain.contracts.spec import OptimizerSpec
 from wstrain.worker.io.hf_load import stream_into
-from wstrain.worker.runtime.working_set.arena import HostArena, LayerLayout
+from wstrain.worker.runtime.working_set.arena import HostArena, LayerLayout, Tile
 from wstrain.worker.runtime.working_set.node_share import NodeShare, UpdateCounters, shard_span
 from wstrain.worker.runtime.working_set.spill import DONE, IoOp, RawFile, align_up
 from wstrain.worker.runtime.working_set.spilled import (
@@ -69,10 +69,12 @@ class HostState:
         L = dims.num_layers
 
         def tiles(kind: str, layout: LayerLayout, prefix: str, n: int) -> list[torch.Tensor]:
-            return [
-                arena.alloc(f"{prefix}{i}.{kind}", layout.numel, dtype, kind, shared=True)
-                for i in range(n)
-            ]
+            return arena.alloc_many(
+                [
+                    Tile(f"{prefix}{i}.{kind}", layout.numel, dtype, kind, shared=True)
+                    for i in range(n)
+                ]
+            )
 
         self.weights = tiles("weights", self.layout, "layer", L)
         self.grads = tiles("gradients", self.layout, "layer", L)
@@ -143,6 +145,17 @@ class HostState:
                 disk_limit_bytes,
                 spill_buffered,
             )
+        # AdamW's moments live in the arena too, not in torch's own allocations, page-locked
+        # together (the device optimizer streams bf16 moments; mixed keeps them on the host)
+        held = [i for i in range(len(self.groups)) if self.spill is None or not self.spill.holds(i)]
+        moment_tiles = [
+            Tile(f"group{i}.{short}", self.groups[i][0].numel(), state_dtype, "moments",
+                 crosses_pcie=not self.master, shared=True)
+            for i in held
+            for short in ("m", "v")
+        ]  # fmt: skip
+        made = iter(arena.alloc_many(moment_tiles))
+        moments = {i: (next(made), next(made)) for i in held}
         for i, (w, g) in enumerate(self.groups):
             lo, hi = self.spans[i]
             # shares the tile's storage: the weight tile, or in mixed the master
@@ -158,19 +171,7 @@ class HostState:
                 self.params.append(p)
                 self.optimizers.append(opt)
                 continue
-            # AdamW's moments live in the arena too, not in torch's own allocations.
-            # (the device optimizer streams bf16 moments; mixed keeps them on the host)
-            m, v = (
-                arena.alloc(
-                    f"group{i}.{short}",
-                    w.numel(),
-                    state_dtype,
-                    "moments",
-                    crosses_pcie=not self.master,
-                    shared=True,
-                )
-                for short in ("m", "v")
-            )
+            m, v = moments[i]
             opt.state[p] = {"step": torch.tensor(0.0), "exp_avg": m[lo:hi], "exp_avg_sq": v[lo:hi]}
             self.moments.append((m, v))
             self.params.append(p)

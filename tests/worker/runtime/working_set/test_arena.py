@@ -1,0 +1,76 @@
+"""working_set/arena.py: tiles asked for together are made together (zeroed, counted by
+kind, page-locked on CUDA hosts), refused whole past the limit, and given back one by one.
+
+    pytest tests/worker/runtime/working_set/test_arena.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wstrain.contracts.errors import BudgetExceeded
+from wstrain.worker.runtime.working_set.arena import FILL_THREADS, HostArena, Tile
+
+MIB = 1 << 20
+
+
+def _tiles(n: int, numel: int = MIB, kind: str = "weights") -> list[Tile]:
+    return [Tile(f"t{i}", numel, torch.bfloat16, kind) for i in range(n)]
+
+
+def test_tiles_made_together_are_zeroed_their_own_and_counted() -> None:
+    arena = HostArena(pin=False)
+    made = arena.alloc_many([*_tiles(3), Tile("m", 5, torch.float32, "moments")])
+    assert [t.numel() for t in made] == [MIB, MIB, MIB, 5]
+    assert all(bool((t == 0).all()) for t in made)
+    made[0].fill_(1)  # each tile its own mapping
+    assert not bool(made[1].any())
+    assert arena.bytes_by_kind == {"weights": 3 * 2 * MIB, "moments": 20}
+    assert arena.alloc_many([]) == []
+
+
+def test_tiles_past_the_limit_are_refused_whole() -> None:
+    arena = HostArena(pin=False, limit_bytes=5 * 2 * MIB)
+    arena.alloc("first", MIB, torch.bfloat16, "weights")
+    with pytest.raises(BudgetExceeded, match=r"t0 and 4 more .*past its limit"):
+        arena.alloc_many(_tiles(5))
+    assert arena.total_bytes == 2 * MIB and set(arena.tensors) == {"first"}
+    arena.alloc_many(_tiles(4))  # what fits is made
+    assert arena.total_bytes == 5 * 2 * MIB
+
+
+def test_a_tile_given_back_leaves_the_count_and_its_room() -> None:
+    arena = HostArena(pin=False, limit_bytes=2 * 2 * MIB)
+    arena.alloc_many(_tiles(2, kind="activations"))
+    arena.free("t0")
+    assert arena.bytes_by_kind == {"activations": 2 * MIB} and set(arena.tensors) == {"t1"}
+    arena.alloc("t0", MIB, torch.bfloat16, "activations")  # its name and room again
+    assert arena.total_bytes == 4 * MIB
+
+
+def test_a_name_asked_twice_is_a_bug() -> None:
+    arena = HostArena(pin=False)
+    with pytest.raises(AssertionError, match="t0 asked twice"):
+        arena.alloc_many([*_tiles(1), *_tiles(1)])
+    arena.alloc_many(_tiles(1))
+    with pytest.raises(AssertionError, match="t0 allocated twice"):
+        arena.alloc("t0", 1, torch.uint8, "weights")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locking needs CUDA")
+def test_tiles_made_together_are_page_locked_and_copy_both_ways() -> None:
+    arena = HostArena(pin=True)
+    n = 2 * FILL_THREADS + 1  # more tiles than threads
+    host_only = Tile("host", MIB, torch.bfloat16, "master", crosses_pcie=False)
+    made = arena.alloc_many([*_tiles(n, numel=8 * MIB), host_only])
+    assert all(t.is_pinned() for t in made[:n]) and not made[n].is_pinned()
+    assert arena.pinned_bytes == n * 16 * MIB
+    for i, t in enumerate(made[:n]):
+        t.copy_(torch.full((8 * MIB,), i, dtype=torch.bfloat16, device="cuda"), non_blocking=True)
+    torch.cuda.synchronize()
+    assert [int(t[-1]) for t in made[:n]] == list(range(n))
+    arena.free("t0")
+    assert arena.pinned_bytes == (n - 1) * 16 * MIB
+    arena.close()
+    assert arena.pinned_bytes == 0
