@@ -9,6 +9,7 @@ pass's sets, not two.
 from __future__ import annotations
 
 import itertools
+import mmap
 
 import pytest
 import torch
@@ -154,6 +155,26 @@ def test_spares_go_back_when_the_host_budget_would_refuse_a_chunk() -> None:
     with pytest.raises(BudgetExceeded, match="host_gib"):
         _place(store, (0, 1), (384,))
     assert arena.total_bytes == (64 + 256) * KIB
+
+
+class _TwoRanks:
+    """The node's share of a data-parallel rank of two (arena.SharedRegions): this rank's
+    regions are its own here; what matters to the store is that two ranks share a node."""
+
+    rank, world = 0, 2
+
+    def map(self, name: str, nbytes: int) -> mmap.mmap:
+        return mmap.mmap(-1, nbytes)
+
+
+def test_a_rank_of_several_makes_no_spares() -> None:
+    """Each rank's arena limit is the node's budget less the shared state, the room of
+    every rank's store: one rank's spares could take another's, so a rank of several makes
+    chunks one at a time."""
+    arena = HostArena(pin=False, limit_bytes=64 * 64 * KIB, share=_TwoRanks())
+    store = HostActivationStore(arena, chunk_bytes=64 * KIB)
+    _place(store, (0, 0), (64, 64))
+    assert arena.total_bytes == store.held_bytes == 2 * 64 * KIB
 
 
 @given(

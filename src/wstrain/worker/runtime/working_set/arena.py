@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 # reached 10.1-11.6 GiB/s and 16 threads 17.8 (bench/results/host-memory/, bench/host_fill.py).
 # Eight leaves half of a 16-core host to a second worker filling beside it.
 FILL_THREADS: Final = 8
+# Pages one write call touches: under torch's intra-op grain (32,768 elements), so a state
+# tile of 436 MiB does not start an OpenMP team inside each of the fill threads.
+TOUCH_PAGES: Final = 16_384
 
 
 class SharedRegions(Protocol):
@@ -236,19 +239,15 @@ class HostArena:
             for tile, t in zip(tiles, views)
             if self.pin and tile.crosses_pcie and t.numel()
         ]
-        if len(locked) > 1:
-            # registered in the caller's device's context: memory registered without the
-            # portable flag is page-locked for that context only, and a new thread's is GPU 0's
-            device = torch.cuda.current_device()
-
-            def lock(pair: tuple[Tile, torch.Tensor]) -> None:
-                with torch.cuda.device(device):
-                    self._lock(*pair)
-
-            with ThreadPoolExecutor(min(FILL_THREADS, len(locked))) as pool:
-                list(pool.map(lock, locked))
-        elif locked:
-            self._lock(*locked[0])
+        try:
+            self._lock_all(locked)
+        except BaseException:  # nothing of the batch stays mapped or page-locked
+            for _, t in locked:
+                if self._registered.pop(t.data_ptr(), None) is not None:
+                    torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+            for tile in tiles:
+                self._maps.pop(tile.name, None)
+            raise
         for tile, t in zip(tiles, views):
             self.tensors[tile.name] = t
             self._kind_of[tile.name] = tile.kind
@@ -268,6 +267,23 @@ class HostArena:
             return torch.zeros(0, dtype=tile.dtype)
         return torch.frombuffer(region, dtype=tile.dtype, count=tile.numel)
 
+    def _lock_all(self, locked: list[tuple[Tile, torch.Tensor]]) -> None:
+        """Page-lock each (tile, view): on up to FILL_THREADS threads where there are more."""
+        if len(locked) <= 1:
+            for pair in locked:
+                self._lock(*pair)
+            return
+        # registered in the caller's device's context: memory registered without the
+        # portable flag is page-locked for that context only, and a new thread's is GPU 0's
+        device = torch.cuda.current_device()
+
+        def lock(pair: tuple[Tile, torch.Tensor]) -> None:
+            with torch.cuda.device(device):
+                self._lock(*pair)
+
+        with ThreadPoolExecutor(min(FILL_THREADS, len(locked))) as pool:
+            list(pool.map(lock, locked))  # the pool's exit waits for every task first
+
     def _lock(self, tile: Tile, t: torch.Tensor) -> None:
         """Page-lock one tile: huge pages where THP allows, its pages written here first
         (a fault a page on this thread, not inside the driver's pinning), then registered.
@@ -276,7 +292,9 @@ class HostArena:
         if not (tile.shared and self.share is not None):
             if hasattr(mmap, "MADV_HUGEPAGE"):
                 self._maps[tile.name].madvise(mmap.MADV_HUGEPAGE)
-            t.view(torch.uint8)[:: mmap.PAGESIZE].fill_(0)  # zero already: a no-op write
+            pages = t.view(torch.uint8)[:: mmap.PAGESIZE]  # zero already: no-op writes
+            for lo in range(0, pages.numel(), TOUCH_PAGES):  # each call on this thread alone
+                pages[lo : lo + TOUCH_PAGES].fill_(0)
         rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
         if int(rc) != 0:
             raise RuntimeError(f"cudaHostRegister of {tile.name} ({t.nbytes} bytes) failed: {rc}")
@@ -288,7 +306,10 @@ class HostArena:
         t = self.tensors.pop(name)
         if self._registered.pop(t.data_ptr(), None) is not None:
             torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
-        self.bytes_by_kind[self._kind_of.pop(name)] -= t.nbytes
+        kind = self._kind_of.pop(name)
+        self.bytes_by_kind[kind] -= t.nbytes
+        if not self.bytes_by_kind[kind]:
+            del self.bytes_by_kind[kind]
         del self._maps[name]
 
     def _check_limit(self, name: str, kind: str, nbytes: int) -> None:

@@ -307,7 +307,12 @@ class HostActivationStore:
         if self.spare.get(nbytes):
             return self.spare[nbytes].pop()
         n = max(1, min(STORE_FILL_CHUNKS, STORE_FILL_BYTES // nbytes))
-        if self.arena.limit_bytes is not None:
+        share = self.arena.share
+        if share is not None and share.world > 1:
+            # each rank's limit is the node's budget less the shared state: the room of all
+            # the ranks' stores, which spares of one rank could take from the others
+            n = 1
+        elif self.arena.limit_bytes is not None:
             n = max(1, min(n, (self.arena.limit_bytes - self.arena.total_bytes) // nbytes))
         try:
             made = self._make(n, nbytes)
