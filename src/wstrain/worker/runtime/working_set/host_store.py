@@ -30,9 +30,9 @@ Tag = tuple[int, int]  # (pass of the step, layer)
 
 # A chunk the store lacks is made with spares of its size, up to STORE_FILL_CHUNKS chunks and
 # STORE_FILL_BYTES in all, page-locked together on the arena's threads (arena.py
-# FILL_THREADS): the first step fills the store, up to 173 GiB at 240 GiB of host, at ~10
-# GiB/s instead of 1.4-2.4 GiB/s a chunk at a time. At most this much a size goes unused
-# until the next step's reset gives it back.
+# FILL_THREADS): the first step fills the store, up to 173 GiB at 240 GiB of host, at 5.3-8.9
+# GiB/s instead of 2.3-2.7 a chunk at a time (an H200 host; bench/results/host-memory/). At
+# most this much a size goes unused until the next step's reset gives it back.
 STORE_FILL_CHUNKS: Final = 16
 STORE_FILL_BYTES: Final = GIB
 
