@@ -102,7 +102,9 @@ class _Driver:
 @pytest.fixture
 def driver(monkeypatch: pytest.MonkeyPatch) -> _Driver:
     """The arena's threaded page-locking on a CPU build: the driver above in CUDA's place,
-    device 0 current."""
+    device 0 current. A stand-in, because CI has no CUDA driver to register with and a real
+    driver cannot be made to refuse one tile of a batch; the real page-locking is
+    test_tiles_made_together_are_page_locked_and_copy_both_ways, run on the H200."""
     fake = _Driver()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

@@ -188,7 +188,7 @@ class Tile:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+        return self.numel * self.dtype.itemsize
 
 
 class HostArena:
@@ -228,9 +228,10 @@ class HostArena:
         refused whole, before any is mapped, when together they would pass the limit."""
         if not tiles:
             return []
-        for i, tile in enumerate(tiles):
-            assert tile.name not in self.tensors, f"arena tile {tile.name} allocated twice"
-            assert all(t.name != tile.name for t in tiles[:i]), f"{tile.name} asked twice"
+        names = [tile.name for tile in tiles]
+        for name in names:
+            assert name not in self.tensors, f"arena tile {name} allocated twice"
+            assert names.count(name) == 1, f"{name} asked twice"
         more = f" and {len(tiles) - 1} more" if len(tiles) > 1 else ""
         self._check_limit(tiles[0].name + more, tiles[0].kind, sum(t.nbytes for t in tiles))
         views = [self._map(tile) for tile in tiles]
