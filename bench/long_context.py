@@ -87,6 +87,7 @@ def plan_row(  # type: ignore[no-untyped-def]
     window: str = "auto",
     activations: str = "bf16",
     write_buffer: str = "auto",
+    device_gib: float = DEVICE_GIB,
 ):
     """(spec, dims, plan, node) at `layers`, or the 32 layers when they fit the host
     budget and else 16; `documents`: under document_mask, documents of that many tokens
@@ -96,7 +97,7 @@ def plan_row(  # type: ignore[no-untyped-def]
     where it is installed ("auto": the fastest present); `window` "host" or "device": the
     pieces' window of keys and values pinned there ("auto": the planner's);
     `activations`: the saved sets' precision ("fp8": opt-in, lossy); `write_buffer`: GiB
-    pinned, or "auto" (the planner's)."""
+    pinned, or "auto" (the planner's); `device_gib`: the device budget."""
     node = measured_node()  # no layer timing: a whole layer at 512K is what does not fit
     node = node.with_documents(documents)
     if kernel == "cudnn":
@@ -110,7 +111,7 @@ def plan_row(  # type: ignore[no-untyped-def]
         if write_buffer != "auto":
             pinned["write_buffer_gib"] = float(write_buffer)
         spec = llama_spec(
-            f"long-{seq}", n, seq, global_batch, steps, DEVICE_GIB, host_gib, pinned,
+            f"long-{seq}", n, seq, global_batch, steps, device_gib, host_gib, pinned,
             activation_precision=activations,
         )  # fmt: skip
         spec = spec.model_copy(update={"document_mask": documents > 0})
@@ -204,7 +205,7 @@ def run_row(args: argparse.Namespace) -> Row:
     seq, docs, batch = int(args.row), args.document_tokens, args.global_batch
     spec, dims, plan, node = plan_row(
         seq, args.host_gib, args.steps, args.layers, docs, args.seq_chunk, batch, args.kernel,
-        args.window, args.activations, args.write_buffer,
+        args.window, args.activations, args.write_buffer, args.device_gib,
     )  # fmt: skip
     log.info("plan: %s", plan.reasons)
     res = run_plan(spec, dims, plan, args.steps, args.profile, node, document_tokens=docs)
@@ -215,7 +216,8 @@ def run_row(args: argparse.Namespace) -> Row:
     name += f"-window-{args.window}" if args.window != "auto" else ""
     name += f"-wb{args.write_buffer}gib" if args.write_buffer != "auto" else ""
     name += "-fp8" if args.activations == "fp8" else ""
-    row = row_from(name, "working_set", dims, seq, batch, DEVICE_GIB, res)
+    name += f"-device{args.device_gib:g}gib" if args.device_gib != DEVICE_GIB else ""
+    row = row_from(name, "working_set", dims, seq, batch, args.device_gib, res)
     if docs:  # the FLOPs its documents cost, and the whole sequence's beside them
         row.plan["mfu_whole_causal"] = row.mfu  # type: ignore[index]
         gpu = torch.cuda.get_device_name(0)
@@ -297,6 +299,11 @@ def main() -> None:
         "--held-s", type=float, default=10.0, help="also time the floor's kernels held: this "
         "many seconds of calls after as many of warm-up, each (bench/held_floor.py; 0: off)",
     )  # fmt: skip
+    p.add_argument(
+        "--device-gibs", default=f"{DEVICE_GIB:g}", help="comma-separated device budgets in "
+        "GiB, each row once per budget, side by side in one run (AdaWS's rows had 80)",
+    )  # fmt: skip
+    p.add_argument("--device-gib", type=float, default=DEVICE_GIB, help=argparse.SUPPRESS)
     p.add_argument("--write-buffer", default="auto", help=argparse.SUPPRESS)  # one row's
     p.add_argument("--kernel", default="auto", help=argparse.SUPPRESS)  # one row's, internal
     args = parse_or_run_row(p, "", run_row)
@@ -309,14 +316,18 @@ def main() -> None:
     common += ["--profile"] if args.profile else []
     children = [
         (
-            ["bench.long_context", "--row", s, *common, "--kernel", k, "--window", w, *buffer],
+            [
+                *("bench.long_context", "--row", s, *common, "--kernel", k, "--window", w),
+                *(*buffer, "--device-gib", g),
+            ],
             {"name": f"long-{s}", "seq_len": int(s), "attention_kernel": k, "window": w}
-            | {"write_buffer": buffer[1]},
+            | {"write_buffer": buffer[1], "device_budget_gib": float(g)},
         )
         for s in args.lengths.split(",")
         for k in args.kernels.split(",")
         for w in args.windows.split(",")
         for buffer in (["--write-buffer", b] for b in args.write_buffers.split(","))
+        for g in args.device_gibs.split(",")
     ]
     rows = run_children(children, args.out)
     print(format_rows(rows))
@@ -330,7 +341,7 @@ def main() -> None:
             f" TFLOP/s (FA2 {plan['flash2_fwd_bwd_flops'] / 1e12:.0f})  step "
             f"{r['measured_step_seconds']:.1f} s predicted "
             f"{r['predicted_step_seconds']:.1f} s  peak {r['peak_reserved_gib']:.1f} GiB "
-            f"reserved of {DEVICE_GIB}  RSS {r['peak_rss_gib']:.1f} GiB  stall "
+            f"reserved of {r['device_budget_gib']:g}  RSS {r['peak_rss_gib']:.1f} GiB  stall "
             f"{r['stall_share']:.3f}  on demand {r.get('h2d_on_demand_gb') or 0.0:.1f} GB"
             f"  piece {plan['working_set']['seq_chunk']}  {r.get('attention_kernel')}"
             f"  floor ratio {r.get('kernel_floor_ratio') or 0.0:.3f}"
