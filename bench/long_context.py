@@ -73,6 +73,8 @@ DEVICE_GIB = 24.0
 # past 512K a layer's whole attention, timed twice per kernel, is minutes: time 8 pieces
 MOST_TIMED_FROM_TOKENS, MOST_TIMED_PIECES = 524288, 8
 ADAWS_H100_MFU = {32768: 0.571, 65536: 0.560, 131072: 0.531, 262144: 0.519, 524288: 0.425}
+# the same table's tokens/s (its 80 GiB of device, 256 GiB of host)
+ADAWS_TOKENS_PER_S = {32768: 8000, 65536: 5700, 131072: 3600, 262144: 2100, 524288: 900}
 
 
 def plan_row(  # type: ignore[no-untyped-def]
@@ -167,18 +169,23 @@ def attention_rate(dims: ModelDims, seq: int, seq_chunk: int, most_pieces: int =
     return flops / (time.perf_counter() - t0)
 
 
+def floor_flops(dims: ModelDims, seq: int, sequences: int, docs: int = 0) -> tuple[float, float]:
+    """(GEMM, attention) FLOPs of a step as the floor counts them: the model's GEMMs
+    (6·Ψ_active a token), each layer's attention as attention_call counts it (with
+    documents, each query's document span instead of the whole prefix)."""
+    h, hd, layers = dims.num_heads, dims.head_dim, dims.num_layers
+    span = docs or seq  # tokens a query's causal attention spans, doubled (half are masked)
+    gemm = sequences * seq * dims.flops_per_token(0)
+    return gemm, sequences * layers * 3.5 * 2 * seq * span * h * hd
+
+
 def kernel_floor_s(
     dims: ModelDims, seq: int, sequences: int, gemm_flops: float, attn_flops: float, docs: int
 ) -> float:
-    """A step's kernels alone at their measured rates, no recomputation, stall or idle: the
-    model's GEMM FLOPs (6·Ψ_active a token) at the profiled GEMM rate, each layer's
-    attention at the rate attention_rate measured (FLOPs counted as it counts them; with
-    documents, each query's document span instead of the whole prefix)."""
-    h, hd, layers = dims.num_heads, dims.head_dim, dims.num_layers
-    gemm_s = sequences * seq * dims.flops_per_token(0) / gemm_flops
-    span = docs or seq  # tokens a query's causal attention spans, doubled (half are masked)
-    attn_s = sequences * layers * 3.5 * 2 * seq * span * h * hd / attn_flops
-    return gemm_s + attn_s
+    """A step's kernels alone at their measured rates, no recomputation, stall or idle: its
+    floor_flops at the profiled GEMM rate and the rate attention_rate measured."""
+    gemm, attention = floor_flops(dims, seq, sequences, docs)
+    return gemm / gemm_flops + attention / attn_flops
 
 
 def held_floor(

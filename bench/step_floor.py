@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.long_context import ADAWS_TOKENS_PER_S, floor_flops
 from bench.specs import llama_dims
 from wstrain.contracts.model_dims import ModelDims
 
@@ -49,8 +50,6 @@ ROWS_DIR = Path(__file__).parent / "results" / "long-context"
 # adds), which any runtime runs; the rest of "other" is this one's bookkeeping (the
 # pieces' gradient sums, fills, casts, copies), which a better one might not
 MODEL_ELEMENTWISE = ("_rms_", "_silu_mul", "_rope", "SoftMax", "nll_loss", "add<c10::BFloat16>")
-# AdaWS Table 2 (H100, 32 layers, 80 GiB device, 256 GiB host), tokens/s
-ADAWS_TOKENS_PER_S = {32768: 8000, 65536: 5700, 131072: 3600, 262144: 2100, 524288: 900}
 
 
 @dataclass(frozen=True)
@@ -89,9 +88,10 @@ def step_flops(row: dict[str, Any], dims: ModelDims) -> StepFlops:
         for p in range(first + (layer < extra)):
             s0, s1 = p * piece, (p + 1) * piece
             recompute_attention += 2 * h * hd * (s1 * s1 - s0 * s0)
+    gemm, attention = floor_flops(dims, seq, sequences)
     return StepFlops(
-        gemm=sequences * seq * dims.flops_per_token(0),
-        attention=sequences * dims.num_layers * 3.5 * 2 * seq * seq * h * hd,
+        gemm=gemm,
+        attention=attention,
         recompute_gemm=sequences * recompute_gemm,
         recompute_attention=sequences * recompute_attention,
     )
